@@ -1,0 +1,31 @@
+//! # rdmx-mem: the memory layer of rdmx
+//!
+//! The one place raw memory lives. Everything here serves memory registration:
+//!
+//! - [`pin`]: locking pages with `mlock`, counted per page range so overlapping
+//!   registrations never unlock each other's pages, and `RLIMIT_MEMLOCK` errors that say
+//!   how to raise the limit.
+//! - [`mapping`]: owned anonymous mappings, optionally hugepage-backed, and the
+//!   [`Memory`] trait for memory a registration may own.
+//! - [`registrar`]: the [`Registrar`] / [`Region`] seam. The cache and the pools call a
+//!   registrar (in rdmx, a protection domain) and know nothing of providers.
+//! - [`cache`]: a registration cache for callers that bring plain buffers, with
+//!   refcounted handles, an LRU of idle entries bounded by count and bytes, explicit
+//!   invalidation, and automatic invalidation on `munmap`/`madvise` through [`monitor`].
+//! - [`pool`]: registered-buffer pools in size classes, with per-thread caches so the hot
+//!   path takes no global lock.
+//!
+//! Access flags ([`Access`]) live here too, because every registration carries them.
+
+pub mod access;
+pub mod error;
+pub mod mapping;
+pub mod pin;
+pub mod registrar;
+pub mod sys;
+
+pub use access::{Access, InvalidAccess};
+pub use error::{Error, MemlockLimit};
+pub use mapping::{Backing, HugePages, Mapping, Memory};
+pub use pin::{PinGuard, Pinning};
+pub use registrar::{PinOnly, Region, Registrar};

@@ -1,0 +1,245 @@
+//! Pinning: registration locks pages in memory with `mlock`, deregistration unlocks them.
+//!
+//! `mlock` is per page and not counted by the kernel: one `munlock` undoes any number of
+//! `mlock`s of the same page. Registrations overlap (two buffers in one page, a cache entry
+//! inside a larger region), so this module keeps one process-wide count per page range and
+//! only locks pages whose count goes from 0 to 1 and unlocks pages whose count returns to 0.
+//! A deregistration therefore never unlocks pages another registration still needs.
+//!
+//! When locking would exceed `RLIMIT_MEMLOCK`, the error ([`MemlockLimit`]) states the
+//! limit, the bytes asked for and how to raise it. Not pinning is an explicit choice
+//! ([`Pinning::Unpinned`]); it never happens silently.
+
+use std::collections::BTreeMap;
+use std::io;
+
+use parking_lot::Mutex;
+
+use crate::error::{Error, MemlockLimit};
+use crate::sys::{self, syscall};
+
+/// Whether a registration locks its pages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Pinning {
+    /// Lock the pages with `mlock` for the life of the registration (the default).
+    #[default]
+    Pinned,
+    /// Do not lock. The kernel may page the memory out or move it; software providers
+    /// still work, but a real adapter would not see moved pages.
+    Unpinned,
+}
+
+/// Keeps pages `[start, end)` locked until dropped.
+#[derive(Debug)]
+pub struct PinGuard {
+    start: usize,
+    end: usize,
+}
+
+impl PinGuard {
+    /// The locked page-aligned span.
+    pub fn span(&self) -> (usize, usize) {
+        (self.start, self.end)
+    }
+}
+
+impl Drop for PinGuard {
+    fn drop(&mut self) {
+        PINS.lock().unpin(self.start, self.end);
+    }
+}
+
+/// Pins `[addr, addr + len)` (rounded out to whole pages) when `pinning` asks for it.
+///
+/// Returns `Ok(None)` for [`Pinning::Unpinned`]. Errors on an empty or overflowing range,
+/// on `RLIMIT_MEMLOCK`, and when the range is not mapped.
+pub fn pin(addr: usize, len: usize, pinning: Pinning) -> Result<Option<PinGuard>, Error> {
+    let (start, end) = match sys::page_span(addr, len) {
+        Some(span) if len > 0 => span,
+        _ => return Err(Error::InvalidRange { addr, len }),
+    };
+    match pinning {
+        Pinning::Unpinned => Ok(None),
+        Pinning::Pinned => {
+            PINS.lock().pin(start, end)?;
+            Ok(Some(PinGuard { start, end }))
+        }
+    }
+}
+
+/// Bytes rdmx holds pinned in this process right now.
+pub fn pinned_bytes() -> usize {
+    PINS.lock().pinned_bytes()
+}
+
+static PINS: Mutex<PinCounts> = Mutex::new(PinCounts {
+    steps: BTreeMap::new(),
+});
+
+/// A step function over addresses: at each key the pin count changes to the value, and it
+/// holds until the next key. Adjacent steps never share a value; the last step is 0.
+struct PinCounts {
+    steps: BTreeMap<usize, usize>,
+}
+
+impl PinCounts {
+    fn count_at(&self, at: usize) -> usize {
+        self.steps.range(..=at).next_back().map_or(0, |(_, &c)| c)
+    }
+
+    /// The sub-ranges of `[start, end)` with their counts, in order.
+    fn pieces(&self, start: usize, end: usize) -> Vec<(usize, usize, usize)> {
+        let mut out = Vec::new();
+        let mut at = start;
+        let mut count = self.count_at(start);
+        for (&k, &c) in self.steps.range(start + 1..end) {
+            out.push((at, k, count));
+            at = k;
+            count = c;
+        }
+        out.push((at, end, count));
+        out
+    }
+
+    fn pin(&mut self, start: usize, end: usize) -> Result<(), Error> {
+        let gaps = merge(
+            self.pieces(start, end)
+                .into_iter()
+                .filter(|&(_, _, c)| c == 0),
+        );
+        let mut done = Vec::with_capacity(gaps.len());
+        for &(s, e) in &gaps {
+            if let Err(err) = syscall!(mlock(s as *const libc::c_void, e - s)) {
+                for &(s, e) in &done {
+                    let _ = syscall!(munlock(s as *const libc::c_void, e - s));
+                }
+                let requested = gaps.iter().map(|(s, e)| e - s).sum();
+                return Err(classify(err, s, e - s, requested));
+            }
+            done.push((s, e));
+        }
+        self.add(start, end, 1);
+        Ok(())
+    }
+
+    fn unpin(&mut self, start: usize, end: usize) {
+        let freed = merge(
+            self.pieces(start, end)
+                .into_iter()
+                .filter(|&(_, _, c)| c == 1),
+        );
+        self.add(start, end, -1);
+        for (s, e) in freed {
+            // The pages may already be unmapped (the owner freed them); the kernel then
+            // dropped the lock with the mapping and munlock reports ENOMEM, which is fine.
+            if let Err(err) = syscall!(munlock(s as *const libc::c_void, e - s)) {
+                tracing::debug!(addr = s, len = e - s, %err, "munlock failed");
+            }
+        }
+    }
+
+    fn add(&mut self, start: usize, end: usize, delta: isize) {
+        let at_end = self.count_at(end);
+        let at_start = self.count_at(start);
+        self.steps.insert(end, at_end);
+        self.steps.insert(start, at_start);
+        for (_, c) in self.steps.range_mut(start..end) {
+            *c = c
+                .checked_add_signed(delta)
+                .expect("pin count out of balance");
+        }
+        // Normalise around the touched boundaries: drop steps equal to their predecessor.
+        for key in [start, end] {
+            let prev = self.steps.range(..key).next_back().map_or(0, |(_, &c)| c);
+            if self.steps.get(&key) == Some(&prev) {
+                self.steps.remove(&key);
+            }
+        }
+        let inner: Vec<usize> = self.steps.range(start + 1..end).map(|(&k, _)| k).collect();
+        for key in inner {
+            let prev = self.steps.range(..key).next_back().map_or(0, |(_, &c)| c);
+            if self.steps.get(&key) == Some(&prev) {
+                self.steps.remove(&key);
+            }
+        }
+    }
+
+    fn pinned_bytes(&self) -> usize {
+        let mut total = 0;
+        let mut prev: Option<(usize, usize)> = None;
+        for (&k, &c) in &self.steps {
+            if let Some((pk, pc)) = prev {
+                if pc > 0 {
+                    total += k - pk;
+                }
+            }
+            prev = Some((k, c));
+        }
+        total
+    }
+}
+
+fn merge(pieces: impl Iterator<Item = (usize, usize, usize)>) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for (s, e, _) in pieces {
+        match out.last_mut() {
+            Some(last) if last.1 == s => last.1 = e,
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+fn classify(err: io::Error, addr: usize, len: usize, requested: usize) -> Error {
+    let errno = err.raw_os_error();
+    let limit_like = matches!(errno, Some(libc::ENOMEM | libc::EPERM | libc::EAGAIN));
+    if limit_like {
+        if let Ok((Some(limit), _)) = sys::memlock_limit() {
+            let locked = sys::locked_bytes();
+            let over = locked.unwrap_or(0) + requested as u64 > limit;
+            if errno == Some(libc::EPERM) || over {
+                return Error::MemlockLimit(MemlockLimit {
+                    requested,
+                    limit: Some(limit),
+                    locked,
+                });
+            }
+        }
+    }
+    Error::Pin {
+        addr,
+        len,
+        source: err,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The step function alone, without system calls.
+    fn counts() -> PinCounts {
+        PinCounts {
+            steps: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn step_function_counts_overlaps_and_normalises() {
+        let mut t = counts();
+        t.add(0x1000, 0x3000, 1);
+        t.add(0x2000, 0x4000, 1);
+        assert_eq!(
+            t.pieces(0x1000, 0x4000),
+            vec![(0x1000, 0x2000, 1), (0x2000, 0x3000, 2), (0x3000, 0x4000, 1)]
+        );
+        assert_eq!(t.pinned_bytes(), 0x3000);
+        t.add(0x1000, 0x3000, -1);
+        assert_eq!(t.pieces(0x1000, 0x4000), vec![
+            (0x1000, 0x2000, 0),
+            (0x2000, 0x4000, 1)
+        ]);
+        t.add(0x2000, 0x4000, -1);
+        assert!(t.steps.is_empty(), "{:?}", t.steps);
+    }
+}

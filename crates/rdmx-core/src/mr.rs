@@ -195,6 +195,18 @@ impl<T> MrTable<T> {
         access: Access,
         payload: T,
     ) -> Result<&MrEntry<T>, TableError> {
+        self.insert_with(pd, addr, len, access, |_, _| payload)
+    }
+
+    /// Registers a region whose payload is made from its `(lkey, rkey)`.
+    pub fn insert_with(
+        &mut self,
+        pd: PdId,
+        addr: u64,
+        len: u64,
+        access: Access,
+        payload: impl FnOnce(u32, u32) -> T,
+    ) -> Result<&MrEntry<T>, TableError> {
         if len == 0 || addr.checked_add(len).is_none() {
             return Err(TableError::InvalidRange { addr, len });
         }
@@ -227,7 +239,7 @@ impl<T> MrTable<T> {
             access,
             lkey,
             rkey,
-            payload,
+            payload: payload(lkey, rkey),
         }))
     }
 
@@ -417,7 +429,13 @@ mod tests {
     fn check_names_the_failing_test() {
         let mut t = table();
         let k = t
-            .insert(PD, 0x1000, 0x100, Access::LOCAL_WRITE | Access::REMOTE_READ, ())
+            .insert(
+                PD,
+                0x1000,
+                0x100,
+                Access::LOCAL_WRITE | Access::REMOTE_READ,
+                (),
+            )
             .unwrap()
             .rkey;
         let ok = t.check(k, KeyUse::Remote, PD, 0x1000, 0x100, Access::REMOTE_READ);
@@ -429,7 +447,11 @@ mod tests {
         );
         assert!(matches!(
             t.check(k, KeyUse::Remote, PdId(2), 0x1000, 1, Access::REMOTE_READ),
-            Err(KeyError::PdMismatch { mr_pd: PD, pd: PdId(2), .. })
+            Err(KeyError::PdMismatch {
+                mr_pd: PD,
+                pd: PdId(2),
+                ..
+            })
         ));
         for (addr, len) in [
             (0x0fff, 1),

@@ -36,6 +36,10 @@ pub trait Region: Send + Sync + 'static {
     fn addr(&self) -> usize;
     /// Registered length in bytes.
     fn len(&self) -> usize;
+    /// Whether the region is empty (registrations never are).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     /// Local key.
     fn lkey(&self) -> u32;
     /// Remote key.

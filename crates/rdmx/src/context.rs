@@ -1,0 +1,59 @@
+//! An open device: the owner of protection domains and of the memory-region table.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use rdmx_core::{MrTable, PdId};
+
+use crate::mr::MrShared;
+use crate::pd::ProtectionDomain;
+use crate::{Error, Result};
+
+/// An open device (`ibv_context`).
+///
+/// Keys are per context, as on an adapter: the memory-region table lives here, and its
+/// starting key variants are drawn at random when the context opens, so keys differ from
+/// run to run. Cloning is cheap and shares the context.
+#[derive(Clone, Debug)]
+pub struct Context {
+    pub(crate) inner: Arc<ContextInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct ContextInner {
+    pub(crate) mrs: RwLock<MrTable<Arc<MrShared>>>,
+    next_pd: AtomicU32,
+}
+
+impl Context {
+    /// Opens a software context: memory is registered by pinning it in this process.
+    pub fn open() -> Result<Context> {
+        let mut seed = [0u8; 8];
+        getrandom::fill(&mut seed).map_err(|e| Error::Seed(e.to_string()))?;
+        Ok(Self::with_seed(u64::from_ne_bytes(seed)))
+    }
+
+    /// Opens a software context whose key variants derive from `seed`.
+    ///
+    /// Keys are then predictable; this is for reproducible tests only.
+    pub fn with_seed(seed: u64) -> Context {
+        Context {
+            inner: Arc::new(ContextInner {
+                mrs: RwLock::new(MrTable::new(seed)),
+                next_pd: AtomicU32::new(1),
+            }),
+        }
+    }
+
+    /// Allocates a protection domain (`ibv_alloc_pd`).
+    pub fn alloc_pd(&self) -> ProtectionDomain {
+        let id = PdId(self.inner.next_pd.fetch_add(1, Ordering::Relaxed));
+        ProtectionDomain::new(self.clone(), id)
+    }
+
+    /// Memory regions registered in this context now.
+    pub fn registered_regions(&self) -> usize {
+        self.inner.mrs.read().len()
+    }
+}

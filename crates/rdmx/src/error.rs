@@ -1,0 +1,37 @@
+//! Errors of the rdmx API.
+
+use rdmx_core::{KeyError, TableError};
+
+/// An rdmx verb failed.
+///
+/// A failed work completion is a status, not an `Error`; this type is for verbs that fail
+/// when called.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Registering memory failed in the memory layer (access flags, range, pinning).
+    #[error("register memory region: {0}")]
+    Register(#[from] rdmx_mem::Error),
+    /// The memory-region table refused the registration.
+    #[error("register memory region: {0}")]
+    Table(#[from] TableError),
+    /// A key lookup failed.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// An access to a region's bytes fell outside it.
+    #[error("{len} bytes at offset {offset} are outside a region of {region_len} bytes")]
+    OutOfBounds {
+        /// Offset asked for.
+        offset: usize,
+        /// Length asked for.
+        len: usize,
+        /// The region's length.
+        region_len: usize,
+    },
+    /// The operating system's random source failed while opening a context.
+    #[error("open context: no random seed for memory keys: {0}")]
+    Seed(String),
+}
+
+/// Result of an rdmx verb.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,49 @@
+//! # rdmx: efficient data transfer with RDMA semantics
+//!
+//! rdmx gives one verbs-shaped, safe API over several providers. It is built in layers,
+//! each its own crate, top-down:
+//!
+//! - **rdmx** (this crate): the facade users program against: [`Context`],
+//!   [`ProtectionDomain`], [`MemoryRegion`], the registration cache ([`RegCache`]) and
+//!   registered-buffer pools ([`BufferPool`]).
+//! - **rdmx-core**: the sans-IO core. Memory-region keys and the checks every provider
+//!   runs before touching memory ([`rdmx_core::MrTable`]).
+//! - **rdmx-mem**: the memory layer. Pinning with `RLIMIT_MEMLOCK` diagnostics, the
+//!   registration cache and its `munmap` monitor, buffer pools, hugepage mappings.
+//!
+//! ## Quick start
+//!
+//! ```
+//! use rdmx::{Access, Context};
+//!
+//! let ctx = Context::open()?;
+//! let pd = ctx.alloc_pd();
+//! let mr = pd.register(vec![0u8; 4096], Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
+//! mr.write_at(0, b"hello")?;
+//! let mut out = [0u8; 5];
+//! mr.read_at(0, &mut out)?;
+//! assert_eq!(&out, b"hello");
+//! println!("lkey {:#x} rkey {:#x}", mr.lkey(), mr.rkey());
+//! # Ok::<(), rdmx::Error>(())
+//! ```
+//!
+//! ## Memory safety
+//!
+//! - A region's keys die the moment it is deregistered; its memory lives until nothing
+//!   uses it ([`MrRef`]).
+//! - Memory that the adapter or a peer may write is reached through copying accessors or
+//!   owned pool buffers, never through long-lived slices.
+//! - Registering memory the caller keeps owning is `unsafe`
+//!   ([`ProtectionDomain::register_raw`]); owned memory ([`Memory`]) is safe.
+
+mod context;
+mod error;
+mod mr;
+mod pd;
+
+pub use context::Context;
+pub use error::{Error, Result};
+pub use mr::{MemoryRegion, MrRef, RemoteRegion};
+pub use pd::ProtectionDomain;
+pub use rdmx_core::{KeyError, KeyUse, PdId};
+pub use rdmx_mem::{Access, Backing, HugePages, Mapping, MemlockLimit, Memory, Pinning};

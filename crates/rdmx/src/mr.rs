@@ -1,0 +1,213 @@
+//! Memory regions: registered memory with its keys, kept alive while anything uses it.
+//!
+//! A [`MemoryRegion`] is the owner's handle. Dropping it (or calling
+//! [`deregister`](MemoryRegion::deregister)) removes the region from its context's key
+//! table at once, so its keys stop working immediately. The memory itself, and its pin,
+//! live on in a shared part for as long as an [`MrRef`] holds it: a posted work request
+//! holds one until its completion is reaped, so no safe call can make a provider touch
+//! deregistered or freed memory.
+//!
+//! Registered memory may be written by the adapter or by a peer at any time, so safe code
+//! reaches it only through copying accessors ([`read_at`](MemoryRegion::read_at),
+//! [`write_at`](MemoryRegion::write_at)), never through a long-lived `&[u8]`.
+
+use std::sync::Arc;
+
+use rdmx_core::PdId;
+use rdmx_mem::{Access, Memory, PinGuard};
+
+use crate::{Context, Error, Result};
+
+/// The part of a region that outlives deregistration while in use.
+pub(crate) struct MrShared {
+    // Field order is drop order: unpin before the owned memory is freed.
+    pub(crate) pin: Option<PinGuard>,
+    pub(crate) _owner: Option<Box<dyn Memory>>,
+    pub(crate) addr: *mut u8,
+    pub(crate) len: usize,
+    pub(crate) access: Access,
+    pub(crate) lkey: u32,
+    pub(crate) rkey: u32,
+    pub(crate) pd: PdId,
+}
+
+// SAFETY: the raw pointer is an address of memory kept valid by `owner` or by the
+// register_raw contract; MrShared never hands out references into it, only copies.
+unsafe impl Send for MrShared {}
+// SAFETY: as above; all access to the bytes goes through copying accessors.
+unsafe impl Sync for MrShared {}
+
+impl std::fmt::Debug for MrShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("addr", &self.addr)
+            .field("len", &self.len)
+            .field("access", &self.access)
+            .field("lkey", &format_args!("{:#010x}", self.lkey))
+            .field("rkey", &format_args!("{:#010x}", self.rkey))
+            .field("pd", &self.pd)
+            .field("pinned", &self.pin.is_some())
+            .finish()
+    }
+}
+
+impl MrShared {
+    fn bounds(&self, offset: usize, len: usize) -> Result<*mut u8> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(self.addr.wrapping_add(offset)),
+            _ => Err(Error::OutOfBounds {
+                offset,
+                len,
+                region_len: self.len,
+            }),
+        }
+    }
+
+    fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
+        let src = self.bounds(offset, buf.len())?;
+        // SAFETY: bounds() keeps [src, src + buf.len()) inside the registered memory, which
+        // stays valid while self lives; buf is a distinct Rust allocation.
+        unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) };
+        Ok(())
+    }
+
+    fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+        let dst = self.bounds(offset, data.len())?;
+        // SAFETY: as in read_at; registered memory is writable through this pointer
+        // (Memory::as_raw and register_raw both promise it).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+        Ok(())
+    }
+}
+
+/// What a peer needs to reach a region remotely: address, length and rkey.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteRegion {
+    /// Virtual address of the first byte.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+macro_rules! region_getters {
+    () => {
+        /// Address of the first registered byte.
+        pub fn addr(&self) -> usize {
+            self.shared.addr as usize
+        }
+        /// Registered length in bytes.
+        pub fn len(&self) -> usize {
+            self.shared.len
+        }
+        /// Always false: empty regions cannot be registered.
+        pub fn is_empty(&self) -> bool {
+            self.shared.len == 0
+        }
+        /// Local key.
+        pub fn lkey(&self) -> u32 {
+            self.shared.lkey
+        }
+        /// Remote key (0 when the region grants no remote access).
+        pub fn rkey(&self) -> u32 {
+            self.shared.rkey
+        }
+        /// Access flags.
+        pub fn access(&self) -> Access {
+            self.shared.access
+        }
+        /// The protection domain the region belongs to.
+        pub fn pd(&self) -> PdId {
+            self.shared.pd
+        }
+        /// Whether the pages are locked in memory.
+        pub fn is_pinned(&self) -> bool {
+            self.shared.pin.is_some()
+        }
+        /// Copies `buf.len()` bytes starting at `offset` out of the region.
+        pub fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
+            self.shared.read_at(offset, buf)
+        }
+        /// Copies `data` into the region at `offset`.
+        pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+            self.shared.write_at(offset, data)
+        }
+    };
+}
+
+/// A registered memory region (`ibv_mr`), owned by the caller.
+#[derive(Debug)]
+pub struct MemoryRegion {
+    shared: Arc<MrShared>,
+    ctx: Context,
+}
+
+impl MemoryRegion {
+    pub(crate) fn new(shared: Arc<MrShared>, ctx: Context) -> Self {
+        MemoryRegion { shared, ctx }
+    }
+
+    region_getters!();
+
+    /// Address, length and rkey, to hand to a peer.
+    pub fn remote(&self) -> RemoteRegion {
+        RemoteRegion {
+            addr: self.shared.addr as u64,
+            len: self.shared.len as u64,
+            rkey: self.shared.rkey,
+        }
+    }
+
+    /// A reference that keeps the memory alive (what a posted work request holds).
+    pub fn share(&self) -> MrRef {
+        MrRef::new(self.shared.clone())
+    }
+
+    /// Deregisters (`ibv_dereg_mr`): the keys stop working now; the memory is released
+    /// once no [`MrRef`] uses it. Same as dropping the region.
+    pub fn deregister(self) {}
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        let removed = self.ctx.inner.mrs.write().remove(self.shared.lkey);
+        debug_assert!(removed.is_some(), "region missing from its key table");
+        // `removed` holds a clone of `shared`; both are dropped outside the table lock.
+        drop(removed);
+    }
+}
+
+impl rdmx_mem::Region for MemoryRegion {
+    fn addr(&self) -> usize {
+        MemoryRegion::addr(self)
+    }
+    fn len(&self) -> usize {
+        MemoryRegion::len(self)
+    }
+    fn lkey(&self) -> u32 {
+        MemoryRegion::lkey(self)
+    }
+    fn rkey(&self) -> u32 {
+        MemoryRegion::rkey(self)
+    }
+    fn access(&self) -> Access {
+        MemoryRegion::access(self)
+    }
+}
+
+/// A reference to registered memory that keeps it alive, even past deregistration.
+///
+/// Keys may already be invalid when an `MrRef` is used; the memory is not.
+#[derive(Clone, Debug)]
+pub struct MrRef {
+    shared: Arc<MrShared>,
+}
+
+impl MrRef {
+    pub(crate) fn new(shared: Arc<MrShared>) -> Self {
+        MrRef { shared }
+    }
+
+    region_getters!();
+}

@@ -1,0 +1,182 @@
+//! Memory registration through the facade: keys, checks, lifetimes and pinning.
+
+mod common;
+
+use rdmx::{Access, Context, Error, KeyError, KeyUse, Mapping, Pinning};
+
+const RW: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_READ)
+    .union(Access::REMOTE_WRITE);
+
+#[test]
+fn register_gives_keys_and_copying_access() {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let mr = pd.register(vec![7u8; 8192], RW).unwrap();
+    assert_ne!(mr.lkey(), 0);
+    assert_eq!(mr.rkey(), mr.lkey());
+    assert_eq!(mr.len(), 8192);
+    assert!(mr.is_pinned());
+    let mut b = [0u8; 4];
+    mr.read_at(8188, &mut b).unwrap();
+    assert_eq!(b, [7; 4]);
+    mr.write_at(0, b"abcd").unwrap();
+    mr.read_at(0, &mut b).unwrap();
+    assert_eq!(&b, b"abcd");
+    assert!(matches!(
+        mr.read_at(8189, &mut b),
+        Err(Error::OutOfBounds { .. })
+    ));
+    assert!(mr.write_at(usize::MAX, b"x").is_err());
+    let local = pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
+    assert_eq!(local.rkey(), 0);
+    assert_eq!(ctx.registered_regions(), 2);
+}
+
+#[test]
+fn remote_write_or_atomic_without_local_write_is_rejected() {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    for access in [
+        Access::REMOTE_WRITE,
+        Access::REMOTE_ATOMIC | Access::REMOTE_READ,
+    ] {
+        let err = pd.register(vec![0u8; 64], access).unwrap_err();
+        assert!(
+            matches!(err, Error::Register(rdmx_mem::Error::InvalidAccess(_))),
+            "{err}"
+        );
+    }
+    assert_eq!(ctx.registered_regions(), 0);
+}
+
+#[test]
+fn empty_registration_is_rejected() {
+    let pd = Context::open().unwrap().alloc_pd();
+    let err = pd.register(Vec::new(), RW).unwrap_err();
+    assert!(matches!(
+        err,
+        Error::Register(rdmx_mem::Error::InvalidRange { .. })
+    ));
+}
+
+#[test]
+fn check_names_pd_bounds_and_access_failures() {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let other = ctx.alloc_pd();
+    let mr = pd
+        .register(vec![0u8; 4096], Access::LOCAL_WRITE | Access::REMOTE_READ)
+        .unwrap();
+    let (a, k) = (mr.addr() as u64, mr.rkey());
+    assert!(pd
+        .check(k, KeyUse::Remote, a, 4096, Access::REMOTE_READ)
+        .is_ok());
+    assert!(matches!(
+        other.check(k, KeyUse::Remote, a, 8, Access::REMOTE_READ),
+        Err(KeyError::PdMismatch { .. })
+    ));
+    assert!(matches!(
+        pd.check(k, KeyUse::Remote, a + 1, 4096, Access::REMOTE_READ),
+        Err(KeyError::OutOfBounds { .. })
+    ));
+    assert!(matches!(
+        pd.check(k, KeyUse::Remote, a, u64::MAX, Access::REMOTE_READ),
+        Err(KeyError::OutOfBounds { .. })
+    ));
+    assert!(matches!(
+        pd.check(k, KeyUse::Remote, a, 8, Access::REMOTE_WRITE),
+        Err(KeyError::AccessDenied { .. })
+    ));
+}
+
+#[test]
+fn deregistration_kills_keys_at_once_but_in_use_memory_lives() {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let mr = pd.register(vec![9u8; 4096], RW).unwrap();
+    let (a, k) = (mr.addr() as u64, mr.rkey());
+    // What a posted work request holds.
+    let in_flight = mr.share();
+    mr.deregister();
+    assert_eq!(ctx.registered_regions(), 0);
+    assert!(matches!(
+        pd.check(k, KeyUse::Remote, a, 8, Access::REMOTE_READ),
+        Err(KeyError::InvalidKey { .. })
+    ));
+    assert!(matches!(
+        pd.check(k, KeyUse::Local, a, 8, Access::empty()),
+        Err(KeyError::InvalidKey { .. })
+    ));
+    let mut b = [0u8; 8];
+    in_flight.read_at(4088, &mut b).unwrap();
+    assert_eq!(b, [9; 8]);
+    // A new registration never answers to the stale key.
+    let again = pd.register(vec![0u8; 4096], RW).unwrap();
+    assert_ne!(again.rkey(), k);
+    assert!(pd
+        .check(
+            k,
+            KeyUse::Remote,
+            again.addr() as u64,
+            8,
+            Access::REMOTE_READ
+        )
+        .is_err());
+}
+
+#[test]
+fn keys_are_not_predictable_across_contexts() {
+    let keys = || {
+        let ctx = Context::open().unwrap();
+        let pd = ctx.alloc_pd();
+        let mrs: Vec<_> = (0..16)
+            .map(|_| pd.register(vec![0u8; 64], RW).unwrap())
+            .collect();
+        mrs.iter().map(|m| m.rkey()).collect::<Vec<_>>()
+    };
+    // 16 independent 8-bit variants: equal by chance with probability 2^-128.
+    assert_ne!(keys(), keys());
+}
+
+#[test]
+fn overlapping_registrations_keep_shared_pages_locked() {
+    let pd = Context::open().unwrap().alloc_pd();
+    let page = rdmx_mem::sys::page_size();
+    let map = Mapping::new(4 * page).unwrap();
+    let base = map.as_ptr() as usize;
+    assert_eq!(common::locked_in(base, base + 4 * page), 0);
+    // SAFETY: the mapping outlives both regions (they are dropped first below).
+    let first = unsafe { pd.register_raw(map.as_ptr(), 3 * page, RW, Pinning::Pinned) }.unwrap();
+    // SAFETY: as above.
+    let second = unsafe {
+        pd.register_raw(
+            map.as_ptr().add(page + 10),
+            3 * page - 10,
+            RW,
+            Pinning::Pinned,
+        )
+    }
+    .unwrap();
+    assert_eq!(common::locked_in(base, base + 4 * page), 4 * page);
+    drop(first);
+    // Pages 1..4 are still used by `second`.
+    assert_eq!(common::locked_in(base, base + page), 0);
+    assert_eq!(common::locked_in(base + page, base + 4 * page), 3 * page);
+    drop(second);
+    assert_eq!(common::locked_in(base, base + 4 * page), 0);
+}
+
+#[test]
+fn unpinned_registration_is_explicit_and_locks_nothing() {
+    let pd = Context::open().unwrap().alloc_pd();
+    let map = Mapping::new(1 << 16).unwrap();
+    let base = map.as_ptr() as usize;
+    let mr = pd.register_with(map, RW, Pinning::Unpinned).unwrap();
+    assert!(!mr.is_pinned());
+    assert_eq!(common::locked_in(base, base + (1 << 16)), 0);
+    let pinned = pd.register(Mapping::new(1 << 16).unwrap(), RW).unwrap();
+    assert!(pinned.is_pinned());
+    let p = pinned.addr();
+    assert_eq!(common::locked_in(p, p + (1 << 16)), 1 << 16);
+}

@@ -231,14 +231,18 @@ mod tests {
         t.add(0x2000, 0x4000, 1);
         assert_eq!(
             t.pieces(0x1000, 0x4000),
-            vec![(0x1000, 0x2000, 1), (0x2000, 0x3000, 2), (0x3000, 0x4000, 1)]
+            vec![
+                (0x1000, 0x2000, 1),
+                (0x2000, 0x3000, 2),
+                (0x3000, 0x4000, 1)
+            ]
         );
         assert_eq!(t.pinned_bytes(), 0x3000);
         t.add(0x1000, 0x3000, -1);
-        assert_eq!(t.pieces(0x1000, 0x4000), vec![
-            (0x1000, 0x2000, 0),
-            (0x2000, 0x4000, 1)
-        ]);
+        assert_eq!(
+            t.pieces(0x1000, 0x4000),
+            vec![(0x1000, 0x2000, 0), (0x2000, 0x4000, 1)]
+        );
         t.add(0x2000, 0x4000, -1);
         assert!(t.steps.is_empty(), "{:?}", t.steps);
     }

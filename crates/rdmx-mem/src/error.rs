@@ -57,6 +57,9 @@ pub enum Error {
         /// Largest class.
         max: usize,
     },
+    /// A pool configuration that cannot work.
+    #[error(transparent)]
+    InvalidPoolConfig(#[from] crate::pool::InvalidPoolConfig),
     /// The registration layer above refused (key space exhausted, device error, ...).
     #[error("registration failed: {0}")]
     Registrar(#[source] Box<dyn std::error::Error + Send + Sync>),

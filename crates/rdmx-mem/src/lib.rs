@@ -18,14 +18,19 @@
 //! Access flags ([`Access`]) live here too, because every registration carries them.
 
 pub mod access;
+pub mod cache;
 pub mod error;
 pub mod mapping;
+pub mod monitor;
 pub mod pin;
+pub mod pool;
 pub mod registrar;
 pub mod sys;
 
 pub use access::{Access, InvalidAccess};
+pub use cache::{CacheConfig, CacheHandle, CacheStats, Invalidation, Monitoring, RegCache};
 pub use error::{Error, MemlockLimit};
 pub use mapping::{Backing, HugePages, Mapping, Memory};
 pub use pin::{PinGuard, Pinning};
+pub use pool::{BufferPool, PoolBuf, PoolConfig, PoolStats};
 pub use registrar::{PinOnly, Region, Registrar};

@@ -1,0 +1,458 @@
+//! Registration cache: hits, misses, invalidation (explicit and by munmap/madvise/mremap),
+//! eviction limits and many threads at once.
+
+use std::ptr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use rdmx_mem::cache::{CacheConfig, Invalidation, Monitoring, RegCache};
+use rdmx_mem::registrar::PinOnlyRegion;
+use rdmx_mem::{Access, Error, PinOnly, Pinning, Region, Registrar};
+
+/// A registrar that counts live regions.
+#[derive(Clone)]
+struct Counting {
+    inner: Arc<PinOnly>,
+    live: Arc<AtomicUsize>,
+}
+
+struct Counted {
+    region: PinOnlyRegion,
+    live: Arc<AtomicUsize>,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.live.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Region for Counted {
+    fn addr(&self) -> usize {
+        self.region.addr()
+    }
+    fn len(&self) -> usize {
+        self.region.len()
+    }
+    fn lkey(&self) -> u32 {
+        self.region.lkey()
+    }
+    fn rkey(&self) -> u32 {
+        self.region.rkey()
+    }
+    fn access(&self) -> Access {
+        self.region.access()
+    }
+}
+
+impl Registrar for Counting {
+    type Region = Counted;
+    unsafe fn register(&self, addr: *mut u8, len: usize, access: Access) -> Result<Counted, Error> {
+        // SAFETY: forwarded contract.
+        let region = unsafe { self.inner.register(addr, len, access)? };
+        self.live.fetch_add(1, Ordering::SeqCst);
+        Ok(Counted {
+            region,
+            live: self.live.clone(),
+        })
+    }
+}
+
+fn counting(pinning: Pinning) -> Counting {
+    Counting {
+        inner: Arc::new(PinOnly::new(pinning)),
+        live: Arc::new(AtomicUsize::new(0)),
+    }
+}
+
+fn cache(config: CacheConfig) -> (RegCache<Counting>, Arc<AtomicUsize>) {
+    let r = counting(Pinning::Pinned);
+    let live = r.live.clone();
+    (RegCache::new(r, config).unwrap(), live)
+}
+
+fn page() -> usize {
+    rdmx_mem::sys::page_size()
+}
+
+/// Anonymous memory that the test unmaps itself.
+fn map(len: usize, at: Option<usize>) -> Option<*mut u8> {
+    let (hint, flags) = match at {
+        Some(a) => (a as *mut libc::c_void, libc::MAP_FIXED_NOREPLACE),
+        None => (ptr::null_mut(), 0),
+    };
+    // SAFETY: anonymous mapping; MAP_FIXED_NOREPLACE never replaces an existing mapping.
+    let p = unsafe {
+        libc::mmap(
+            hint,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED || at.is_some_and(|a| p as usize != a) {
+        return None;
+    }
+    Some(p.cast())
+}
+
+fn unmap(p: *mut u8, len: usize) {
+    // SAFETY: `p` came from `map` with this length and nothing references it any more.
+    assert_eq!(unsafe { libc::munmap(p.cast(), len) }, 0);
+}
+
+#[test]
+fn hit_needs_cover_and_access() {
+    let (c, live) = cache(CacheConfig::default().invalidation(Invalidation::Explicit));
+    let buf = vec![0u8; 4 * page()];
+    let p = buf.as_ptr();
+    // SAFETY: `buf` outlives every handle (dropped at the end of each statement).
+    let h = unsafe { c.get_raw(p, 2 * page(), Access::REMOTE_READ) }.unwrap();
+    assert!(h.is_cached());
+    let key = h.lkey();
+    drop(h);
+    // SAFETY: as above.
+    unsafe {
+        assert_eq!(
+            c.get_raw(p, 2 * page(), Access::REMOTE_READ)
+                .unwrap()
+                .lkey(),
+            key
+        );
+        assert_eq!(
+            c.get_raw(p.add(10), 100, Access::empty()).unwrap().lkey(),
+            key
+        );
+        assert_ne!(
+            c.get_raw(p, 3 * page(), Access::REMOTE_READ)
+                .unwrap()
+                .lkey(),
+            key
+        );
+        let rw = Access::LOCAL_WRITE | Access::REMOTE_READ;
+        assert_ne!(c.get_raw(p, page(), rw).unwrap().lkey(), key);
+    }
+    let s = c.stats();
+    assert_eq!((s.hits, s.misses), (2, 3));
+    assert_eq!(s.entries, 3);
+    assert_eq!(s.idle_entries, 3);
+    assert_eq!(live.load(Ordering::SeqCst), 3);
+    // Invalid requests fail cleanly.
+    // SAFETY: nothing is registered for invalid input.
+    unsafe {
+        assert!(matches!(
+            c.get_raw(p, 0, Access::empty()),
+            Err(Error::InvalidRange { .. })
+        ));
+        assert!(matches!(
+            c.get_raw(usize::MAX as *const u8, 2, Access::empty()),
+            Err(Error::InvalidRange { .. })
+        ));
+        assert!(matches!(
+            c.get_raw(p, 8, Access::REMOTE_WRITE),
+            Err(Error::InvalidAccess(_))
+        ));
+    }
+}
+
+#[test]
+fn safe_entry_points_borrow_the_buffer() {
+    let (c, _) = cache(CacheConfig::default().invalidation(Invalidation::Explicit));
+    let mut buf = vec![0u8; 1000];
+    let first = c.get(&buf).unwrap().lkey();
+    assert_eq!(c.get(&buf[100..200]).unwrap().lkey(), first);
+    let w = c.get_mut(&mut buf).unwrap();
+    assert!(w.region().access().contains(Access::LOCAL_WRITE));
+    assert_eq!(w.len(), 1000);
+}
+
+#[test]
+fn explicit_invalidate_removes_overlapping_entries_only() {
+    let (c, live) = cache(CacheConfig::default().invalidation(Invalidation::Explicit));
+    let buf = vec![0u8; 8 * page()];
+    let p = buf.as_ptr();
+    // SAFETY: `buf` outlives every handle.
+    let (a, b) = unsafe {
+        (
+            c.get_raw(p, page(), Access::empty()).unwrap().lkey(),
+            c.get_raw(p.add(4 * page()), page(), Access::empty())
+                .unwrap()
+                .lkey(),
+        )
+    };
+    assert_eq!(c.invalidate(p as usize + page() / 2, 10), 1);
+    // SAFETY: as above.
+    unsafe {
+        assert_ne!(c.get_raw(p, page(), Access::empty()).unwrap().lkey(), a);
+        assert_eq!(
+            c.get_raw(p.add(4 * page()), page(), Access::empty())
+                .unwrap()
+                .lkey(),
+            b
+        );
+    }
+    assert_eq!(c.stats().invalidations, 1);
+    assert_eq!(live.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn entry_invalidated_in_use_retires_when_last_user_lets_go() {
+    let (c, live) = cache(CacheConfig::default().invalidation(Invalidation::Explicit));
+    let buf = vec![0u8; page()];
+    // SAFETY: `buf` outlives the handles.
+    let h1 = unsafe { c.get_raw(buf.as_ptr(), 64, Access::empty()) }.unwrap();
+    // SAFETY: as above.
+    let h2 = unsafe { c.get_raw(buf.as_ptr(), 64, Access::empty()) }.unwrap();
+    assert_eq!(h1.lkey(), h2.lkey());
+    assert_eq!(c.invalidate(buf.as_ptr() as usize, 1), 1);
+    assert_eq!(c.stats().entries, 0);
+    // Still registered: two users hold it.
+    assert_eq!(live.load(Ordering::SeqCst), 1);
+    // SAFETY: as above.
+    let fresh = unsafe { c.get_raw(buf.as_ptr(), 64, Access::empty()) }.unwrap();
+    assert_ne!(fresh.lkey(), h1.lkey());
+    drop(h1);
+    assert_eq!(live.load(Ordering::SeqCst), 2);
+    drop(h2);
+    assert_eq!(live.load(Ordering::SeqCst), 1);
+    drop(fresh);
+    assert_eq!(c.stats().idle_entries, 1);
+}
+
+#[test]
+fn eviction_honours_count_limit_in_lru_order() {
+    let (c, live) = cache(
+        CacheConfig::default()
+            .invalidation(Invalidation::Explicit)
+            .max_idle_entries(4),
+    );
+    let buf = vec![0u8; 16 * page()];
+    let at = |i: usize| buf.as_ptr().wrapping_add(i * page());
+    let mut keys = Vec::new();
+    for i in 0..10 {
+        // SAFETY: `buf` outlives every handle.
+        keys.push(
+            unsafe { c.get_raw(at(i), 64, Access::empty()) }
+                .unwrap()
+                .lkey(),
+        );
+        let s = c.stats();
+        assert!(s.idle_entries <= 4, "{s:?}");
+    }
+    let s = c.stats();
+    assert_eq!((s.idle_entries, s.evictions), (4, 6));
+    assert_eq!(live.load(Ordering::SeqCst), 4);
+    // The four most recent survive; the oldest were evicted.
+    // SAFETY: as above.
+    unsafe {
+        assert_eq!(
+            c.get_raw(at(9), 64, Access::empty()).unwrap().lkey(),
+            keys[9]
+        );
+        assert_ne!(
+            c.get_raw(at(0), 64, Access::empty()).unwrap().lkey(),
+            keys[0]
+        );
+    }
+}
+
+#[test]
+fn eviction_honours_byte_limit() {
+    let limit = 5 * page();
+    let (c, _) = cache(
+        CacheConfig::default()
+            .invalidation(Invalidation::Explicit)
+            .max_idle_bytes(limit),
+    );
+    let buf = vec![0u8; 64 * page()];
+    let mut off = 0;
+    for len in [page(), 2 * page(), 3 * page(), page(), 4 * page(), page()] {
+        // SAFETY: `buf` outlives every handle.
+        drop(unsafe { c.get_raw(buf.as_ptr().add(off), len, Access::empty()) }.unwrap());
+        off += len;
+        let s = c.stats();
+        assert!(s.idle_bytes as usize <= limit, "{s:?}");
+    }
+    let s = c.stats();
+    assert!(s.evictions >= 3, "{s:?}");
+    // Entries in use are never evicted, whatever their size.
+    // SAFETY: as above.
+    let big = unsafe { c.get_raw(buf.as_ptr().add(off), 10 * page(), Access::empty()) }.unwrap();
+    assert!(big.is_cached());
+    assert_eq!(c.stats().entries - c.stats().idle_entries, 1);
+}
+
+#[test]
+fn many_threads_get_and_put_at_once() {
+    let (c, live) = cache(
+        CacheConfig::default()
+            .invalidation(Invalidation::Explicit)
+            .max_idle_entries(8),
+    );
+    let buf = Arc::new(vec![0u8; 32 * page()]);
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let (c, buf) = (c.clone(), buf.clone());
+            std::thread::spawn(move || {
+                let mut held = Vec::new();
+                for i in 0..2000usize {
+                    let slot = (i * 7 + t * 3) % 24;
+                    let len = page() * (1 + (i + t) % 4);
+                    let p = buf.as_ptr().wrapping_add(slot * page());
+                    // SAFETY: `buf` outlives every handle (joined below).
+                    let h = unsafe { c.get_raw(p, len, Access::empty()) }.unwrap();
+                    assert!(h.region().covers(p as usize, len));
+                    if i % 5 == 0 {
+                        held.push(h);
+                    }
+                    if i % 50 == 0 {
+                        c.invalidate(p as usize, page());
+                    }
+                    if held.len() > 6 {
+                        held.remove(0);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let s = c.stats();
+    assert_eq!(s.entries, s.idle_entries, "{s:?}");
+    assert!(s.idle_entries <= 8);
+    assert_eq!(live.load(Ordering::SeqCst) as u64, s.entries);
+    assert_eq!(s.hits + s.misses, 16_000);
+}
+
+#[test]
+fn munmap_then_mmap_at_same_address_never_returns_stale_registration() {
+    let (c, live) = cache(CacheConfig::default().invalidation(Invalidation::Monitor));
+    assert_eq!(c.monitoring(), Monitoring::Userfaultfd);
+    let len = 16 * page();
+    let mut rounds = 0;
+    // Other tests map memory too; keep going until the address came back 100 times.
+    for i in 0..5000 {
+        if rounds == 100 {
+            break;
+        }
+        let p = map(len, None).unwrap();
+        // SAFETY: the mapping lives until the explicit unmap below; handles are dropped
+        // (or kept on purpose in odd rounds, which is safe for a pin-only registrar that
+        // never touches the bytes) before it.
+        let h = unsafe { c.get_raw(p, len, Access::LOCAL_WRITE) }.unwrap();
+        assert!(h.is_cached());
+        let old = h.lkey();
+        let held = if i % 2 == 0 {
+            drop(h);
+            None
+        } else {
+            Some(h)
+        };
+        unmap(p, len);
+        // Map the same address again: nothing else may have taken it meanwhile.
+        let Some(q) = map(len, Some(p as usize)) else {
+            continue;
+        };
+        rounds += 1;
+        // SAFETY: `q` stays mapped until unmapped below, after the handle is dropped.
+        let h = unsafe { c.get_raw(q, len, Access::LOCAL_WRITE) }.unwrap();
+        assert_ne!(h.lkey(), old, "stale registration returned in round {i}");
+        drop(h);
+        drop(held);
+        unmap(q, len);
+    }
+    assert_eq!(rounds, 100, "the address came back only {rounds} times");
+    // Lookups wait for delivered events by themselves; reading the counters does not.
+    rdmx_mem::monitor::global().unwrap().wait_idle();
+    let s = c.stats();
+    assert!(s.invalidations >= 2 * rounds as u64, "{s:?}");
+    assert_eq!(s.hits, 0, "{s:?}");
+    assert_eq!(live.load(Ordering::SeqCst) as u64, s.entries);
+}
+
+#[test]
+fn madvise_dontneed_invalidates_unpinned_entries() {
+    let r = counting(Pinning::Unpinned);
+    let c = RegCache::new(
+        r,
+        CacheConfig::default().invalidation(Invalidation::Monitor),
+    )
+    .unwrap();
+    let len = 8 * page();
+    let p = map(len, None).unwrap();
+    // SAFETY: mapped until the end of the test.
+    let old = unsafe { c.get_raw(p, len, Access::empty()) }
+        .unwrap()
+        .lkey();
+    // SAFETY: advising our own mapping.
+    let rc = unsafe { libc::madvise(p.cast(), page(), libc::MADV_DONTNEED) };
+    assert_eq!(rc, 0);
+    // SAFETY: mapped until the end of the test.
+    let new = unsafe { c.get_raw(p, len, Access::empty()) }
+        .unwrap()
+        .lkey();
+    assert_ne!(new, old);
+    assert!(c.stats().invalidations >= 1);
+    unmap(p, len);
+}
+
+#[test]
+fn mremap_invalidates_the_old_range() {
+    let (c, live) = cache(CacheConfig::default().invalidation(Invalidation::Monitor));
+    let len = 4 * page();
+    let p = map(len, None).unwrap();
+    let target = map(len, None).unwrap();
+    // SAFETY: mapped until moved below.
+    drop(unsafe { c.get_raw(p, len, Access::empty()) }.unwrap());
+    assert_eq!(c.stats().entries, 1);
+    // SAFETY: moving our own mapping onto another of ours.
+    let q = unsafe {
+        libc::mremap(
+            p.cast(),
+            len,
+            len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            target.cast::<libc::c_void>(),
+        )
+    };
+    assert_eq!(q, target.cast());
+    rdmx_mem::monitor::global().unwrap().wait_idle();
+    let s = c.stats();
+    assert!(s.invalidations >= 1, "{s:?}");
+    assert_eq!(s.entries, 0, "{s:?}");
+    assert_eq!(live.load(Ordering::SeqCst), 0);
+    unmap(q.cast(), len);
+}
+
+#[test]
+fn unwatchable_memory_is_registered_but_not_cached() {
+    let (c, live) = cache(CacheConfig::default().invalidation(Invalidation::Monitor));
+    let file = std::env::temp_dir().join(format!("rdmx-cache-{}", std::process::id()));
+    std::fs::write(&file, vec![1u8; 2 * page()]).unwrap();
+    let f = std::fs::File::open(&file).unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: a private read-only mapping of our own file.
+    let p = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            2 * page(),
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    // SAFETY: mapped until unmapped below, after the handle is dropped.
+    let h = unsafe { c.get_raw(p.cast(), 2 * page(), Access::empty()) }.unwrap();
+    assert!(!h.is_cached());
+    assert_eq!(live.load(Ordering::SeqCst), 1);
+    drop(h);
+    assert_eq!(live.load(Ordering::SeqCst), 0);
+    assert_eq!(c.stats().uncached, 1);
+    unmap(p.cast(), 2 * page());
+    std::fs::remove_file(file).unwrap();
+}

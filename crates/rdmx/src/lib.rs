@@ -46,4 +46,16 @@ pub use error::{Error, Result};
 pub use mr::{MemoryRegion, MrRef, RemoteRegion};
 pub use pd::ProtectionDomain;
 pub use rdmx_core::{KeyError, KeyUse, PdId};
-pub use rdmx_mem::{Access, Backing, HugePages, Mapping, MemlockLimit, Memory, Pinning};
+pub use rdmx_mem::{
+    Access, Backing, CacheConfig, CacheStats, HugePages, Invalidation, Mapping, MemlockLimit,
+    Memory, Monitoring, Pinning, PoolConfig, PoolStats,
+};
+
+/// A registration cache over a protection domain.
+pub type RegCache = rdmx_mem::RegCache<ProtectionDomain>;
+/// A handle to a cached registration.
+pub type CacheHandle = rdmx_mem::CacheHandle<ProtectionDomain>;
+/// A pool of buffers registered in a protection domain.
+pub type BufferPool = rdmx_mem::BufferPool<ProtectionDomain>;
+/// An owned buffer from a [`BufferPool`].
+pub type PoolBuf = rdmx_mem::PoolBuf<ProtectionDomain>;

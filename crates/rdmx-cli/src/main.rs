@@ -1,0 +1,45 @@
+//! `rdmx`: benchmarks for memory registration and data transfer with RDMA semantics.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod bench;
+
+/// rdmx: efficient data transfer with RDMA semantics.
+#[derive(Parser, Debug)]
+#[command(name = "rdmx", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a benchmark.
+    #[command(subcommand)]
+    Bench(bench::Bench),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .init();
+    let cli = Cli::parse();
+    let res = match cli.command {
+        Command::Bench(b) => bench::run(b),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rdmx: {e}");
+            let mut src = std::error::Error::source(&*e);
+            while let Some(s) = src {
+                eprintln!("  caused by: {s}");
+                src = s.source();
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

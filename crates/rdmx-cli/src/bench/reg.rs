@@ -184,7 +184,7 @@ fn round(v: f64, digits: i32) -> f64 {
 
 fn print_table(v: &Value) {
     println!(
-        "# rdmx bench reg: software provider, pinning with mlock, median of {} runs",
+        "# rdmx bench reg: software context, pages pinned with mlock, median of {} runs",
         v["runs"]
     );
     println!("{:<36} {:>14}", "operation", "time");

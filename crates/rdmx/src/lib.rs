@@ -59,3 +59,8 @@ pub type CacheHandle = rdmx_mem::CacheHandle<ProtectionDomain>;
 pub type BufferPool = rdmx_mem::BufferPool<ProtectionDomain>;
 /// An owned buffer from a [`BufferPool`].
 pub type PoolBuf = rdmx_mem::PoolBuf<ProtectionDomain>;
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

@@ -2,73 +2,20 @@
 //! eviction limits and many threads at once.
 
 use std::ptr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+
 use std::sync::Arc;
 
 use rdmx_mem::cache::{CacheConfig, Invalidation, Monitoring, RegCache};
-use rdmx_mem::registrar::PinOnlyRegion;
-use rdmx_mem::{Access, Error, PinOnly, Pinning, Region, Registrar};
 
-/// A registrar that counts live regions.
-#[derive(Clone)]
-struct Counting {
-    inner: Arc<PinOnly>,
-    live: Arc<AtomicUsize>,
-}
+use rdmx_mem::{Access, Error, Pinning, Region};
 
-struct Counted {
-    region: PinOnlyRegion,
-    live: Arc<AtomicUsize>,
-}
+mod common;
 
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.live.fetch_sub(1, Ordering::SeqCst);
-    }
-}
+use common::Counting;
 
-impl Region for Counted {
-    fn addr(&self) -> usize {
-        self.region.addr()
-    }
-    fn len(&self) -> usize {
-        self.region.len()
-    }
-    fn lkey(&self) -> u32 {
-        self.region.lkey()
-    }
-    fn rkey(&self) -> u32 {
-        self.region.rkey()
-    }
-    fn access(&self) -> Access {
-        self.region.access()
-    }
-}
-
-impl Registrar for Counting {
-    type Region = Counted;
-    unsafe fn register(&self, addr: *mut u8, len: usize, access: Access) -> Result<Counted, Error> {
-        // SAFETY: forwarded contract.
-        let region = unsafe { self.inner.register(addr, len, access)? };
-        self.live.fetch_add(1, Ordering::SeqCst);
-        Ok(Counted {
-            region,
-            live: self.live.clone(),
-        })
-    }
-}
-
-fn counting(pinning: Pinning) -> Counting {
-    Counting {
-        inner: Arc::new(PinOnly::new(pinning)),
-        live: Arc::new(AtomicUsize::new(0)),
-    }
-}
-
-fn cache(config: CacheConfig) -> (RegCache<Counting>, Arc<AtomicUsize>) {
-    let r = counting(Pinning::Pinned);
-    let live = r.live.clone();
-    (RegCache::new(r, config).unwrap(), live)
+fn cache(config: CacheConfig) -> (RegCache<Counting>, Counting) {
+    let r = Counting::with_pinning(Pinning::Pinned);
+    (RegCache::new(r.clone(), config).unwrap(), r)
 }
 
 fn page() -> usize {
@@ -138,7 +85,7 @@ fn hit_needs_cover_and_access() {
     assert_eq!((s.hits, s.misses), (2, 3));
     assert_eq!(s.entries, 3);
     assert_eq!(s.idle_entries, 3);
-    assert_eq!(live.load(Ordering::SeqCst), 3);
+    assert_eq!(live.live().len(), 3);
     // Invalid requests fail cleanly.
     // SAFETY: nothing is registered for invalid input.
     unsafe {
@@ -194,7 +141,7 @@ fn explicit_invalidate_removes_overlapping_entries_only() {
         );
     }
     assert_eq!(c.stats().invalidations, 1);
-    assert_eq!(live.load(Ordering::SeqCst), 2);
+    assert_eq!(live.live().len(), 2);
 }
 
 #[test]
@@ -209,14 +156,14 @@ fn entry_invalidated_in_use_retires_when_last_user_lets_go() {
     assert_eq!(c.invalidate(buf.as_ptr() as usize, 1), 1);
     assert_eq!(c.stats().entries, 0);
     // Still registered: two users hold it.
-    assert_eq!(live.load(Ordering::SeqCst), 1);
+    assert_eq!(live.live().len(), 1);
     // SAFETY: as above.
     let fresh = unsafe { c.get_raw(buf.as_ptr(), 64, Access::empty()) }.unwrap();
     assert_ne!(fresh.lkey(), h1.lkey());
     drop(h1);
-    assert_eq!(live.load(Ordering::SeqCst), 2);
+    assert_eq!(live.live().len(), 2);
     drop(h2);
-    assert_eq!(live.load(Ordering::SeqCst), 1);
+    assert_eq!(live.live().len(), 1);
     drop(fresh);
     assert_eq!(c.stats().idle_entries, 1);
 }
@@ -243,7 +190,7 @@ fn eviction_honours_count_limit_in_lru_order() {
     }
     let s = c.stats();
     assert_eq!((s.idle_entries, s.evictions), (4, 6));
-    assert_eq!(live.load(Ordering::SeqCst), 4);
+    assert_eq!(live.live().len(), 4);
     // The four most recent survive; the oldest were evicted.
     // SAFETY: as above.
     unsafe {
@@ -323,7 +270,7 @@ fn many_threads_get_and_put_at_once() {
     let s = c.stats();
     assert_eq!(s.entries, s.idle_entries, "{s:?}");
     assert!(s.idle_entries <= 8);
-    assert_eq!(live.load(Ordering::SeqCst) as u64, s.entries);
+    assert_eq!(live.live().len() as u64, s.entries);
     assert_eq!(s.hits + s.misses, 16_000);
 }
 
@@ -370,12 +317,12 @@ fn munmap_then_mmap_at_same_address_never_returns_stale_registration() {
     let s = c.stats();
     assert!(s.invalidations >= 2 * rounds as u64, "{s:?}");
     assert_eq!(s.hits, 0, "{s:?}");
-    assert_eq!(live.load(Ordering::SeqCst) as u64, s.entries);
+    assert_eq!(live.live().len() as u64, s.entries);
 }
 
 #[test]
 fn madvise_dontneed_invalidates_unpinned_entries() {
-    let r = counting(Pinning::Unpinned);
+    let r = Counting::with_pinning(Pinning::Unpinned);
     let c = RegCache::new(
         r,
         CacheConfig::default().invalidation(Invalidation::Monitor),
@@ -423,7 +370,7 @@ fn mremap_invalidates_the_old_range() {
     let s = c.stats();
     assert!(s.invalidations >= 1, "{s:?}");
     assert_eq!(s.entries, 0, "{s:?}");
-    assert_eq!(live.load(Ordering::SeqCst), 0);
+    assert_eq!(live.live().len(), 0);
     unmap(q.cast(), len);
 }
 
@@ -449,9 +396,9 @@ fn unwatchable_memory_is_registered_but_not_cached() {
     // SAFETY: mapped until unmapped below, after the handle is dropped.
     let h = unsafe { c.get_raw(p.cast(), 2 * page(), Access::empty()) }.unwrap();
     assert!(!h.is_cached());
-    assert_eq!(live.load(Ordering::SeqCst), 1);
+    assert_eq!(live.live().len(), 1);
     drop(h);
-    assert_eq!(live.load(Ordering::SeqCst), 0);
+    assert_eq!(live.live().len(), 0);
     assert_eq!(c.stats().uncached, 1);
     unmap(p.cast(), 2 * page());
     std::fs::remove_file(file).unwrap();

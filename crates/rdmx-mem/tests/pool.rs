@@ -1,129 +1,18 @@
 //! Registered-buffer pools: class selection, keys, thread caches, exhaustion, lifetime.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use rdmx_mem::pool::{BufferPool, OutOfBounds, PoolBuf, PoolConfig};
-use rdmx_mem::registrar::PinOnlyRegion;
-use rdmx_mem::{Access, Backing, Error, HugePages, Mapping, PinOnly, Pinning, Region, Registrar};
 
-/// What the counting registrar knows of a live region.
-#[derive(Clone, Copy, Debug)]
-struct Reg {
-    addr: usize,
-    len: usize,
-    lkey: u32,
-    rkey: u32,
-}
+use rdmx_mem::{Access, Backing, Error, HugePages, Mapping, PinOnly, Pinning, Registrar};
 
-/// Wraps `PinOnly`, gives each region an rkey different from its lkey and records the
-/// live regions.
-#[derive(Clone)]
-struct Counting {
-    inner: Arc<PinOnly>,
-    live: Arc<Mutex<HashMap<u32, Reg>>>,
-}
+mod common;
 
-impl Counting {
-    fn new() -> Self {
-        Self::with_pinning(Pinning::Unpinned)
-    }
-
-    fn with_pinning(pinning: Pinning) -> Self {
-        Counting {
-            inner: Arc::new(PinOnly::new(pinning)),
-            live: Arc::default(),
-        }
-    }
-
-    fn live(&self) -> Vec<Reg> {
-        self.live.lock().unwrap().values().copied().collect()
-    }
-
-    /// The one live region covering the buffer, and that there is exactly one.
-    fn region_of<R: Registrar>(&self, buf: &PoolBuf<R>) -> Reg {
-        let hits: Vec<Reg> = self
-            .live()
-            .into_iter()
-            .filter(|r| buf.addr() >= r.addr && buf.addr() + buf.capacity() <= r.addr + r.len)
-            .collect();
-        assert_eq!(hits.len(), 1, "buffer {buf:?} in regions {hits:?}");
-        hits[0]
-    }
-}
-
-struct CountingRegion {
-    inner: PinOnlyRegion,
-    live: Arc<Mutex<HashMap<u32, Reg>>>,
-}
-
-impl Registrar for Counting {
-    type Region = CountingRegion;
-
-    unsafe fn register(
-        &self,
-        addr: *mut u8,
-        len: usize,
-        access: Access,
-    ) -> Result<CountingRegion, Error> {
-        // SAFETY: forwarded with the caller's guarantees.
-        let inner = unsafe { self.inner.register(addr, len, access) }?;
-        let reg = Reg {
-            addr: inner.addr(),
-            len: inner.len(),
-            lkey: inner.lkey(),
-            rkey: inner.rkey().wrapping_add(0x1000_0000),
-        };
-        self.live.lock().unwrap().insert(reg.lkey, reg);
-        Ok(CountingRegion {
-            inner,
-            live: self.live.clone(),
-        })
-    }
-}
-
-impl Drop for CountingRegion {
-    fn drop(&mut self) {
-        // Deregistration must come before the memory is unmapped: madvise on an unmapped
-        // range fails with ENOMEM.
-        // SAFETY: MADV_NORMAL only resets the paging advice; it never changes contents.
-        let mapped = unsafe {
-            libc::madvise(
-                self.inner.addr() as *mut libc::c_void,
-                self.inner.len(),
-                libc::MADV_NORMAL,
-            )
-        } == 0;
-        if !mapped {
-            UNMAPPED_BEFORE_DEREGISTER.fetch_add(1, Ordering::SeqCst);
-        }
-        self.live.lock().unwrap().remove(&self.inner.lkey());
-    }
-}
-
-/// Regions dropped after their memory was unmapped, in the whole test binary.
-static UNMAPPED_BEFORE_DEREGISTER: AtomicUsize = AtomicUsize::new(0);
-
-impl Region for CountingRegion {
-    fn addr(&self) -> usize {
-        self.inner.addr()
-    }
-    fn len(&self) -> usize {
-        self.inner.len()
-    }
-    fn lkey(&self) -> u32 {
-        self.inner.lkey()
-    }
-    fn rkey(&self) -> u32 {
-        self.inner.rkey().wrapping_add(0x1000_0000)
-    }
-    fn access(&self) -> Access {
-        self.inner.access()
-    }
-}
+use common::{Counting, UNMAPPED_BEFORE_DEREGISTER};
 
 fn unpinned() -> PinOnly {
     PinOnly::new(Pinning::Unpinned)

@@ -1,0 +1,465 @@
+//! The RC engine: a reliable-connected queue pair with no I/O.
+//!
+//! [`RcQp`] holds one queue pair's send and receive queues, its requester and responder
+//! state, and the completions it produced. It never reads a clock, opens a socket or
+//! spawns a thread: bytes and time go in, bytes, timers and completions come out. Every
+//! provider drives the same engine, so every provider has the same semantics.
+//!
+//! ## Driving it
+//!
+//! ```text
+//!  app ──post_send/post_recv──▶ RcQp ──poll_completion──▶ CQs
+//!                               │  ▲
+//!          poll_transmit(now) ◀─┘  └─ handle_packet(now, bytes) / handle_timeout(now)
+//!                 │                          ▲
+//!                 └──────── transport ───────┘
+//! ```
+//!
+//! After any call that may have changed the queue pair (a post, a packet, a timeout, a
+//! modify), the driver calls [`RcQp::poll_transmit`] until it returns `None`, sends what
+//! it returned to the peer's QP, drains [`RcQp::poll_completion`], and arms a timer for
+//! [`RcQp::poll_timeout`], calling [`RcQp::handle_timeout`] when it fires.
+//!
+//! Memory is reached through [`MemAccess`]; local keys are resolved when a request is
+//! posted, and the resolved regions stay in the request until it completes.
+
+mod codec;
+mod mem;
+mod requester;
+mod responder;
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use rdmx_mem::Access;
+
+pub use mem::MemAccess;
+
+use crate::mr::{KeyUse, PdId};
+use crate::qp::{ModifyError, QpAttr, QpAttrMask, QpLimits, QpState, QpStateMachine};
+use crate::wr::{Completion, PostError, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus};
+
+use requester::Requester;
+use responder::Responder;
+
+/// Fixed properties of a queue pair, chosen at creation (`ibv_qp_init_attr`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QpConfig {
+    /// This QP's number.
+    pub qpn: u32,
+    /// Its protection domain.
+    pub pd: PdId,
+    /// Send queue depth.
+    pub max_send_wr: usize,
+    /// Receive queue depth.
+    pub max_recv_wr: usize,
+    /// SGEs per send request.
+    pub max_send_sge: usize,
+    /// SGEs per receive request.
+    pub max_recv_sge: usize,
+    /// Largest inline payload.
+    pub max_inline_data: usize,
+}
+
+impl QpConfig {
+    /// A configuration with verbs-like defaults: 128-deep queues, 4 SGEs, 256 bytes inline.
+    pub fn new(qpn: u32, pd: PdId) -> Self {
+        QpConfig {
+            qpn,
+            pd,
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_send_sge: 4,
+            max_recv_sge: 4,
+            max_inline_data: 256,
+        }
+    }
+}
+
+/// Which completion queue a completion belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CqSide {
+    /// The send CQ (requests posted with `post_send`).
+    Send,
+    /// The receive CQ (requests posted with `post_recv`).
+    Recv,
+}
+
+/// A local memory segment resolved at post time.
+#[derive(Clone, Debug)]
+pub(crate) struct Seg<Mr> {
+    pub(crate) mr: Mr,
+    pub(crate) addr: u64,
+    pub(crate) len: u32,
+}
+
+/// Where a request's local bytes are.
+#[derive(Clone, Debug)]
+pub(crate) enum Local<Mr> {
+    Segs(Vec<Seg<Mr>>),
+    Inline(Vec<u8>),
+}
+
+impl<Mr> Local<Mr> {
+    pub(crate) fn len(&self) -> u64 {
+        match self {
+            Local::Segs(s) => s.iter().map(|s| u64::from(s.len)).sum(),
+            Local::Inline(v) => v.len() as u64,
+        }
+    }
+}
+
+/// A receive request as the engine holds it.
+#[derive(Debug)]
+pub(crate) struct RecvWqe<Mr> {
+    pub(crate) wr_id: u64,
+    pub(crate) segs: Vec<Seg<Mr>>,
+    pub(crate) len: u64,
+    /// A local error found when the request was posted.
+    pub(crate) error: Option<WcStatus>,
+}
+
+/// The RC queue pair engine.
+#[derive(Debug)]
+pub struct RcQp<M: MemAccess> {
+    pub(crate) cfg: QpConfig,
+    pub(crate) sm: QpStateMachine,
+    pub(crate) limits: QpLimits,
+    pub(crate) req: Requester<M::Mr>,
+    pub(crate) resp: Responder<M::Mr>,
+    pub(crate) rq: VecDeque<RecvWqe<M::Mr>>,
+    pub(crate) completions: VecDeque<(CqSide, Completion, bool)>,
+}
+
+impl<M: MemAccess> RcQp<M> {
+    /// A queue pair in the RESET state.
+    pub fn new(cfg: QpConfig, limits: QpLimits) -> Self {
+        RcQp {
+            cfg,
+            sm: QpStateMachine::new(),
+            limits,
+            req: Requester::new(),
+            resp: Responder::new(),
+            rq: VecDeque::new(),
+            completions: VecDeque::new(),
+        }
+    }
+
+    /// This QP's number.
+    pub fn qpn(&self) -> u32 {
+        self.cfg.qpn
+    }
+
+    /// The creation-time configuration.
+    pub fn config(&self) -> &QpConfig {
+        &self.cfg
+    }
+
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        self.sm.state()
+    }
+
+    /// Current attributes.
+    pub fn attrs(&self) -> &QpAttr {
+        self.sm.attrs()
+    }
+
+    /// The peer QP number, once connected (RTR or later).
+    pub fn dest_qpn(&self) -> u32 {
+        self.sm.attrs().dest_qp_num
+    }
+
+    /// Changes state and attributes (`ibv_modify_qp`). Entering RESET empties the queues
+    /// without completions, as verbs does; entering ERR flushes them.
+    pub fn modify(&mut self, attr: &QpAttr, mask: QpAttrMask) -> Result<(), ModifyError> {
+        let t = self.sm.modify(attr, mask, &self.limits)?;
+        match t.to {
+            QpState::Rtr if t.from == QpState::Init => {
+                self.resp.reset(self.sm.attrs().rq_psn);
+            }
+            QpState::Rts if t.from == QpState::Rtr => {
+                let a = self.sm.attrs();
+                self.req.reset(a.sq_psn, a.retry_cnt, a.rnr_retry);
+            }
+            QpState::Err if t.from != QpState::Err => self.flush(),
+            QpState::Reset => {
+                self.req = Requester::new();
+                self.resp = Responder::new();
+                self.rq.clear();
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Posts a send request (`ibv_post_send`).
+    ///
+    /// Refused at once when the QP's state does not take sends, the send queue is full,
+    /// or the request is malformed. Local keys are resolved now; a key that fails its
+    /// check makes the request complete with `LOC_PROT_ERR` (and the QP enter ERR) when
+    /// its turn comes, as verbs does.
+    pub fn post_send(
+        &mut self,
+        mem: &M,
+        wr: SendWr,
+        inline: Option<Vec<u8>>,
+    ) -> Result<(), PostError> {
+        let state = self.sm.state();
+        if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(PostError::WrongState(state));
+        }
+        if self.req.sq.len() >= self.cfg.max_send_wr {
+            return Err(PostError::QueueFull {
+                depth: self.cfg.max_send_wr,
+            });
+        }
+        if wr.sges.len() > self.cfg.max_send_sge {
+            return Err(PostError::TooManySges {
+                count: wr.sges.len(),
+                max: self.cfg.max_send_sge,
+            });
+        }
+        let (local, error) = match inline {
+            Some(data) => {
+                if !wr.flags.contains(SendFlags::INLINE) || wr.op.writes_local() {
+                    return Err(PostError::Invalid(
+                        "inline data needs IBV_SEND_INLINE and a SEND or WRITE",
+                    ));
+                }
+                if data.len() > self.cfg.max_inline_data {
+                    return Err(PostError::InlineTooLarge {
+                        len: data.len(),
+                        max: self.cfg.max_inline_data,
+                    });
+                }
+                (Local::Inline(data), None)
+            }
+            None => {
+                let need = if wr.op.writes_local() {
+                    Access::LOCAL_WRITE
+                } else {
+                    Access::empty()
+                };
+                let (segs, error) = self.resolve(mem, &wr.sges, need);
+                (Local::Segs(segs), error)
+            }
+        };
+        let total = local.len();
+        let bad_len = (wr.op.is_atomic() && total != 8) || total > u64::from(u32::MAX);
+        let error = error.or(bad_len.then_some(WcStatus::LocLenErr));
+        self.req.push(wr, local, total, error);
+        if state == QpState::Err {
+            self.flush();
+        }
+        Ok(())
+    }
+
+    /// Posts a receive request (`ibv_post_recv`).
+    pub fn post_recv(&mut self, mem: &M, wr: RecvWr) -> Result<(), PostError> {
+        let state = self.sm.state();
+        if state == QpState::Reset {
+            return Err(PostError::WrongState(state));
+        }
+        if self.rq.len() >= self.cfg.max_recv_wr {
+            return Err(PostError::QueueFull {
+                depth: self.cfg.max_recv_wr,
+            });
+        }
+        if wr.sges.len() > self.cfg.max_recv_sge {
+            return Err(PostError::TooManySges {
+                count: wr.sges.len(),
+                max: self.cfg.max_recv_sge,
+            });
+        }
+        let (segs, error) = self.resolve(mem, &wr.sges, Access::LOCAL_WRITE);
+        let len = segs.iter().map(|s| u64::from(s.len)).sum();
+        self.rq.push_back(RecvWqe {
+            wr_id: wr.wr_id,
+            segs,
+            len,
+            error,
+        });
+        if state == QpState::Err {
+            self.flush();
+        }
+        Ok(())
+    }
+
+    fn resolve(
+        &self,
+        mem: &M,
+        sges: &[crate::wr::Sge],
+        need: Access,
+    ) -> (Vec<Seg<M::Mr>>, Option<WcStatus>) {
+        let mut segs = Vec::with_capacity(sges.len());
+        for s in sges {
+            match mem.resolve(
+                s.lkey,
+                KeyUse::Local,
+                self.cfg.pd,
+                s.addr,
+                u64::from(s.len),
+                need,
+            ) {
+                Ok(mr) => segs.push(Seg {
+                    mr,
+                    addr: s.addr,
+                    len: s.len,
+                }),
+                Err(_) => return (Vec::new(), Some(WcStatus::LocProtErr)),
+            }
+        }
+        (segs, None)
+    }
+
+    /// The next packet to send to the peer QP, if any.
+    pub fn poll_transmit(&mut self, now: Instant, mem: &M) -> Option<Vec<u8>> {
+        if let Some(p) = self
+            .resp
+            .poll_transmit(self.cfg.qpn, self.sm.attrs(), self.rq.len())
+        {
+            return Some(p);
+        }
+        if self.sm.state() != QpState::Rts {
+            return None;
+        }
+        let out = requester::transmit(self, now, mem);
+        self.retire();
+        out
+    }
+
+    /// Feeds a packet received from the peer QP.
+    pub fn handle_packet(&mut self, now: Instant, mem: &M, bytes: &[u8]) {
+        let Some((hdr, payload)) = codec::decode(bytes) else {
+            return;
+        };
+        if hdr.dest_qpn != self.cfg.qpn {
+            return;
+        }
+        match self.sm.state() {
+            QpState::Rtr | QpState::Rts | QpState::Sqd => {}
+            // RESET, INIT, SQE and ERR drop incoming packets.
+            _ => return,
+        }
+        if hdr.op.is_response() {
+            if self.sm.state() != QpState::Rtr {
+                requester::handle_response(self, now, mem, &hdr, payload);
+                self.retire();
+            }
+        } else {
+            responder::handle_request(self, mem, &hdr, payload);
+        }
+    }
+
+    /// The time at which [`handle_timeout`](Self::handle_timeout) must be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.req.poll_timeout()
+    }
+
+    /// Handles timer expiry: retransmission, retries exhausted, the end of an RNR wait.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.sm.state() == QpState::Rts {
+            requester::handle_timeout(self, now);
+            self.retire();
+        }
+    }
+
+    /// The next completion, with the CQ it belongs to and whether it is solicited (a
+    /// receive of a message sent with the solicited-event bit), for CQ notification.
+    pub fn poll_completion(&mut self) -> Option<(CqSide, Completion, bool)> {
+        self.completions.pop_front()
+    }
+
+    /// Requests posted but not yet completed, on the send and receive queues.
+    pub fn outstanding(&self) -> (usize, usize) {
+        (self.req.sq.len(), self.rq.len())
+    }
+
+    pub(crate) fn complete(&mut self, side: CqSide, mut c: Completion, solicited: bool) {
+        c.qp_num = self.cfg.qpn;
+        self.completions.push_back((side, c, solicited));
+    }
+
+    /// Moves the QP to ERR (after an error completion) and flushes what is left.
+    pub(crate) fn enter_error(&mut self) {
+        if self.sm.state() == QpState::Err {
+            return;
+        }
+        self.sm.set_error();
+        self.flush();
+    }
+
+    fn flush(&mut self) {
+        let qpn = self.cfg.qpn;
+        for w in self.req.sq.drain(..) {
+            self.completions.push_back((
+                CqSide::Send,
+                Completion {
+                    wr_id: w.wr_id,
+                    status: WcStatus::WrFlushErr,
+                    opcode: w.op.wc_opcode(),
+                    byte_len: 0,
+                    imm_data: None,
+                    qp_num: qpn,
+                },
+                false,
+            ));
+        }
+        self.req.after_flush();
+        if let Some(cur) = self.resp.take_receive() {
+            self.rq.push_front(cur);
+        }
+        for r in self.rq.drain(..) {
+            self.completions.push_back((
+                CqSide::Recv,
+                Completion {
+                    wr_id: r.wr_id,
+                    status: WcStatus::WrFlushErr,
+                    opcode: WcOpcode::Recv,
+                    byte_len: 0,
+                    imm_data: None,
+                    qp_num: qpn,
+                },
+                false,
+            ));
+        }
+    }
+
+    /// Retires completed send requests in order, producing their completions.
+    fn retire(&mut self) {
+        let mut failed = false;
+        while let Some(w) = self.req.sq.front() {
+            let Some(status) = w.done else { break };
+            let w = self.req.pop_front();
+            if status != WcStatus::Success || w.flags.contains(SendFlags::SIGNALED) {
+                let c = Completion {
+                    wr_id: w.wr_id,
+                    status,
+                    opcode: w.op.wc_opcode(),
+                    byte_len: if status == WcStatus::Success {
+                        w.len as u32
+                    } else {
+                        0
+                    },
+                    imm_data: None,
+                    qp_num: self.cfg.qpn,
+                };
+                self.completions.push_back((CqSide::Send, c, false));
+            }
+            if status != WcStatus::Success {
+                failed = true;
+                break;
+            }
+        }
+        if failed {
+            self.enter_error();
+        }
+    }
+}
+
+/// `timeout` code to duration: 4.096 µs × 2^code; 0 means no timeout.
+pub(crate) fn ack_timeout(code: u8) -> Option<Duration> {
+    (code != 0).then(|| Duration::from_nanos(4096u64 << code.min(31)))
+}

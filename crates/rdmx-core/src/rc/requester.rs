@@ -1,0 +1,490 @@
+//! The requester: turns send requests into packets, and acknowledgements, NAKs and
+//! responses into completions.
+//!
+//! Requests are transmitted in order, segmented by the path MTU, each packet with the next
+//! PSN. A READ request takes as many PSNs as its response has packets. Requests complete in
+//! the order they were posted: an ACK completes SENDs and WRITEs up to its PSN, a READ
+//! completes with its last response packet, an atomic with its ATOMIC ACKNOWLEDGE.
+//!
+//! Recovery is go-back-N from the start of the oldest affected request: on a timeout
+//! (`retry_cnt` times, then `RETRY_EXC_ERR`), on an RNR NAK (after waiting the NAK's RNR
+//! timer, `rnr_retry` times with 7 meaning forever, then `RNR_RETRY_EXC_ERR`), and on a
+//! PSN-sequence NAK. Responders handle the resulting duplicates.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use rdmx_wire::{psn_add, psn_diff, RnrTimer};
+
+use super::codec::{self, Hdr, Nak, Op, Syndrome};
+use super::{ack_timeout, Local, MemAccess, RcQp};
+use crate::wr::{SendFlags, SendOp, SendWr, WcStatus};
+
+/// A send request as the requester holds it.
+#[derive(Debug)]
+pub(crate) struct SendWqe<Mr> {
+    pub(crate) wr_id: u64,
+    pub(crate) op: SendOp,
+    pub(crate) flags: SendFlags,
+    pub(crate) local: Local<Mr>,
+    pub(crate) len: u64,
+    /// A local error found at post time; reported when the request's turn comes.
+    pub(crate) error: Option<WcStatus>,
+    /// PSN of the first packet, once started.
+    pub(crate) first_psn: u32,
+    /// PSNs the request occupies (packets, or READ response packets).
+    pub(crate) npsn: u32,
+    /// READ: PSN of the next response packet expected.
+    pub(crate) next_resp: u32,
+    /// Final status, once known.
+    pub(crate) done: Option<WcStatus>,
+}
+
+impl<Mr> SendWqe<Mr> {
+    fn last_psn(&self) -> u32 {
+        psn_add(self.first_psn, self.npsn - 1)
+    }
+    fn contains(&self, psn: u32) -> bool {
+        let d = psn_diff(psn, self.first_psn);
+        d >= 0 && (d as u32) < self.npsn
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Requester<Mr> {
+    pub(crate) sq: VecDeque<SendWqe<Mr>>,
+    /// Index in `sq` of the request being (or next to be) transmitted.
+    send_idx: usize,
+    /// Bytes of `sq[send_idx]` already sent.
+    send_off: u64,
+    next_psn: u32,
+    /// READs and atomics sent and not completed.
+    rd_atomic: u32,
+    retry_left: u8,
+    rnr_left: u8,
+    retry_cnt: u8,
+    rnr_retry: u8,
+    timer: Option<Instant>,
+    rnr_until: Option<Instant>,
+    /// The peer's advertised receive credits, from its last ACK.
+    pub(crate) peer_credits: Option<u32>,
+}
+
+impl<Mr> Requester<Mr> {
+    pub(crate) fn new() -> Self {
+        Requester {
+            sq: VecDeque::new(),
+            send_idx: 0,
+            send_off: 0,
+            next_psn: 0,
+            rd_atomic: 0,
+            retry_left: 0,
+            rnr_left: 0,
+            retry_cnt: 0,
+            rnr_retry: 0,
+            timer: None,
+            rnr_until: None,
+            peer_credits: None,
+        }
+    }
+
+    pub(crate) fn reset(&mut self, sq_psn: u32, retry_cnt: u8, rnr_retry: u8) {
+        self.next_psn = sq_psn;
+        self.retry_cnt = retry_cnt;
+        self.rnr_retry = rnr_retry;
+        self.retry_left = retry_cnt;
+        self.rnr_left = rnr_retry;
+    }
+
+    pub(crate) fn push(&mut self, wr: SendWr, local: Local<Mr>, len: u64, error: Option<WcStatus>) {
+        self.sq.push_back(SendWqe {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            flags: wr.flags,
+            local,
+            len,
+            error,
+            first_psn: 0,
+            npsn: 0,
+            next_resp: 0,
+            done: None,
+        });
+    }
+
+    pub(crate) fn pop_front(&mut self) -> SendWqe<Mr> {
+        let w = self.sq.pop_front().expect("caller checked");
+        self.send_idx = self.send_idx.saturating_sub(1);
+        w
+    }
+
+    pub(crate) fn after_flush(&mut self) {
+        self.send_idx = 0;
+        self.send_off = 0;
+        self.rd_atomic = 0;
+        self.timer = None;
+        self.rnr_until = None;
+    }
+
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        match (self.timer, self.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Index of the started request whose PSNs include `psn`.
+    fn find(&self, psn: u32) -> Option<usize> {
+        (0..self.send_idx.min(self.sq.len()))
+            .find(|&i| self.sq[i].npsn > 0 && self.sq[i].contains(psn))
+    }
+
+    /// Restarts transmission at request `idx` (its first packet, same PSNs).
+    fn rewind(&mut self, idx: usize) {
+        if idx >= self.send_idx {
+            return;
+        }
+        self.next_psn = self.sq[idx].first_psn;
+        for w in self.sq.iter_mut().skip(idx) {
+            if w.op.is_read_or_atomic() && w.done.is_none() && w.npsn > 0 {
+                self.rd_atomic -= 1;
+            }
+            w.npsn = 0;
+        }
+        self.send_idx = idx;
+        self.send_off = 0;
+    }
+
+    /// Marks everything strictly before `psn` as acknowledged (SENDs and WRITEs).
+    fn ack_before(&mut self, psn: u32) -> bool {
+        let mut progress = false;
+        for w in self.sq.iter_mut().take(self.send_idx) {
+            if w.done.is_some() || w.npsn == 0 {
+                continue;
+            }
+            if psn_diff(psn, w.last_psn()) <= 0 {
+                break;
+            }
+            if w.op.is_read_or_atomic() {
+                // An ACK past a READ or atomic whose response never came: its response was
+                // lost. Leave it for the retransmission timer.
+                break;
+            }
+            w.done = Some(WcStatus::Success);
+            progress = true;
+        }
+        progress
+    }
+}
+
+fn timeout_of<M: MemAccess>(qp: &RcQp<M>) -> Option<Duration> {
+    ack_timeout(qp.sm.attrs().timeout)
+}
+
+fn arm<M: MemAccess>(qp: &mut RcQp<M>, now: Instant) {
+    let outstanding = qp
+        .req
+        .sq
+        .iter()
+        .take(qp.req.send_idx)
+        .any(|w| w.done.is_none());
+    qp.req.timer = match (outstanding, timeout_of(qp)) {
+        (true, Some(t)) => Some(now + t),
+        _ => None,
+    };
+}
+
+fn progress<M: MemAccess>(qp: &mut RcQp<M>, now: Instant) {
+    qp.req.retry_left = qp.req.retry_cnt;
+    qp.req.rnr_left = qp.req.rnr_retry;
+    arm(qp, now);
+}
+
+/// Builds the next packet of the send queue, if one may go now.
+pub(crate) fn transmit<M: MemAccess>(qp: &mut RcQp<M>, now: Instant, mem: &M) -> Option<Vec<u8>> {
+    if let Some(t) = qp.req.rnr_until {
+        if now < t {
+            return None;
+        }
+        qp.req.rnr_until = None;
+    }
+    let attrs = qp.sm.attrs();
+    let mtu = attrs.path_mtu.bytes() as u64;
+    let max_rd = u32::from(attrs.max_rd_atomic.max(1));
+    let dest = attrs.dest_qp_num;
+    let req = &mut qp.req;
+    let idx = req.send_idx;
+    let w = req.sq.get(idx)?;
+    if let Some(err) = w.error {
+        // A request that failed its local checks completes with its error once everything
+        // before it has completed.
+        if idx == 0 {
+            req.sq[0].done = Some(err);
+        }
+        return None;
+    }
+    let fence = w.flags.contains(SendFlags::FENCE);
+    if req.send_off == 0 {
+        if fence && req.rd_atomic > 0 {
+            return None;
+        }
+        if w.op.is_read_or_atomic() && req.rd_atomic >= max_rd {
+            return None;
+        }
+    }
+    let psn = req.next_psn;
+    let mut payload = Vec::new();
+    let mut hdr;
+    let w = &mut req.sq[idx];
+    match w.op {
+        SendOp::Send | SendOp::SendWithImm(_) | SendOp::Write(_) | SendOp::WriteWithImm(..) => {
+            let first = req.send_off == 0;
+            let chunk = (w.len - req.send_off).min(mtu);
+            let last = req.send_off + chunk == w.len;
+            if first {
+                w.first_psn = psn;
+                w.npsn = w.len.div_ceil(mtu).max(1) as u32;
+            }
+            gather(mem, &w.local, req.send_off, chunk as usize, &mut payload);
+            let imm = match w.op {
+                SendOp::SendWithImm(i) | SendOp::WriteWithImm(_, i) => Some(i),
+                _ => None,
+            };
+            let op = match w.op {
+                SendOp::Send | SendOp::SendWithImm(_) => Op::send(first, last, imm.is_some()),
+                _ => Op::write(first, last, imm.is_some()),
+            };
+            hdr = Hdr::new(op, dest, psn);
+            if let (true, SendOp::Write(r) | SendOp::WriteWithImm(r, _)) = (first, w.op) {
+                hdr.reth = Some((r.addr, r.rkey, w.len as u32));
+            }
+            if last {
+                hdr.imm = imm;
+                hdr.ack_req = true;
+                hdr.solicited = w.flags.contains(SendFlags::SOLICITED);
+                req.send_idx += 1;
+                req.send_off = 0;
+            } else {
+                req.send_off += chunk;
+            }
+            req.next_psn = psn_add(psn, 1);
+        }
+        SendOp::Read(r) => {
+            w.first_psn = psn;
+            w.npsn = w.len.div_ceil(mtu).max(1) as u32;
+            w.next_resp = psn;
+            hdr = Hdr::new(Op::ReadRequest, dest, psn);
+            hdr.reth = Some((r.addr, r.rkey, w.len as u32));
+            hdr.ack_req = true;
+            req.next_psn = psn_add(psn, w.npsn);
+            req.rd_atomic += 1;
+            req.send_idx += 1;
+        }
+        SendOp::CompareSwap {
+            remote,
+            compare,
+            swap,
+        } => {
+            w.first_psn = psn;
+            w.npsn = 1;
+            hdr = Hdr::new(Op::CompareSwap, dest, psn);
+            hdr.atomic = Some((remote.addr, remote.rkey, swap, compare));
+            hdr.ack_req = true;
+            req.next_psn = psn_add(psn, 1);
+            req.rd_atomic += 1;
+            req.send_idx += 1;
+        }
+        SendOp::FetchAdd { remote, add } => {
+            w.first_psn = psn;
+            w.npsn = 1;
+            hdr = Hdr::new(Op::FetchAdd, dest, psn);
+            hdr.atomic = Some((remote.addr, remote.rkey, add, 0));
+            hdr.ack_req = true;
+            req.next_psn = psn_add(psn, 1);
+            req.rd_atomic += 1;
+            req.send_idx += 1;
+        }
+    }
+    if qp.req.timer.is_none() {
+        qp.req.timer = timeout_of(qp).map(|t| now + t);
+    }
+    let mut out = Vec::with_capacity(payload.len() + 64);
+    codec::encode(&hdr, &payload, &mut out);
+    Some(out)
+}
+
+/// Copies `len` bytes starting `off` bytes into the request's local data.
+fn gather<M: MemAccess>(mem: &M, local: &Local<M::Mr>, off: u64, len: usize, out: &mut Vec<u8>) {
+    match local {
+        Local::Inline(data) => out.extend_from_slice(&data[off as usize..off as usize + len]),
+        Local::Segs(segs) => {
+            out.resize(len, 0);
+            let mut skip = off;
+            let mut at = 0;
+            for s in segs {
+                if at == len {
+                    break;
+                }
+                let slen = u64::from(s.len);
+                if skip >= slen {
+                    skip -= slen;
+                    continue;
+                }
+                let n = ((slen - skip) as usize).min(len - at);
+                mem.read(&s.mr, s.addr + skip, &mut out[at..at + n]);
+                at += n;
+                skip = 0;
+            }
+        }
+    }
+}
+
+/// Writes `data` starting `off` bytes into the request's local segments.
+fn scatter<M: MemAccess>(mem: &M, local: &Local<M::Mr>, off: u64, data: &[u8]) {
+    let Local::Segs(segs) = local else { return };
+    let mut skip = off;
+    let mut at = 0;
+    for s in segs {
+        if at == data.len() {
+            break;
+        }
+        let slen = u64::from(s.len);
+        if skip >= slen {
+            skip -= slen;
+            continue;
+        }
+        let n = ((slen - skip) as usize).min(data.len() - at);
+        mem.write(&s.mr, s.addr + skip, &data[at..at + n]);
+        at += n;
+        skip = 0;
+    }
+}
+
+/// Handles an ACK, NAK, READ response or ATOMIC ACKNOWLEDGE.
+pub(crate) fn handle_response<M: MemAccess>(
+    qp: &mut RcQp<M>,
+    now: Instant,
+    mem: &M,
+    hdr: &Hdr,
+    payload: &[u8],
+) {
+    let psn = hdr.psn;
+    // Responses for PSNs never sent are ghosts.
+    if psn_diff(psn, qp.req.next_psn) >= 0 {
+        return;
+    }
+    if let Some((Syndrome::Ack { credits }, _)) = hdr.aeth {
+        qp.req.peer_credits = credits;
+    }
+    match (hdr.op, hdr.aeth) {
+        (Op::Ack, Some((Syndrome::Ack { .. }, _))) => {
+            let next = psn_add(psn, 1);
+            if qp.req.ack_before(next) {
+                progress(qp, now);
+            }
+        }
+        (Op::Ack, Some((Syndrome::Rnr { timer }, _))) => {
+            let progressed = qp.req.ack_before(psn);
+            let Some(idx) = qp.req.find(psn) else { return };
+            if qp.req.rnr_retry != 7 {
+                if qp.req.rnr_left == 0 {
+                    qp.req.sq[idx].done = Some(WcStatus::RnrRetryExcErr);
+                    return;
+                }
+                qp.req.rnr_left -= 1;
+            }
+            if progressed {
+                qp.req.retry_left = qp.req.retry_cnt;
+            }
+            qp.req.rewind(idx);
+            let wait =
+                RnrTimer::from_code(timer & 0x1f).map_or(Duration::ZERO, RnrTimer::to_duration);
+            qp.req.rnr_until = Some(now + wait);
+            qp.req.timer = None;
+        }
+        (Op::Ack, Some((Syndrome::Nak(nak), _))) => {
+            if qp.req.ack_before(psn) {
+                progress(qp, now);
+            }
+            let Some(idx) = qp.req.find(psn) else { return };
+            match nak {
+                Nak::PsnSequence => qp.req.rewind(idx),
+                Nak::InvalidRequest => qp.req.sq[idx].done = Some(WcStatus::RemInvReqErr),
+                Nak::RemoteAccess => qp.req.sq[idx].done = Some(WcStatus::RemAccessErr),
+                Nak::RemoteOperational => qp.req.sq[idx].done = Some(WcStatus::RemOpErr),
+            }
+        }
+        (op, _) if op.is_read_response() => {
+            let Some(idx) = qp.req.find(psn) else { return };
+            let mtu = qp.sm.attrs().path_mtu.bytes() as u64;
+            let w = &mut qp.req.sq[idx];
+            if !matches!(w.op, SendOp::Read(_)) || w.done.is_some() || psn != w.next_resp {
+                // Out of order (a response was lost) or not a READ: wait for the timer.
+                return;
+            }
+            let off = u64::from(psn_diff(psn, w.first_psn) as u32) * mtu;
+            let last = psn == w.last_psn();
+            let expect = if last { w.len - off } else { mtu };
+            if payload.len() as u64 != expect
+                || op.starts() != (psn == w.first_psn)
+                || op.ends() != last
+            {
+                w.done = Some(WcStatus::BadRespErr);
+                return;
+            }
+            scatter(mem, &w.local, off, payload);
+            w.next_resp = psn_add(psn, 1);
+            if last {
+                w.done = Some(WcStatus::Success);
+                qp.req.rd_atomic -= 1;
+            }
+            qp.req.ack_before(w_first(&qp.req.sq[idx]));
+            progress(qp, now);
+        }
+        (Op::AtomicAck, _) => {
+            let Some(idx) = qp.req.find(psn) else { return };
+            let w = &mut qp.req.sq[idx];
+            if !w.op.is_atomic() || w.done.is_some() {
+                return;
+            }
+            let Some(orig) = hdr.atomic_ack else { return };
+            scatter(mem, &w.local, 0, &orig.to_ne_bytes());
+            w.done = Some(WcStatus::Success);
+            qp.req.rd_atomic -= 1;
+            qp.req.ack_before(psn);
+            progress(qp, now);
+        }
+        _ => {}
+    }
+}
+
+fn w_first<Mr>(w: &SendWqe<Mr>) -> u32 {
+    w.first_psn
+}
+
+/// Retransmission timer or RNR wait expired.
+pub(crate) fn handle_timeout<M: MemAccess>(qp: &mut RcQp<M>, now: Instant) {
+    if qp.req.rnr_until.is_some_and(|t| now >= t) {
+        qp.req.rnr_until = None;
+        arm(qp, now);
+    }
+    let Some(t) = qp.req.timer else { return };
+    if now < t {
+        return;
+    }
+    let Some(oldest) = qp.req.sq.iter().position(|w| w.done.is_none()) else {
+        qp.req.timer = None;
+        return;
+    };
+    if oldest >= qp.req.send_idx {
+        qp.req.timer = None;
+        return;
+    }
+    if qp.req.retry_left == 0 {
+        qp.req.sq[oldest].done = Some(WcStatus::RetryExcErr);
+        qp.req.timer = None;
+        return;
+    }
+    qp.req.retry_left -= 1;
+    qp.req.rewind(oldest);
+    qp.req.timer = timeout_of(qp).map(|d| now + d);
+}

@@ -1,0 +1,503 @@
+//! The responder: executes requests from the peer and answers them.
+//!
+//! Each request packet is checked against the expected PSN. In sequence, it is executed:
+//! a SEND is scattered into the next receive (or answered with an RNR NAK when none is
+//! posted), a WRITE is placed after its rkey, bounds and access are checked, a READ is
+//! answered with response packets, an atomic is executed once on an 8-aligned address.
+//! A duplicate (an older PSN) is re-acknowledged; a duplicate READ is executed again; a
+//! duplicate atomic gets its saved answer, never a second execution. A PSN from the future
+//! gets one PSN-sequence NAK until the expected packet arrives. ACKs are coalesced: one
+//! ACK answers every packet received since the last one. Each AETH carries the number of
+//! receives posted, as end-to-end credits.
+
+use std::collections::VecDeque;
+
+use rdmx_mem::Access;
+use rdmx_wire::psn_add;
+use rdmx_wire::psn_diff;
+
+use super::codec::{self, Hdr, Nak, Op, Syndrome};
+use super::{CqSide, MemAccess, RcQp, RecvWqe};
+use crate::mr::KeyUse;
+use crate::qp::QpAttr;
+use crate::wr::{Completion, WcOpcode, WcStatus};
+
+/// A receive being filled by a multi-packet SEND.
+#[derive(Debug)]
+struct Filling<Mr> {
+    wqe: RecvWqe<Mr>,
+    off: u64,
+}
+
+/// A WRITE being placed, across packets.
+#[derive(Debug)]
+struct Placing<Mr> {
+    mr: Option<Mr>,
+    next: u64,
+    left: u64,
+}
+
+/// What a duplicate READ or atomic is answered with.
+#[derive(Debug)]
+enum Replay {
+    Read { psn: u32 },
+    Atomic { psn: u32, orig: u64 },
+}
+
+#[derive(Debug)]
+pub(crate) struct Responder<Mr> {
+    epsn: u32,
+    msn: u32,
+    filling: Option<Filling<Mr>>,
+    placing: Option<Placing<Mr>>,
+    /// A sequence NAK was sent for the current `epsn`.
+    nak_sent: bool,
+    /// PSN to acknowledge, coalesced.
+    ack: Option<u32>,
+    /// Encoded answers (responses, NAKs) waiting to go, in order.
+    out: VecDeque<Vec<u8>>,
+    replay: VecDeque<Replay>,
+}
+
+impl<Mr> Responder<Mr> {
+    pub(crate) fn new() -> Self {
+        Responder {
+            epsn: 0,
+            msn: 0,
+            filling: None,
+            placing: None,
+            nak_sent: false,
+            ack: None,
+            out: VecDeque::new(),
+            replay: VecDeque::new(),
+        }
+    }
+
+    pub(crate) fn reset(&mut self, rq_psn: u32) {
+        *self = Responder::new();
+        self.epsn = rq_psn;
+    }
+
+    /// The receive being filled, if a SEND is half-way.
+    pub(crate) fn take_receive(&mut self) -> Option<RecvWqe<Mr>> {
+        self.filling.take().map(|f| f.wqe)
+    }
+
+    pub(crate) fn poll_transmit(
+        &mut self,
+        _qpn: u32,
+        attrs: &QpAttr,
+        credits: usize,
+    ) -> Option<Vec<u8>> {
+        if let Some(p) = self.out.pop_front() {
+            return Some(p);
+        }
+        let psn = self.ack.take()?;
+        let mut h = Hdr::new(Op::Ack, attrs.dest_qp_num, psn);
+        h.aeth = Some((
+            Syndrome::Ack {
+                credits: Some(credits.min(u32::MAX as usize) as u32),
+            },
+            self.msn,
+        ));
+        let mut out = Vec::with_capacity(16);
+        codec::encode(&h, &[], &mut out);
+        Some(out)
+    }
+
+    /// Queues an answer after any coalesced ACK (which acknowledges earlier packets).
+    fn queue(&mut self, attrs: &QpAttr, credits: usize, hdr: &Hdr, payload: &[u8]) {
+        if self.ack.is_some() {
+            let ack = self.poll_transmit(0, attrs, credits).expect("ack pending");
+            self.out.push_back(ack);
+        }
+        let mut out = Vec::with_capacity(payload.len() + 32);
+        codec::encode(hdr, payload, &mut out);
+        self.out.push_back(out);
+    }
+
+    fn nak(&mut self, attrs: &QpAttr, credits: usize, psn: u32, syndrome: Syndrome) {
+        let mut h = Hdr::new(Op::Ack, attrs.dest_qp_num, psn);
+        h.aeth = Some((syndrome, self.msn));
+        self.queue(attrs, credits, &h, &[]);
+    }
+
+    fn remember(&mut self, r: Replay, depth: u8) {
+        self.replay.push_back(r);
+        while self.replay.len() > usize::from(depth.max(1)) {
+            self.replay.pop_front();
+        }
+    }
+}
+
+/// Handles a request packet from the peer's requester.
+pub(crate) fn handle_request<M: MemAccess>(qp: &mut RcQp<M>, mem: &M, hdr: &Hdr, payload: &[u8]) {
+    let attrs = qp.sm.attrs().clone();
+    let credits = qp.rq.len();
+    let d = psn_diff(hdr.psn, qp.resp.epsn);
+    if d > 0 {
+        if !qp.resp.nak_sent {
+            qp.resp.nak_sent = true;
+            let epsn = qp.resp.epsn;
+            qp.resp
+                .nak(&attrs, credits, epsn, Syndrome::Nak(Nak::PsnSequence));
+        }
+        return;
+    }
+    if d < 0 {
+        duplicate(qp, mem, &attrs, hdr, credits);
+        return;
+    }
+    qp.resp.nak_sent = false;
+    let op = hdr.op;
+    if op.is_send() {
+        send(qp, mem, &attrs, hdr, payload);
+    } else if op.is_write() {
+        write(qp, mem, &attrs, hdr, payload);
+    } else if op == Op::ReadRequest {
+        read(qp, mem, &attrs, hdr, credits, false);
+    } else if op.is_atomic() {
+        atomic(qp, mem, &attrs, hdr, credits);
+    }
+}
+
+fn duplicate<M: MemAccess>(qp: &mut RcQp<M>, mem: &M, attrs: &QpAttr, hdr: &Hdr, credits: usize) {
+    match hdr.op {
+        Op::ReadRequest => {
+            if qp
+                .resp
+                .replay
+                .iter()
+                .any(|r| matches!(r, Replay::Read { psn } if *psn == hdr.psn))
+            {
+                read(qp, mem, attrs, hdr, credits, true);
+            }
+        }
+        Op::CompareSwap | Op::FetchAdd => {
+            let saved = qp.resp.replay.iter().find_map(|r| match r {
+                Replay::Atomic { psn, orig } if *psn == hdr.psn => Some(*orig),
+                _ => None,
+            });
+            if let Some(orig) = saved {
+                let mut h = Hdr::new(Op::AtomicAck, attrs.dest_qp_num, hdr.psn);
+                h.aeth = Some((
+                    Syndrome::Ack {
+                        credits: Some(credits as u32),
+                    },
+                    qp.resp.msn,
+                ));
+                h.atomic_ack = Some(orig);
+                qp.resp.queue(attrs, credits, &h, &[]);
+            }
+        }
+        // SEND and WRITE duplicates: acknowledge everything received so far.
+        _ => qp.resp.ack = Some(psn_add(qp.resp.epsn, 0xff_ffff)),
+    }
+}
+
+/// Ends a request in error on the responder side: answer with `syndrome`.
+fn refuse<M: MemAccess>(qp: &mut RcQp<M>, attrs: &QpAttr, psn: u32, nak: Nak) {
+    let credits = qp.rq.len();
+    qp.resp.placing = None;
+    qp.resp.nak(attrs, credits, psn, Syndrome::Nak(nak));
+}
+
+fn accept<M: MemAccess>(qp: &mut RcQp<M>, hdr: &Hdr) {
+    qp.resp.epsn = psn_add(hdr.psn, 1);
+    if hdr.op.ends() {
+        qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
+    }
+    if hdr.op.ends() || hdr.ack_req {
+        qp.resp.ack = Some(hdr.psn);
+    }
+}
+
+fn send<M: MemAccess>(qp: &mut RcQp<M>, mem: &M, attrs: &QpAttr, hdr: &Hdr, payload: &[u8]) {
+    if hdr.op.starts() {
+        if qp.resp.filling.is_some() {
+            // A new message while one is half-way: the requester broke the protocol.
+            refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
+            return;
+        }
+        let Some(wqe) = qp.rq.pop_front() else {
+            let credits = qp.rq.len();
+            qp.resp.nak(
+                attrs,
+                credits,
+                hdr.psn,
+                Syndrome::Rnr {
+                    timer: attrs.min_rnr_timer,
+                },
+            );
+            return;
+        };
+        qp.resp.filling = Some(Filling { wqe, off: 0 });
+    }
+    let Some(f) = qp.resp.filling.as_mut() else {
+        refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
+        return;
+    };
+    if let Some(err) = f.wqe.error {
+        let f = qp.resp.filling.take().expect("just seen");
+        complete_recv(qp, f.wqe, err, 0, None, false);
+        refuse(qp, attrs, hdr.psn, Nak::RemoteOperational);
+        qp.enter_error();
+        return;
+    }
+    if f.off + payload.len() as u64 > f.wqe.len {
+        let f = qp.resp.filling.take().expect("just seen");
+        complete_recv(qp, f.wqe, WcStatus::LocLenErr, 0, None, false);
+        refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
+        qp.enter_error();
+        return;
+    }
+    place(mem, &f.wqe, f.off, payload);
+    f.off += payload.len() as u64;
+    if hdr.op.ends() {
+        let f = qp.resp.filling.take().expect("just seen");
+        let len = f.off as u32;
+        complete_recv(qp, f.wqe, WcStatus::Success, len, hdr.imm, hdr.solicited);
+    }
+    accept(qp, hdr);
+}
+
+fn write<M: MemAccess>(qp: &mut RcQp<M>, mem: &M, attrs: &QpAttr, hdr: &Hdr, payload: &[u8]) {
+    if hdr.op.starts() {
+        let Some((va, rkey, len)) = hdr.reth else {
+            refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
+            return;
+        };
+        let mr = if len == 0 {
+            None
+        } else {
+            if !attrs.qp_access_flags.contains(Access::REMOTE_WRITE) {
+                refuse(qp, attrs, hdr.psn, Nak::RemoteAccess);
+                return;
+            }
+            match mem.resolve(
+                rkey,
+                KeyUse::Remote,
+                qp.cfg.pd,
+                va,
+                u64::from(len),
+                Access::REMOTE_WRITE,
+            ) {
+                Ok(mr) => Some(mr),
+                Err(_) => {
+                    refuse(qp, attrs, hdr.psn, Nak::RemoteAccess);
+                    return;
+                }
+            }
+        };
+        qp.resp.placing = Some(Placing {
+            mr,
+            next: va,
+            left: u64::from(len),
+        });
+    }
+    let Some(p) = qp.resp.placing.as_mut() else {
+        refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
+        return;
+    };
+    if payload.len() as u64 > p.left || (hdr.op.ends() && payload.len() as u64 != p.left) {
+        refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
+        return;
+    }
+    if hdr.op.has_imm() && qp.rq.is_empty() {
+        // The data may already be in place; the requester resends the message after the
+        // RNR wait and it is placed again.
+        let credits = qp.rq.len();
+        qp.resp.nak(
+            attrs,
+            credits,
+            hdr.psn,
+            Syndrome::Rnr {
+                timer: attrs.min_rnr_timer,
+            },
+        );
+        return;
+    }
+    if let Some(mr) = &p.mr {
+        if !payload.is_empty() {
+            mem.write(mr, p.next, payload);
+        }
+    }
+    p.next += payload.len() as u64;
+    p.left -= payload.len() as u64;
+    if hdr.op.ends() {
+        qp.resp.placing = None;
+        if hdr.op.has_imm() {
+            let wqe = qp.rq.pop_front().expect("checked above");
+            let len = hdr.reth.map_or(0, |r| r.2);
+            let status = wqe.error.unwrap_or(WcStatus::Success);
+            let c = Completion {
+                wr_id: wqe.wr_id,
+                status,
+                opcode: WcOpcode::RecvRdmaWithImm,
+                byte_len: if status == WcStatus::Success { len } else { 0 },
+                imm_data: hdr.imm,
+                qp_num: 0,
+            };
+            qp.complete(CqSide::Recv, c, hdr.solicited);
+        }
+    }
+    accept(qp, hdr);
+}
+
+fn read<M: MemAccess>(
+    qp: &mut RcQp<M>,
+    mem: &M,
+    attrs: &QpAttr,
+    hdr: &Hdr,
+    credits: usize,
+    again: bool,
+) {
+    let Some((va, rkey, len)) = hdr.reth else {
+        refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
+        return;
+    };
+    let mr = if len == 0 {
+        None
+    } else {
+        if !attrs.qp_access_flags.contains(Access::REMOTE_READ) {
+            refuse(qp, attrs, hdr.psn, Nak::RemoteAccess);
+            return;
+        }
+        match mem.resolve(
+            rkey,
+            KeyUse::Remote,
+            qp.cfg.pd,
+            va,
+            u64::from(len),
+            Access::REMOTE_READ,
+        ) {
+            Ok(mr) => Some(mr),
+            Err(_) => {
+                refuse(qp, attrs, hdr.psn, Nak::RemoteAccess);
+                return;
+            }
+        }
+    };
+    let mtu = attrs.path_mtu.bytes() as u64;
+    let n = u64::from(len).div_ceil(mtu).max(1);
+    if !again {
+        qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
+    }
+    let mut buf = Vec::new();
+    for i in 0..n {
+        let off = i * mtu;
+        let chunk = (u64::from(len) - off.min(u64::from(len))).min(mtu) as usize;
+        buf.clear();
+        buf.resize(chunk, 0);
+        if let Some(mr) = &mr {
+            mem.read(mr, va + off, &mut buf);
+        }
+        let (first, last) = (i == 0, i == n - 1);
+        let mut h = Hdr::new(
+            Op::read_response(first, last),
+            attrs.dest_qp_num,
+            psn_add(hdr.psn, i as u32),
+        );
+        if first || last {
+            h.aeth = Some((
+                Syndrome::Ack {
+                    credits: Some(credits as u32),
+                },
+                qp.resp.msn,
+            ));
+        }
+        qp.resp.queue(attrs, credits, &h, &buf);
+    }
+    if !again {
+        qp.resp.epsn = psn_add(hdr.psn, n as u32);
+        qp.resp
+            .remember(Replay::Read { psn: hdr.psn }, attrs.max_dest_rd_atomic);
+    }
+}
+
+fn atomic<M: MemAccess>(qp: &mut RcQp<M>, mem: &M, attrs: &QpAttr, hdr: &Hdr, credits: usize) {
+    let Some((va, rkey, swap_add, compare)) = hdr.atomic else {
+        refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
+        return;
+    };
+    if va % 8 != 0 {
+        refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
+        return;
+    }
+    if !attrs.qp_access_flags.contains(Access::REMOTE_ATOMIC) {
+        refuse(qp, attrs, hdr.psn, Nak::RemoteAccess);
+        return;
+    }
+    let mr = match mem.resolve(
+        rkey,
+        KeyUse::Remote,
+        qp.cfg.pd,
+        va,
+        8,
+        Access::REMOTE_ATOMIC,
+    ) {
+        Ok(mr) => mr,
+        Err(_) => {
+            refuse(qp, attrs, hdr.psn, Nak::RemoteAccess);
+            return;
+        }
+    };
+    let orig = match hdr.op {
+        Op::CompareSwap => mem.compare_swap(&mr, va, compare, swap_add),
+        _ => mem.fetch_add(&mr, va, swap_add),
+    };
+    qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
+    qp.resp.epsn = psn_add(hdr.psn, 1);
+    qp.resp.remember(
+        Replay::Atomic { psn: hdr.psn, orig },
+        attrs.max_dest_rd_atomic,
+    );
+    let mut h = Hdr::new(Op::AtomicAck, attrs.dest_qp_num, hdr.psn);
+    h.aeth = Some((
+        Syndrome::Ack {
+            credits: Some(credits as u32),
+        },
+        qp.resp.msn,
+    ));
+    h.atomic_ack = Some(orig);
+    qp.resp.queue(attrs, credits, &h, &[]);
+}
+
+/// Scatters `data` at byte offset `off` of a receive.
+fn place<M: MemAccess>(mem: &M, wqe: &RecvWqe<M::Mr>, off: u64, data: &[u8]) {
+    let mut skip = off;
+    let mut at = 0;
+    for s in &wqe.segs {
+        if at == data.len() {
+            break;
+        }
+        let slen = u64::from(s.len);
+        if skip >= slen {
+            skip -= slen;
+            continue;
+        }
+        let n = ((slen - skip) as usize).min(data.len() - at);
+        mem.write(&s.mr, s.addr + skip, &data[at..at + n]);
+        at += n;
+        skip = 0;
+    }
+}
+
+fn complete_recv<M: MemAccess>(
+    qp: &mut RcQp<M>,
+    wqe: RecvWqe<M::Mr>,
+    status: WcStatus,
+    byte_len: u32,
+    imm: Option<u32>,
+    solicited: bool,
+) {
+    let c = Completion {
+        wr_id: wqe.wr_id,
+        status,
+        opcode: WcOpcode::Recv,
+        byte_len,
+        imm_data: imm,
+        qp_num: 0,
+    };
+    qp.complete(CqSide::Recv, c, solicited);
+}

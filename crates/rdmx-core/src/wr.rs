@@ -1,0 +1,259 @@
+//! Work requests and completions: what an application posts and what it reaps.
+//!
+//! Names follow verbs: [`WcStatus`] is `ibv_wc_status`, [`WcOpcode`] is `ibv_wc_opcode`,
+//! [`SendFlags`] are `IBV_SEND_*`. A failed work completion is a status, not a Rust error;
+//! [`PostError`] is only for posts that are refused on the spot (full queue, wrong state,
+//! malformed request), as `ibv_post_send` returning an errno.
+
+use bitflags::bitflags;
+
+/// A scatter/gather element: `len` bytes at `addr` in the region with local key `lkey`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sge {
+    /// Virtual address of the first byte.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u32,
+    /// Local key of the region holding the bytes.
+    pub lkey: u32,
+}
+
+/// The remote side of a one-sided operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteAddr {
+    /// Remote virtual address.
+    pub addr: u64,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+/// What a send work request does (`ibv_wr_opcode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SendOp {
+    /// SEND: the gathered bytes land in the peer's next receive.
+    Send,
+    /// SEND with 32-bit immediate data delivered in the receive completion.
+    SendWithImm(u32),
+    /// RDMA WRITE of the gathered bytes to remote memory.
+    Write(RemoteAddr),
+    /// RDMA WRITE, then immediate data that consumes a receive at the peer.
+    WriteWithImm(RemoteAddr, u32),
+    /// RDMA READ of remote memory, scattered into the local SGEs.
+    Read(RemoteAddr),
+    /// 8-byte compare-and-swap at an 8-aligned remote address; the old value is written to
+    /// the (8-byte) local SGE.
+    CompareSwap {
+        /// Where.
+        remote: RemoteAddr,
+        /// Expected value.
+        compare: u64,
+        /// New value if equal.
+        swap: u64,
+    },
+    /// 8-byte fetch-and-add at an 8-aligned remote address; the old value is written to
+    /// the (8-byte) local SGE.
+    FetchAdd {
+        /// Where.
+        remote: RemoteAddr,
+        /// Value to add.
+        add: u64,
+    },
+}
+
+impl SendOp {
+    /// The completion opcode this request reports.
+    pub fn wc_opcode(self) -> WcOpcode {
+        match self {
+            SendOp::Send | SendOp::SendWithImm(_) => WcOpcode::Send,
+            SendOp::Write(_) | SendOp::WriteWithImm(..) => WcOpcode::RdmaWrite,
+            SendOp::Read(_) => WcOpcode::RdmaRead,
+            SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
+            SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        }
+    }
+
+    /// Whether the local SGEs are written (READ and atomics) rather than read.
+    pub fn writes_local(self) -> bool {
+        matches!(
+            self,
+            SendOp::Read(_) | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+        )
+    }
+
+    /// Whether the request needs a response with data (READ, atomics): these count
+    /// against `max_rd_atomic` and are what FENCE waits for.
+    pub fn is_read_or_atomic(self) -> bool {
+        self.writes_local()
+    }
+
+    /// Whether this is an 8-byte atomic.
+    pub fn is_atomic(self) -> bool {
+        matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
+    }
+}
+
+bitflags! {
+    /// Flags of a send work request (`IBV_SEND_*`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+    pub struct SendFlags: u32 {
+        /// Produce a completion (always produced on error).
+        const SIGNALED = 1 << 0;
+        /// Wait for earlier READs and atomics to complete before starting.
+        const FENCE = 1 << 1;
+        /// Copy the payload at post time; the SGEs' keys are not checked.
+        const INLINE = 1 << 2;
+        /// Ask the peer for a solicited event.
+        const SOLICITED = 1 << 3;
+    }
+}
+
+/// A send work request (`ibv_send_wr`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SendWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// What to do.
+    pub op: SendOp,
+    /// Local memory: gathered for SEND/WRITE, scattered into for READ and atomics.
+    pub sges: Vec<Sge>,
+    /// Flags.
+    pub flags: SendFlags,
+}
+
+/// A receive work request (`ibv_recv_wr`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecvWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Where an incoming SEND is scattered.
+    pub sges: Vec<Sge>,
+}
+
+/// Status of a work completion (`ibv_wc_status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WcStatus {
+    /// The operation completed.
+    Success,
+    /// Local length error: a message longer than the receive buffer, or bad SGE lengths.
+    LocLenErr,
+    /// Local QP operation error (an internal consistency error).
+    LocQpOpErr,
+    /// Local protection error: an lkey that is invalid, out of bounds or lacks access.
+    LocProtErr,
+    /// Flushed: the QP entered the error state before this request completed.
+    WrFlushErr,
+    /// Bad response: an unexpected opcode from the responder.
+    BadRespErr,
+    /// Local access error on the responder side of a SEND (protection error at receive).
+    LocAccessErr,
+    /// Remote invalid request: the responder could not process the request (opcode,
+    /// length, misaligned atomic...).
+    RemInvReqErr,
+    /// Remote access error: the rkey is invalid, out of bounds, lacks access or belongs
+    /// to another protection domain.
+    RemAccessErr,
+    /// Remote operational error: the responder failed to complete the operation.
+    RemOpErr,
+    /// Transport retries exhausted (no acknowledgement within `timeout`, `retry_cnt`
+    /// times).
+    RetryExcErr,
+    /// RNR retries exhausted (the peer had no receive posted, `rnr_retry` times).
+    RnrRetryExcErr,
+    /// A general error.
+    GeneralErr,
+}
+
+impl WcStatus {
+    /// The verbs name, e.g. `IBV_WC_REM_ACCESS_ERR`.
+    pub fn verbs_name(self) -> &'static str {
+        match self {
+            WcStatus::Success => "IBV_WC_SUCCESS",
+            WcStatus::LocLenErr => "IBV_WC_LOC_LEN_ERR",
+            WcStatus::LocQpOpErr => "IBV_WC_LOC_QP_OP_ERR",
+            WcStatus::LocProtErr => "IBV_WC_LOC_PROT_ERR",
+            WcStatus::WrFlushErr => "IBV_WC_WR_FLUSH_ERR",
+            WcStatus::BadRespErr => "IBV_WC_BAD_RESP_ERR",
+            WcStatus::LocAccessErr => "IBV_WC_LOC_ACCESS_ERR",
+            WcStatus::RemInvReqErr => "IBV_WC_REM_INV_REQ_ERR",
+            WcStatus::RemAccessErr => "IBV_WC_REM_ACCESS_ERR",
+            WcStatus::RemOpErr => "IBV_WC_REM_OP_ERR",
+            WcStatus::RetryExcErr => "IBV_WC_RETRY_EXC_ERR",
+            WcStatus::RnrRetryExcErr => "IBV_WC_RNR_RETRY_EXC_ERR",
+            WcStatus::GeneralErr => "IBV_WC_GENERAL_ERR",
+        }
+    }
+}
+
+/// Opcode of a work completion (`ibv_wc_opcode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WcOpcode {
+    /// A SEND (with or without immediate) completed.
+    Send,
+    /// An RDMA WRITE (with or without immediate) completed.
+    RdmaWrite,
+    /// An RDMA READ completed.
+    RdmaRead,
+    /// A compare-and-swap completed.
+    CompSwap,
+    /// A fetch-and-add completed.
+    FetchAdd,
+    /// A receive consumed by a SEND.
+    Recv,
+    /// A receive consumed by an RDMA WRITE with immediate.
+    RecvRdmaWithImm,
+}
+
+/// A work completion (`ibv_wc`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The request's `wr_id`.
+    pub wr_id: u64,
+    /// Outcome.
+    pub status: WcStatus,
+    /// What completed. On error completions verbs leaves it undefined; rdmx still fills
+    /// it in.
+    pub opcode: WcOpcode,
+    /// Bytes received (receives) or transferred (READ); 0 where verbs leaves it undefined.
+    pub byte_len: u32,
+    /// Immediate data, for receives of SEND/WRITE with immediate.
+    pub imm_data: Option<u32>,
+    /// The local QP the request was posted on.
+    pub qp_num: u32,
+}
+
+/// A post was refused on the spot; nothing was queued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PostError {
+    /// The queue holds its maximum of outstanding requests (`ENOMEM` in verbs).
+    #[error("queue full: {depth} requests outstanding")]
+    QueueFull {
+        /// The queue's depth.
+        depth: usize,
+    },
+    /// The QP's state does not accept this post (`EINVAL` in verbs).
+    #[error("the queue pair is in state {0:?}, which does not accept this post")]
+    WrongState(crate::qp::QpState),
+    /// More SGEs than the queue allows.
+    #[error("{count} scatter/gather elements, the queue allows {max}")]
+    TooManySges {
+        /// SGEs given.
+        count: usize,
+        /// Maximum.
+        max: usize,
+    },
+    /// An inline payload larger than the queue allows.
+    #[error("inline payload of {len} bytes, the queue allows {max}")]
+    InlineTooLarge {
+        /// Bytes given.
+        len: usize,
+        /// Maximum.
+        max: usize,
+    },
+    /// A request that cannot be valid (e.g. an atomic whose local SGE is not 8 bytes).
+    #[error("invalid work request: {0}")]
+    Invalid(&'static str),
+}

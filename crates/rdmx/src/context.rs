@@ -6,6 +6,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 use rdmx_core::{MrTable, PdId};
 
+use crate::cq::CompletionQueue;
 use crate::mr::MrShared;
 use crate::pd::ProtectionDomain;
 use crate::{Error, Result};
@@ -50,6 +51,11 @@ impl Context {
     pub fn alloc_pd(&self) -> ProtectionDomain {
         let id = PdId(self.inner.next_pd.fetch_add(1, Ordering::Relaxed));
         ProtectionDomain::new(self.clone(), id)
+    }
+
+    /// Creates a completion queue holding up to `capacity` completions (`ibv_create_cq`).
+    pub fn create_cq(&self, capacity: usize) -> Result<CompletionQueue> {
+        CompletionQueue::new(capacity)
     }
 
     /// Memory regions registered in this context now.

@@ -28,6 +28,27 @@ pub enum Error {
         /// The region's length.
         region_len: usize,
     },
+    /// An 8-byte atomic access at an offset that is not 8-aligned in memory.
+    #[error("atomic access at offset {offset} is not 8-byte aligned")]
+    Misaligned {
+        /// Offset asked for.
+        offset: usize,
+    },
+    /// The completion queue overflowed; completions were lost.
+    #[error("completion queue overrun: completions arrived while it was full")]
+    CqOverrun,
+    /// An argument that cannot be valid.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(&'static str),
+    /// A system call failed.
+    #[error("{0} failed")]
+    Io(&'static str, #[source] std::io::Error),
+    /// A post was refused.
+    #[error(transparent)]
+    Post(#[from] rdmx_core::PostError),
+    /// A queue-pair modify was refused.
+    #[error(transparent)]
+    Modify(#[from] rdmx_core::ModifyError),
     /// The operating system's random source failed while opening a context.
     #[error("open context: no random seed for memory keys: {0}")]
     Seed(String),

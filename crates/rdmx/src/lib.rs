@@ -37,15 +37,24 @@
 //!   ([`ProtectionDomain::register_raw`]); owned memory ([`Memory`]) is safe.
 
 mod context;
+mod cq;
 mod error;
+mod loopback;
+mod mem;
 mod mr;
 mod pd;
+mod qp;
 
 pub use context::Context;
+pub use cq::CompletionQueue;
 pub use error::{Error, Result};
 pub use mr::{MemoryRegion, MrRef, RemoteRegion};
 pub use pd::ProtectionDomain;
-pub use rdmx_core::{KeyError, KeyUse, PdId};
+pub use qp::{ConnectOptions, LocalSge, QpCaps, QpEndpoint, QueuePair, RecvRequest, SendRequest};
+pub use rdmx_core::{
+    Completion, KeyError, KeyUse, ModifyError, Mtu, PdId, PostError, QpAttr, QpAttrMask, QpState,
+    RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+};
 pub use rdmx_mem::{
     Access, Backing, CacheConfig, CacheStats, HugePages, Invalidation, Mapping, MemlockLimit,
     Memory, Monitoring, Pinning, PoolConfig, PoolStats,

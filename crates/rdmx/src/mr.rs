@@ -63,7 +63,7 @@ impl MrShared {
         }
     }
 
-    fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
+    pub(crate) fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
         let src = self.bounds(offset, buf.len())?;
         // SAFETY: bounds() keeps [src, src + buf.len()) inside the registered memory, which
         // stays valid while self lives; buf is a distinct Rust allocation.
@@ -71,7 +71,32 @@ impl MrShared {
         Ok(())
     }
 
-    fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+    fn atomic(&self, offset: usize) -> Result<&std::sync::atomic::AtomicU64> {
+        let p = self.bounds(offset, 8)?;
+        if p as usize % 8 != 0 {
+            return Err(Error::Misaligned { offset });
+        }
+        // SAFETY: the 8 bytes at `p` are inside the registered memory, which stays valid
+        // while self lives, and `p` is 8-aligned. Registered memory is shared memory: every
+        // access to it goes through raw copies or these atomics, never Rust references.
+        Ok(unsafe { std::sync::atomic::AtomicU64::from_ptr(p.cast()) })
+    }
+
+    pub(crate) fn compare_swap(&self, offset: usize, compare: u64, swap: u64) -> Result<u64> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let a = self.atomic(offset)?;
+        Ok(match a.compare_exchange(compare, swap, SeqCst, SeqCst) {
+            Ok(v) | Err(v) => v,
+        })
+    }
+
+    pub(crate) fn fetch_add(&self, offset: usize, add: u64) -> Result<u64> {
+        Ok(self
+            .atomic(offset)?
+            .fetch_add(add, std::sync::atomic::Ordering::SeqCst))
+    }
+
+    pub(crate) fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
         let dst = self.bounds(offset, data.len())?;
         // SAFETY: as in read_at; registered memory is writable through this pointer
         // (Memory::as_raw and register_raw both promise it).
@@ -121,6 +146,11 @@ macro_rules! region_getters {
         pub fn pd(&self) -> PdId {
             self.shared.pd
         }
+        /// Whether the region owns its memory (registered with `register`, not
+        /// `register_raw`).
+        pub fn owns_memory(&self) -> bool {
+            self.shared._owner.is_some()
+        }
         /// Whether the pages are locked in memory.
         pub fn is_pinned(&self) -> bool {
             self.shared.pin.is_some()
@@ -132,6 +162,20 @@ macro_rules! region_getters {
         /// Copies `data` into the region at `offset`.
         pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
             self.shared.write_at(offset, data)
+        }
+        /// Atomically loads the 8-aligned `u64` at `offset`.
+        pub fn load_u64(&self, offset: usize) -> Result<u64> {
+            self.shared.fetch_add(offset, 0)
+        }
+        /// Atomically adds to the 8-aligned `u64` at `offset`, returning the old value;
+        /// atomic against remote FETCH_ADD and COMPARE_SWAP on the same address.
+        pub fn fetch_add_u64(&self, offset: usize, add: u64) -> Result<u64> {
+            self.shared.fetch_add(offset, add)
+        }
+        /// Atomically replaces the 8-aligned `u64` at `offset` with `swap` if it equals
+        /// `compare`, returning the old value.
+        pub fn compare_swap_u64(&self, offset: usize, compare: u64, swap: u64) -> Result<u64> {
+            self.shared.compare_swap(offset, compare, swap)
         }
     };
 }

@@ -1,0 +1,157 @@
+//! Completion queues: fixed capacity, batch polling, and notification through a file
+//! descriptor.
+//!
+//! A CQ holds at most its capacity of completions. A completion that finds the CQ full is
+//! lost and the CQ is *overrun*, as on an adapter (`IBV_EVENT_CQ_ERR`): from then on
+//! [`poll`](CompletionQueue::poll) returns [`Error::CqOverrun`] and the queue pairs that
+//! use it are moved to the error state.
+//!
+//! Notification follows verbs: [`req_notify`](CompletionQueue::req_notify) arms the CQ
+//! (for any completion, or for solicited ones and errors only); the next matching
+//! completion makes [`fd`](CompletionQueue::fd) readable once, and disarms. The descriptor
+//! is an eventfd that epoll, mio or tokio's `AsyncFd` can wait on;
+//! [`get_event`](CompletionQueue::get_event) consumes the notification.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rdmx_core::{Completion, WcStatus};
+
+use crate::{Error, Result};
+
+/// A completion queue (`ibv_cq`). Cloning shares the queue.
+#[derive(Clone, Debug)]
+pub struct CompletionQueue {
+    pub(crate) inner: Arc<CqInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct CqInner {
+    state: Mutex<CqState>,
+    capacity: usize,
+    event: OwnedFd,
+}
+
+#[derive(Debug)]
+struct CqState {
+    entries: VecDeque<Completion>,
+    overrun: bool,
+    armed: Option<bool>,
+}
+
+impl CompletionQueue {
+    pub(crate) fn new(capacity: usize) -> Result<CompletionQueue> {
+        if capacity == 0 {
+            return Err(Error::InvalidArgument(
+                "a completion queue needs capacity ≥ 1",
+            ));
+        }
+        // SAFETY: eventfd takes an initial value and flags and returns a new descriptor.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(Error::Io("eventfd", std::io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` is a new descriptor that nothing else owns.
+        let event = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(CompletionQueue {
+            inner: Arc::new(CqInner {
+                state: Mutex::new(CqState {
+                    entries: VecDeque::with_capacity(capacity.min(4096)),
+                    overrun: false,
+                    armed: None,
+                }),
+                capacity,
+                event,
+            }),
+        })
+    }
+
+    /// Most completions the queue holds.
+    pub fn capacity(&self) -> usize {
+        self.inner.capacity
+    }
+
+    /// Moves up to `out.len()` completions into `out` (`ibv_poll_cq`); returns how many.
+    pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+        crate::loopback::progress();
+        let mut st = self.inner.state.lock();
+        if st.overrun {
+            return Err(Error::CqOverrun);
+        }
+        let n = out.len().min(st.entries.len());
+        for (slot, c) in out.iter_mut().zip(st.entries.drain(..n)) {
+            *slot = c;
+        }
+        Ok(n)
+    }
+
+    /// Polls one completion.
+    pub fn poll_one(&self) -> Result<Option<Completion>> {
+        let mut one = [EMPTY];
+        Ok((self.poll(&mut one)? == 1).then_some(one[0]))
+    }
+
+    /// Arms notification (`ibv_req_notify_cq`): the next completion (or, with
+    /// `solicited_only`, the next solicited or error completion) makes the descriptor
+    /// readable.
+    pub fn req_notify(&self, solicited_only: bool) {
+        self.inner.state.lock().armed = Some(solicited_only);
+    }
+
+    /// The notification descriptor.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.inner.event.as_fd()
+    }
+
+    /// Consumes a notification (`ibv_get_cq_event`); returns whether there was one.
+    pub fn get_event(&self) -> bool {
+        let mut v = 0u64;
+        // SAFETY: reads 8 bytes into `v` from our own non-blocking eventfd.
+        let n = unsafe {
+            libc::read(
+                self.inner.event.as_raw_fd(),
+                (&mut v as *mut u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+        n == 8
+    }
+}
+
+impl CqInner {
+    /// Adds a completion; returns false when the queue was full (now overrun).
+    pub(crate) fn push(&self, c: Completion, solicited: bool) -> bool {
+        let mut st = self.state.lock();
+        if st.overrun || st.entries.len() >= self.capacity {
+            st.overrun = true;
+            return false;
+        }
+        st.entries.push_back(c);
+        if let Some(only_solicited) = st.armed {
+            if !only_solicited || solicited || c.status != WcStatus::Success {
+                st.armed = None;
+                let one = 1u64;
+                // SAFETY: writes 8 bytes from `one` to our own eventfd.
+                let _ = unsafe {
+                    libc::write(
+                        self.event.as_raw_fd(),
+                        (&one as *const u64).cast(),
+                        std::mem::size_of::<u64>(),
+                    )
+                };
+            }
+        }
+        true
+    }
+}
+
+const EMPTY: Completion = Completion {
+    wr_id: 0,
+    status: WcStatus::Success,
+    opcode: rdmx_core::WcOpcode::Send,
+    byte_len: 0,
+    imm_data: None,
+    qp_num: 0,
+};

@@ -1,0 +1,128 @@
+//! The loopback provider: queue pairs of this process connected through the RC engine,
+//! with packets passed in memory.
+//!
+//! Every loopback queue pair lives in one process-wide fabric, addressed by its QP
+//! number. Progress is made from the calling thread: each verb that can change a queue
+//! pair (post, modify, poll) pumps the fabric until nothing moves, delivering packets,
+//! routing completions to their CQs and firing due timers, so one-sided operations
+//! complete as soon as either side calls in. The fabric is serialised by one lock; it is
+//! the reference for semantics, not for speed.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use rdmx_core::rc::{CqSide, QpConfig, RcQp};
+use rdmx_core::{QpAttr, QpAttrMask, QpLimits, QpState};
+
+use crate::context::ContextInner;
+use crate::cq::CompletionQueue;
+
+pub(crate) struct Entry {
+    pub(crate) engine: RcQp<ContextInner>,
+    pub(crate) ctx: Arc<ContextInner>,
+    pub(crate) send_cq: CompletionQueue,
+    pub(crate) recv_cq: CompletionQueue,
+}
+
+#[derive(Default)]
+pub(crate) struct Fabric {
+    pub(crate) qps: HashMap<u32, Entry>,
+    next_qpn: u32,
+}
+
+pub(crate) fn fabric() -> &'static Mutex<Fabric> {
+    static FABRIC: OnceLock<Mutex<Fabric>> = OnceLock::new();
+    FABRIC.get_or_init(|| {
+        Mutex::new(Fabric {
+            qps: HashMap::new(),
+            // QP numbers 0 and 1 are special in InfiniBand.
+            next_qpn: 0x11,
+        })
+    })
+}
+
+impl Fabric {
+    pub(crate) fn create(
+        &mut self,
+        ctx: Arc<ContextInner>,
+        mut cfg: QpConfig,
+        send_cq: CompletionQueue,
+        recv_cq: CompletionQueue,
+    ) -> u32 {
+        let qpn = self.next_qpn;
+        self.next_qpn = (self.next_qpn + 1) & 0xff_ffff;
+        cfg.qpn = qpn;
+        self.qps.insert(
+            qpn,
+            Entry {
+                engine: RcQp::new(cfg, limits()),
+                ctx,
+                send_cq,
+                recv_cq,
+            },
+        );
+        qpn
+    }
+
+    /// Runs every queue pair until no packet, completion or due timer is left.
+    pub(crate) fn pump(&mut self) {
+        let now = Instant::now();
+        loop {
+            let mut moved = false;
+            let qpns: Vec<u32> = self.qps.keys().copied().collect();
+            for qpn in qpns {
+                let mut packets = Vec::new();
+                if let Some(e) = self.qps.get_mut(&qpn) {
+                    if e.engine.poll_timeout().is_some_and(|t| t <= now) {
+                        e.engine.handle_timeout(now);
+                    }
+                    while let Some(p) = e.engine.poll_transmit(now, &e.ctx) {
+                        packets.push((e.engine.dest_qpn(), p));
+                    }
+                    moved |= route_completions(e);
+                }
+                for (dest, p) in packets {
+                    moved = true;
+                    if let Some(peer) = self.qps.get_mut(&dest) {
+                        peer.engine.handle_packet(now, &peer.ctx, &p);
+                    }
+                }
+            }
+            if !moved {
+                break;
+            }
+        }
+    }
+}
+
+/// Moves an engine's completions to its CQs; an overrun CQ puts the QP in error.
+fn route_completions(e: &mut Entry) -> bool {
+    let mut moved = false;
+    while let Some((side, c, solicited)) = e.engine.poll_completion() {
+        moved = true;
+        let cq = match side {
+            CqSide::Send => &e.send_cq,
+            CqSide::Recv => &e.recv_cq,
+        };
+        if !cq.inner.push(c, solicited) && e.engine.state() != QpState::Err {
+            let attr = QpAttr {
+                qp_state: QpState::Err,
+                ..QpAttr::default()
+            };
+            let _ = e.engine.modify(&attr, QpAttrMask::STATE);
+        }
+    }
+    moved
+}
+
+/// Pumps the fabric from a verb that does not otherwise touch it (polling a CQ).
+pub(crate) fn progress() {
+    fabric().lock().pump();
+}
+
+/// Limits of loopback queue pairs.
+pub(crate) fn limits() -> QpLimits {
+    QpLimits::default()
+}

@@ -1,0 +1,406 @@
+//! Queue pairs: connected RC endpoints, and the requests posted to them.
+
+use std::sync::Arc;
+
+use rdmx_core::rc::QpConfig;
+use rdmx_core::{QpAttr, QpAttrMask, QpState, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge};
+
+use crate::context::ContextInner;
+use crate::cq::CompletionQueue;
+use crate::loopback;
+use crate::mr::MemoryRegion;
+use crate::pd::ProtectionDomain;
+use crate::{Error, Result};
+
+/// Sizes of a queue pair's queues (`ibv_qp_cap`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QpCaps {
+    /// Send queue depth.
+    pub max_send_wr: usize,
+    /// Receive queue depth.
+    pub max_recv_wr: usize,
+    /// SGEs per send request.
+    pub max_send_sge: usize,
+    /// SGEs per receive request.
+    pub max_recv_sge: usize,
+    /// Largest inline payload in bytes.
+    pub max_inline_data: usize,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps {
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_send_sge: 4,
+            max_recv_sge: 4,
+            max_inline_data: 256,
+        }
+    }
+}
+
+impl QpCaps {
+    /// Sets the send queue depth.
+    pub fn max_send_wr(mut self, n: usize) -> Self {
+        self.max_send_wr = n;
+        self
+    }
+    /// Sets the receive queue depth.
+    pub fn max_recv_wr(mut self, n: usize) -> Self {
+        self.max_recv_wr = n;
+        self
+    }
+    /// Sets SGEs per request, on both queues.
+    pub fn max_sge(mut self, n: usize) -> Self {
+        self.max_send_sge = n;
+        self.max_recv_sge = n;
+        self
+    }
+}
+
+/// An RC queue pair (`ibv_qp`) on the loopback provider. Dropping it destroys it.
+#[derive(Debug)]
+pub struct QueuePair {
+    qpn: u32,
+    pd: ProtectionDomain,
+}
+
+/// A scatter/gather element in a registered region, checked against the region's bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalSge(Sge);
+
+impl LocalSge {
+    /// `len` bytes at `offset` in `mr`.
+    ///
+    /// Only regions that own their memory qualify: a posted request may outlive any borrow
+    /// of memory registered with [`ProtectionDomain::register_raw`] (as the registration
+    /// cache does), so such memory is posted with the `unsafe` `*_raw` calls.
+    pub fn new(mr: &MemoryRegion, offset: usize, len: usize) -> Result<LocalSge> {
+        if !mr.owns_memory() {
+            return Err(Error::InvalidArgument(
+                "the region borrows its memory; post it with post_send_raw/post_recv_raw",
+            ));
+        }
+        match offset.checked_add(len) {
+            Some(end) if end <= mr.len() && len <= u32::MAX as usize => Ok(LocalSge(Sge {
+                addr: (mr.addr() + offset) as u64,
+                len: len as u32,
+                lkey: mr.lkey(),
+            })),
+            _ => Err(Error::OutOfBounds {
+                offset,
+                len,
+                region_len: mr.len(),
+            }),
+        }
+    }
+
+    /// The element as verbs sees it.
+    pub fn sge(&self) -> Sge {
+        self.0
+    }
+}
+
+/// A send work request built from registered regions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SendRequest {
+    wr: SendWr,
+    inline: Option<Vec<u8>>,
+}
+
+impl SendRequest {
+    /// A request doing `op`, signaled by default.
+    pub fn new(wr_id: u64, op: SendOp) -> Self {
+        SendRequest {
+            wr: SendWr {
+                wr_id,
+                op,
+                sges: Vec::new(),
+                flags: SendFlags::SIGNALED,
+            },
+            inline: None,
+        }
+    }
+    /// SEND.
+    pub fn send(wr_id: u64) -> Self {
+        Self::new(wr_id, SendOp::Send)
+    }
+    /// RDMA WRITE to `remote`.
+    pub fn write(wr_id: u64, remote: RemoteAddr) -> Self {
+        Self::new(wr_id, SendOp::Write(remote))
+    }
+    /// RDMA READ from `remote`.
+    pub fn read(wr_id: u64, remote: RemoteAddr) -> Self {
+        Self::new(wr_id, SendOp::Read(remote))
+    }
+    /// Adds a local element.
+    pub fn sge(mut self, sge: LocalSge) -> Self {
+        self.wr.sges.push(sge.0);
+        self
+    }
+    /// Replaces the flags (SIGNALED is on by default; pass it to keep it).
+    pub fn flags(mut self, flags: SendFlags) -> Self {
+        self.wr.flags = flags;
+        self
+    }
+    /// Sends `data` inline: copied at post time, no local key needed.
+    pub fn inline(mut self, data: &[u8]) -> Self {
+        self.wr.flags |= SendFlags::INLINE;
+        self.wr.sges.clear();
+        self.inline = Some(data.to_vec());
+        self
+    }
+    /// The work request.
+    pub fn wr(&self) -> &SendWr {
+        &self.wr
+    }
+}
+
+/// A receive work request built from registered regions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecvRequest {
+    wr: RecvWr,
+}
+
+impl RecvRequest {
+    /// A receive with no elements yet.
+    pub fn new(wr_id: u64) -> Self {
+        RecvRequest {
+            wr: RecvWr {
+                wr_id,
+                sges: Vec::new(),
+            },
+        }
+    }
+    /// Adds a local element.
+    pub fn sge(mut self, sge: LocalSge) -> Self {
+        self.wr.sges.push(sge.0);
+        self
+    }
+}
+
+impl ProtectionDomain {
+    /// Creates an RC queue pair in the RESET state (`ibv_create_qp`).
+    pub fn create_qp(
+        &self,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        caps: QpCaps,
+    ) -> Result<QueuePair> {
+        let mut cfg = QpConfig::new(0, self.id());
+        cfg.max_send_wr = caps.max_send_wr;
+        cfg.max_recv_wr = caps.max_recv_wr;
+        cfg.max_send_sge = caps.max_send_sge;
+        cfg.max_recv_sge = caps.max_recv_sge;
+        cfg.max_inline_data = caps.max_inline_data;
+        let ctx: Arc<ContextInner> = self.context().inner.clone();
+        let qpn = loopback::fabric()
+            .lock()
+            .create(ctx, cfg, send_cq.clone(), recv_cq.clone());
+        Ok(QueuePair {
+            qpn,
+            pd: self.clone(),
+        })
+    }
+}
+
+impl QueuePair {
+    /// This QP's number.
+    pub fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+
+    /// The protection domain.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.pd
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut loopback::Entry) -> T) -> T {
+        let mut fab = loopback::fabric().lock();
+        let e = fab
+            .qps
+            .get_mut(&self.qpn)
+            .expect("a live QueuePair is in the fabric");
+        let out = f(e);
+        fab.pump();
+        out
+    }
+
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        self.with(|e| e.engine.state())
+    }
+
+    /// Current attributes (`ibv_query_qp`).
+    pub fn attrs(&self) -> QpAttr {
+        self.with(|e| e.engine.attrs().clone())
+    }
+
+    /// Changes state and attributes (`ibv_modify_qp`).
+    pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        self.with(|e| e.engine.modify(attr, mask))?;
+        Ok(())
+    }
+
+    /// Posts a send request (`ibv_post_send`).
+    pub fn post_send(&self, req: SendRequest) -> Result<()> {
+        // SAFETY: every element of a SendRequest was made by LocalSge::new from a
+        // registered region, which safe code only reaches through copies.
+        unsafe { self.post_send_raw(req.wr, req.inline) }
+    }
+
+    /// Posts a send request with raw elements.
+    ///
+    /// # Safety
+    ///
+    /// The engine writes (READ, atomics) or reads the memory the elements name, through
+    /// their keys. The caller must not hold Rust references to that memory while the
+    /// request is outstanding (e.g. a pool buffer's slice in the same slab).
+    pub unsafe fn post_send_raw(&self, wr: SendWr, inline: Option<Vec<u8>>) -> Result<()> {
+        self.with(|e| e.engine.post_send(&e.ctx, wr, inline))?;
+        Ok(())
+    }
+
+    /// Posts a receive request (`ibv_post_recv`).
+    pub fn post_recv(&self, req: RecvRequest) -> Result<()> {
+        // SAFETY: as in post_send.
+        unsafe { self.post_recv_raw(req.wr) }
+    }
+
+    /// Posts a receive request with raw elements.
+    ///
+    /// # Safety
+    ///
+    /// As [`post_send_raw`](Self::post_send_raw): the engine writes the named memory.
+    pub unsafe fn post_recv_raw(&self, wr: RecvWr) -> Result<()> {
+        self.with(|e| e.engine.post_recv(&e.ctx, wr))?;
+        Ok(())
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        loopback::fabric().lock().qps.remove(&self.qpn);
+    }
+}
+
+/// What a peer needs to connect to a queue pair: its number and first PSN (the fields
+/// `ibv_rc_pingpong` exchanges out of band).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct QpEndpoint {
+    /// QP number.
+    pub qp_num: u32,
+    /// First packet sequence number the QP sends with.
+    pub psn: u32,
+}
+
+/// Connection parameters for [`QueuePair::connect`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnectOptions {
+    /// What the peer may do to this side's memory through this QP.
+    pub access: rdmx_mem::Access,
+    /// Path MTU.
+    pub mtu: rdmx_core::Mtu,
+    /// Outstanding READs/atomics this side may issue.
+    pub max_rd_atomic: u8,
+    /// Outstanding READs/atomics this side accepts.
+    pub max_dest_rd_atomic: u8,
+    /// Ack timeout code (4.096 µs × 2^timeout; 0 = none).
+    pub timeout: u8,
+    /// Transport retries.
+    pub retry_cnt: u8,
+    /// RNR retries (7 = forever).
+    pub rnr_retry: u8,
+    /// RNR timer code this side asks peers to wait.
+    pub min_rnr_timer: u8,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            access: rdmx_mem::Access::LOCAL_WRITE
+                | rdmx_mem::Access::REMOTE_READ
+                | rdmx_mem::Access::REMOTE_WRITE
+                | rdmx_mem::Access::REMOTE_ATOMIC,
+            mtu: rdmx_core::Mtu::Mtu4096,
+            max_rd_atomic: 16,
+            max_dest_rd_atomic: 16,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 1,
+        }
+    }
+}
+
+impl QueuePair {
+    /// This side's endpoint, to hand to the peer.
+    pub fn endpoint(&self) -> QpEndpoint {
+        QpEndpoint {
+            qp_num: self.qpn,
+            psn: initial_psn(self.qpn),
+        }
+    }
+
+    /// Takes a QP in RESET through INIT, RTR and RTS, connected to `peer`.
+    pub fn connect(&self, peer: QpEndpoint, opts: &ConnectOptions) -> Result<()> {
+        let init = QpAttr {
+            qp_state: QpState::Init,
+            pkey_index: 0,
+            port_num: 1,
+            qp_access_flags: opts.access,
+            ..QpAttr::default()
+        };
+        self.modify(
+            &init,
+            QpAttrMask::STATE
+                | QpAttrMask::PKEY_INDEX
+                | QpAttrMask::PORT
+                | QpAttrMask::ACCESS_FLAGS,
+        )?;
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: opts.mtu,
+            dest_qp_num: peer.qp_num,
+            rq_psn: peer.psn,
+            max_dest_rd_atomic: opts.max_dest_rd_atomic,
+            min_rnr_timer: opts.min_rnr_timer,
+            ..init
+        };
+        self.modify(
+            &rtr,
+            QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN
+                | QpAttrMask::MAX_DEST_RD_ATOMIC
+                | QpAttrMask::MIN_RNR_TIMER,
+        )?;
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: self.endpoint().psn,
+            timeout: opts.timeout,
+            retry_cnt: opts.retry_cnt,
+            rnr_retry: opts.rnr_retry,
+            max_rd_atomic: opts.max_rd_atomic,
+            ..rtr
+        };
+        self.modify(
+            &rts,
+            QpAttrMask::STATE
+                | QpAttrMask::SQ_PSN
+                | QpAttrMask::TIMEOUT
+                | QpAttrMask::RETRY_CNT
+                | QpAttrMask::RNR_RETRY
+                | QpAttrMask::MAX_QP_RD_ATOMIC,
+        )
+    }
+}
+
+/// A first PSN that differs between QPs (a real adapter would draw it at random).
+fn initial_psn(qpn: u32) -> u32 {
+    qpn.wrapping_mul(0x9e37_79b9) & 0xff_ffff
+}

@@ -9,6 +9,7 @@ use rdmx_core::{MrTable, PdId};
 use crate::cq::CompletionQueue;
 use crate::mr::MrShared;
 use crate::pd::ProtectionDomain;
+use crate::provider::{Capabilities, ProviderKind};
 use crate::{Error, Result};
 
 /// An open device (`ibv_context`).
@@ -25,14 +26,35 @@ pub struct Context {
 pub(crate) struct ContextInner {
     pub(crate) mrs: RwLock<MrTable<Arc<MrShared>>>,
     next_pd: AtomicU32,
+    provider: ProviderKind,
+    caps: Capabilities,
 }
 
 impl Context {
-    /// Opens a software context: memory is registered by pinning it in this process.
+    /// Opens the default provider's device (loopback).
     pub fn open() -> Result<Context> {
+        Self::open_provider(ProviderKind::Loopback.name())
+    }
+
+    /// Opens the device of the provider named `name`; an unknown or unavailable provider
+    /// is an error that lists the available ones.
+    pub fn open_provider(name: &str) -> Result<Context> {
+        let _kind = ProviderKind::from_name(name)?;
         let mut seed = [0u8; 8];
         getrandom::fill(&mut seed).map_err(|e| Error::Seed(e.to_string()))?;
-        Ok(Self::with_seed(u64::from_ne_bytes(seed)))
+        let ctx = Self::with_seed(u64::from_ne_bytes(seed));
+        crate::loopback::start_progress_thread();
+        Ok(ctx)
+    }
+
+    /// The provider this context runs on.
+    pub fn provider(&self) -> ProviderKind {
+        self.inner.provider
+    }
+
+    /// What the device can do.
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
     }
 
     /// Opens a software context whose key variants derive from `seed`.
@@ -43,6 +65,8 @@ impl Context {
             inner: Arc::new(ContextInner {
                 mrs: RwLock::new(MrTable::new(seed)),
                 next_pd: AtomicU32::new(1),
+                provider: ProviderKind::Loopback,
+                caps: Capabilities::loopback(),
             }),
         }
     }
@@ -55,6 +79,11 @@ impl Context {
 
     /// Creates a completion queue holding up to `capacity` completions (`ibv_create_cq`).
     pub fn create_cq(&self, capacity: usize) -> Result<CompletionQueue> {
+        if capacity > self.inner.caps.max_cqe as usize {
+            return Err(Error::InvalidArgument(
+                "CQ capacity above the device's max_cqe",
+            ));
+        }
         CompletionQueue::new(capacity)
     }
 

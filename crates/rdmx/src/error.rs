@@ -49,6 +49,14 @@ pub enum Error {
     /// A queue-pair modify was refused.
     #[error(transparent)]
     Modify(#[from] rdmx_core::ModifyError),
+    /// No provider of that name is available.
+    #[error("no provider named {name:?}; available: {available}")]
+    UnknownProvider {
+        /// The name asked for.
+        name: String,
+        /// The providers this build offers.
+        available: String,
+    },
     /// The operating system's random source failed while opening a context.
     #[error("open context: no random seed for memory keys: {0}")]
     Seed(String),

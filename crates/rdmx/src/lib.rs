@@ -43,6 +43,7 @@ mod loopback;
 mod mem;
 mod mr;
 mod pd;
+mod provider;
 mod qp;
 
 pub use context::Context;
@@ -50,6 +51,7 @@ pub use cq::CompletionQueue;
 pub use error::{Error, Result};
 pub use mr::{MemoryRegion, MrRef, RemoteRegion};
 pub use pd::ProtectionDomain;
+pub use provider::{devices, Capabilities, DeviceInfo, ProviderKind};
 pub use qp::{ConnectOptions, LocalSge, QpCaps, QpEndpoint, QueuePair, RecvRequest, SendRequest};
 pub use rdmx_core::{
     Completion, KeyError, KeyUse, ModifyError, Mtu, PdId, PostError, QpAttr, QpAttrMask, QpState,

@@ -122,6 +122,37 @@ pub(crate) fn progress() {
     fabric().lock().pump();
 }
 
+/// Starts, once per process, the thread that fires timers (retransmission, the end of an
+/// RNR wait) when no application thread calls in, so a request completes even while the
+/// application only waits on a CQ's descriptor.
+pub(crate) fn start_progress_thread() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        let spawned = std::thread::Builder::new()
+            .name("rdmx-loopback".into())
+            .spawn(|| loop {
+                let next = {
+                    let mut fab = fabric().lock();
+                    fab.pump();
+                    fab.qps
+                        .values()
+                        .filter_map(|e| e.engine.poll_timeout())
+                        .min()
+                };
+                let now = Instant::now();
+                let idle = std::time::Duration::from_millis(50);
+                let wait = next.map_or(idle, |t| t.saturating_duration_since(now).min(idle));
+                std::thread::sleep(wait.max(std::time::Duration::from_micros(20)));
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(
+                "cannot start the loopback progress thread ({e}); progress is made only \
+                 when the application calls in"
+            );
+        }
+    });
+}
+
 /// Limits of loopback queue pairs.
 pub(crate) fn limits() -> QpLimits {
     QpLimits::default()

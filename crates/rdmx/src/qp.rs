@@ -188,6 +188,18 @@ impl ProtectionDomain {
         recv_cq: &CompletionQueue,
         caps: QpCaps,
     ) -> Result<QueuePair> {
+        let dev = self.context().capabilities();
+        if caps.max_send_wr.max(caps.max_recv_wr) > dev.max_qp_wr as usize
+            || caps.max_send_sge.max(caps.max_recv_sge) > dev.max_sge as usize
+            || caps.max_inline_data > dev.max_inline_data as usize
+        {
+            return Err(Error::InvalidArgument(
+                "queue pair capabilities above the device's limits",
+            ));
+        }
+        if caps.max_send_wr == 0 || caps.max_recv_wr == 0 {
+            return Err(Error::InvalidArgument("queue depths must be at least 1"));
+        }
         let mut cfg = QpConfig::new(0, self.id());
         cfg.max_send_wr = caps.max_send_wr;
         cfg.max_recv_wr = caps.max_recv_wr;

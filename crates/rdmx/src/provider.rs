@@ -1,0 +1,113 @@
+//! Providers: the backends a context runs on, and what their devices can do.
+//!
+//! Every provider keeps the same verbs contract. Today rdmx has the `loopback` provider:
+//! queue pairs of one process connected through the RC engine with packets passed in
+//! memory. Asking for a provider that is not available is an error that says which are.
+
+use rdmx_core::{Mtu, QpLimits};
+
+use crate::{Error, Result};
+
+/// A backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ProviderKind {
+    /// In-process queue pairs over the RC engine; the default.
+    Loopback,
+}
+
+impl ProviderKind {
+    /// Every provider this build knows.
+    pub const ALL: &'static [ProviderKind] = &[ProviderKind::Loopback];
+
+    /// The provider's name, as `--provider` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProviderKind::Loopback => "loopback",
+        }
+    }
+
+    /// Looks a provider up by name.
+    pub fn from_name(name: &str) -> Result<ProviderKind> {
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|p| p.name() == name)
+            .ok_or_else(|| Error::UnknownProvider {
+                name: name.to_string(),
+                available: Self::ALL
+                    .iter()
+                    .map(|p| p.name())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+    }
+}
+
+/// What a device can do (a subset of `ibv_device_attr` and `ibv_port_attr`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Queue pairs.
+    pub max_qp: u32,
+    /// Depth of each send or receive queue.
+    pub max_qp_wr: u32,
+    /// SGEs per work request.
+    pub max_sge: u32,
+    /// Completions per CQ.
+    pub max_cqe: u32,
+    /// Memory regions.
+    pub max_mr: u32,
+    /// Largest memory region in bytes.
+    pub max_mr_size: u64,
+    /// READs/atomics a QP may have outstanding as responder (`max_qp_rd_atom`).
+    pub max_qp_rd_atom: u8,
+    /// READs/atomics a QP may issue at once (`max_qp_init_rd_atom`).
+    pub max_qp_init_rd_atom: u8,
+    /// Largest path MTU.
+    pub max_mtu: Mtu,
+    /// Largest inline payload.
+    pub max_inline_data: u32,
+    /// 8-byte atomics (CMP_SWAP, FETCH_ADD), atomic against CPU atomics.
+    pub atomics: bool,
+}
+
+impl Capabilities {
+    pub(crate) fn loopback() -> Self {
+        let limits = QpLimits::default();
+        Capabilities {
+            max_qp: 1 << 16,
+            max_qp_wr: 1 << 14,
+            max_sge: 32,
+            max_cqe: 1 << 20,
+            max_mr: (1 << rdmx_core::mr::INDEX_BITS) - 1,
+            max_mr_size: u64::from(u32::MAX),
+            max_qp_rd_atom: limits.max_dest_rd_atomic,
+            max_qp_init_rd_atom: limits.max_rd_atomic,
+            max_mtu: limits.max_mtu,
+            max_inline_data: 4096,
+            atomics: true,
+        }
+    }
+}
+
+/// A device a provider offers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeviceInfo {
+    /// The provider.
+    pub provider: ProviderKind,
+    /// Device name.
+    pub name: String,
+    /// What it can do.
+    pub capabilities: Capabilities,
+}
+
+/// Every device available on this machine.
+pub fn devices() -> Vec<DeviceInfo> {
+    vec![DeviceInfo {
+        provider: ProviderKind::Loopback,
+        name: "loopback0".to_string(),
+        capabilities: Capabilities::loopback(),
+    }]
+}

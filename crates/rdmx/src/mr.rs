@@ -203,6 +203,14 @@ impl MemoryRegion {
         }
     }
 
+    /// The remote address of the byte at `offset`, with this region's rkey.
+    pub fn remote_at(&self, offset: usize) -> rdmx_core::RemoteAddr {
+        rdmx_core::RemoteAddr {
+            addr: self.shared.addr as u64 + offset as u64,
+            rkey: self.shared.rkey,
+        }
+    }
+
     /// A reference that keeps the memory alive (what a posted work request holds).
     pub fn share(&self) -> MrRef {
         MrRef::new(self.shared.clone())

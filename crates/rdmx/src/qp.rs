@@ -134,9 +134,47 @@ impl SendRequest {
     pub fn read(wr_id: u64, remote: RemoteAddr) -> Self {
         Self::new(wr_id, SendOp::Read(remote))
     }
+    /// SEND with immediate data.
+    pub fn send_with_imm(wr_id: u64, imm: u32) -> Self {
+        Self::new(wr_id, SendOp::SendWithImm(imm))
+    }
+    /// RDMA WRITE with immediate data (consumes a receive at the peer).
+    pub fn write_with_imm(wr_id: u64, remote: RemoteAddr, imm: u32) -> Self {
+        Self::new(wr_id, SendOp::WriteWithImm(remote, imm))
+    }
+    /// 8-byte compare-and-swap; the old value lands in the (8-byte) local element.
+    pub fn compare_swap(wr_id: u64, remote: RemoteAddr, compare: u64, swap: u64) -> Self {
+        Self::new(
+            wr_id,
+            SendOp::CompareSwap {
+                remote,
+                compare,
+                swap,
+            },
+        )
+    }
+    /// 8-byte fetch-and-add; the old value lands in the (8-byte) local element.
+    pub fn fetch_add(wr_id: u64, remote: RemoteAddr, add: u64) -> Self {
+        Self::new(wr_id, SendOp::FetchAdd { remote, add })
+    }
     /// Adds a local element.
     pub fn sge(mut self, sge: LocalSge) -> Self {
         self.wr.sges.push(sge.0);
+        self
+    }
+    /// No completion on success (selective signaling).
+    pub fn unsignaled(mut self) -> Self {
+        self.wr.flags.remove(SendFlags::SIGNALED);
+        self
+    }
+    /// Wait for earlier READs and atomics before starting.
+    pub fn fence(mut self) -> Self {
+        self.wr.flags |= SendFlags::FENCE;
+        self
+    }
+    /// Ask for a solicited event at the receiver.
+    pub fn solicited(mut self) -> Self {
+        self.wr.flags |= SendFlags::SOLICITED;
         self
     }
     /// Replaces the flags (SIGNALED is on by default; pass it to keep it).

@@ -35,6 +35,8 @@ struct Placing<Mr> {
     mr: Option<Mr>,
     next: u64,
     left: u64,
+    /// The DMA length from the first packet's RETH.
+    total: u32,
 }
 
 /// What a duplicate READ or atomic is answered with.
@@ -293,6 +295,7 @@ fn write<M: MemAccess>(qp: &mut RcQp<M>, mem: &M, attrs: &QpAttr, hdr: &Hdr, pay
             mr,
             next: va,
             left: u64::from(len),
+            total: len,
         });
     }
     let Some(p) = qp.resp.placing.as_mut() else {
@@ -325,10 +328,11 @@ fn write<M: MemAccess>(qp: &mut RcQp<M>, mem: &M, attrs: &QpAttr, hdr: &Hdr, pay
     p.next += payload.len() as u64;
     p.left -= payload.len() as u64;
     if hdr.op.ends() {
+        // Only the first packet carries the RETH: the length comes from the context.
+        let len = p.total;
         qp.resp.placing = None;
         if hdr.op.has_imm() {
             let wqe = qp.rq.pop_front().expect("checked above");
-            let len = hdr.reth.map_or(0, |r| r.2);
             let status = wqe.error.unwrap_or(WcStatus::Success);
             let c = Completion {
                 wr_id: wqe.wr_id,

@@ -1,0 +1,653 @@
+//! Errors: protection (keys, bounds, access, domains), misaligned atomics, posting in the
+//! wrong state, flushing, deregistered keys and length errors.
+//!
+//! Every remote error is checked the same way: the requester's completion has the verbs
+//! status, the requester is in ERR, and the target region is unchanged byte for byte.
+
+use rdmx::{
+    Access, Error, MemoryRegion, PostError, QpAttr, QpAttrMask, QpState, RecvRequest, RemoteAddr,
+    SendFlags, SendOp, SendRequest, WcOpcode, WcStatus,
+};
+
+use super::{
+    assert_bytes, assert_drained, check_ok, check_status, fill, image, raddr, register,
+    register_page, sge, u64_at, wait_n, wait_one, Pair, Provider, ALL, LOCAL,
+};
+
+/// A one-sided operation aimed at a responder's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RemoteOp {
+    Write,
+    WriteWithImm,
+    Read,
+    CompareSwap,
+    FetchAdd,
+}
+
+use RemoteOp::{CompareSwap, FetchAdd, Read, Write, WriteWithImm};
+
+const ALL_OPS: [RemoteOp; 5] = [Write, WriteWithImm, Read, CompareSwap, FetchAdd];
+
+/// The request for `op`. A COMPARE_SWAP compares with `current` (the value there now, if
+/// known) so that, were it executed, it would change the target.
+fn request(
+    op: RemoteOp,
+    wr_id: u64,
+    local: &MemoryRegion,
+    remote: RemoteAddr,
+    len: usize,
+    current: u64,
+) -> SendRequest {
+    match op {
+        Write => SendRequest::write(wr_id, remote).sge(sge(local, 0, len)),
+        WriteWithImm => {
+            SendRequest::new(wr_id, SendOp::WriteWithImm(remote, 0x1234)).sge(sge(local, 0, len))
+        }
+        Read => SendRequest::read(wr_id, remote).sge(sge(local, 0, len)),
+        CompareSwap => SendRequest::new(
+            wr_id,
+            SendOp::CompareSwap {
+                remote,
+                compare: current,
+                swap: !current,
+            },
+        )
+        .sge(sge(local, 0, 8)),
+        FetchAdd => {
+            SendRequest::new(wr_id, SendOp::FetchAdd { remote, add: 1 }).sge(sge(local, 0, 8))
+        }
+    }
+}
+
+/// Posts `op` (of `len` bytes for WRITE and READ) from `pair.a` to `remote` and checks that
+/// it completes with `status`, that A is in ERR, and that `watched` did not change.
+fn expect_refused(
+    pair: &Pair,
+    op: RemoteOp,
+    watched: &MemoryRegion,
+    remote: RemoteAddr,
+    len: usize,
+    status: WcStatus,
+    what: &str,
+) {
+    let what = format!("{what}: {op:?}");
+    let local = register_page(&pair.a.pd, len.max(8), LOCAL);
+    fill(&local, 0xfeed);
+    if op == WriteWithImm {
+        // A receive for the immediate, so that an RNR cannot stand in for the error.
+        pair.b
+            .qp
+            .post_recv(RecvRequest::new(900))
+            .unwrap_or_else(|e| panic!("{what}: post_recv: {e}"));
+    }
+    let before = image(watched);
+    let base = watched.addr() as u64;
+    let current = match remote.addr.checked_sub(base) {
+        Some(off) if off + 8 <= watched.len() as u64 => u64_at(&before, off as usize),
+        _ => 0,
+    };
+    pair.a
+        .qp
+        .post_send(request(op, 1, &local, remote, len, current))
+        .unwrap_or_else(|e| panic!("{what}: post_send: {e}"));
+    let c = wait_one(&pair.a.scq, &what);
+    check_status(&c, 1, status, pair.a.qp.qp_num(), &what);
+    assert_eq!(
+        pair.a.qp.state(),
+        QpState::Err,
+        "{what}: the requester after an error completion"
+    );
+    assert_bytes(&image(watched), &before, &format!("{what}: target bytes"));
+}
+
+/// An rkey that names no region (a wrong key variant, an unused index) → RemAccessErr.
+pub(crate) fn invalid_rkey(p: &Provider) {
+    for op in ALL_OPS {
+        for (how, mangle) in [
+            ("wrong key variant", 0x0000_005au32),
+            ("unused index", 0xff00_0000),
+        ] {
+            let pair = p.pair();
+            let target = register_page(&pair.b.pd, 4096, ALL);
+            fill(&target, 1);
+            let mut remote = raddr(&target, 64);
+            remote.rkey ^= mangle;
+            let what = format!("{}: rkey with {how}", p.name);
+            expect_refused(
+                &pair,
+                op,
+                &target,
+                remote,
+                64,
+                WcStatus::RemAccessErr,
+                &what,
+            );
+        }
+    }
+}
+
+/// Ranges that leave the region (across the end, before the start, a multi-packet WRITE
+/// whose first packet fits, atomics just outside) → RemAccessErr, nothing written.
+pub(crate) fn out_of_bounds(p: &Provider) {
+    let m = p.mtu_bytes() as i64;
+    let tlen = 2 * m;
+    let mut cases: Vec<(RemoteOp, i64, usize, &str)> = Vec::new();
+    for op in [Write, WriteWithImm, Read] {
+        cases.push((op, tlen - 32, 64, "64 bytes across the end"));
+        cases.push((op, -8, 64, "64 bytes from 8 before the start"));
+        cases.push((
+            op,
+            m,
+            m as usize + 1,
+            "MTU+1 bytes, the last one past the end",
+        ));
+        cases.push((op, tlen, 1, "1 byte just past the end"));
+    }
+    for op in [CompareSwap, FetchAdd] {
+        cases.push((op, tlen, 8, "8 bytes just past the end"));
+        cases.push((op, -8, 8, "8 bytes just before the start"));
+    }
+    for (op, off, len, how) in cases {
+        let pair = p.pair();
+        let target = register_page(&pair.b.pd, tlen as usize, ALL);
+        fill(&target, 2);
+        let remote = RemoteAddr {
+            addr: (target.addr() as i64 + off) as u64,
+            rkey: target.rkey(),
+        };
+        let what = format!("{}: out of bounds, {how}", p.name);
+        expect_refused(
+            &pair,
+            op,
+            &target,
+            remote,
+            len,
+            WcStatus::RemAccessErr,
+            &what,
+        );
+    }
+}
+
+/// Regions that do not grant what the operation needs → RemAccessErr, nothing changed.
+pub(crate) fn region_without_remote_access(p: &Provider) {
+    let lw = Access::LOCAL_WRITE;
+    let cases: [(Access, &[RemoteOp]); 5] = [
+        (
+            lw | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+            &[Write, WriteWithImm],
+        ),
+        (lw | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC, &[Read]),
+        (
+            lw | Access::REMOTE_READ | Access::REMOTE_WRITE,
+            &[CompareSwap, FetchAdd],
+        ),
+        (lw, &ALL_OPS),
+        (
+            Access::REMOTE_READ,
+            &[Write, WriteWithImm, CompareSwap, FetchAdd],
+        ),
+    ];
+    for (access, ops) in cases {
+        for &op in ops {
+            let pair = p.pair();
+            let target = register_page(&pair.b.pd, 4096, access);
+            fill(&target, 3);
+            let what = format!("{}: region with {access:?}", p.name);
+            let remote = raddr(&target, 64);
+            expect_refused(
+                &pair,
+                op,
+                &target,
+                remote,
+                64,
+                WcStatus::RemAccessErr,
+                &what,
+            );
+        }
+    }
+}
+
+/// A responder QP whose access flags lack what the operation needs, on a region that grants
+/// everything → RemAccessErr, nothing changed.
+pub(crate) fn qp_without_remote_access(p: &Provider) {
+    let lw = Access::LOCAL_WRITE;
+    let cases: [(Access, &[RemoteOp]); 4] = [
+        (
+            lw | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+            &[Write, WriteWithImm],
+        ),
+        (lw | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC, &[Read]),
+        (
+            lw | Access::REMOTE_READ | Access::REMOTE_WRITE,
+            &[CompareSwap, FetchAdd],
+        ),
+        (Access::empty(), &ALL_OPS),
+    ];
+    for (access, ops) in cases {
+        for &op in ops {
+            let mut cfg = p.config();
+            cfg.opts.access = access;
+            let pair = p.pair_with(p.config(), cfg);
+            let target = register_page(&pair.b.pd, 4096, ALL);
+            fill(&target, 4);
+            let what = format!("{}: responder QP with access {access:?}", p.name);
+            let remote = raddr(&target, 64);
+            expect_refused(
+                &pair,
+                op,
+                &target,
+                remote,
+                64,
+                WcStatus::RemAccessErr,
+                &what,
+            );
+        }
+    }
+}
+
+/// A region of another protection domain than the responder QP's → RemAccessErr, while
+/// the same region in the QP's domain works.
+pub(crate) fn wrong_pd(p: &Provider) {
+    for op in ALL_OPS {
+        let pair = p.pair();
+        let other_pd = pair.b.pd.context().alloc_pd();
+        assert_ne!(other_pd.id(), pair.b.pd.id(), "{}: a new PD", p.name);
+        let target = register_page(&other_pd, 4096, ALL);
+        fill(&target, 5);
+        let what = format!("{}: region in another PD", p.name);
+        let remote = raddr(&target, 64);
+        expect_refused(
+            &pair,
+            op,
+            &target,
+            remote,
+            64,
+            WcStatus::RemAccessErr,
+            &what,
+        );
+    }
+    // Control: the same registration in the QP's own domain is reachable.
+    let what = format!("{}: region in the QP's PD", p.name);
+    let pair = p.pair();
+    let target = register_page(&pair.b.pd, 4096, ALL);
+    let src = register(&pair.a.pd, 64, LOCAL);
+    let data = fill(&src, 6);
+    pair.a
+        .qp
+        .post_send(SendRequest::write(1, raddr(&target, 64)).sge(sge(&src, 0, 64)))
+        .unwrap();
+    check_ok(
+        &wait_one(&pair.a.scq, &what),
+        1,
+        WcOpcode::RdmaWrite,
+        pair.a.qp.qp_num(),
+        &what,
+    );
+    let mut got = vec![0u8; 64];
+    target.read_at(64, &mut got).unwrap();
+    assert_bytes(&got, &data, &what);
+}
+
+/// Atomics at addresses that are not 8-aligned → RemInvReqErr, nothing changed.
+pub(crate) fn misaligned_atomic(p: &Provider) {
+    for op in [CompareSwap, FetchAdd] {
+        for off in [1usize, 4, 12] {
+            let pair = p.pair();
+            let target = register_page(&pair.b.pd, 4096, ALL);
+            fill(&target, 7);
+            let what = format!("{}: atomic at offset {off} of a page", p.name);
+            let remote = raddr(&target, off);
+            expect_refused(&pair, op, &target, remote, 8, WcStatus::RemInvReqErr, &what);
+        }
+    }
+}
+
+#[track_caller]
+fn expect_wrong_state(res: rdmx::Result<()>, state: QpState, what: &str) {
+    match res {
+        Err(Error::Post(PostError::WrongState(s))) if s == state => {}
+        other => panic!("{what}: got {other:?}, expected WrongState({state:?})"),
+    }
+}
+
+/// post_send is refused in RESET, INIT and RTR; post_recv is refused in RESET and accepted
+/// in INIT and RTR, and those receives are used once the peer sends.
+pub(crate) fn post_in_wrong_state(p: &Provider) {
+    let cfg = p.config();
+    let opts = cfg.opts;
+    let (a, b) = (p.side(&cfg), p.side(&cfg));
+    let (qa, qb) = (a.qp.qp_num(), b.qp.qp_num());
+    let what = format!("{}: posting by state", p.name);
+    let src_a = register(&a.pd, 64, LOCAL);
+    let inbox_a = register(&a.pd, 128, LOCAL);
+    let src_b = register(&b.pd, 64, LOCAL);
+    let inbox_b = register(&b.pd, 64, LOCAL);
+    let data_a = fill(&src_a, 1);
+    let data_b = fill(&src_b, 2);
+    let send_a = |id| SendRequest::send(id).sge(sge(&src_a, 0, 32));
+    let recv_a = |id: u64, k: usize| RecvRequest::new(id).sge(sge(&inbox_a, 64 * k, 64));
+
+    expect_wrong_state(
+        a.qp.post_send(send_a(1)),
+        QpState::Reset,
+        &format!("{what}: post_send in RESET"),
+    );
+    expect_wrong_state(
+        a.qp.post_recv(recv_a(49, 0)),
+        QpState::Reset,
+        &format!("{what}: post_recv in RESET"),
+    );
+
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        qp_access_flags: opts.access,
+        ..QpAttr::default()
+    };
+    a.qp.modify(
+        &init,
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    )
+    .unwrap_or_else(|e| panic!("{what}: RESET to INIT: {e}"));
+    assert_eq!(a.qp.state(), QpState::Init, "{what}");
+    expect_wrong_state(
+        a.qp.post_send(send_a(2)),
+        QpState::Init,
+        &format!("{what}: post_send in INIT"),
+    );
+    a.qp.post_recv(recv_a(50, 0))
+        .unwrap_or_else(|e| panic!("{what}: post_recv in INIT: {e}"));
+
+    let peer = b.qp.endpoint();
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: opts.mtu,
+        dest_qp_num: peer.qp_num,
+        rq_psn: peer.psn,
+        max_dest_rd_atomic: opts.max_dest_rd_atomic,
+        min_rnr_timer: opts.min_rnr_timer,
+        ..init.clone()
+    };
+    a.qp.modify(
+        &rtr,
+        QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN
+            | QpAttrMask::MAX_DEST_RD_ATOMIC
+            | QpAttrMask::MIN_RNR_TIMER,
+    )
+    .unwrap_or_else(|e| panic!("{what}: INIT to RTR: {e}"));
+    assert_eq!(a.qp.state(), QpState::Rtr, "{what}");
+    expect_wrong_state(
+        a.qp.post_send(send_a(3)),
+        QpState::Rtr,
+        &format!("{what}: post_send in RTR"),
+    );
+    a.qp.post_recv(recv_a(51, 1))
+        .unwrap_or_else(|e| panic!("{what}: post_recv in RTR: {e}"));
+
+    // A in RTR receives: B's SEND lands in the receive posted in INIT.
+    b.qp.connect(a.qp.endpoint(), &opts)
+        .unwrap_or_else(|e| panic!("{what}: connect B: {e}"));
+    b.qp.post_send(SendRequest::send(60).sge(sge(&src_b, 0, 32)))
+        .unwrap();
+    check_ok(&wait_one(&b.scq, &what), 60, WcOpcode::Send, qb, &what);
+    let r = wait_one(&a.rcq, &what);
+    check_ok(&r, 50, WcOpcode::Recv, qa, &what);
+    assert_eq!(r.byte_len, 32, "{what}");
+
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        sq_psn: a.qp.endpoint().psn,
+        timeout: opts.timeout,
+        retry_cnt: opts.retry_cnt,
+        rnr_retry: opts.rnr_retry,
+        max_rd_atomic: opts.max_rd_atomic,
+        ..rtr.clone()
+    };
+    a.qp.modify(
+        &rts,
+        QpAttrMask::STATE
+            | QpAttrMask::SQ_PSN
+            | QpAttrMask::TIMEOUT
+            | QpAttrMask::RETRY_CNT
+            | QpAttrMask::RNR_RETRY
+            | QpAttrMask::MAX_QP_RD_ATOMIC,
+    )
+    .unwrap_or_else(|e| panic!("{what}: RTR to RTS: {e}"));
+    assert_eq!(a.qp.state(), QpState::Rts, "{what}");
+    b.qp.post_recv(RecvRequest::new(70).sge(sge(&inbox_b, 0, 64)))
+        .unwrap();
+    a.qp.post_send(send_a(4))
+        .unwrap_or_else(|e| panic!("{what}: post_send in RTS: {e}"));
+    check_ok(&wait_one(&a.scq, &what), 4, WcOpcode::Send, qa, &what);
+    check_ok(&wait_one(&b.rcq, &what), 70, WcOpcode::Recv, qb, &what);
+    // The receive posted in RTR is next.
+    b.qp.post_send(SendRequest::send(61).sge(sge(&src_b, 32, 32)))
+        .unwrap();
+    check_ok(&wait_one(&b.scq, &what), 61, WcOpcode::Send, qb, &what);
+    check_ok(&wait_one(&a.rcq, &what), 51, WcOpcode::Recv, qa, &what);
+
+    let mut got = vec![0u8; 128];
+    inbox_a.read_at(0, &mut got).unwrap();
+    assert_bytes(
+        &got[..32],
+        &data_b[..32],
+        &format!("{what}: receive posted in INIT"),
+    );
+    assert_bytes(
+        &got[64..96],
+        &data_b[32..64],
+        &format!("{what}: receive posted in RTR"),
+    );
+    let mut got = vec![0u8; 32];
+    inbox_b.read_at(0, &mut got).unwrap();
+    assert_bytes(&got, &data_a[..32], &format!("{what}: SEND from RTS"));
+}
+
+/// The first request fails: every later send request (signaled or not) and every posted
+/// receive completes with WrFlushErr, in order; nothing reaches the target; the QP is in
+/// ERR, and requests posted afterwards complete with WrFlushErr too.
+///
+/// Two ways to fail first: a WRITE with an invalid rkey, and a SEND that exhausts its RNR
+/// retries (`rnr_retry` 1, the peer asking for a ~123 ms RNR wait), during whose wait the
+/// later requests are posted and outstanding.
+pub(crate) fn error_flushes_outstanding(p: &Provider) {
+    for rnr in [false, true] {
+        let (mut cfg_a, mut cfg_b) = (p.config(), p.config());
+        if rnr {
+            cfg_a.opts.rnr_retry = 1;
+            cfg_b.opts.min_rnr_timer = 27;
+        }
+        let pair = p.pair_with(cfg_a, cfg_b);
+        let qa = pair.a.qp.qp_num();
+        let how = if rnr {
+            "a SEND out of RNR retries"
+        } else {
+            "a WRITE with an invalid rkey"
+        };
+        let what = format!("{}: flush after {how}", p.name);
+        let src = register(&pair.a.pd, 4096, LOCAL);
+        let inbox = register(&pair.a.pd, 4 * 64, LOCAL);
+        let target = register_page(&pair.b.pd, 4096, ALL);
+        let before = fill(&target, 1);
+        fill(&src, 2);
+        let mut bad = raddr(&target, 0);
+        bad.rkey ^= 0x5a;
+        let (first, status) = if rnr {
+            let send = SendRequest::send(1).sge(sge(&src, 0, 64));
+            (send, WcStatus::RnrRetryExcErr)
+        } else {
+            let write = SendRequest::write(1, bad).sge(sge(&src, 0, 64));
+            (write, WcStatus::RemAccessErr)
+        };
+        pair.a
+            .qp
+            .post_send(first)
+            .unwrap_or_else(|e| panic!("{what}: post_send: {e}"));
+        for k in 0..3 {
+            pair.a
+                .qp
+                .post_recv(RecvRequest::new(100 + k).sge(sge(&inbox, 64 * k as usize, 64)))
+                .unwrap_or_else(|e| panic!("{what}: post_recv: {e}"));
+        }
+        let add = SendOp::FetchAdd {
+            remote: raddr(&target, 512),
+            add: 1,
+        };
+        let reqs = [
+            SendRequest::send(2).sge(sge(&src, 0, 64)),
+            SendRequest::write(3, raddr(&target, 128))
+                .sge(sge(&src, 0, 64))
+                .flags(SendFlags::empty()),
+            SendRequest::read(4, raddr(&target, 256)).sge(sge(&src, 1024, 64)),
+            SendRequest::new(5, add).sge(sge(&src, 2048, 8)),
+        ];
+        for r in reqs {
+            pair.a
+                .qp
+                .post_send(r)
+                .unwrap_or_else(|e| panic!("{what}: post_send: {e}"));
+        }
+        let cs = wait_n(&pair.a.scq, 5, &what);
+        check_status(&cs[0], 1, status, qa, &what);
+        for (c, id) in cs[1..].iter().zip(2..) {
+            check_status(c, id, WcStatus::WrFlushErr, qa, &what);
+        }
+        for (r, id) in wait_n(&pair.a.rcq, 3, &what).iter().zip(100..) {
+            check_status(r, id, WcStatus::WrFlushErr, qa, &what);
+        }
+        assert_eq!(pair.a.qp.state(), QpState::Err, "{what}: requester state");
+        assert_bytes(&image(&target), &before, &format!("{what}: target bytes"));
+
+        // Posting in ERR is accepted and flushed.
+        pair.a
+            .qp
+            .post_send(SendRequest::send(6).sge(sge(&src, 0, 64)))
+            .unwrap_or_else(|e| panic!("{what}: post_send in ERR: {e}"));
+        let c = wait_one(&pair.a.scq, &what);
+        check_status(&c, 6, WcStatus::WrFlushErr, qa, &what);
+        pair.a
+            .qp
+            .post_recv(RecvRequest::new(103).sge(sge(&inbox, 192, 64)))
+            .unwrap_or_else(|e| panic!("{what}: post_recv in ERR: {e}"));
+        let r = wait_one(&pair.a.rcq, &what);
+        check_status(&r, 103, WcStatus::WrFlushErr, qa, &what);
+        assert_drained(&pair.a.scq, &what);
+        assert_drained(&pair.b.rcq, &what);
+    }
+}
+
+/// Keys of deregistered regions: a stale rkey → RemAccessErr (and no live region of the
+/// responder changes); a stale lkey in a send request → LocProtErr; a stale lkey in a
+/// receive → LocProtErr at the receiver and RemOpErr at the requester.
+pub(crate) fn deregistered_keys(p: &Provider) {
+    for op in ALL_OPS {
+        let pair = p.pair();
+        let dead = register_page(&pair.b.pd, 4096, ALL);
+        let remote = raddr(&dead, 64);
+        dead.deregister();
+        let live = register_page(&pair.b.pd, 4096, ALL);
+        fill(&live, 8);
+        let what = format!("{}: rkey of a deregistered region", p.name);
+        expect_refused(&pair, op, &live, remote, 64, WcStatus::RemAccessErr, &what);
+    }
+
+    for op in ["SEND", "WRITE", "READ", "FETCH_ADD"] {
+        let what = format!("{}: {op} with the lkey of a deregistered region", p.name);
+        let pair = p.pair();
+        let target = register_page(&pair.b.pd, 4096, ALL);
+        let before = fill(&target, 9);
+        let inbox = register(&pair.b.pd, 64, LOCAL);
+        pair.b
+            .qp
+            .post_recv(RecvRequest::new(7).sge(sge(&inbox, 0, 64)))
+            .unwrap();
+        let local = register_page(&pair.a.pd, 4096, LOCAL);
+        fill(&local, 10);
+        let (s64, s8) = (sge(&local, 0, 64), sge(&local, 0, 8));
+        local.deregister();
+        let req = match op {
+            "SEND" => SendRequest::send(1).sge(s64),
+            "WRITE" => SendRequest::write(1, raddr(&target, 64)).sge(s64),
+            "READ" => SendRequest::read(1, raddr(&target, 64)).sge(s64),
+            _ => {
+                let add = SendOp::FetchAdd {
+                    remote: raddr(&target, 64),
+                    add: 1,
+                };
+                SendRequest::new(1, add).sge(s8)
+            }
+        };
+        pair.a
+            .qp
+            .post_send(req)
+            .unwrap_or_else(|e| panic!("{what}: post_send: {e}"));
+        let c = wait_one(&pair.a.scq, &what);
+        check_status(&c, 1, WcStatus::LocProtErr, pair.a.qp.qp_num(), &what);
+        assert_eq!(pair.a.qp.state(), QpState::Err, "{what}: requester state");
+        assert_bytes(&image(&target), &before, &format!("{what}: target bytes"));
+    }
+
+    let what = format!("{}: receive with the lkey of a deregistered region", p.name);
+    let pair = p.pair();
+    let inbox = register(&pair.b.pd, 64, LOCAL);
+    let stale = sge(&inbox, 0, 64);
+    inbox.deregister();
+    pair.b
+        .qp
+        .post_recv(RecvRequest::new(7).sge(stale))
+        .unwrap_or_else(|e| panic!("{what}: post_recv: {e}"));
+    let src = register(&pair.a.pd, 64, LOCAL);
+    pair.a
+        .qp
+        .post_send(SendRequest::send(1).sge(sge(&src, 0, 64)))
+        .unwrap();
+    let r = wait_one(&pair.b.rcq, &what);
+    check_status(&r, 7, WcStatus::LocProtErr, pair.b.qp.qp_num(), &what);
+    let c = wait_one(&pair.a.scq, &what);
+    check_status(&c, 1, WcStatus::RemOpErr, pair.a.qp.qp_num(), &what);
+    assert_eq!(pair.b.qp.state(), QpState::Err, "{what}: receiver state");
+    assert_eq!(pair.a.qp.state(), QpState::Err, "{what}: requester state");
+}
+
+/// A SEND longer than the receive: LocLenErr at the receiver, RemInvReqErr at the
+/// requester, both in ERR, nothing written outside the receive buffer.
+pub(crate) fn send_longer_than_receive(p: &Provider) {
+    let m = p.mtu_bytes();
+    for (recv_len, send_len) in [(50, 100), (0, 1), (2 * m, 3 * m)] {
+        let what = format!(
+            "{}: {send_len}-byte SEND into a {recv_len}-byte receive",
+            p.name
+        );
+        let pair = p.pair();
+        let src = register(&pair.a.pd, send_len, LOCAL);
+        fill(&src, 11);
+        let inbox = register(&pair.b.pd, recv_len + 64, LOCAL);
+        let before = fill(&inbox, 12);
+        let mut recv = RecvRequest::new(7);
+        if recv_len > 0 {
+            recv = recv.sge(sge(&inbox, 0, recv_len));
+        }
+        pair.b.qp.post_recv(recv).unwrap();
+        pair.a
+            .qp
+            .post_send(SendRequest::send(1).sge(sge(&src, 0, send_len)))
+            .unwrap();
+        let r = wait_one(&pair.b.rcq, &what);
+        check_status(&r, 7, WcStatus::LocLenErr, pair.b.qp.qp_num(), &what);
+        let c = wait_one(&pair.a.scq, &what);
+        check_status(&c, 1, WcStatus::RemInvReqErr, pair.a.qp.qp_num(), &what);
+        assert_eq!(pair.b.qp.state(), QpState::Err, "{what}: receiver state");
+        assert_eq!(pair.a.qp.state(), QpState::Err, "{what}: requester state");
+        let got = image(&inbox);
+        assert_bytes(
+            &got[recv_len..],
+            &before[recv_len..],
+            &format!("{what}: bytes past the receive buffer"),
+        );
+    }
+}

@@ -1,0 +1,485 @@
+//! Flow control and queues: selective signaling, full queues, CQ overrun, RNR, and
+//! completion notification.
+
+use std::time::Instant;
+
+use rdmx::{
+    Error, PostError, QpState, RecvRequest, SendFlags, SendOp, SendRequest, WcOpcode, WcStatus,
+};
+
+use super::{
+    assert_bytes, assert_drained, assert_quiet, check_ok, check_status, fill, image, raddr,
+    register, sge, wait_n, wait_one, wait_readable, Provider, ALL, DEADLINE, LOCAL,
+};
+
+/// Only signaled WRs complete; waiting for the last signaled WR of each batch frees the SQ,
+/// so twelve times the SQ depth goes through an 8-deep SQ. Every WRITE's data lands.
+pub(crate) fn selective_signaling(p: &Provider) {
+    const DEPTH: usize = 8;
+    const BATCHES: usize = 12;
+    let mut cfg = p.config();
+    cfg.caps = cfg.caps.max_send_wr(DEPTH);
+    let pair = p.pair_with(cfg, p.config());
+    let qa = pair.a.qp.qp_num();
+    let src = register(&pair.a.pd, DEPTH * BATCHES * 16, LOCAL);
+    let dst = register(&pair.b.pd, DEPTH * BATCHES * 16, ALL);
+    let data = fill(&src, 1);
+    fill(&dst, 2);
+    for batch in 0..BATCHES {
+        let what = format!("{}: selective signaling, batch {batch}", p.name);
+        // Which WRs of the batch are signaled; the last always is.
+        let signaled = |j: usize| match batch % 3 {
+            0 => j == DEPTH - 1,
+            1 => j == 3 || j == DEPTH - 1,
+            _ => j == 0 || j == DEPTH - 1,
+        };
+        for j in 0..DEPTH {
+            let k = batch * DEPTH + j;
+            let flags = if signaled(j) {
+                SendFlags::SIGNALED
+            } else {
+                SendFlags::empty()
+            };
+            pair.a
+                .qp
+                .post_send(
+                    SendRequest::write(k as u64, raddr(&dst, 16 * k))
+                        .sge(sge(&src, 16 * k, 16))
+                        .flags(flags),
+                )
+                .unwrap_or_else(|e| panic!("{what}: post WR {j} of the batch: {e}"));
+        }
+        let expected: Vec<u64> = (0..DEPTH)
+            .filter(|&j| signaled(j))
+            .map(|j| (batch * DEPTH + j) as u64)
+            .collect();
+        let got = wait_n(&pair.a.scq, expected.len(), &what);
+        for (c, &id) in got.iter().zip(&expected) {
+            check_ok(c, id, WcOpcode::RdmaWrite, qa, &what);
+        }
+        // Completions come in order: with the batch's last WR reaped, nothing of it is left.
+        assert_drained(&pair.a.scq, &what);
+    }
+    assert_bytes(
+        &image(&dst),
+        &data,
+        &format!("{}: data of signaled and unsignaled WRITEs", p.name),
+    );
+}
+
+/// With `max_send_wr` SENDs outstanding (stalled by RNR: no receive posted), one more post
+/// fails at once with QueueFull; once receives are posted, all of them complete, in
+/// order, with their data, and the SQ takes as many again.
+pub(crate) fn send_queue_full(p: &Provider) {
+    const DEPTH: usize = 8;
+    let mut cfg = p.config();
+    cfg.caps = cfg.caps.max_send_wr(DEPTH);
+    cfg.opts.rnr_retry = 7;
+    let pair = p.pair_with(cfg, p.config());
+    let (qa, qb) = (pair.a.qp.qp_num(), pair.b.qp.qp_num());
+    let src = register(&pair.a.pd, 2 * DEPTH * 32, LOCAL);
+    let inbox = register(&pair.b.pd, 2 * DEPTH * 32, LOCAL);
+    let data = fill(&src, 1);
+    fill(&inbox, 2);
+    let what = format!("{}: full send queue", p.name);
+    let send = |k: usize| SendRequest::send(k as u64).sge(sge(&src, 32 * k, 32));
+    for k in 0..DEPTH {
+        pair.a
+            .qp
+            .post_send(send(k))
+            .unwrap_or_else(|e| panic!("{what}: post {k} of {DEPTH}: {e}"));
+    }
+    match pair.a.qp.post_send(send(DEPTH)) {
+        Err(Error::Post(PostError::QueueFull { .. })) => {}
+        other => panic!("{what}: post beyond max_send_wr gave {other:?}, expected QueueFull"),
+    }
+    assert_quiet(&pair.a.scq, &format!("{what}: SENDs waiting for receives"));
+
+    for round in 0..2 {
+        let what = format!("{what}, round {round}");
+        let ids: Vec<usize> = (round * DEPTH..(round + 1) * DEPTH).collect();
+        for &k in &ids {
+            pair.b
+                .qp
+                .post_recv(RecvRequest::new(k as u64).sge(sge(&inbox, 32 * k, 32)))
+                .unwrap_or_else(|e| panic!("{what}: post_recv: {e}"));
+        }
+        if round == 1 {
+            for &k in &ids {
+                pair.a
+                    .qp
+                    .post_send(send(k))
+                    .unwrap_or_else(|e| panic!("{what}: post {k} again: {e}"));
+            }
+        }
+        let sent = wait_n(&pair.a.scq, DEPTH, &what);
+        let recvd = wait_n(&pair.b.rcq, DEPTH, &what);
+        for ((c, r), &k) in sent.iter().zip(&recvd).zip(&ids) {
+            check_ok(c, k as u64, WcOpcode::Send, qa, &what);
+            check_ok(r, k as u64, WcOpcode::Recv, qb, &what);
+            assert_eq!(r.byte_len, 32, "{what}: {r:?}");
+        }
+    }
+    assert_bytes(&image(&inbox), &data, &format!("{what}: received data"));
+}
+
+/// With `max_recv_wr` receives posted, one more fails at once with QueueFull; receives
+/// consumed by SENDs free their slots.
+pub(crate) fn recv_queue_full(p: &Provider) {
+    const DEPTH: usize = 8;
+    let mut cfg = p.config();
+    cfg.caps = cfg.caps.max_recv_wr(DEPTH);
+    let pair = p.pair_with(p.config(), cfg);
+    let (qa, qb) = (pair.a.qp.qp_num(), pair.b.qp.qp_num());
+    let what = format!("{}: full receive queue", p.name);
+    let src = register(&pair.a.pd, 64, LOCAL);
+    let inbox = register(&pair.b.pd, (DEPTH + 2) * 64, LOCAL);
+    let data = fill(&src, 1);
+    let recv = |k: usize| RecvRequest::new(k as u64).sge(sge(&inbox, 64 * k, 64));
+    for k in 0..DEPTH {
+        pair.b
+            .qp
+            .post_recv(recv(k))
+            .unwrap_or_else(|e| panic!("{what}: post {k} of {DEPTH}: {e}"));
+    }
+    match pair.b.qp.post_recv(recv(DEPTH)) {
+        Err(Error::Post(PostError::QueueFull { .. })) => {}
+        other => panic!("{what}: post beyond max_recv_wr gave {other:?}, expected QueueFull"),
+    }
+    // One SEND frees one slot.
+    pair.a
+        .qp
+        .post_send(SendRequest::send(100).sge(sge(&src, 0, 64)))
+        .unwrap();
+    check_ok(
+        &wait_one(&pair.a.scq, &what),
+        100,
+        WcOpcode::Send,
+        qa,
+        &what,
+    );
+    check_ok(&wait_one(&pair.b.rcq, &what), 0, WcOpcode::Recv, qb, &what);
+    pair.b
+        .qp
+        .post_recv(recv(DEPTH))
+        .unwrap_or_else(|e| panic!("{what}: post into the freed slot: {e}"));
+    match pair.b.qp.post_recv(recv(DEPTH + 1)) {
+        Err(Error::Post(PostError::QueueFull { .. })) => {}
+        other => panic!("{what}: post beyond max_recv_wr again gave {other:?}"),
+    }
+    // The rest are consumed in order.
+    for k in 1..=DEPTH {
+        pair.a
+            .qp
+            .post_send(SendRequest::send(100 + k as u64).sge(sge(&src, 0, 64)))
+            .unwrap();
+        check_ok(
+            &wait_one(&pair.a.scq, &what),
+            100 + k as u64,
+            WcOpcode::Send,
+            qa,
+            &what,
+        );
+        let r = wait_one(&pair.b.rcq, &what);
+        check_ok(&r, k as u64, WcOpcode::Recv, qb, &what);
+        let mut got = vec![0u8; 64];
+        inbox.read_at(64 * k, &mut got).unwrap();
+        assert_bytes(&got, &data, &format!("{what}: receive {k}"));
+    }
+}
+
+/// More completions than a CQ holds: polling reports the overrun, and keeps reporting it.
+pub(crate) fn cq_overrun(p: &Provider) {
+    let mut cfg = p.config();
+    cfg.send_cq = 2;
+    cfg.caps = cfg.caps.max_send_wr(8);
+    let pair = p.pair_with(cfg, p.config());
+    let what = format!("{}: CQ overrun", p.name);
+    let src = register(&pair.a.pd, 64, LOCAL);
+    let dst = register(&pair.b.pd, 64, ALL);
+    for k in 0..4u64 {
+        pair.a
+            .qp
+            .post_send(SendRequest::write(k, raddr(&dst, 8 * k as usize)).sge(sge(&src, 0, 8)))
+            .unwrap_or_else(|e| panic!("{what}: post {k}: {e}"));
+    }
+    // Poll without taking anything, so the completions can only pile up.
+    let start = Instant::now();
+    loop {
+        match pair.a.scq.poll(&mut []) {
+            Err(Error::CqOverrun) => break,
+            Ok(0) => assert!(
+                start.elapsed() < DEADLINE,
+                "{what}: 4 completions into a 2-entry CQ, no overrun reported within {DEADLINE:?}"
+            ),
+            other => panic!("{what}: poll gave {other:?}"),
+        }
+        std::thread::yield_now();
+    }
+    let mut buf = [wait_slot(); 4];
+    assert!(
+        matches!(pair.a.scq.poll(&mut buf), Err(Error::CqOverrun)),
+        "{what}: a poll after the overrun must report it"
+    );
+    assert!(
+        matches!(pair.a.scq.poll_one(), Err(Error::CqOverrun)),
+        "{what}: the overrun is sticky"
+    );
+}
+
+fn wait_slot() -> rdmx::Completion {
+    rdmx::Completion {
+        wr_id: u64::MAX,
+        status: WcStatus::GeneralErr,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+        imm_data: None,
+        qp_num: 0,
+    }
+}
+
+/// A SEND and a WRITE_WITH_IMM to a peer with no receive posted wait (rnr_retry 7) and
+/// complete successfully once the receive is posted.
+pub(crate) fn rnr_then_success(p: &Provider) {
+    let mut cfg = p.config();
+    cfg.opts.rnr_retry = 7;
+    let pair = p.pair_with(cfg, p.config());
+    let (qa, qb) = (pair.a.qp.qp_num(), pair.b.qp.qp_num());
+    let src = register(&pair.a.pd, 4096, LOCAL);
+    let inbox = register(&pair.b.pd, 4096, LOCAL);
+    let dst = register(&pair.b.pd, 4096, ALL);
+    let data = fill(&src, 1);
+    fill(&inbox, 2);
+    let mut exp_dst = fill(&dst, 3);
+
+    let what = format!("{}: SEND after RNR", p.name);
+    pair.a
+        .qp
+        .post_send(SendRequest::send(1).sge(sge(&src, 0, 1000)))
+        .unwrap();
+    assert_quiet(
+        &pair.a.scq,
+        &format!("{what}: before the receive is posted"),
+    );
+    pair.b
+        .qp
+        .post_recv(RecvRequest::new(11).sge(sge(&inbox, 0, 1000)))
+        .unwrap();
+    check_ok(&wait_one(&pair.a.scq, &what), 1, WcOpcode::Send, qa, &what);
+    let r = wait_one(&pair.b.rcq, &what);
+    check_ok(&r, 11, WcOpcode::Recv, qb, &what);
+    assert_eq!(r.byte_len, 1000, "{what}");
+    let mut got = vec![0u8; 1000];
+    inbox.read_at(0, &mut got).unwrap();
+    assert_bytes(&got, &data[..1000], &what);
+
+    let what = format!("{}: WRITE_WITH_IMM after RNR", p.name);
+    let op = SendOp::WriteWithImm(raddr(&dst, 100), 0x5eed);
+    pair.a
+        .qp
+        .post_send(SendRequest::new(2, op).sge(sge(&src, 1000, 2000)))
+        .unwrap();
+    assert_quiet(
+        &pair.a.scq,
+        &format!("{what}: before the receive is posted"),
+    );
+    pair.b.qp.post_recv(RecvRequest::new(12)).unwrap();
+    check_ok(
+        &wait_one(&pair.a.scq, &what),
+        2,
+        WcOpcode::RdmaWrite,
+        qa,
+        &what,
+    );
+    let r = wait_one(&pair.b.rcq, &what);
+    check_ok(&r, 12, WcOpcode::RecvRdmaWithImm, qb, &what);
+    assert_eq!((r.byte_len, r.imm_data), (2000, Some(0x5eed)), "{what}");
+    exp_dst[100..2100].copy_from_slice(&data[1000..3000]);
+    assert_bytes(&image(&dst), &exp_dst, &what);
+
+    // The connection still works.
+    let what = format!("{}: SEND after the RNR waits", p.name);
+    pair.b
+        .qp
+        .post_recv(RecvRequest::new(13).sge(sge(&inbox, 0, 16)))
+        .unwrap();
+    pair.a
+        .qp
+        .post_send(SendRequest::send(3).sge(sge(&src, 0, 16)))
+        .unwrap();
+    check_ok(&wait_one(&pair.a.scq, &what), 3, WcOpcode::Send, qa, &what);
+    check_ok(&wait_one(&pair.b.rcq, &what), 13, WcOpcode::Recv, qb, &what);
+}
+
+/// With a small rnr_retry (0, 1, 2), a SEND that never finds a receive fails with
+/// RnrRetryExcErr and the requester enters ERR.
+pub(crate) fn rnr_retries_exhausted(p: &Provider) {
+    for retries in [0u8, 1, 2] {
+        let what = format!("{}: rnr_retry {retries}", p.name);
+        let mut cfg = p.config();
+        cfg.opts.rnr_retry = retries;
+        let pair = p.pair_with(cfg, p.config());
+        let src = register(&pair.a.pd, 64, LOCAL);
+        pair.a
+            .qp
+            .post_send(SendRequest::send(1).sge(sge(&src, 0, 64)))
+            .unwrap();
+        let c = wait_one(&pair.a.scq, &what);
+        check_status(&c, 1, WcStatus::RnrRetryExcErr, pair.a.qp.qp_num(), &what);
+        assert_eq!(pair.a.qp.state(), QpState::Err, "{what}: requester state");
+        assert_drained(&pair.b.rcq, &what);
+    }
+}
+
+/// `req_notify(false)`: the next completion makes the descriptor readable once; the
+/// notification is consumed by `get_event` and not repeated until re-armed.
+pub(crate) fn notify_any_completion(p: &Provider) {
+    let pair = p.pair();
+    let (qa, qb) = (pair.a.qp.qp_num(), pair.b.qp.qp_num());
+    let src = register(&pair.a.pd, 64, LOCAL);
+    let inbox = register(&pair.b.pd, 64, ALL);
+    let what = format!("{}: notification", p.name);
+
+    assert!(!pair.b.rcq.get_event(), "{what}: an event before arming");
+    pair.b.rcq.req_notify(false);
+    assert!(
+        !pair.b.rcq.get_event(),
+        "{what}: an event before any completion"
+    );
+    pair.b
+        .qp
+        .post_recv(RecvRequest::new(1).sge(sge(&inbox, 0, 64)))
+        .unwrap();
+    pair.a
+        .qp
+        .post_send(SendRequest::send(1).sge(sge(&src, 0, 8)))
+        .unwrap();
+    wait_readable(&pair.b.rcq, &format!("{what}: armed receive CQ"));
+    assert!(
+        pair.b.rcq.get_event(),
+        "{what}: get_event after a completion"
+    );
+    assert!(!pair.b.rcq.get_event(), "{what}: the event is consumed");
+    check_ok(&wait_one(&pair.b.rcq, &what), 1, WcOpcode::Recv, qb, &what);
+    check_ok(&wait_one(&pair.a.scq, &what), 1, WcOpcode::Send, qa, &what);
+
+    // Not re-armed: the next completion is not notified.
+    pair.b
+        .qp
+        .post_recv(RecvRequest::new(2).sge(sge(&inbox, 0, 64)))
+        .unwrap();
+    pair.a
+        .qp
+        .post_send(SendRequest::send(2).sge(sge(&src, 0, 8)))
+        .unwrap();
+    check_ok(&wait_one(&pair.b.rcq, &what), 2, WcOpcode::Recv, qb, &what);
+    check_ok(&wait_one(&pair.a.scq, &what), 2, WcOpcode::Send, qa, &what);
+    assert!(
+        !pair.b.rcq.get_event(),
+        "{what}: an event without re-arming"
+    );
+
+    // Send CQs notify too.
+    pair.a.scq.req_notify(false);
+    pair.a
+        .qp
+        .post_send(SendRequest::write(3, raddr(&inbox, 0)).sge(sge(&src, 0, 8)))
+        .unwrap();
+    wait_readable(&pair.a.scq, &format!("{what}: armed send CQ"));
+    assert!(pair.a.scq.get_event(), "{what}: get_event on the send CQ");
+    check_ok(
+        &wait_one(&pair.a.scq, &what),
+        3,
+        WcOpcode::RdmaWrite,
+        qa,
+        &what,
+    );
+}
+
+/// `req_notify(true)`: an unsolicited successful completion does not notify (and leaves the
+/// CQ armed); a SEND with the solicited flag does, and so does an error completion.
+pub(crate) fn notify_solicited_only(p: &Provider) {
+    let pair = p.pair();
+    let (qa, qb) = (pair.a.qp.qp_num(), pair.b.qp.qp_num());
+    let src = register(&pair.a.pd, 64, LOCAL);
+    let inbox = register(&pair.b.pd, 64, ALL);
+    let data = fill(&src, 1);
+    let what = format!("{}: solicited-only notification", p.name);
+
+    pair.b.rcq.req_notify(true);
+    pair.b
+        .qp
+        .post_recv(RecvRequest::new(1).sge(sge(&inbox, 0, 64)))
+        .unwrap();
+    pair.a
+        .qp
+        .post_send(SendRequest::send(1).sge(sge(&src, 0, 8)))
+        .unwrap();
+    check_ok(&wait_one(&pair.b.rcq, &what), 1, WcOpcode::Recv, qb, &what);
+    check_ok(&wait_one(&pair.a.scq, &what), 1, WcOpcode::Send, qa, &what);
+    assert!(
+        !pair.b.rcq.get_event(),
+        "{what}: an unsolicited SEND notified"
+    );
+
+    pair.b
+        .qp
+        .post_recv(RecvRequest::new(2).sge(sge(&inbox, 0, 64)))
+        .unwrap();
+    pair.a
+        .qp
+        .post_send(
+            SendRequest::send(2)
+                .sge(sge(&src, 8, 16))
+                .flags(SendFlags::SIGNALED | SendFlags::SOLICITED),
+        )
+        .unwrap();
+    wait_readable(&pair.b.rcq, &format!("{what}: solicited SEND"));
+    assert!(
+        pair.b.rcq.get_event(),
+        "{what}: get_event after a solicited SEND"
+    );
+    let r = wait_one(&pair.b.rcq, &what);
+    check_ok(&r, 2, WcOpcode::Recv, qb, &what);
+    assert_eq!(r.byte_len, 16, "{what}");
+    let mut got = vec![0u8; 16];
+    inbox.read_at(0, &mut got).unwrap();
+    assert_bytes(&got, &data[8..24], &what);
+    check_ok(&wait_one(&pair.a.scq, &what), 2, WcOpcode::Send, qa, &what);
+
+    // On the send CQ: a successful WRITE does not notify, a failed one does.
+    pair.a.scq.req_notify(true);
+    pair.a
+        .qp
+        .post_send(SendRequest::write(3, raddr(&inbox, 0)).sge(sge(&src, 0, 8)))
+        .unwrap();
+    check_ok(
+        &wait_one(&pair.a.scq, &what),
+        3,
+        WcOpcode::RdmaWrite,
+        qa,
+        &what,
+    );
+    assert!(
+        !pair.a.scq.get_event(),
+        "{what}: a successful WRITE notified"
+    );
+    let mut bad = raddr(&inbox, 0);
+    bad.rkey ^= 0x5a;
+    pair.a
+        .qp
+        .post_send(SendRequest::write(4, bad).sge(sge(&src, 0, 8)))
+        .unwrap();
+    wait_readable(&pair.a.scq, &format!("{what}: error completion"));
+    assert!(
+        pair.a.scq.get_event(),
+        "{what}: get_event after an error completion"
+    );
+    check_status(
+        &wait_one(&pair.a.scq, &what),
+        4,
+        WcStatus::RemAccessErr,
+        qa,
+        &what,
+    );
+}

@@ -131,6 +131,9 @@ impl Rng {
     }
 }
 
+/// A scripted fault: given a packet's index on the link and its bytes, drop it?
+pub type DropFilter = Box<dyn FnMut(usize, &[u8]) -> bool>;
+
 /// One direction of the simulated link.
 pub struct Link {
     pub latency: Duration,
@@ -138,7 +141,7 @@ pub struct Link {
     pub loss: f64,
     pub dup: f64,
     /// Scripted faults: return true to drop this packet (its index, its bytes).
-    pub drop_if: Option<Box<dyn FnMut(usize, &[u8]) -> bool>>,
+    pub drop_if: Option<DropFilter>,
     in_flight: Vec<(Instant, u64, Vec<u8>)>,
     seq: u64,
     /// Every packet offered to the link, in order (dropped ones included).

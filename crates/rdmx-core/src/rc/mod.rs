@@ -110,6 +110,32 @@ impl<Mr> Local<Mr> {
     }
 }
 
+/// Calls `f(segment, address, range)` for each piece of bytes `[off, off + len)` of the
+/// concatenated segments, where `range` is the piece's place in those `len` bytes.
+pub(crate) fn for_each_span<Mr>(
+    segs: &[Seg<Mr>],
+    off: u64,
+    len: usize,
+    mut f: impl FnMut(&Seg<Mr>, u64, std::ops::Range<usize>),
+) {
+    let mut skip = off;
+    let mut at = 0;
+    for s in segs {
+        if at == len {
+            break;
+        }
+        let slen = u64::from(s.len);
+        if skip >= slen {
+            skip -= slen;
+            continue;
+        }
+        let n = ((slen - skip) as usize).min(len - at);
+        f(s, s.addr + skip, at..at + n);
+        at += n;
+        skip = 0;
+    }
+}
+
 /// A receive request as the engine holds it.
 #[derive(Debug)]
 pub(crate) struct RecvWqe<Mr> {

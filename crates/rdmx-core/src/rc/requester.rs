@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use rdmx_wire::{psn_add, psn_diff, RnrTimer};
 
 use super::codec::{self, Hdr, Nak, Op, Syndrome};
-use super::{ack_timeout, Local, MemAccess, RcQp};
+use super::{ack_timeout, for_each_span, Local, MemAccess, RcQp};
 use crate::wr::{SendFlags, SendOp, SendWr, WcStatus};
 
 /// A send request as the requester holds it.
@@ -318,44 +318,19 @@ fn gather<M: MemAccess>(mem: &M, local: &Local<M::Mr>, off: u64, len: usize, out
         Local::Inline(data) => out.extend_from_slice(&data[off as usize..off as usize + len]),
         Local::Segs(segs) => {
             out.resize(len, 0);
-            let mut skip = off;
-            let mut at = 0;
-            for s in segs {
-                if at == len {
-                    break;
-                }
-                let slen = u64::from(s.len);
-                if skip >= slen {
-                    skip -= slen;
-                    continue;
-                }
-                let n = ((slen - skip) as usize).min(len - at);
-                mem.read(&s.mr, s.addr + skip, &mut out[at..at + n]);
-                at += n;
-                skip = 0;
-            }
+            for_each_span(segs, off, len, |s, addr, r| {
+                mem.read(&s.mr, addr, &mut out[r])
+            });
         }
     }
 }
 
 /// Writes `data` starting `off` bytes into the request's local segments.
 fn scatter<M: MemAccess>(mem: &M, local: &Local<M::Mr>, off: u64, data: &[u8]) {
-    let Local::Segs(segs) = local else { return };
-    let mut skip = off;
-    let mut at = 0;
-    for s in segs {
-        if at == data.len() {
-            break;
-        }
-        let slen = u64::from(s.len);
-        if skip >= slen {
-            skip -= slen;
-            continue;
-        }
-        let n = ((slen - skip) as usize).min(data.len() - at);
-        mem.write(&s.mr, s.addr + skip, &data[at..at + n]);
-        at += n;
-        skip = 0;
+    if let Local::Segs(segs) = local {
+        for_each_span(segs, off, data.len(), |s, addr, r| {
+            mem.write(&s.mr, addr, &data[r])
+        });
     }
 }
 

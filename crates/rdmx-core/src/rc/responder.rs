@@ -17,7 +17,7 @@ use rdmx_wire::psn_add;
 use rdmx_wire::psn_diff;
 
 use super::codec::{self, Hdr, Nak, Op, Syndrome};
-use super::{CqSide, MemAccess, RcQp, RecvWqe};
+use super::{for_each_span, CqSide, MemAccess, RcQp, RecvWqe};
 use crate::mr::KeyUse;
 use crate::qp::QpAttr;
 use crate::wr::{Completion, WcOpcode, WcStatus};
@@ -269,27 +269,15 @@ fn write<M: MemAccess>(qp: &mut RcQp<M>, mem: &M, attrs: &QpAttr, hdr: &Hdr, pay
             refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
             return;
         };
-        let mr = if len == 0 {
-            None
-        } else {
-            if !attrs.qp_access_flags.contains(Access::REMOTE_WRITE) {
-                refuse(qp, attrs, hdr.psn, Nak::RemoteAccess);
-                return;
-            }
-            match mem.resolve(
-                rkey,
-                KeyUse::Remote,
-                qp.cfg.pd,
-                va,
-                u64::from(len),
-                Access::REMOTE_WRITE,
-            ) {
-                Ok(mr) => Some(mr),
-                Err(_) => {
-                    refuse(qp, attrs, hdr.psn, Nak::RemoteAccess);
-                    return;
-                }
-            }
+        let Ok(mr) = remote_target(
+            qp,
+            mem,
+            attrs,
+            hdr.psn,
+            (rkey, va, len),
+            Access::REMOTE_WRITE,
+        ) else {
+            return;
         };
         qp.resp.placing = Some(Placing {
             mr,
@@ -360,27 +348,15 @@ fn read<M: MemAccess>(
         refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
         return;
     };
-    let mr = if len == 0 {
-        None
-    } else {
-        if !attrs.qp_access_flags.contains(Access::REMOTE_READ) {
-            refuse(qp, attrs, hdr.psn, Nak::RemoteAccess);
-            return;
-        }
-        match mem.resolve(
-            rkey,
-            KeyUse::Remote,
-            qp.cfg.pd,
-            va,
-            u64::from(len),
-            Access::REMOTE_READ,
-        ) {
-            Ok(mr) => Some(mr),
-            Err(_) => {
-                refuse(qp, attrs, hdr.psn, Nak::RemoteAccess);
-                return;
-            }
-        }
+    let Ok(mr) = remote_target(
+        qp,
+        mem,
+        attrs,
+        hdr.psn,
+        (rkey, va, len),
+        Access::REMOTE_READ,
+    ) else {
+        return;
     };
     let mtu = attrs.path_mtu.bytes() as u64;
     let n = u64::from(len).div_ceil(mtu).max(1);
@@ -428,23 +404,15 @@ fn atomic<M: MemAccess>(qp: &mut RcQp<M>, mem: &M, attrs: &QpAttr, hdr: &Hdr, cr
         refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
         return;
     }
-    if !attrs.qp_access_flags.contains(Access::REMOTE_ATOMIC) {
-        refuse(qp, attrs, hdr.psn, Nak::RemoteAccess);
-        return;
-    }
-    let mr = match mem.resolve(
-        rkey,
-        KeyUse::Remote,
-        qp.cfg.pd,
-        va,
-        8,
+    let Ok(Some(mr)) = remote_target(
+        qp,
+        mem,
+        attrs,
+        hdr.psn,
+        (rkey, va, 8),
         Access::REMOTE_ATOMIC,
-    ) {
-        Ok(mr) => mr,
-        Err(_) => {
-            refuse(qp, attrs, hdr.psn, Nak::RemoteAccess);
-            return;
-        }
+    ) else {
+        return;
     };
     let orig = match hdr.op {
         Op::CompareSwap => mem.compare_swap(&mr, va, compare, swap_add),
@@ -467,24 +435,35 @@ fn atomic<M: MemAccess>(qp: &mut RcQp<M>, mem: &M, attrs: &QpAttr, hdr: &Hdr, cr
     qp.resp.queue(attrs, credits, &h, &[]);
 }
 
+/// Checks that this QP grants `need` and that `rkey` covers `len` bytes at `va` with it;
+/// answers a REMOTE ACCESS NAK otherwise. Zero-length accesses check nothing, as in
+/// InfiniBand, and resolve to no region.
+fn remote_target<M: MemAccess>(
+    qp: &mut RcQp<M>,
+    mem: &M,
+    attrs: &QpAttr,
+    psn: u32,
+    (rkey, va, len): (u32, u64, u32),
+    need: Access,
+) -> Result<Option<M::Mr>, ()> {
+    if len == 0 {
+        return Ok(None);
+    }
+    let granted = attrs.qp_access_flags.contains(need);
+    match mem.resolve(rkey, KeyUse::Remote, qp.cfg.pd, va, u64::from(len), need) {
+        Ok(mr) if granted => Ok(Some(mr)),
+        _ => {
+            refuse(qp, attrs, psn, Nak::RemoteAccess);
+            Err(())
+        }
+    }
+}
+
 /// Scatters `data` at byte offset `off` of a receive.
 fn place<M: MemAccess>(mem: &M, wqe: &RecvWqe<M::Mr>, off: u64, data: &[u8]) {
-    let mut skip = off;
-    let mut at = 0;
-    for s in &wqe.segs {
-        if at == data.len() {
-            break;
-        }
-        let slen = u64::from(s.len);
-        if skip >= slen {
-            skip -= slen;
-            continue;
-        }
-        let n = ((slen - skip) as usize).min(data.len() - at);
-        mem.write(&s.mr, s.addr + skip, &data[at..at + n]);
-        at += n;
-        skip = 0;
-    }
+    for_each_span(&wqe.segs, off, data.len(), |s, addr, r| {
+        mem.write(&s.mr, addr, &data[r])
+    });
 }
 
 fn complete_recv<M: MemAccess>(

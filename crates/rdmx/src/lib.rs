@@ -52,7 +52,10 @@ pub use error::{Error, Result};
 pub use mr::{MemoryRegion, MrRef, RemoteRegion};
 pub use pd::ProtectionDomain;
 pub use provider::{devices, Capabilities, DeviceInfo, ProviderKind};
-pub use qp::{ConnectOptions, LocalSge, QpCaps, QpEndpoint, QueuePair, RecvRequest, SendRequest};
+pub use qp::{
+    ConnectOptions, LocalSge, QpCaps, QpEndpoint, QueuePair, RecvRequest, SendRequest,
+    SharedReceiveQueue,
+};
 pub use rdmx_core::{
     Completion, KeyError, KeyUse, ModifyError, Mtu, PdId, PostError, QpAttr, QpAttrMask, QpState,
     RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus,

@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use rdmx_core::rc::{CqSide, QpConfig, RcQp};
+use rdmx_core::rc::{CqSide, QpConfig, RcQp, Srq};
 use rdmx_core::{QpAttr, QpAttrMask, QpLimits, QpState};
 
 use crate::context::ContextInner;
@@ -24,12 +24,21 @@ pub(crate) struct Entry {
     pub(crate) ctx: Arc<ContextInner>,
     pub(crate) send_cq: CompletionQueue,
     pub(crate) recv_cq: CompletionQueue,
+    /// The shared receive queue the QP takes its receives from.
+    pub(crate) srq: Option<u32>,
+}
+
+pub(crate) struct SrqEntry {
+    pub(crate) srq: Srq<crate::mr::MrRef>,
+    pub(crate) ctx: Arc<ContextInner>,
 }
 
 #[derive(Default)]
 pub(crate) struct Fabric {
     pub(crate) qps: HashMap<u32, Entry>,
+    pub(crate) srqs: HashMap<u32, SrqEntry>,
     next_qpn: u32,
+    next_srq: u32,
 }
 
 pub(crate) fn fabric() -> &'static Mutex<Fabric> {
@@ -37,8 +46,10 @@ pub(crate) fn fabric() -> &'static Mutex<Fabric> {
     FABRIC.get_or_init(|| {
         Mutex::new(Fabric {
             qps: HashMap::new(),
+            srqs: HashMap::new(),
             // QP numbers 0 and 1 are special in InfiniBand.
             next_qpn: 0x11,
+            next_srq: 1,
         })
     })
 }
@@ -50,10 +61,12 @@ impl Fabric {
         mut cfg: QpConfig,
         send_cq: CompletionQueue,
         recv_cq: CompletionQueue,
+        srq: Option<u32>,
     ) -> u32 {
         let qpn = self.next_qpn;
         self.next_qpn = (self.next_qpn + 1) & 0xff_ffff;
         cfg.qpn = qpn;
+        cfg.srq = srq.is_some();
         self.qps.insert(
             qpn,
             Entry {
@@ -61,9 +74,17 @@ impl Fabric {
                 ctx,
                 send_cq,
                 recv_cq,
+                srq,
             },
         );
         qpn
+    }
+
+    pub(crate) fn create_srq(&mut self, srq: SrqEntry) -> u32 {
+        let id = self.next_srq;
+        self.next_srq += 1;
+        self.srqs.insert(id, srq);
+        id
     }
 
     /// Runs every queue pair until no packet, completion or due timer is left.
@@ -85,8 +106,13 @@ impl Fabric {
                 }
                 for (dest, p) in packets {
                     moved = true;
-                    if let Some(peer) = self.qps.get_mut(&dest) {
-                        peer.engine.handle_packet(now, &peer.ctx, &p);
+                    let Fabric { qps, srqs, .. } = self;
+                    if let Some(peer) = qps.get_mut(&dest) {
+                        let srq = peer
+                            .srq
+                            .and_then(|id| srqs.get_mut(&id))
+                            .map(|e| &mut e.srq);
+                        peer.engine.handle_packet_srq(now, &peer.ctx, srq, &p);
                     }
                 }
             }

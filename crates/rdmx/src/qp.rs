@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use rdmx_core::rc::QpConfig;
+use rdmx_core::rc::{QpConfig, Srq};
 use rdmx_core::{QpAttr, QpAttrMask, QpState, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge};
 
 use crate::context::ContextInner;
@@ -226,6 +226,27 @@ impl ProtectionDomain {
         recv_cq: &CompletionQueue,
         caps: QpCaps,
     ) -> Result<QueuePair> {
+        self.create_qp_inner(send_cq, recv_cq, None, caps)
+    }
+
+    /// Creates an RC queue pair that takes its receives from `srq`.
+    pub fn create_qp_with_srq(
+        &self,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        srq: &SharedReceiveQueue,
+        caps: QpCaps,
+    ) -> Result<QueuePair> {
+        self.create_qp_inner(send_cq, recv_cq, Some(srq), caps)
+    }
+
+    fn create_qp_inner(
+        &self,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        srq: Option<&SharedReceiveQueue>,
+        caps: QpCaps,
+    ) -> Result<QueuePair> {
         let dev = self.context().capabilities();
         if caps.max_send_wr.max(caps.max_recv_wr) > dev.max_qp_wr as usize
             || caps.max_send_sge.max(caps.max_recv_sge) > dev.max_sge as usize
@@ -245,13 +266,84 @@ impl ProtectionDomain {
         cfg.max_recv_sge = caps.max_recv_sge;
         cfg.max_inline_data = caps.max_inline_data;
         let ctx: Arc<ContextInner> = self.context().inner.clone();
-        let qpn = loopback::fabric()
-            .lock()
-            .create(ctx, cfg, send_cq.clone(), recv_cq.clone());
+        let qpn = loopback::fabric().lock().create(
+            ctx,
+            cfg,
+            send_cq.clone(),
+            recv_cq.clone(),
+            srq.map(|s| s.id),
+        );
         Ok(QueuePair {
             qpn,
             pd: self.clone(),
         })
+    }
+
+    /// Creates a shared receive queue (`ibv_create_srq`).
+    pub fn create_srq(&self, max_wr: usize, max_sge: usize) -> Result<SharedReceiveQueue> {
+        let dev = self.context().capabilities();
+        if max_wr == 0 || max_wr > dev.max_qp_wr as usize || max_sge > dev.max_sge as usize {
+            return Err(Error::InvalidArgument(
+                "shared receive queue sizes outside the device's limits",
+            ));
+        }
+        let id = loopback::fabric().lock().create_srq(loopback::SrqEntry {
+            srq: Srq::new(self.id(), max_wr, max_sge),
+            ctx: self.context().inner.clone(),
+        });
+        Ok(SharedReceiveQueue { id })
+    }
+}
+
+/// A shared receive queue (`ibv_srq`): receives that several queue pairs consume.
+#[derive(Debug)]
+pub struct SharedReceiveQueue {
+    id: u32,
+}
+
+impl SharedReceiveQueue {
+    fn with<T>(&self, f: impl FnOnce(&mut loopback::SrqEntry) -> T) -> T {
+        let mut fab = loopback::fabric().lock();
+        let e = fab
+            .srqs
+            .get_mut(&self.id)
+            .expect("a live SRQ is in the fabric");
+        let out = f(e);
+        fab.pump();
+        out
+    }
+
+    /// Posts a receive (`ibv_post_srq_recv`).
+    pub fn post_recv(&self, req: RecvRequest) -> Result<()> {
+        self.with(|e| e.srq.post_recv(&*e.ctx, req.wr))?;
+        Ok(())
+    }
+
+    /// Receives posted and not yet consumed.
+    pub fn len(&self) -> usize {
+        self.with(|e| e.srq.len())
+    }
+
+    /// Whether no receive is posted.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Arms the limit: the limit event fires once when fewer than `limit` receives remain
+    /// (`IBV_SRQ_LIMIT`). 0 disarms.
+    pub fn arm_limit(&self, limit: usize) {
+        self.with(|e| e.srq.arm_limit(limit));
+    }
+
+    /// Takes the limit event (`IBV_EVENT_SRQ_LIMIT_REACHED`) if it fired.
+    pub fn limit_reached(&self) -> bool {
+        self.with(|e| e.srq.take_limit_event())
+    }
+}
+
+impl Drop for SharedReceiveQueue {
+    fn drop(&mut self) {
+        loopback::fabric().lock().srqs.remove(&self.id);
     }
 }
 

@@ -27,6 +27,7 @@ mod codec;
 mod mem;
 mod requester;
 mod responder;
+mod srq;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -34,6 +35,7 @@ use std::time::{Duration, Instant};
 use rdmx_mem::Access;
 
 pub use mem::MemAccess;
+pub use srq::Srq;
 
 use crate::mr::{KeyUse, PdId};
 use crate::qp::{ModifyError, QpAttr, QpAttrMask, QpLimits, QpState, QpStateMachine};
@@ -60,6 +62,8 @@ pub struct QpConfig {
     pub max_recv_sge: usize,
     /// Largest inline payload.
     pub max_inline_data: usize,
+    /// Take receives from a shared receive queue ([`Srq`]) instead of an own queue.
+    pub srq: bool,
 }
 
 impl QpConfig {
@@ -73,6 +77,7 @@ impl QpConfig {
             max_send_sge: 4,
             max_recv_sge: 4,
             max_inline_data: 256,
+            srq: false,
         }
     }
 }
@@ -108,6 +113,28 @@ impl<Mr> Local<Mr> {
             Local::Inline(v) => v.len() as u64,
         }
     }
+}
+
+/// Resolves local elements at post time; the first that fails its check makes the
+/// request complete with `LOC_PROT_ERR`.
+pub(crate) fn resolve_sges<M: MemAccess>(
+    mem: &M,
+    pd: PdId,
+    sges: &[crate::wr::Sge],
+    need: Access,
+) -> (Vec<Seg<M::Mr>>, Option<WcStatus>) {
+    let mut segs = Vec::with_capacity(sges.len());
+    for s in sges {
+        match mem.resolve(s.lkey, KeyUse::Local, pd, s.addr, u64::from(s.len), need) {
+            Ok(mr) => segs.push(Seg {
+                mr,
+                addr: s.addr,
+                len: s.len,
+            }),
+            Err(_) => return (Vec::new(), Some(WcStatus::LocProtErr)),
+        }
+    }
+    (segs, None)
 }
 
 /// Calls `f(segment, address, range)` for each piece of bytes `[off, off + len)` of the
@@ -268,7 +295,7 @@ impl<M: MemAccess> RcQp<M> {
                 } else {
                     Access::empty()
                 };
-                let (segs, error) = self.resolve(mem, &wr.sges, need);
+                let (segs, error) = resolve_sges(mem, self.cfg.pd, &wr.sges, need);
                 (Local::Segs(segs), error)
             }
         };
@@ -284,6 +311,11 @@ impl<M: MemAccess> RcQp<M> {
 
     /// Posts a receive request (`ibv_post_recv`).
     pub fn post_recv(&mut self, mem: &M, wr: RecvWr) -> Result<(), PostError> {
+        if self.cfg.srq {
+            return Err(PostError::Invalid(
+                "the queue pair takes its receives from a shared receive queue",
+            ));
+        }
         let state = self.sm.state();
         if state == QpState::Reset {
             return Err(PostError::WrongState(state));
@@ -299,7 +331,7 @@ impl<M: MemAccess> RcQp<M> {
                 max: self.cfg.max_recv_sge,
             });
         }
-        let (segs, error) = self.resolve(mem, &wr.sges, Access::LOCAL_WRITE);
+        let (segs, error) = resolve_sges(mem, self.cfg.pd, &wr.sges, Access::LOCAL_WRITE);
         let len = segs.iter().map(|s| u64::from(s.len)).sum();
         self.rq.push_back(RecvWqe {
             wr_id: wr.wr_id,
@@ -313,38 +345,11 @@ impl<M: MemAccess> RcQp<M> {
         Ok(())
     }
 
-    fn resolve(
-        &self,
-        mem: &M,
-        sges: &[crate::wr::Sge],
-        need: Access,
-    ) -> (Vec<Seg<M::Mr>>, Option<WcStatus>) {
-        let mut segs = Vec::with_capacity(sges.len());
-        for s in sges {
-            match mem.resolve(
-                s.lkey,
-                KeyUse::Local,
-                self.cfg.pd,
-                s.addr,
-                u64::from(s.len),
-                need,
-            ) {
-                Ok(mr) => segs.push(Seg {
-                    mr,
-                    addr: s.addr,
-                    len: s.len,
-                }),
-                Err(_) => return (Vec::new(), Some(WcStatus::LocProtErr)),
-            }
-        }
-        (segs, None)
-    }
-
     /// The next packet to send to the peer QP, if any.
     pub fn poll_transmit(&mut self, now: Instant, mem: &M) -> Option<Vec<u8>> {
         if let Some(p) = self
             .resp
-            .poll_transmit(self.cfg.qpn, self.sm.attrs(), self.rq.len())
+            .poll_transmit(self.cfg.qpn, self.sm.attrs(), self.credits())
         {
             return Some(p);
         }
@@ -358,6 +363,17 @@ impl<M: MemAccess> RcQp<M> {
 
     /// Feeds a packet received from the peer QP.
     pub fn handle_packet(&mut self, now: Instant, mem: &M, bytes: &[u8]) {
+        self.handle_packet_srq(now, mem, None, bytes)
+    }
+
+    /// Feeds a packet to a QP that takes its receives from `srq`.
+    pub fn handle_packet_srq(
+        &mut self,
+        now: Instant,
+        mem: &M,
+        srq: Option<&mut Srq<M::Mr>>,
+        bytes: &[u8],
+    ) {
         let Some((hdr, payload)) = codec::decode(bytes) else {
             return;
         };
@@ -375,7 +391,7 @@ impl<M: MemAccess> RcQp<M> {
                 self.retire();
             }
         } else {
-            responder::handle_request(self, mem, &hdr, payload);
+            responder::handle_request(self, mem, srq, &hdr, payload);
         }
     }
 
@@ -401,6 +417,12 @@ impl<M: MemAccess> RcQp<M> {
     /// Requests posted but not yet completed, on the send and receive queues.
     pub fn outstanding(&self) -> (usize, usize) {
         (self.req.sq.len(), self.rq.len())
+    }
+
+    /// End-to-end credits to advertise: receives posted, or none for an SRQ user (the
+    /// SRQ is shared, so no per-QP count is meaningful).
+    pub(crate) fn credits(&self) -> Option<u32> {
+        (!self.cfg.srq).then(|| self.rq.len().min(u32::MAX as usize) as u32)
     }
 
     pub(crate) fn complete(&mut self, side: CqSide, mut c: Completion, solicited: bool) {

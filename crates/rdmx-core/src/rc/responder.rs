@@ -17,7 +17,7 @@ use rdmx_wire::psn_add;
 use rdmx_wire::psn_diff;
 
 use super::codec::{self, Hdr, Nak, Op, Syndrome};
-use super::{for_each_span, CqSide, MemAccess, RcQp, RecvWqe};
+use super::{for_each_span, CqSide, MemAccess, RcQp, RecvWqe, Srq};
 use crate::mr::KeyUse;
 use crate::qp::QpAttr;
 use crate::wr::{Completion, WcOpcode, WcStatus};
@@ -89,26 +89,21 @@ impl<Mr> Responder<Mr> {
         &mut self,
         _qpn: u32,
         attrs: &QpAttr,
-        credits: usize,
+        credits: Option<u32>,
     ) -> Option<Vec<u8>> {
         if let Some(p) = self.out.pop_front() {
             return Some(p);
         }
         let psn = self.ack.take()?;
         let mut h = Hdr::new(Op::Ack, attrs.dest_qp_num, psn);
-        h.aeth = Some((
-            Syndrome::Ack {
-                credits: Some(credits.min(u32::MAX as usize) as u32),
-            },
-            self.msn,
-        ));
+        h.aeth = Some((Syndrome::Ack { credits }, self.msn));
         let mut out = Vec::with_capacity(16);
         codec::encode(&h, &[], &mut out);
         Some(out)
     }
 
     /// Queues an answer after any coalesced ACK (which acknowledges earlier packets).
-    fn queue(&mut self, attrs: &QpAttr, credits: usize, hdr: &Hdr, payload: &[u8]) {
+    fn queue(&mut self, attrs: &QpAttr, credits: Option<u32>, hdr: &Hdr, payload: &[u8]) {
         if self.ack.is_some() {
             let ack = self.poll_transmit(0, attrs, credits).expect("ack pending");
             self.out.push_back(ack);
@@ -118,7 +113,7 @@ impl<Mr> Responder<Mr> {
         self.out.push_back(out);
     }
 
-    fn nak(&mut self, attrs: &QpAttr, credits: usize, psn: u32, syndrome: Syndrome) {
+    fn nak(&mut self, attrs: &QpAttr, credits: Option<u32>, psn: u32, syndrome: Syndrome) {
         let mut h = Hdr::new(Op::Ack, attrs.dest_qp_num, psn);
         h.aeth = Some((syndrome, self.msn));
         self.queue(attrs, credits, &h, &[]);
@@ -133,9 +128,15 @@ impl<Mr> Responder<Mr> {
 }
 
 /// Handles a request packet from the peer's requester.
-pub(crate) fn handle_request<M: MemAccess>(qp: &mut RcQp<M>, mem: &M, hdr: &Hdr, payload: &[u8]) {
+pub(crate) fn handle_request<M: MemAccess>(
+    qp: &mut RcQp<M>,
+    mem: &M,
+    srq: Option<&mut Srq<M::Mr>>,
+    hdr: &Hdr,
+    payload: &[u8],
+) {
     let attrs = qp.sm.attrs().clone();
-    let credits = qp.rq.len();
+    let credits = qp.credits();
     let d = psn_diff(hdr.psn, qp.resp.epsn);
     if d > 0 {
         if !qp.resp.nak_sent {
@@ -153,9 +154,9 @@ pub(crate) fn handle_request<M: MemAccess>(qp: &mut RcQp<M>, mem: &M, hdr: &Hdr,
     qp.resp.nak_sent = false;
     let op = hdr.op;
     if op.is_send() {
-        send(qp, mem, &attrs, hdr, payload);
+        send(qp, mem, srq, &attrs, hdr, payload);
     } else if op.is_write() {
-        write(qp, mem, &attrs, hdr, payload);
+        write(qp, mem, srq, &attrs, hdr, payload);
     } else if op == Op::ReadRequest {
         read(qp, mem, &attrs, hdr, credits, false);
     } else if op.is_atomic() {
@@ -163,7 +164,13 @@ pub(crate) fn handle_request<M: MemAccess>(qp: &mut RcQp<M>, mem: &M, hdr: &Hdr,
     }
 }
 
-fn duplicate<M: MemAccess>(qp: &mut RcQp<M>, mem: &M, attrs: &QpAttr, hdr: &Hdr, credits: usize) {
+fn duplicate<M: MemAccess>(
+    qp: &mut RcQp<M>,
+    mem: &M,
+    attrs: &QpAttr,
+    hdr: &Hdr,
+    credits: Option<u32>,
+) {
     match hdr.op {
         Op::ReadRequest => {
             if qp
@@ -182,12 +189,7 @@ fn duplicate<M: MemAccess>(qp: &mut RcQp<M>, mem: &M, attrs: &QpAttr, hdr: &Hdr,
             });
             if let Some(orig) = saved {
                 let mut h = Hdr::new(Op::AtomicAck, attrs.dest_qp_num, hdr.psn);
-                h.aeth = Some((
-                    Syndrome::Ack {
-                        credits: Some(credits as u32),
-                    },
-                    qp.resp.msn,
-                ));
+                h.aeth = Some((Syndrome::Ack { credits }, qp.resp.msn));
                 h.atomic_ack = Some(orig);
                 qp.resp.queue(attrs, credits, &h, &[]);
             }
@@ -199,7 +201,7 @@ fn duplicate<M: MemAccess>(qp: &mut RcQp<M>, mem: &M, attrs: &QpAttr, hdr: &Hdr,
 
 /// Ends a request in error on the responder side: answer with `syndrome`.
 fn refuse<M: MemAccess>(qp: &mut RcQp<M>, attrs: &QpAttr, psn: u32, nak: Nak) {
-    let credits = qp.rq.len();
+    let credits = qp.credits();
     qp.resp.placing = None;
     qp.resp.nak(attrs, credits, psn, Syndrome::Nak(nak));
 }
@@ -214,15 +216,42 @@ fn accept<M: MemAccess>(qp: &mut RcQp<M>, hdr: &Hdr) {
     }
 }
 
-fn send<M: MemAccess>(qp: &mut RcQp<M>, mem: &M, attrs: &QpAttr, hdr: &Hdr, payload: &[u8]) {
+/// Takes the next receive, from the SRQ when the QP uses one.
+fn take_recv<M: MemAccess>(
+    qp: &mut RcQp<M>,
+    srq: &mut Option<&mut Srq<M::Mr>>,
+) -> Option<RecvWqe<M::Mr>> {
+    match srq {
+        Some(srq) if qp.cfg.srq => srq.take(),
+        _ if qp.cfg.srq => None,
+        _ => qp.rq.pop_front(),
+    }
+}
+
+fn has_recv<M: MemAccess>(qp: &RcQp<M>, srq: &Option<&mut Srq<M::Mr>>) -> bool {
+    match srq {
+        Some(srq) if qp.cfg.srq => !srq.is_empty(),
+        _ if qp.cfg.srq => false,
+        _ => !qp.rq.is_empty(),
+    }
+}
+
+fn send<M: MemAccess>(
+    qp: &mut RcQp<M>,
+    mem: &M,
+    mut srq: Option<&mut Srq<M::Mr>>,
+    attrs: &QpAttr,
+    hdr: &Hdr,
+    payload: &[u8],
+) {
     if hdr.op.starts() {
         if qp.resp.filling.is_some() {
             // A new message while one is half-way: the requester broke the protocol.
             refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
             return;
         }
-        let Some(wqe) = qp.rq.pop_front() else {
-            let credits = qp.rq.len();
+        let Some(wqe) = take_recv(qp, &mut srq) else {
+            let credits = qp.credits();
             qp.resp.nak(
                 attrs,
                 credits,
@@ -263,7 +292,14 @@ fn send<M: MemAccess>(qp: &mut RcQp<M>, mem: &M, attrs: &QpAttr, hdr: &Hdr, payl
     accept(qp, hdr);
 }
 
-fn write<M: MemAccess>(qp: &mut RcQp<M>, mem: &M, attrs: &QpAttr, hdr: &Hdr, payload: &[u8]) {
+fn write<M: MemAccess>(
+    qp: &mut RcQp<M>,
+    mem: &M,
+    mut srq: Option<&mut Srq<M::Mr>>,
+    attrs: &QpAttr,
+    hdr: &Hdr,
+    payload: &[u8],
+) {
     if hdr.op.starts() {
         let Some((va, rkey, len)) = hdr.reth else {
             refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
@@ -286,6 +322,7 @@ fn write<M: MemAccess>(qp: &mut RcQp<M>, mem: &M, attrs: &QpAttr, hdr: &Hdr, pay
             total: len,
         });
     }
+    let receive_ready = has_recv(qp, &srq);
     let Some(p) = qp.resp.placing.as_mut() else {
         refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
         return;
@@ -294,10 +331,10 @@ fn write<M: MemAccess>(qp: &mut RcQp<M>, mem: &M, attrs: &QpAttr, hdr: &Hdr, pay
         refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
         return;
     }
-    if hdr.op.has_imm() && qp.rq.is_empty() {
+    if hdr.op.has_imm() && !receive_ready {
         // The data may already be in place; the requester resends the message after the
         // RNR wait and it is placed again.
-        let credits = qp.rq.len();
+        let credits = qp.credits();
         qp.resp.nak(
             attrs,
             credits,
@@ -320,7 +357,9 @@ fn write<M: MemAccess>(qp: &mut RcQp<M>, mem: &M, attrs: &QpAttr, hdr: &Hdr, pay
         let len = p.total;
         qp.resp.placing = None;
         if hdr.op.has_imm() {
-            let wqe = qp.rq.pop_front().expect("checked above");
+            let Some(wqe) = take_recv(qp, &mut srq) else {
+                unreachable!("a receive was checked for above")
+            };
             let status = wqe.error.unwrap_or(WcStatus::Success);
             let c = Completion {
                 wr_id: wqe.wr_id,
@@ -341,7 +380,7 @@ fn read<M: MemAccess>(
     mem: &M,
     attrs: &QpAttr,
     hdr: &Hdr,
-    credits: usize,
+    credits: Option<u32>,
     again: bool,
 ) {
     let Some((va, rkey, len)) = hdr.reth else {
@@ -379,12 +418,7 @@ fn read<M: MemAccess>(
             psn_add(hdr.psn, i as u32),
         );
         if first || last {
-            h.aeth = Some((
-                Syndrome::Ack {
-                    credits: Some(credits as u32),
-                },
-                qp.resp.msn,
-            ));
+            h.aeth = Some((Syndrome::Ack { credits }, qp.resp.msn));
         }
         qp.resp.queue(attrs, credits, &h, &buf);
     }
@@ -395,7 +429,13 @@ fn read<M: MemAccess>(
     }
 }
 
-fn atomic<M: MemAccess>(qp: &mut RcQp<M>, mem: &M, attrs: &QpAttr, hdr: &Hdr, credits: usize) {
+fn atomic<M: MemAccess>(
+    qp: &mut RcQp<M>,
+    mem: &M,
+    attrs: &QpAttr,
+    hdr: &Hdr,
+    credits: Option<u32>,
+) {
     let Some((va, rkey, swap_add, compare)) = hdr.atomic else {
         refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
         return;
@@ -425,12 +465,7 @@ fn atomic<M: MemAccess>(qp: &mut RcQp<M>, mem: &M, attrs: &QpAttr, hdr: &Hdr, cr
         attrs.max_dest_rd_atomic,
     );
     let mut h = Hdr::new(Op::AtomicAck, attrs.dest_qp_num, hdr.psn);
-    h.aeth = Some((
-        Syndrome::Ack {
-            credits: Some(credits as u32),
-        },
-        qp.resp.msn,
-    ));
+    h.aeth = Some((Syndrome::Ack { credits }, qp.resp.msn));
     h.atomic_ack = Some(orig);
     qp.resp.queue(attrs, credits, &h, &[]);
 }

@@ -51,6 +51,7 @@ pub(crate) mod atomics;
 pub(crate) mod data;
 pub(crate) mod errors;
 pub(crate) mod flow;
+pub(crate) mod srq;
 
 /// Expands to one `#[test]` per conformance test, each running it on `$provider` (an
 /// expression of type [`Provider`], e.g. a `const`).
@@ -87,6 +88,7 @@ macro_rules! conformance_suite {
             errors::error_flushes_outstanding,
             errors::deregistered_keys,
             errors::send_longer_than_receive,
+            srq::shared_receive_queue,
         );
     };
     (@tests $p:expr; $($topic:ident :: $test:ident),* $(,)?) => {

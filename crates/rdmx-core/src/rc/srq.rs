@@ -1,0 +1,95 @@
+//! Shared receive queues: receives that several queue pairs consume, with a limit event.
+
+use std::collections::VecDeque;
+
+use rdmx_mem::Access;
+
+use super::{resolve_sges, MemAccess, RecvWqe};
+use crate::mr::PdId;
+use crate::wr::{PostError, RecvWr};
+
+/// A shared receive queue (`ibv_srq`).
+///
+/// Queue pairs created with [`QpConfig::srq`](super::QpConfig::srq) take their receives
+/// from one of these instead of their own receive queue. When the number of posted
+/// receives falls below an armed limit, the limit event fires once
+/// (`IBV_EVENT_SRQ_LIMIT_REACHED`) and the limit disarms, as verbs does.
+#[derive(Debug)]
+pub struct Srq<Mr> {
+    pd: PdId,
+    max_wr: usize,
+    max_sge: usize,
+    pub(crate) queue: VecDeque<RecvWqe<Mr>>,
+    limit: Option<usize>,
+    limit_event: bool,
+}
+
+impl<Mr> Srq<Mr> {
+    /// An empty SRQ in `pd` holding up to `max_wr` receives of up to `max_sge` elements.
+    pub fn new(pd: PdId, max_wr: usize, max_sge: usize) -> Self {
+        Srq {
+            pd,
+            max_wr,
+            max_sge,
+            queue: VecDeque::new(),
+            limit: None,
+            limit_event: false,
+        }
+    }
+
+    /// Posts a receive (`ibv_post_srq_recv`).
+    pub fn post_recv<M: MemAccess<Mr = Mr>>(
+        &mut self,
+        mem: &M,
+        wr: RecvWr,
+    ) -> Result<(), PostError> {
+        if self.queue.len() >= self.max_wr {
+            return Err(PostError::QueueFull { depth: self.max_wr });
+        }
+        if wr.sges.len() > self.max_sge {
+            return Err(PostError::TooManySges {
+                count: wr.sges.len(),
+                max: self.max_sge,
+            });
+        }
+        let (segs, error) = resolve_sges(mem, self.pd, &wr.sges, Access::LOCAL_WRITE);
+        let len = segs.iter().map(|s| u64::from(s.len)).sum();
+        self.queue.push_back(RecvWqe {
+            wr_id: wr.wr_id,
+            segs,
+            len,
+            error,
+        });
+        Ok(())
+    }
+
+    /// Receives posted and not yet consumed.
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Whether no receive is posted.
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// Arms the limit (`ibv_modify_srq` with `IBV_SRQ_LIMIT`): the event fires when fewer
+    /// than `limit` receives remain. A limit of 0 disarms.
+    pub fn arm_limit(&mut self, limit: usize) {
+        self.limit = (limit > 0).then_some(limit);
+    }
+
+    /// Takes the limit event, if it fired since the last call.
+    pub fn take_limit_event(&mut self) -> bool {
+        std::mem::take(&mut self.limit_event)
+    }
+
+    pub(crate) fn take(&mut self) -> Option<RecvWqe<Mr>> {
+        let wqe = self.queue.pop_front()?;
+        if self.limit.is_some_and(|l| self.queue.len() < l) {
+            self.limit = None;
+            self.limit_event = true;
+        }
+        Some(wqe)
+    }
+}

@@ -1,0 +1,119 @@
+//! Shared receive queues: several queue pairs consume one queue of receives, the limit
+//! event fires once when it runs low, and an empty SRQ means RNR.
+
+use rdmx::{Error, PostError, QpCaps, RecvRequest, SendRequest, WcOpcode};
+
+use super::{
+    assert_bytes, assert_quiet, check_ok, fill, register, sge, wait_n, wait_one, Provider, LOCAL,
+};
+
+/// Two QPs on one side share an SRQ; SENDs on both land in its receives in order.
+pub(crate) fn shared_receive_queue(p: &Provider) {
+    let (ctx_a, ctx_b) = (p.open(), p.open());
+    let (pd_a, pd_b) = (ctx_a.alloc_pd(), ctx_b.alloc_pd());
+    let cq_a = ctx_a.create_cq(64).unwrap();
+    let cq_b = ctx_b.create_cq(64).unwrap();
+    let srq = pd_b.create_srq(16, 2).unwrap();
+    let mut opts = p.options();
+    opts.rnr_retry = 7;
+    let mut qps = Vec::new();
+    for _ in 0..2 {
+        let a = pd_a.create_qp(&cq_a, &cq_a, QpCaps::default()).unwrap();
+        let b = pd_b
+            .create_qp_with_srq(&cq_b, &cq_b, &srq, QpCaps::default())
+            .unwrap();
+        a.connect(b.endpoint(), &opts).unwrap();
+        b.connect(a.endpoint(), &opts).unwrap();
+        qps.push((a, b));
+    }
+    let src = register(&pd_a, 8192, LOCAL);
+    let data = fill(&src, 9);
+    let inbox = register(&pd_b, 8 * 1024, LOCAL);
+    let what = format!("{}: SRQ", p.name);
+
+    // A QP that uses an SRQ has no receive queue of its own.
+    assert!(
+        matches!(
+            qps[0]
+                .1
+                .post_recv(RecvRequest::new(1).sge(sge(&inbox, 0, 64))),
+            Err(Error::Post(PostError::Invalid(_)))
+        ),
+        "{what}: post_recv on a QP with an SRQ"
+    );
+    for i in 0..4 {
+        srq.post_recv(RecvRequest::new(100 + i as u64).sge(sge(&inbox, i * 1024, 1024)))
+            .unwrap();
+    }
+    assert_eq!(srq.len(), 4);
+    srq.arm_limit(2);
+    assert!(
+        !srq.limit_reached(),
+        "{what}: limit event before any receive was taken"
+    );
+
+    // One SEND on each QP: receives 100 and 101, each completion naming its QP.
+    for (i, (a, _)) in qps.iter().enumerate() {
+        a.post_send(SendRequest::send(i as u64).sge(sge(&src, i * 1000, 700 + i)))
+            .unwrap();
+    }
+    wait_n(&cq_a, 2, &what);
+    let recvs = wait_n(&cq_b, 2, &what);
+    for (i, r) in recvs.iter().enumerate() {
+        check_ok(r, 100 + i as u64, WcOpcode::Recv, qps[i].1.qp_num(), &what);
+        assert_eq!(r.byte_len as usize, 700 + i, "{what}: byte_len");
+        let mut got = vec![0u8; 700 + i];
+        inbox.read_at(i * 1024, &mut got).unwrap();
+        assert_bytes(&got, &data[i * 1000..i * 1000 + 700 + i], &what);
+    }
+    assert_eq!(srq.len(), 2);
+    assert!(
+        !srq.limit_reached(),
+        "{what}: 2 left is not below the limit of 2"
+    );
+
+    // The next SEND leaves 1: below the limit, the event fires once.
+    qps[1]
+        .0
+        .post_send(SendRequest::send(2).sge(sge(&src, 0, 10)))
+        .unwrap();
+    wait_one(&cq_a, &what);
+    wait_one(&cq_b, &what);
+    assert!(srq.limit_reached(), "{what}: limit event");
+    assert!(!srq.limit_reached(), "{what}: the limit event fires once");
+
+    // Drain the last receive, then an empty SRQ answers RNR until one is posted.
+    qps[0]
+        .0
+        .post_send(SendRequest::send(3).sge(sge(&src, 0, 10)))
+        .unwrap();
+    wait_one(&cq_a, &what);
+    check_ok(
+        &wait_one(&cq_b, &what),
+        103,
+        WcOpcode::Recv,
+        qps[0].1.qp_num(),
+        &what,
+    );
+    qps[1]
+        .0
+        .post_send(SendRequest::send(4).sge(sge(&src, 0, 20)))
+        .unwrap();
+    assert_quiet(&cq_a, &format!("{what}: SEND while the SRQ is empty"));
+    srq.post_recv(RecvRequest::new(200).sge(sge(&inbox, 0, 1024)))
+        .unwrap();
+    check_ok(
+        &wait_one(&cq_a, &what),
+        4,
+        WcOpcode::Send,
+        qps[1].0.qp_num(),
+        &what,
+    );
+    check_ok(
+        &wait_one(&cq_b, &what),
+        200,
+        WcOpcode::Recv,
+        qps[1].1.qp_num(),
+        &what,
+    );
+}

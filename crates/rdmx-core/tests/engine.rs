@@ -560,3 +560,53 @@ fn acks_carry_receive_credits() {
         other => panic!("expected an ACK, got {other:?}"),
     }
 }
+
+#[test]
+fn sq_drain_finishes_the_started_message_and_starts_nothing_new() {
+    use rdmx_core::{QpAttr, QpAttrMask};
+    let mut pair = Pair::new(16, Params::default());
+    let (ra, rb) = pair.regions(8192);
+    let data = pattern(4, 3000);
+    pair.a.mem.put(ra.addr, &data);
+    pair.a
+        .qp
+        .post_send(
+            &pair.a.mem,
+            wr(1, SendOp::Write(remote(rb, 0)), vec![sge(ra, 0, 3000)]),
+            None,
+        )
+        .unwrap();
+    pair.a
+        .qp
+        .post_send(
+            &pair.a.mem,
+            wr(2, SendOp::Write(remote(rb, 4096)), vec![sge(ra, 0, 8)]),
+            None,
+        )
+        .unwrap();
+    // Two of the first WRITE's 12 packets go out, then the SQ is drained.
+    let first = pair.a.qp.poll_transmit(pair.now, &pair.a.mem).unwrap();
+    let second = pair.a.qp.poll_transmit(pair.now, &pair.a.mem).unwrap();
+    let sqd = QpAttr {
+        qp_state: QpState::Sqd,
+        ..QpAttr::default()
+    };
+    pair.a.qp.modify(&sqd, QpAttrMask::STATE).unwrap();
+    pair.b.qp.handle_packet(pair.now, &pair.b.mem, &first);
+    pair.b.qp.handle_packet(pair.now, &pair.b.mem, &second);
+    pair.drive();
+    let ids: Vec<u64> = pair.a.send_cq.iter().map(|c| c.wr_id).collect();
+    assert_eq!(
+        ids,
+        vec![1],
+        "the started WRITE finished, the second did not start"
+    );
+    assert_eq!(pair.b.mem.get(rb.addr, 3000), data);
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        ..QpAttr::default()
+    };
+    pair.a.qp.modify(&rts, QpAttrMask::STATE).unwrap();
+    pair.drive();
+    assert_eq!(pair.a.send_cq.last().map(|c| c.wr_id), Some(2));
+}

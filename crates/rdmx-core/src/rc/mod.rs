@@ -183,6 +183,7 @@ pub struct RcQp<M: MemAccess> {
     pub(crate) resp: Responder<M::Mr>,
     pub(crate) rq: VecDeque<RecvWqe<M::Mr>>,
     pub(crate) completions: VecDeque<(CqSide, Completion, bool)>,
+    sq_drained_event: bool,
 }
 
 impl<M: MemAccess> RcQp<M> {
@@ -196,6 +197,7 @@ impl<M: MemAccess> RcQp<M> {
             resp: Responder::new(),
             rq: VecDeque::new(),
             completions: VecDeque::new(),
+            sq_drained_event: false,
         }
     }
 
@@ -237,6 +239,9 @@ impl<M: MemAccess> RcQp<M> {
                 self.req.reset(a.sq_psn, a.retry_cnt, a.rnr_retry);
             }
             QpState::Err if t.from != QpState::Err => self.flush(),
+            QpState::Sqd if t.from == QpState::Rts && !self.req.in_flight() => {
+                self.sq_drained_event |= self.sm.sq_drained();
+            }
             QpState::Reset => {
                 self.req = Requester::new();
                 self.resp = Responder::new();
@@ -353,8 +358,11 @@ impl<M: MemAccess> RcQp<M> {
         {
             return Some(p);
         }
-        if self.sm.state() != QpState::Rts {
-            return None;
+        match self.sm.state() {
+            QpState::Rts => {}
+            // SQ drain: a message already started is finished; nothing new starts.
+            QpState::Sqd if self.req.mid_message() => {}
+            _ => return None,
         }
         let out = requester::transmit(self, now, mem);
         self.retire();
@@ -503,7 +511,15 @@ impl<M: MemAccess> RcQp<M> {
         }
         if failed {
             self.enter_error();
+        } else if self.sm.sq_draining() && !self.req.in_flight() {
+            self.sq_drained_event |= self.sm.sq_drained();
         }
+    }
+
+    /// Takes the SQ-drained event (`IBV_EVENT_SQ_DRAINED`), raised once the send queue
+    /// drained after a move to SQD that asked for it (`en_sqd_async_notify`).
+    pub fn take_sq_drained_event(&mut self) -> bool {
+        std::mem::take(&mut self.sq_drained_event)
     }
 }
 

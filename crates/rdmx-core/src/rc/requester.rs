@@ -125,6 +125,16 @@ impl<Mr> Requester<Mr> {
         self.rnr_until = None;
     }
 
+    /// Whether any started request has not completed.
+    pub(crate) fn in_flight(&self) -> bool {
+        self.send_off > 0 || self.sq.iter().take(self.send_idx).any(|w| w.done.is_none())
+    }
+
+    /// Whether a multi-packet message is partly sent.
+    pub(crate) fn mid_message(&self) -> bool {
+        self.send_off > 0
+    }
+
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         match (self.timer, self.rnr_until) {
             (Some(a), Some(b)) => Some(a.min(b)),

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod devices;
 
 /// rdmx: efficient data transfer with RDMA semantics.
 #[derive(Parser, Debug)]
@@ -19,6 +20,8 @@ enum Command {
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(bench::Bench),
+    /// List providers and devices with their capabilities (like ibv_devinfo).
+    Devices(devices::Args),
 }
 
 fn main() -> ExitCode {
@@ -29,6 +32,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let res = match cli.command {
         Command::Bench(b) => bench::run(b),
+        Command::Devices(a) => devices::run(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

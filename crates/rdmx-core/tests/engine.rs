@@ -610,3 +610,28 @@ fn sq_drain_finishes_the_started_message_and_starts_nothing_new() {
     pair.drive();
     assert_eq!(pair.a.send_cq.last().map(|c| c.wr_id), Some(2));
 }
+
+#[test]
+fn reads_beyond_the_responder_resources_are_invalid_requests() {
+    // A requester allowed 4 READs in flight against a responder that agreed to 1.
+    let params = Params {
+        max_rd_atomic: 4,
+        max_dest_rd_atomic: 1,
+        ..Params::default()
+    };
+    let mut pair = Pair::new(17, params);
+    let (ra, rb) = pair.regions(8192);
+    pair.b.mem.put(rb.addr, &pattern(5, 4000));
+    for i in 0..2 {
+        let w = wr(
+            i,
+            SendOp::Read(remote(rb, 0)),
+            vec![sge(ra, i * 4096, 4000)],
+        );
+        pair.a.qp.post_send(&pair.a.mem, w, None).unwrap();
+    }
+    pair.drive();
+    let st: Vec<WcStatus> = pair.a.send_cq.iter().map(|c| c.status).collect();
+    assert_eq!(st, vec![WcStatus::Success, WcStatus::RemInvReqErr]);
+    assert_eq!(pair.a.mem.get(ra.addr, 4000), pattern(5, 4000));
+}

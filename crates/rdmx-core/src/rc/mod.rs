@@ -354,7 +354,7 @@ impl<M: MemAccess> RcQp<M> {
     pub fn poll_transmit(&mut self, now: Instant, mem: &M) -> Option<Vec<u8>> {
         if let Some(p) = self
             .resp
-            .poll_transmit(self.cfg.qpn, self.sm.attrs(), self.credits())
+            .poll_transmit(mem, self.sm.attrs(), self.credits())
         {
             return Some(p);
         }

@@ -39,6 +39,65 @@ struct Placing<Mr> {
     total: u32,
 }
 
+/// An answer waiting to go.
+#[derive(Debug)]
+enum Answer<Mr> {
+    /// An encoded packet (ACK, NAK, ATOMIC ACKNOWLEDGE).
+    Packet(Vec<u8>),
+    /// A READ whose response packets are made one at a time as they are sent, so a large
+    /// READ never holds its whole response in memory.
+    Read(ReadJob<Mr>),
+}
+
+#[derive(Debug)]
+struct ReadJob<Mr> {
+    mr: Option<Mr>,
+    va: u64,
+    len: u64,
+    psn: u32,
+    /// Index of the next response packet.
+    next: u64,
+    packets: u64,
+    mtu: u64,
+    dest: u32,
+    credits: Option<u32>,
+    msn: u32,
+}
+
+impl<Mr> ReadJob<Mr> {
+    /// The next response packet; `None` once all were made.
+    fn next_packet<M: MemAccess<Mr = Mr>>(&mut self, mem: &M) -> Option<Vec<u8>> {
+        let i = self.next;
+        if i == self.packets {
+            return None;
+        }
+        self.next += 1;
+        let off = i * self.mtu;
+        let chunk = (self.len - off.min(self.len)).min(self.mtu) as usize;
+        let mut buf = vec![0u8; chunk];
+        if let Some(mr) = &self.mr {
+            mem.read(mr, self.va + off, &mut buf);
+        }
+        let (first, last) = (i == 0, i + 1 == self.packets);
+        let mut h = Hdr::new(
+            Op::read_response(first, last),
+            self.dest,
+            psn_add(self.psn, i as u32),
+        );
+        if first || last {
+            h.aeth = Some((
+                Syndrome::Ack {
+                    credits: self.credits,
+                },
+                self.msn,
+            ));
+        }
+        let mut out = Vec::with_capacity(chunk + 32);
+        codec::encode(&h, &buf, &mut out);
+        Some(out)
+    }
+}
+
 /// What a duplicate READ or atomic is answered with.
 #[derive(Debug)]
 enum Replay {
@@ -56,8 +115,8 @@ pub(crate) struct Responder<Mr> {
     nak_sent: bool,
     /// PSN to acknowledge, coalesced.
     ack: Option<u32>,
-    /// Encoded answers (responses, NAKs) waiting to go, in order.
-    out: VecDeque<Vec<u8>>,
+    /// Answers waiting to go, in order.
+    out: VecDeque<Answer<Mr>>,
     replay: VecDeque<Replay>,
 }
 
@@ -85,15 +144,33 @@ impl<Mr> Responder<Mr> {
         self.filling.take().map(|f| f.wqe)
     }
 
-    pub(crate) fn poll_transmit(
+    pub(crate) fn poll_transmit<M: MemAccess<Mr = Mr>>(
         &mut self,
-        _qpn: u32,
+        mem: &M,
         attrs: &QpAttr,
         credits: Option<u32>,
     ) -> Option<Vec<u8>> {
-        if let Some(p) = self.out.pop_front() {
-            return Some(p);
+        while let Some(front) = self.out.front_mut() {
+            match front {
+                Answer::Packet(_) => {
+                    let Some(Answer::Packet(p)) = self.out.pop_front() else {
+                        unreachable!("front is a packet")
+                    };
+                    return Some(p);
+                }
+                Answer::Read(job) => match job.next_packet(mem) {
+                    Some(p) => return Some(p),
+                    None => {
+                        self.out.pop_front();
+                    }
+                },
+            }
         }
+        self.ack_packet(attrs, credits)
+    }
+
+    /// The coalesced ACK, if one is due.
+    fn ack_packet(&mut self, attrs: &QpAttr, credits: Option<u32>) -> Option<Vec<u8>> {
         let psn = self.ack.take()?;
         let mut h = Hdr::new(Op::Ack, attrs.dest_qp_num, psn);
         h.aeth = Some((Syndrome::Ack { credits }, self.msn));
@@ -102,15 +179,26 @@ impl<Mr> Responder<Mr> {
         Some(out)
     }
 
+    /// READs answered but not fully sent.
+    fn reads_pending(&self) -> usize {
+        self.out
+            .iter()
+            .filter(|a| matches!(a, Answer::Read(_)))
+            .count()
+    }
+
     /// Queues an answer after any coalesced ACK (which acknowledges earlier packets).
     fn queue(&mut self, attrs: &QpAttr, credits: Option<u32>, hdr: &Hdr, payload: &[u8]) {
-        if self.ack.is_some() {
-            let ack = self.poll_transmit(0, attrs, credits).expect("ack pending");
-            self.out.push_back(ack);
-        }
         let mut out = Vec::with_capacity(payload.len() + 32);
         codec::encode(hdr, payload, &mut out);
-        self.out.push_back(out);
+        self.push(attrs, credits, Answer::Packet(out));
+    }
+
+    fn push(&mut self, attrs: &QpAttr, credits: Option<u32>, answer: Answer<Mr>) {
+        if let Some(ack) = self.ack_packet(attrs, credits) {
+            self.out.push_back(Answer::Packet(ack));
+        }
+        self.out.push_back(answer);
     }
 
     fn nak(&mut self, attrs: &QpAttr, credits: Option<u32>, psn: u32, syndrome: Syndrome) {
@@ -397,31 +485,30 @@ fn read<M: MemAccess>(
     ) else {
         return;
     };
+    // The responder holds at most max_dest_rd_atomic READs being answered, as an
+    // adapter's responder resources; a requester that exceeds them broke the agreement.
+    if qp.resp.reads_pending() >= usize::from(attrs.max_dest_rd_atomic.max(1)) {
+        refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
+        return;
+    }
     let mtu = attrs.path_mtu.bytes() as u64;
     let n = u64::from(len).div_ceil(mtu).max(1);
     if !again {
         qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
     }
-    let mut buf = Vec::new();
-    for i in 0..n {
-        let off = i * mtu;
-        let chunk = (u64::from(len) - off.min(u64::from(len))).min(mtu) as usize;
-        buf.clear();
-        buf.resize(chunk, 0);
-        if let Some(mr) = &mr {
-            mem.read(mr, va + off, &mut buf);
-        }
-        let (first, last) = (i == 0, i == n - 1);
-        let mut h = Hdr::new(
-            Op::read_response(first, last),
-            attrs.dest_qp_num,
-            psn_add(hdr.psn, i as u32),
-        );
-        if first || last {
-            h.aeth = Some((Syndrome::Ack { credits }, qp.resp.msn));
-        }
-        qp.resp.queue(attrs, credits, &h, &buf);
-    }
+    let job = ReadJob {
+        mr,
+        va,
+        len: u64::from(len),
+        psn: hdr.psn,
+        next: 0,
+        packets: n,
+        mtu,
+        dest: attrs.dest_qp_num,
+        credits,
+        msn: qp.resp.msn,
+    };
+    qp.resp.push(attrs, credits, Answer::Read(job));
     if !again {
         qp.resp.epsn = psn_add(hdr.psn, n as u32);
         qp.resp

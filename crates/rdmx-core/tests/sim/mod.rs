@@ -223,6 +223,7 @@ pub struct Params {
     pub rnr_retry: u8,
     pub min_rnr_timer: u8,
     pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
     pub sq_depth: usize,
 }
 
@@ -235,6 +236,7 @@ impl Default for Params {
             rnr_retry: 7,
             min_rnr_timer: 1, // 10 µs
             max_rd_atomic: 4,
+            max_dest_rd_atomic: 16,
             sq_depth: 256,
         }
     }
@@ -368,7 +370,7 @@ fn connect(qp: &mut RcQp<Mem>, dest: u32, sq_psn: u32, rq_psn: u32, p: &Params) 
     attr.path_mtu = p.mtu;
     attr.dest_qp_num = dest;
     attr.rq_psn = rq_psn;
-    attr.max_dest_rd_atomic = 16;
+    attr.max_dest_rd_atomic = p.max_dest_rd_atomic;
     attr.min_rnr_timer = p.min_rnr_timer;
     qp.modify(
         &attr,

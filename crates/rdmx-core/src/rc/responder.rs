@@ -389,18 +389,7 @@ fn write<M: MemAccess>(
     payload: &[u8],
 ) {
     if hdr.op.starts() {
-        let Some((va, rkey, len)) = hdr.reth else {
-            refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
-            return;
-        };
-        let Ok(mr) = remote_target(
-            qp,
-            mem,
-            attrs,
-            hdr.psn,
-            (rkey, va, len),
-            Access::REMOTE_WRITE,
-        ) else {
+        let Ok((va, len, mr)) = reth_target(qp, mem, attrs, hdr, Access::REMOTE_WRITE) else {
             return;
         };
         qp.resp.placing = Some(Placing {
@@ -471,18 +460,7 @@ fn read<M: MemAccess>(
     credits: Option<u32>,
     again: bool,
 ) {
-    let Some((va, rkey, len)) = hdr.reth else {
-        refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
-        return;
-    };
-    let Ok(mr) = remote_target(
-        qp,
-        mem,
-        attrs,
-        hdr.psn,
-        (rkey, va, len),
-        Access::REMOTE_READ,
-    ) else {
+    let Ok((va, len, mr)) = reth_target(qp, mem, attrs, hdr, Access::REMOTE_READ) else {
         return;
     };
     // The responder holds at most max_dest_rd_atomic READs being answered, as an
@@ -555,6 +533,23 @@ fn atomic<M: MemAccess>(
     h.aeth = Some((Syndrome::Ack { credits }, qp.resp.msn));
     h.atomic_ack = Some(orig);
     qp.resp.queue(attrs, credits, &h, &[]);
+}
+
+/// The target of a WRITE or READ: its RETH's address and length, and the region
+/// [`remote_target`] resolved; answers a NAK (invalid request without a RETH) otherwise.
+fn reth_target<M: MemAccess>(
+    qp: &mut RcQp<M>,
+    mem: &M,
+    attrs: &QpAttr,
+    hdr: &Hdr,
+    need: Access,
+) -> Result<(u64, u32, Option<M::Mr>), ()> {
+    let Some((va, rkey, len)) = hdr.reth else {
+        refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
+        return Err(());
+    };
+    let mr = remote_target(qp, mem, attrs, hdr.psn, (rkey, va, len), need)?;
+    Ok((va, len, mr))
 }
 
 /// Checks that this QP grants `need` and that `rkey` covers `len` bytes at `va` with it;

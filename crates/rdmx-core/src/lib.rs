@@ -17,7 +17,10 @@ pub mod rc;
 pub mod wr;
 
 pub use mr::{KeyError, KeyUse, MrEntry, MrTable, PdId, TableError};
-pub use qp::{ModifyError, Mtu, QpAttr, QpAttrMask, QpLimits, QpState, QpStateMachine, Transition};
+pub use qp::{
+    ConnectParams, ModifyError, Mtu, QpAttr, QpAttrMask, QpLimits, QpState, QpStateMachine,
+    Transition,
+};
 pub use rdmx_mem::Access;
 pub use wr::{
     Completion, PostError, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus,

@@ -488,57 +488,23 @@ impl QueuePair {
 
     /// Takes a QP in RESET through INIT, RTR and RTS, connected to `peer`.
     pub fn connect(&self, peer: QpEndpoint, opts: &ConnectOptions) -> Result<()> {
-        let init = QpAttr {
-            qp_state: QpState::Init,
-            pkey_index: 0,
-            port_num: 1,
-            qp_access_flags: opts.access,
-            ..QpAttr::default()
-        };
-        self.modify(
-            &init,
-            QpAttrMask::STATE
-                | QpAttrMask::PKEY_INDEX
-                | QpAttrMask::PORT
-                | QpAttrMask::ACCESS_FLAGS,
-        )?;
-        let rtr = QpAttr {
-            qp_state: QpState::Rtr,
-            path_mtu: opts.mtu,
-            dest_qp_num: peer.qp_num,
+        let params = rdmx_core::ConnectParams {
+            access: opts.access,
+            mtu: opts.mtu,
+            dest_qpn: peer.qp_num,
             rq_psn: peer.psn,
-            max_dest_rd_atomic: opts.max_dest_rd_atomic,
-            min_rnr_timer: opts.min_rnr_timer,
-            ..init
-        };
-        self.modify(
-            &rtr,
-            QpAttrMask::STATE
-                | QpAttrMask::AV
-                | QpAttrMask::PATH_MTU
-                | QpAttrMask::DEST_QPN
-                | QpAttrMask::RQ_PSN
-                | QpAttrMask::MAX_DEST_RD_ATOMIC
-                | QpAttrMask::MIN_RNR_TIMER,
-        )?;
-        let rts = QpAttr {
-            qp_state: QpState::Rts,
             sq_psn: self.endpoint().psn,
+            max_rd_atomic: opts.max_rd_atomic,
+            max_dest_rd_atomic: opts.max_dest_rd_atomic,
             timeout: opts.timeout,
             retry_cnt: opts.retry_cnt,
             rnr_retry: opts.rnr_retry,
-            max_rd_atomic: opts.max_rd_atomic,
-            ..rtr
+            min_rnr_timer: opts.min_rnr_timer,
         };
-        self.modify(
-            &rts,
-            QpAttrMask::STATE
-                | QpAttrMask::SQ_PSN
-                | QpAttrMask::TIMEOUT
-                | QpAttrMask::RETRY_CNT
-                | QpAttrMask::RNR_RETRY
-                | QpAttrMask::MAX_QP_RD_ATOMIC,
-        )
+        for (attr, mask) in params.steps() {
+            self.modify(&attr, mask)?;
+        }
+        Ok(())
     }
 }
 

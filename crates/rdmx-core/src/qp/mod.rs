@@ -100,6 +100,7 @@
 //!   accepted where the table allows them, as rxe does, and mean nothing here.
 
 mod attr;
+mod connect;
 mod table;
 #[cfg(test)]
 mod tests;
@@ -110,6 +111,7 @@ pub use attr::{
     timeout_duration, Mtu, QpAttr, QpAttrMask, QpLimits, MAX_RETRY, MAX_TIMER_CODE, PSN_LIMIT,
     RNR_RETRY_INFINITE,
 };
+pub use connect::ConnectParams;
 pub use table::{rc_rule, TransitionRule};
 
 /// The state of a queue pair (`enum ibv_qp_state`; the discriminants are its values).

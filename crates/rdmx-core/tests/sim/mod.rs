@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use rdmx_core::rc::{CqSide, MemAccess, QpConfig, RcQp};
 use rdmx_core::{
-    Access, Completion, KeyError, KeyUse, MrTable, Mtu, PdId, QpAttr, QpAttrMask, QpLimits, QpState,
+    Access, Completion, ConnectParams, KeyError, KeyUse, MrTable, Mtu, PdId, QpLimits,
 };
 
 pub const PD: PdId = PdId(1);
@@ -354,51 +354,22 @@ impl Pair {
 }
 
 fn connect(qp: &mut RcQp<Mem>, dest: u32, sq_psn: u32, rq_psn: u32, p: &Params) {
-    let mut attr = QpAttr {
-        qp_state: QpState::Init,
-        pkey_index: 0,
-        port_num: 1,
-        qp_access_flags: ALL_ACCESS,
-        ..QpAttr::default()
+    let params = ConnectParams {
+        access: ALL_ACCESS,
+        mtu: p.mtu,
+        dest_qpn: dest,
+        rq_psn,
+        sq_psn,
+        max_rd_atomic: p.max_rd_atomic,
+        max_dest_rd_atomic: p.max_dest_rd_atomic,
+        timeout: p.timeout,
+        retry_cnt: p.retry_cnt,
+        rnr_retry: p.rnr_retry,
+        min_rnr_timer: p.min_rnr_timer,
     };
-    qp.modify(
-        &attr,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )
-    .unwrap();
-    attr.qp_state = QpState::Rtr;
-    attr.path_mtu = p.mtu;
-    attr.dest_qp_num = dest;
-    attr.rq_psn = rq_psn;
-    attr.max_dest_rd_atomic = p.max_dest_rd_atomic;
-    attr.min_rnr_timer = p.min_rnr_timer;
-    qp.modify(
-        &attr,
-        QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    attr.qp_state = QpState::Rts;
-    attr.sq_psn = sq_psn;
-    attr.timeout = p.timeout;
-    attr.retry_cnt = p.retry_cnt;
-    attr.rnr_retry = p.rnr_retry;
-    attr.max_rd_atomic = p.max_rd_atomic;
-    qp.modify(
-        &attr,
-        QpAttrMask::STATE
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::MAX_QP_RD_ATOMIC,
-    )
-    .unwrap();
+    for (attr, mask) in params.steps() {
+        qp.modify(&attr, mask).unwrap();
+    }
 }
 
 /// The opcode byte of a packet on the link.

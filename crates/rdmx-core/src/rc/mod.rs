@@ -238,6 +238,14 @@ impl<M: MemAccess> RcQp<M> {
                 let a = self.sm.attrs();
                 self.req.reset(a.sq_psn, a.retry_cnt, a.rnr_retry);
             }
+            // New retry counts (SQD → SQD) apply from now on.
+            QpState::Sqd | QpState::Rts
+                if t.mask
+                    .intersects(QpAttrMask::RETRY_CNT | QpAttrMask::RNR_RETRY) =>
+            {
+                let a = self.sm.attrs();
+                self.req.set_retry_counts(a.retry_cnt, a.rnr_retry);
+            }
             QpState::Err if t.from != QpState::Err => self.flush(),
             QpState::Sqd if t.from == QpState::Rts && !self.req.in_flight() => {
                 self.sq_drained_event |= self.sm.sq_drained();
@@ -360,8 +368,9 @@ impl<M: MemAccess> RcQp<M> {
         }
         match self.sm.state() {
             QpState::Rts => {}
-            // SQ drain: a message already started is finished; nothing new starts.
-            QpState::Sqd if self.req.mid_message() => {}
+            // SQ drain: what was started is finished (and sent again after a loss);
+            // nothing new starts.
+            QpState::Sqd if self.req.continues_started() => {}
             _ => return None,
         }
         let out = requester::transmit(self, now, mem);
@@ -410,7 +419,8 @@ impl<M: MemAccess> RcQp<M> {
 
     /// Handles timer expiry: retransmission, retries exhausted, the end of an RNR wait.
     pub fn handle_timeout(&mut self, now: Instant) {
-        if self.sm.state() == QpState::Rts {
+        // SQD too: what it started must survive a loss to drain.
+        if self.sm.processes_sends() {
             requester::handle_timeout(self, now);
             self.retire();
         }
@@ -527,3 +537,6 @@ impl<M: MemAccess> RcQp<M> {
 pub(crate) fn ack_timeout(code: u8) -> Option<Duration> {
     (code != 0).then(|| Duration::from_nanos(4096u64 << code.min(31)))
 }
+
+#[cfg(test)]
+mod tests;

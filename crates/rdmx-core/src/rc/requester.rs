@@ -57,6 +57,9 @@ pub(crate) struct Requester<Mr> {
     send_idx: usize,
     /// Bytes of `sq[send_idx]` already sent.
     send_off: u64,
+    /// Requests at the front of `sq` that were ever started: at least `send_idx`, more
+    /// after a rewind. Those are in flight, and SQD still (re)sends them.
+    started_hw: usize,
     next_psn: u32,
     /// READs and atomics sent and not completed.
     rd_atomic: u32,
@@ -76,6 +79,7 @@ impl<Mr> Requester<Mr> {
             sq: VecDeque::new(),
             send_idx: 0,
             send_off: 0,
+            started_hw: 0,
             next_psn: 0,
             rd_atomic: 0,
             retry_left: 0,
@@ -90,6 +94,11 @@ impl<Mr> Requester<Mr> {
 
     pub(crate) fn reset(&mut self, sq_psn: u32, retry_cnt: u8, rnr_retry: u8) {
         self.next_psn = sq_psn;
+        self.set_retry_counts(retry_cnt, rnr_retry);
+    }
+
+    /// New `retry_cnt` and `rnr_retry`; the counts left restart from them.
+    pub(crate) fn set_retry_counts(&mut self, retry_cnt: u8, rnr_retry: u8) {
         self.retry_cnt = retry_cnt;
         self.rnr_retry = rnr_retry;
         self.retry_left = retry_cnt;
@@ -114,12 +123,14 @@ impl<Mr> Requester<Mr> {
     pub(crate) fn pop_front(&mut self) -> SendWqe<Mr> {
         let w = self.sq.pop_front().expect("caller checked");
         self.send_idx = self.send_idx.saturating_sub(1);
+        self.started_hw = self.started_hw.saturating_sub(1);
         w
     }
 
     pub(crate) fn after_flush(&mut self) {
         self.send_idx = 0;
         self.send_off = 0;
+        self.started_hw = 0;
         self.rd_atomic = 0;
         self.timer = None;
         self.rnr_until = None;
@@ -127,12 +138,17 @@ impl<Mr> Requester<Mr> {
 
     /// Whether any started request has not completed.
     pub(crate) fn in_flight(&self) -> bool {
-        self.send_off > 0 || self.sq.iter().take(self.send_idx).any(|w| w.done.is_none())
+        self.sq
+            .iter()
+            .take(self.started_hw)
+            .any(|w| w.done.is_none())
     }
 
-    /// Whether a multi-packet message is partly sent.
-    pub(crate) fn mid_message(&self) -> bool {
-        self.send_off > 0
+    /// Whether the next packet belongs to a request already started: a multi-packet
+    /// message partly sent, or a request being sent again after a rewind. SQD sends
+    /// these and starts nothing new.
+    pub(crate) fn continues_started(&self) -> bool {
+        self.send_off > 0 || self.send_idx < self.started_hw
     }
 
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
@@ -142,15 +158,62 @@ impl<Mr> Requester<Mr> {
         }
     }
 
+    /// Checks the bookkeeping between calls (tests only): the READ/atomic count, the
+    /// indices, and that completed requests never wait behind incomplete ones.
+    #[cfg(test)]
+    pub(crate) fn check_invariants(&self) {
+        assert!(self.send_idx <= self.started_hw, "send_idx past started_hw");
+        assert!(
+            self.started_hw <= self.sq.len(),
+            "started_hw past the queue"
+        );
+        assert!(self.send_off == 0 || self.send_idx < self.sq.len());
+        let sent_rd = self
+            .sq
+            .iter()
+            .take(self.send_idx)
+            .filter(|w| w.op.is_read_or_atomic() && w.done.is_none() && w.npsn > 0)
+            .count();
+        assert_eq!(self.rd_atomic as usize, sent_rd, "rd_atomic out of step");
+        assert!(
+            self.sq.iter().all(|w| w.done.is_none()),
+            "a completed request was left in the queue"
+        );
+        let mut psn = None;
+        for w in self.sq.iter().take(self.started()) {
+            if w.npsn == 0 {
+                continue;
+            }
+            if let Some(p) = psn {
+                assert_eq!(
+                    w.first_psn, p,
+                    "PSNs of started requests are not contiguous"
+                );
+            }
+            psn = Some(psn_add(w.first_psn, w.npsn));
+        }
+    }
+
+    /// Requests started: those before `send_idx`, and the message being sent if it is
+    /// half-way (a transport that takes packets slowly can get answers to its first
+    /// packets before its last ones are out).
+    fn started(&self) -> usize {
+        (self.send_idx + usize::from(self.send_off > 0)).min(self.sq.len())
+    }
+
     /// Index of the started request whose PSNs include `psn`.
     fn find(&self, psn: u32) -> Option<usize> {
-        (0..self.send_idx.min(self.sq.len()))
-            .find(|&i| self.sq[i].npsn > 0 && self.sq[i].contains(psn))
+        (0..self.started()).find(|&i| self.sq[i].npsn > 0 && self.sq[i].contains(psn))
+    }
+
+    /// Whether every request before `idx` has completed, so `idx` may complete now.
+    fn is_oldest(&self, idx: usize) -> bool {
+        self.sq.iter().take(idx).all(|w| w.done.is_some())
     }
 
     /// Restarts transmission at request `idx` (its first packet, same PSNs).
     fn rewind(&mut self, idx: usize) {
-        if idx >= self.send_idx {
+        if idx >= self.started() {
             return;
         }
         self.next_psn = self.sq[idx].first_psn;
@@ -244,6 +307,7 @@ pub(crate) fn transmit<M: MemAccess>(qp: &mut RcQp<M>, now: Instant, mem: &M) ->
     let psn = req.next_psn;
     let mut payload = Vec::new();
     let mut hdr;
+    req.started_hw = req.started_hw.max(idx + 1);
     let w = &mut req.sq[idx];
     match w.op {
         SendOp::Send | SendOp::SendWithImm(_) | SendOp::Write(_) | SendOp::WriteWithImm(..) => {
@@ -372,7 +436,11 @@ pub(crate) fn handle_response<M: MemAccess>(
             let Some(idx) = qp.req.find(psn) else { return };
             if qp.req.rnr_retry != 7 {
                 if qp.req.rnr_left == 0 {
-                    qp.req.sq[idx].done = Some(WcStatus::RnrRetryExcErr);
+                    // Completions are in order: with an earlier READ or atomic unanswered
+                    // (its answer was lost) the timer resends from there first.
+                    if qp.req.is_oldest(idx) {
+                        qp.req.sq[idx].done = Some(WcStatus::RnrRetryExcErr);
+                    }
                     return;
                 }
                 qp.req.rnr_left -= 1;
@@ -391,6 +459,11 @@ pub(crate) fn handle_response<M: MemAccess>(
                 progress(qp, now);
             }
             let Some(idx) = qp.req.find(psn) else { return };
+            if nak != Nak::PsnSequence && !qp.req.is_oldest(idx) {
+                // An earlier READ or atomic is unanswered, so its answer was lost; the
+                // timer resends from it, and this request is NAKed again in its turn.
+                return;
+            }
             match nak {
                 Nak::PsnSequence => qp.req.rewind(idx),
                 Nak::InvalidRequest => qp.req.sq[idx].done = Some(WcStatus::RemInvReqErr),
@@ -400,6 +473,18 @@ pub(crate) fn handle_response<M: MemAccess>(
         }
         (op, _) if op.is_read_response() => {
             let Some(idx) = qp.req.find(psn) else { return };
+            // A response acknowledges every request before its READ.
+            let first = qp.req.sq[idx].first_psn;
+            if qp.req.ack_before(first) {
+                progress(qp, now);
+            }
+            if !qp.req.is_oldest(idx) {
+                // An earlier READ or atomic is unanswered: its answer was lost (answers
+                // come in order). Taking this one would complete requests out of order and
+                // let more READs and atomics out than max_rd_atomic, until the responder
+                // forgets the lost one; the timer resends from the lost one instead.
+                return;
+            }
             let mtu = qp.sm.attrs().path_mtu.bytes() as u64;
             let w = &mut qp.req.sq[idx];
             if !matches!(w.op, SendOp::Read(_)) || w.done.is_some() || psn != w.next_resp {
@@ -422,11 +507,17 @@ pub(crate) fn handle_response<M: MemAccess>(
                 w.done = Some(WcStatus::Success);
                 qp.req.rd_atomic -= 1;
             }
-            qp.req.ack_before(w_first(&qp.req.sq[idx]));
             progress(qp, now);
         }
         (Op::AtomicAck, _) => {
             let Some(idx) = qp.req.find(psn) else { return };
+            if qp.req.ack_before(psn) {
+                progress(qp, now);
+            }
+            if !qp.req.is_oldest(idx) {
+                // As for READ responses: an earlier answer was lost.
+                return;
+            }
             let w = &mut qp.req.sq[idx];
             if !w.op.is_atomic() || w.done.is_some() {
                 return;
@@ -435,15 +526,10 @@ pub(crate) fn handle_response<M: MemAccess>(
             scatter(mem, &w.local, 0, &orig.to_ne_bytes());
             w.done = Some(WcStatus::Success);
             qp.req.rd_atomic -= 1;
-            qp.req.ack_before(psn);
             progress(qp, now);
         }
         _ => {}
     }
-}
-
-fn w_first<Mr>(w: &SendWqe<Mr>) -> u32 {
-    w.first_psn
 }
 
 /// Retransmission timer or RNR wait expired.

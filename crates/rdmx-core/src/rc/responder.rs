@@ -62,6 +62,8 @@ struct ReadJob<Mr> {
     dest: u32,
     credits: Option<u32>,
     msn: u32,
+    /// The answer to a duplicate request.
+    again: bool,
 }
 
 impl<Mr> ReadJob<Mr> {
@@ -113,8 +115,9 @@ pub(crate) struct Responder<Mr> {
     placing: Option<Placing<Mr>>,
     /// A sequence NAK was sent for the current `epsn`.
     nak_sent: bool,
-    /// PSN to acknowledge, coalesced.
-    ack: Option<u32>,
+    /// PSN to acknowledge, coalesced, with the MSN as of that PSN (later requests may
+    /// have moved `msn` on before the ACK is built).
+    ack: Option<(u32, u32)>,
     /// Answers waiting to go, in order.
     out: VecDeque<Answer<Mr>>,
     replay: VecDeque<Replay>,
@@ -171,20 +174,27 @@ impl<Mr> Responder<Mr> {
 
     /// The coalesced ACK, if one is due.
     fn ack_packet(&mut self, attrs: &QpAttr, credits: Option<u32>) -> Option<Vec<u8>> {
-        let psn = self.ack.take()?;
+        let (psn, msn) = self.ack.take()?;
         let mut h = Hdr::new(Op::Ack, attrs.dest_qp_num, psn);
-        h.aeth = Some((Syndrome::Ack { credits }, self.msn));
+        h.aeth = Some((Syndrome::Ack { credits }, msn));
         let mut out = Vec::with_capacity(16);
         codec::encode(&h, &[], &mut out);
         Some(out)
     }
 
-    /// READs answered but not fully sent.
+    /// New READs answered but not fully sent (repeated answers to duplicates excepted).
     fn reads_pending(&self) -> usize {
         self.out
             .iter()
-            .filter(|a| matches!(a, Answer::Read(_)))
+            .filter(|a| matches!(a, Answer::Read(j) if !j.again))
             .count()
+    }
+
+    /// Drops the queued answer to the READ at `psn`, if any is still being sent: the
+    /// requester asked again, so it restarted that READ and the new answer replaces it.
+    fn forget_read(&mut self, psn: u32) {
+        self.out
+            .retain(|a| !matches!(a, Answer::Read(j) if j.psn == psn));
     }
 
     /// Queues an answer after any coalesced ACK (which acknowledges earlier packets).
@@ -283,15 +293,19 @@ fn duplicate<M: MemAccess>(
             }
         }
         // SEND and WRITE duplicates: acknowledge everything received so far.
-        _ => qp.resp.ack = Some(psn_add(qp.resp.epsn, 0xff_ffff)),
+        _ => qp.resp.ack = Some((psn_add(qp.resp.epsn, 0xff_ffff), qp.resp.msn)),
     }
 }
 
-/// Ends a request in error on the responder side: answer with `syndrome`.
+/// Ends a request in error on the responder side: answer with the NAK, then move the QP
+/// to ERR. These are IBTA's class C responder errors (invalid request, remote access,
+/// remote operational): the responder's QP fails too, as on rxe and adapters, rather
+/// than waiting at the refused PSN for a requester that has failed.
 fn refuse<M: MemAccess>(qp: &mut RcQp<M>, attrs: &QpAttr, psn: u32, nak: Nak) {
     let credits = qp.credits();
     qp.resp.placing = None;
     qp.resp.nak(attrs, credits, psn, Syndrome::Nak(nak));
+    qp.enter_error();
 }
 
 fn accept<M: MemAccess>(qp: &mut RcQp<M>, hdr: &Hdr) {
@@ -300,7 +314,7 @@ fn accept<M: MemAccess>(qp: &mut RcQp<M>, hdr: &Hdr) {
         qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
     }
     if hdr.op.ends() || hdr.ack_req {
-        qp.resp.ack = Some(hdr.psn);
+        qp.resp.ack = Some((hdr.psn, qp.resp.msn));
     }
 }
 
@@ -360,14 +374,12 @@ fn send<M: MemAccess>(
         let f = qp.resp.filling.take().expect("just seen");
         complete_recv(qp, f.wqe, err, 0, None, false);
         refuse(qp, attrs, hdr.psn, Nak::RemoteOperational);
-        qp.enter_error();
         return;
     }
     if f.off + payload.len() as u64 > f.wqe.len {
         let f = qp.resp.filling.take().expect("just seen");
         complete_recv(qp, f.wqe, WcStatus::LocLenErr, 0, None, false);
         refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
-        qp.enter_error();
         return;
     }
     place(mem, &f.wqe, f.off, payload);
@@ -463,9 +475,13 @@ fn read<M: MemAccess>(
     let Ok((va, len, mr)) = reth_target(qp, mem, attrs, hdr, Access::REMOTE_READ) else {
         return;
     };
-    // The responder holds at most max_dest_rd_atomic READs being answered, as an
-    // adapter's responder resources; a requester that exceeds them broke the agreement.
-    if qp.resp.reads_pending() >= usize::from(attrs.max_dest_rd_atomic.max(1)) {
+    if again {
+        // A retransmission, never a new use of the responder's resources.
+        qp.resp.forget_read(hdr.psn);
+    } else if qp.resp.reads_pending() >= usize::from(attrs.max_dest_rd_atomic.max(1)) {
+        // The responder holds at most max_dest_rd_atomic READs being answered, as an
+        // adapter's responder resources; a requester that exceeds them broke the
+        // agreement.
         refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
         return;
     }
@@ -485,6 +501,7 @@ fn read<M: MemAccess>(
         dest: attrs.dest_qp_num,
         credits,
         msn: qp.resp.msn,
+        again,
     };
     qp.resp.push(attrs, credits, Answer::Read(job));
     if !again {

@@ -1,0 +1,920 @@
+//! Retransmission: single scripted drops at every position, late and duplicated packets,
+//! and random loss, duplication and reordering over mixed workloads.
+
+use std::time::Duration;
+
+use rdmx_wire::{psn_add, Opcode};
+
+use super::util::*;
+use crate::qp::QpState;
+use crate::wr::{SendOp, WcStatus};
+
+/// The k-th PSN A sends.
+fn a_psn(p: &Pair, k: u32) -> u32 {
+    psn_add(p.cfg.sq_psn_a, k)
+}
+
+/// The ACK timeout of the default configuration.
+fn ack_timeout(p: &Pair) -> Duration {
+    crate::qp::timeout_duration(p.cfg.timeout).unwrap()
+}
+
+const LONG: u32 = 10 * 256 + 3; // 11 packets at MTU 256
+
+#[derive(Clone, Copy, Debug)]
+enum Pos {
+    First,
+    Middle,
+    Last,
+}
+
+impl Pos {
+    const ALL: [Pos; 3] = [Pos::First, Pos::Middle, Pos::Last];
+    fn index(self) -> u32 {
+        match self {
+            Pos::First => 0,
+            Pos::Middle => 5,
+            Pos::Last => 10,
+        }
+    }
+}
+
+#[test]
+fn send_with_one_packet_dropped_completes_once() {
+    for pos in Pos::ALL {
+        let mut p = Pair::new();
+        let data = pattern(3, LONG as usize);
+        let src = p.a.mem.register(u64::from(LONG), ALL);
+        p.a.mem.fill(src.addr, &data);
+        let dst = p.b.mem.register(2 * u64::from(LONG), ALL);
+        p.b.recv(1, split_sges(&dst, 0, LONG, 3)).unwrap();
+        p.b.recv(2, vec![dst.sge(u64::from(LONG), LONG)]).unwrap();
+        let target = a_psn(&p, pos.index());
+        p.ab.drop_matching(1, move |x| x.psn == target && x.is_send());
+        p.a.post(wr(1, SendOp::Send, split_sges(&src, 0, LONG, 2)))
+            .unwrap();
+        p.drive();
+
+        let ctx = format!("{pos:?}");
+        assert_eq!(p.a.sends(), vec![(1, WcStatus::Success)], "{ctx}");
+        assert_eq!(p.b.recvs(), vec![(1, WcStatus::Success)], "{ctx}");
+        assert_eq!(p.b.recv_cq[0].c.byte_len, LONG, "{ctx}");
+        assert_eq!(p.b.mem.bytes(dst.addr, LONG as usize), data, "{ctx}");
+        assert_eq!(p.b.qp.outstanding().1, 1, "{ctx}: one receive consumed");
+        assert!(
+            p.ab.sent().filter(|x| x.psn == target).count() >= 2,
+            "{ctx}: the dropped packet was sent again"
+        );
+        match pos {
+            // A later packet reveals the gap: a sequence NAK, no timeout.
+            Pos::First | Pos::Middle => {
+                assert_eq!(p.ba.sent().filter(|x| x.is_seq_nak()).count(), 1, "{ctx}");
+                assert_eq!(p.timeouts.0, 0, "{ctx}: recovered without the timer");
+            }
+            // Nothing follows the last packet: only the timer finds it.
+            Pos::Last => assert!(p.timeouts.0 >= 1, "{ctx}"),
+        }
+        assert_eq!(p.a.qp.state(), QpState::Rts);
+        assert_eq!(p.b.qp.state(), QpState::Rts);
+    }
+}
+
+#[test]
+fn write_with_one_packet_dropped_completes_once() {
+    for pos in Pos::ALL {
+        let mut p = Pair::new();
+        let data = pattern(4, LONG as usize);
+        let src = p.a.mem.register(u64::from(LONG), ALL);
+        p.a.mem.fill(src.addr, &data);
+        let dst = p.b.mem.register(u64::from(LONG) + 16, ALL);
+        let target = a_psn(&p, pos.index());
+        p.ab.drop_matching(1, move |x| x.psn == target);
+        p.a.post(wr(
+            1,
+            SendOp::Write(dst.remote(8)),
+            split_sges(&src, 0, LONG, 3),
+        ))
+        .unwrap();
+        p.drive();
+
+        let ctx = format!("{pos:?}");
+        assert_eq!(p.a.sends(), vec![(1, WcStatus::Success)], "{ctx}");
+        assert_eq!(p.b.mem.bytes(dst.addr + 8, LONG as usize), data, "{ctx}");
+        assert_eq!(p.b.mem.bytes(dst.addr, 8), vec![0; 8], "{ctx}");
+        assert_eq!(
+            p.b.mem.bytes(dst.addr + 8 + u64::from(LONG), 8),
+            vec![0; 8],
+            "{ctx}"
+        );
+        assert!(p.ab.sent().filter(|x| x.psn == target).count() >= 2);
+    }
+}
+
+#[test]
+fn read_with_request_or_one_response_dropped_completes_once() {
+    // None: the request is dropped; Some(pos): that response packet is.
+    for which in [None, Some(Pos::First), Some(Pos::Middle), Some(Pos::Last)] {
+        let mut p = Pair::new();
+        let data = pattern(5, LONG as usize);
+        let src = p.b.mem.register(u64::from(LONG), ALL);
+        p.b.mem.fill(src.addr, &data);
+        let dst = p.a.mem.register(u64::from(LONG), ALL);
+        let first = a_psn(&p, 0);
+        match which {
+            None => p.ab.drop_matching(1, |x| x.is_read_request()),
+            Some(pos) => {
+                let psn = psn_add(first, pos.index());
+                p.ba.drop_matching(1, move |x| x.is_read_response() && x.psn == psn);
+            }
+        }
+        p.a.post(wr(
+            1,
+            SendOp::Read(src.remote(0)),
+            split_sges(&dst, 0, LONG, 3),
+        ))
+        .unwrap();
+        p.drive();
+
+        let ctx = format!("{which:?}");
+        assert_eq!(p.a.sends(), vec![(1, WcStatus::Success)], "{ctx}");
+        assert_eq!(p.a.send_cq[0].c.byte_len, LONG, "{ctx}");
+        assert_eq!(p.a.mem.bytes(dst.addr, LONG as usize), data, "{ctx}");
+        assert_eq!(
+            p.ab.sent().filter(|x| x.is_read_request()).count(),
+            2,
+            "{ctx}: the READ was requested again once"
+        );
+        assert!(p.timeouts.0 >= 1, "{ctx}");
+        assert_eq!(p.a.qp.state(), QpState::Rts);
+    }
+}
+
+#[test]
+fn atomic_with_request_or_ack_dropped_executes_once() {
+    for (drop_ack, cas) in [(false, false), (true, false), (false, true), (true, true)] {
+        let mut p = Pair::new();
+        let target = p.b.mem.register(64, ALL);
+        p.b.mem.set_u64(target.addr + 16, 100);
+        let local = p.a.mem.register(8, ALL);
+        if drop_ack {
+            p.ba.drop_matching(1, |x| x.op == Opcode::AtomicAcknowledge);
+        } else {
+            p.ab.drop_matching(1, |x| x.is_atomic_request());
+        }
+        let op = if cas {
+            SendOp::CompareSwap {
+                remote: target.remote(16),
+                compare: 100,
+                swap: 500,
+            }
+        } else {
+            SendOp::FetchAdd {
+                remote: target.remote(16),
+                add: 7,
+            }
+        };
+        p.a.post(wr(1, op, vec![local.sge(0, 8)])).unwrap();
+        p.drive();
+
+        let ctx = format!("drop ack {drop_ack}, cas {cas}");
+        assert_eq!(p.a.sends(), vec![(1, WcStatus::Success)], "{ctx}");
+        assert_eq!(p.a.mem.u64_at(local.addr), 100, "{ctx}");
+        // A second execution would give 114, or a failed CAS returning 500.
+        let expect = if cas { 500 } else { 107 };
+        assert_eq!(p.b.mem.u64_at(target.addr + 16), expect, "{ctx}");
+        assert_eq!(p.b.mem.atomics.get(), 1, "{ctx}: executed exactly once");
+        assert_eq!(
+            p.ab.sent().filter(|x| x.is_atomic_request()).count(),
+            2,
+            "{ctx}"
+        );
+        if drop_ack {
+            // The retransmission was a duplicate, answered from the replay.
+            let acks: Vec<u64> = p.ba.sent().filter_map(|x| x.atomic_orig).collect();
+            assert_eq!(acks, vec![100, 100], "{ctx}");
+        }
+    }
+}
+
+#[test]
+fn lost_ack_of_a_send_is_recovered_without_a_second_delivery() {
+    let mut p = Pair::new();
+    let src = p.a.mem.register(100, ALL);
+    let dst = p.b.mem.register(200, ALL);
+    p.a.mem.fill(src.addr, &pattern(9, 100));
+    p.b.recv(1, vec![dst.sge(0, 100)]).unwrap();
+    p.b.recv(2, vec![dst.sge(100, 100)]).unwrap();
+    p.ba.drop_matching(1, |x| x.is_ack());
+    p.a.post(wr(1, SendOp::Send, vec![src.sge(0, 100)]))
+        .unwrap();
+    p.drive();
+    assert_eq!(p.a.sends(), vec![(1, WcStatus::Success)]);
+    assert_eq!(p.b.recvs(), vec![(1, WcStatus::Success)]);
+    assert_eq!(p.b.qp.outstanding().1, 1);
+    assert_eq!(p.b.mem.bytes(dst.addr + 100, 100), vec![0; 100]);
+    assert_eq!(p.ab.sent().count(), 2, "one retransmission");
+    assert_eq!(p.timeouts.0, 1);
+    // The completion came only after the timeout.
+    assert!(p.a.send_cq[0].at - p.epoch >= ack_timeout(&p));
+}
+
+#[test]
+fn go_back_to_an_earlier_read_while_a_send_is_half_received() {
+    let mut p = Pair::new();
+    let rsrc = p.b.mem.register(64, ALL);
+    p.b.mem
+        .fill(rsrc.addr, b"read me, then the long send arrives after");
+    let rdst = p.a.mem.register(64, ALL);
+    let data = pattern(12, LONG as usize);
+    let src = p.a.mem.register(u64::from(LONG), ALL);
+    p.a.mem.fill(src.addr, &data);
+    let dst = p.b.mem.register(u64::from(LONG), ALL);
+    p.b.recv(7, vec![dst.sge(0, LONG)]).unwrap();
+    p.b.recv(8, vec![dst.sge(0, LONG)]).unwrap();
+    // The READ's only response is lost, and the SEND's last packet: the responder holds
+    // a half-filled receive when the requester goes back to the READ.
+    p.ba.drop_matching(1, |x| x.is_read_response());
+    let last = a_psn(&p, 1 + 10);
+    p.ab.set_filter(move |x| (x.psn == last && x.is_send()).then_some(Fate::Drop));
+    p.a.post(wr(1, SendOp::Read(rsrc.remote(0)), vec![rdst.sge(0, 41)]))
+        .unwrap();
+    p.a.post(wr(2, SendOp::Send, vec![src.sge(0, LONG)]))
+        .unwrap();
+    p.drive_for(ack_timeout(&p) / 2);
+    assert!(p.a.send_cq.is_empty());
+    assert!(p.b.recv_cq.is_empty(), "the SEND is incomplete");
+    // Let the retransmissions through.
+    p.ab.clear_filter();
+    p.drive();
+    assert_eq!(
+        p.a.sends(),
+        vec![(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!(p.b.recvs(), vec![(7, WcStatus::Success)]);
+    assert_eq!(p.b.mem.bytes(dst.addr, LONG as usize), data);
+    assert_eq!(
+        p.a.mem.bytes(rdst.addr, 41),
+        b"read me, then the long send arrives after".to_vec()
+    );
+    assert_eq!(p.b.qp.outstanding().1, 1);
+}
+
+#[test]
+fn write_with_imm_rnr_on_its_last_packet_keeps_the_placement() {
+    let mut p = Pair::new();
+    let data = pattern(13, LONG as usize);
+    let src = p.a.mem.register(u64::from(LONG), ALL);
+    p.a.mem.fill(src.addr, &data);
+    let dst = p.b.mem.register(u64::from(LONG), ALL);
+    let spare = p.b.mem.register(8, ALL);
+    p.a.post(wr(
+        1,
+        SendOp::WriteWithImm(dst.remote(0), 77),
+        vec![src.sge(0, LONG)],
+    ))
+    .unwrap();
+    p.drive_for(Duration::from_millis(1));
+    assert!(p.ba.sent().any(|x| x.is_rnr_nak()));
+    assert!(p.a.send_cq.is_empty());
+    p.b.recv(5, vec![spare.sge(0, 8)]).unwrap();
+    p.drive();
+    assert_eq!(p.a.sends(), vec![(1, WcStatus::Success)]);
+    assert_eq!(p.b.recvs(), vec![(5, WcStatus::Success)]);
+    assert_eq!(p.b.recv_cq[0].c.byte_len, LONG);
+    assert_eq!(p.b.recv_cq[0].c.imm_data, Some(77));
+    assert_eq!(p.b.mem.bytes(dst.addr, LONG as usize), data);
+}
+
+#[test]
+fn late_responses_of_an_abandoned_read_attempt_change_nothing() {
+    let mut p = Pair::new();
+    let t = ack_timeout(&p);
+    let one = pattern(20, LONG as usize);
+    let two = pattern(21, LONG as usize);
+    let src = p.b.mem.register(2 * u64::from(LONG), ALL);
+    p.b.mem.fill(src.addr, &one);
+    p.b.mem.fill(src.addr + u64::from(LONG), &two);
+    let dst = p.a.mem.register(u64::from(LONG), ALL);
+    // The first attempt's responses from the fourth on are held up for 1.5 timeouts: the
+    // requester gives up on them, asks again, completes, and starts a second READ into
+    // the same buffer whose request is lost once. The stragglers arrive during it.
+    let first = a_psn(&p, 0);
+    let mut held = 0;
+    p.ba.set_filter(move |x| {
+        let i = rdmx_wire::psn_diff(x.psn, first);
+        if x.is_read_response() && (3..11).contains(&i) && held < 8 {
+            held += 1;
+            return Some(Fate::Delay(t + t / 2));
+        }
+        None
+    });
+    p.a.post(wr(1, SendOp::Read(src.remote(0)), vec![dst.sge(0, LONG)]))
+        .unwrap();
+    p.drive_until(|p| !p.a.send_cq.is_empty());
+    assert_eq!(p.a.sends(), vec![(1, WcStatus::Success)]);
+    assert_eq!(p.a.mem.bytes(dst.addr, LONG as usize), one);
+    assert!(p.ba.in_flight() > 0, "stragglers still on the wire");
+
+    p.ab.drop_matching(1, |x| x.is_read_request());
+    p.a.post(wr(
+        2,
+        SendOp::Read(src.remote(u64::from(LONG))),
+        vec![dst.sge(0, LONG)],
+    ))
+    .unwrap();
+    p.drive();
+    assert_eq!(
+        p.a.sends(),
+        vec![(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!(p.a.mem.bytes(dst.addr, LONG as usize), two);
+    assert_eq!(p.a.qp.state(), QpState::Rts);
+}
+
+#[test]
+fn responses_after_a_lost_atomic_ack_wait_for_it() {
+    // A lost ATOMIC ACKNOWLEDGE followed by READs that complete: the requester must not
+    // run ahead with more READs/atomics than max_rd_atomic, or the responder's replay
+    // forgets the atomic and its retransmission is never answered.
+    let mut p = Pair::with(PairConfig {
+        max_rd_atomic: 2,
+        max_dest_rd_atomic: 2,
+        ..PairConfig::default()
+    });
+    let target = p.b.mem.register(8, ALL);
+    p.b.mem.set_u64(target.addr, 40);
+    let src = p.b.mem.register(64, ALL);
+    p.b.mem.fill(src.addr, &pattern(30, 64));
+    let local = p.a.mem.register(8 + 6 * 64, ALL);
+    p.ba.drop_matching(1, |x| x.op == Opcode::AtomicAcknowledge);
+    p.a.post(wr(
+        1,
+        SendOp::FetchAdd {
+            remote: target.remote(0),
+            add: 2,
+        },
+        vec![local.sge(0, 8)],
+    ))
+    .unwrap();
+    for i in 0..6u64 {
+        p.a.post(wr(
+            10 + i,
+            SendOp::Read(src.remote(0)),
+            vec![local.sge(8 + 64 * i, 64)],
+        ))
+        .unwrap();
+    }
+    p.drive();
+    let mut expect = vec![(1, WcStatus::Success)];
+    expect.extend((0..6).map(|i| (10 + i, WcStatus::Success)));
+    assert_eq!(p.a.sends(), expect);
+    assert_eq!(p.a.mem.u64_at(local.addr), 40);
+    assert_eq!(p.b.mem.u64_at(target.addr), 42);
+    assert_eq!(p.b.mem.atomics.get(), 1);
+    for i in 0..6 {
+        assert_eq!(p.a.mem.bytes(local.addr + 8 + 64 * i, 64), pattern(30, 64));
+    }
+}
+
+#[test]
+fn a_read_asked_again_while_its_first_answer_is_still_queued() {
+    // The responder cannot send for a while (a full transport): the requester times out
+    // and asks for the READ again while the first answer is still queued. That is a
+    // retransmission, not a requester exceeding the responder's resources.
+    let mut p = Pair::with(PairConfig {
+        max_rd_atomic: 1,
+        max_dest_rd_atomic: 1,
+        ..PairConfig::default()
+    });
+    let t = ack_timeout(&p);
+    let data = pattern(31, LONG as usize);
+    let src = p.b.mem.register(u64::from(LONG), ALL);
+    p.b.mem.fill(src.addr, &data);
+    let dst = p.a.mem.register(u64::from(LONG), ALL);
+    p.b.hold = true;
+    // And the first answer's last packet is lost: the READ completes from the second.
+    let last = a_psn(&p, 10);
+    p.ba.drop_matching(1, move |x| x.is_read_response() && x.psn == last);
+    p.a.post(wr(1, SendOp::Read(src.remote(0)), vec![dst.sge(0, LONG)]))
+        .unwrap();
+    p.drive_for(t + t / 2);
+    assert_eq!(p.ab.sent().filter(|x| x.is_read_request()).count(), 2);
+    p.b.hold = false;
+    p.drive();
+    assert_eq!(p.a.sends(), vec![(1, WcStatus::Success)]);
+    assert_eq!(p.a.mem.bytes(dst.addr, LONG as usize), data);
+    assert_eq!(p.b.qp.state(), QpState::Rts);
+}
+
+#[test]
+fn rnr_nak_for_a_message_still_being_sent() {
+    // A paced transport takes one packet every 5 µs: the RNR NAK for the first packet of
+    // a 20-packet SEND comes back while the rest is still going out. The requester must
+    // wait the RNR timer and retry (rnr_retry 7: forever), not let the ACK timer burn
+    // its retry_cnt.
+    let mut p = Pair::with(PairConfig {
+        retry_cnt: 2,
+        rnr_retry: 7,
+        ..PairConfig::default()
+    });
+    p.a.burst = Some(1);
+    let len = 20 * 256;
+    let data = pattern(40, len);
+    let src = p.a.mem.register(len as u64, ALL);
+    p.a.mem.fill(src.addr, &data);
+    let dst = p.b.mem.register(len as u64, ALL);
+    p.a.post(wr(1, SendOp::Send, vec![src.sge(0, len as u32)]))
+        .unwrap();
+    p.drive_for(ack_timeout(&p) * 5);
+    assert!(p.a.send_cq.is_empty(), "{:?}", p.a.sends());
+    assert_eq!(p.a.qp.state(), QpState::Rts);
+    assert!(p.ba.sent().filter(|x| x.is_rnr_nak()).count() >= 2);
+    p.b.recv(7, vec![dst.sge(0, len as u32)]).unwrap();
+    p.drive();
+    assert_eq!(p.a.sends(), vec![(1, WcStatus::Success)]);
+    assert_eq!(p.b.recvs(), vec![(7, WcStatus::Success)]);
+    assert_eq!(p.b.mem.bytes(dst.addr, len), data);
+}
+
+#[test]
+fn sequence_nak_for_a_message_still_being_sent() {
+    // The same paced transport; the third packet is lost and the NAK comes back while
+    // the message is still going out: go back at once, no timeout.
+    let mut p = Pair::new();
+    p.a.burst = Some(1);
+    let len = 20 * 256;
+    let data = pattern(41, len);
+    let src = p.a.mem.register(len as u64, ALL);
+    p.a.mem.fill(src.addr, &data);
+    let dst = p.b.mem.register(len as u64, ALL);
+    p.b.recv(7, vec![dst.sge(0, len as u32)]).unwrap();
+    let lost = a_psn(&p, 2);
+    p.ab.drop_matching(1, move |x| x.psn == lost);
+    p.a.post(wr(1, SendOp::Send, vec![src.sge(0, len as u32)]))
+        .unwrap();
+    p.drive();
+    assert_eq!(p.a.sends(), vec![(1, WcStatus::Success)]);
+    assert_eq!(p.b.mem.bytes(dst.addr, len), data);
+    assert_eq!(p.ba.sent().filter(|x| x.is_seq_nak()).count(), 1);
+    assert_eq!(p.timeouts.0, 0, "recovered by the NAK, not the timer");
+    assert!(p.a.send_cq[0].at - p.epoch < ack_timeout(&p));
+}
+
+// ---------------------------------------------------------------------------------------
+// Random loss, duplication and reordering
+// ---------------------------------------------------------------------------------------
+
+/// What one operation should have produced.
+#[derive(Debug)]
+enum Expect {
+    /// A SEND of these bytes into receive number `recv`.
+    Send { data: Vec<u8>, recv: usize },
+    /// A WRITE of these bytes at the responder's `addr`.
+    Write { data: Vec<u8>, addr: u64 },
+    /// A READ of these bytes into the requester's `addr`.
+    Read { data: Vec<u8>, addr: u64 },
+    /// The k-th FETCH_ADD (+1 on the counter): returns k, into the requester's `addr`.
+    Faa { k: u64, addr: u64 },
+    /// The k-th COMPARE_SWAP (k → k+1): returns k, into the requester's `addr`.
+    Cas { k: u64, addr: u64 },
+}
+
+/// A workload from `req` to `resp`: every kind of operation, sizes around the MTU,
+/// 1 to 3 SGEs. Returns the expectations and the responder's counter and CAS word.
+struct Workload {
+    expects: Vec<Expect>,
+    /// Receives not posted yet (`late_recvs`), in order.
+    pending_recvs: std::collections::VecDeque<(u64, Vec<crate::wr::Sge>)>,
+    counter: u64,
+    cas: u64,
+    recv_slots: Vec<u64>,
+    faa: u64,
+    cases: u64,
+}
+
+const SLOT: u64 = 3 * 256 + 64;
+
+fn sized(rng: &mut Rng) -> u32 {
+    match rng.below(8) {
+        0 => 0,
+        1 => 1,
+        2 => 255,
+        3 => 256,
+        4 => 257,
+        _ => rng.below(3 * 256 + 1) as u32,
+    }
+}
+
+fn build_workload(
+    req: &mut Endpoint,
+    resp: &mut Endpoint,
+    n: usize,
+    seed: u64,
+    late_recvs: bool,
+) -> Workload {
+    let mut rng = Rng::new(seed);
+    let src = req.mem.register(n as u64 * SLOT, ALL);
+    let local = req.mem.register(n as u64 * SLOT, ALL);
+    let area = resp.mem.register(n as u64 * SLOT, ALL);
+    let words = resp.mem.register(16, ALL);
+    let (counter, cas) = (words.addr, words.addr + 8);
+    let mut w = Workload {
+        expects: Vec::new(),
+        pending_recvs: Default::default(),
+        counter,
+        cas,
+        recv_slots: Vec::new(),
+        faa: 0,
+        cases: 0,
+    };
+    for i in 0..n as u64 {
+        let slot = i * SLOT;
+        let len = sized(&mut rng);
+        let nsge = 1 + rng.below(3) as usize;
+        let data = pattern(seed * 1000 + i, len as usize);
+        let op = rng.below(5);
+        let id = i;
+        match op {
+            0 => {
+                req.mem.fill(src.addr + slot, &data);
+                let recv = w.recv_slots.len();
+                w.recv_slots.push(area.addr + slot);
+                let sges = split_sges(&area, slot, SLOT as u32, 1 + rng.below(3) as usize);
+                if late_recvs {
+                    w.pending_recvs.push_back((1000 + recv as u64, sges));
+                } else {
+                    resp.recv(1000 + recv as u64, sges).unwrap();
+                }
+                let op = if rng.below(2) == 0 {
+                    SendOp::Send
+                } else {
+                    SendOp::SendWithImm(i as u32)
+                };
+                req.post(wr(id, op, split_sges(&src, slot, len, nsge)))
+                    .unwrap();
+                w.expects.push(Expect::Send { data, recv });
+            }
+            1 => {
+                req.mem.fill(src.addr + slot, &data);
+                req.post(wr(
+                    id,
+                    SendOp::Write(area.remote(slot)),
+                    split_sges(&src, slot, len, nsge),
+                ))
+                .unwrap();
+                w.expects.push(Expect::Write {
+                    data,
+                    addr: area.addr + slot,
+                });
+            }
+            2 => {
+                // READs read what no later request writes: a retransmitted READ is
+                // executed again and must see the same bytes.
+                resp.mem.fill(area.addr + slot, &data);
+                req.post(wr(
+                    id,
+                    SendOp::Read(area.remote(slot)),
+                    split_sges(&local, slot, len, nsge),
+                ))
+                .unwrap();
+                w.expects.push(Expect::Read {
+                    data,
+                    addr: local.addr + slot,
+                });
+            }
+            3 => {
+                req.post(wr(
+                    id,
+                    SendOp::FetchAdd {
+                        remote: words.remote(0),
+                        add: 1,
+                    },
+                    vec![local.sge(slot, 8)],
+                ))
+                .unwrap();
+                w.expects.push(Expect::Faa {
+                    k: w.faa,
+                    addr: local.addr + slot,
+                });
+                w.faa += 1;
+            }
+            _ => {
+                req.post(wr(
+                    id,
+                    SendOp::CompareSwap {
+                        remote: words.remote(8),
+                        compare: w.cases,
+                        swap: w.cases + 1,
+                    },
+                    vec![local.sge(slot, 8)],
+                ))
+                .unwrap();
+                w.expects.push(Expect::Cas {
+                    k: w.cases,
+                    addr: local.addr + slot,
+                });
+                w.cases += 1;
+            }
+        }
+    }
+    w
+}
+
+fn check_workload(w: &Workload, req: &Endpoint, resp: &Endpoint, ctx: &str) {
+    let ids: Vec<(u64, WcStatus)> = req.sends();
+    let expect: Vec<(u64, WcStatus)> = (0..w.expects.len() as u64)
+        .map(|i| (i, WcStatus::Success))
+        .collect();
+    assert_eq!(ids, expect, "{ctx}: send completions, in order");
+    let recvs: Vec<(u64, WcStatus)> = resp.recvs();
+    let expect: Vec<(u64, WcStatus)> = (0..w.recv_slots.len() as u64)
+        .map(|i| (1000 + i, WcStatus::Success))
+        .collect();
+    assert_eq!(recvs, expect, "{ctx}: receives, in order, each once");
+    for (i, e) in w.expects.iter().enumerate() {
+        match e {
+            Expect::Send { data, recv } => {
+                assert_eq!(
+                    resp.recv_cq[*recv].c.byte_len as usize,
+                    data.len(),
+                    "{ctx} op {i}"
+                );
+                assert_eq!(
+                    resp.mem.bytes(w.recv_slots[*recv], data.len()),
+                    *data,
+                    "{ctx} op {i}"
+                );
+            }
+            Expect::Write { data, addr } => {
+                assert_eq!(resp.mem.bytes(*addr, data.len()), *data, "{ctx} op {i}")
+            }
+            Expect::Read { data, addr } => {
+                assert_eq!(req.mem.bytes(*addr, data.len()), *data, "{ctx} op {i}")
+            }
+            Expect::Faa { k, addr } | Expect::Cas { k, addr } => {
+                assert_eq!(req.mem.u64_at(*addr), *k, "{ctx} op {i}")
+            }
+        }
+    }
+    assert_eq!(resp.mem.u64_at(w.counter), w.faa, "{ctx}: FETCH_ADD count");
+    assert_eq!(resp.mem.u64_at(w.cas), w.cases, "{ctx}: CMP_SWAP count");
+    assert_eq!(
+        resp.mem.atomics.get(),
+        w.faa + w.cases,
+        "{ctx}: atomics executed exactly once"
+    );
+}
+
+/// A random run: both directions at once, with these link and QP settings.
+#[derive(Clone, Debug)]
+struct Scenario {
+    seed: u64,
+    loss: f64,
+    dup: f64,
+    reorder: f64,
+    late_dup: f64,
+    latency: Duration,
+    jitter: Duration,
+    timeout: u8,
+    max_rd: u8,
+    mtu: crate::qp::Mtu,
+    n: usize,
+    /// Receives are posted a few at a time while running (RNR NAKs happen).
+    late_recvs: bool,
+    /// The responder side stops sending now and then (a full transport).
+    stalls: bool,
+    /// Both transports take at most this many packets every 5 µs.
+    burst: Option<usize>,
+}
+
+impl Default for Scenario {
+    fn default() -> Self {
+        Scenario {
+            seed: 1,
+            loss: 0.0,
+            dup: 0.0,
+            reorder: 0.0,
+            late_dup: 0.0,
+            latency: Duration::from_micros(10),
+            jitter: Duration::from_micros(40),
+            timeout: 10,
+            max_rd: 4,
+            mtu: crate::qp::Mtu::Mtu256,
+            n: 100,
+            late_recvs: false,
+            stalls: false,
+            burst: None,
+        }
+    }
+}
+
+fn run(s: &Scenario) {
+    let mut p = Pair::with(PairConfig {
+        seed: s.seed,
+        sq_psn_a: 0xff_ff00,
+        timeout: s.timeout,
+        max_rd_atomic: s.max_rd,
+        max_dest_rd_atomic: s.max_rd,
+        mtu: s.mtu,
+        ..PairConfig::default()
+    });
+    for l in [&mut p.ab, &mut p.ba] {
+        l.loss = s.loss;
+        l.dup = s.dup;
+        l.reorder = s.reorder;
+        l.latency = s.latency;
+        l.jitter = s.jitter;
+        l.late_dup = s.late_dup;
+        l.late_by = Duration::from_millis(7);
+    }
+    p.a.burst = s.burst;
+    p.b.burst = s.burst;
+    let mut wa = build_workload(&mut p.a, &mut p.b, s.n, s.seed * 2 + 1, s.late_recvs);
+    let mut wb = build_workload(&mut p.b, &mut p.a, s.n / 2, s.seed * 2 + 2, s.late_recvs);
+    let mut rng = Rng::new(s.seed ^ 0xfeed);
+    // With receives to post or stalls to make, run in rounds of up to 6 ms.
+    let rounds = if s.late_recvs || s.stalls { 20 } else { 0 };
+    let mut round = 0;
+    while round < rounds || !wa.pending_recvs.is_empty() || !wb.pending_recvs.is_empty() {
+        round += 1;
+        p.drive_for(Duration::from_micros(rng.below(6000)));
+        for (w, ep) in [(&mut wa, &mut p.b), (&mut wb, &mut p.a)] {
+            for _ in 0..rng.below(4) {
+                if let Some((id, sges)) = w.pending_recvs.pop_front() {
+                    ep.recv(id, sges).unwrap();
+                }
+            }
+        }
+        if s.stalls {
+            p.b.hold = round % 3 == 1;
+            p.a.hold = round % 5 == 2;
+        }
+    }
+    p.a.hold = false;
+    p.b.hold = false;
+    p.drive();
+    if std::env::var_os("RDMX_TRACE").is_some() {
+        eprintln!("{}", p.trace());
+    }
+    let ctx = format!("{s:?}");
+    check_workload(&wa, &p.a, &p.b, &format!("{ctx}, A→B"));
+    check_workload(&wb, &p.b, &p.a, &format!("{ctx}, B→A"));
+    assert_eq!(p.a.qp.state(), QpState::Rts, "{ctx}");
+    assert_eq!(p.b.qp.state(), QpState::Rts, "{ctx}");
+    assert_eq!(p.a.qp.outstanding(), (0, 0), "{ctx}");
+    assert_eq!(p.b.qp.outstanding(), (0, 0), "{ctx}");
+}
+
+fn lossy_run(seed: u64, loss: f64, dup: f64, reorder: f64, late_dup: f64, n: usize) {
+    run(&Scenario {
+        seed,
+        loss,
+        dup,
+        reorder,
+        late_dup,
+        n,
+        ..Scenario::default()
+    });
+}
+
+#[test]
+fn mixed_workload_lossless() {
+    for seed in 1..=3 {
+        lossy_run(seed, 0.0, 0.0, 0.0, 0.0, 100);
+    }
+}
+
+#[test]
+fn mixed_workload_under_loss() {
+    for seed in 1..=4 {
+        for loss in [0.05, 0.15, 0.25] {
+            lossy_run(seed, loss, 0.0, 0.0, 0.0, 100);
+        }
+    }
+}
+
+#[test]
+fn mixed_workload_under_loss_duplication_and_reordering() {
+    for seed in 1..=6 {
+        for loss in [0.0, 0.1, 0.2] {
+            lossy_run(seed, loss, 0.1, 0.3, 0.0, 100);
+        }
+    }
+}
+
+#[test]
+fn mixed_workload_with_late_duplicates() {
+    for seed in 1..=4 {
+        lossy_run(seed, 0.1, 0.05, 0.2, 0.1, 100);
+    }
+}
+
+#[test]
+fn mixed_workload_every_packet_duplicated() {
+    for seed in 1..=3 {
+        lossy_run(seed, 0.0, 1.0, 0.0, 0.0, 60);
+    }
+}
+
+#[test]
+fn mixed_workload_posted_while_running() {
+    let mut p = Pair::with(PairConfig {
+        seed: 77,
+        ..PairConfig::default()
+    });
+    for l in [&mut p.ab, &mut p.ba] {
+        l.loss = 0.15;
+        l.dup = 0.05;
+        l.reorder = 0.3;
+    }
+    let mut batches = Vec::new();
+    for round in 0..5u64 {
+        // Each batch gets its own regions; completions accumulate.
+        let base_a = p.a.send_cq.len();
+        let w = build_workload(&mut p.a, &mut p.b, 20, 500 + round, false);
+        batches.push((base_a, w));
+        p.drive_for(Duration::from_micros(300));
+    }
+    p.drive();
+    let ids: Vec<u64> = p.a.send_cq.iter().map(|w| w.c.wr_id).collect();
+    let expect: Vec<u64> = (0..5).flat_map(|_| 0..20u64).collect();
+    assert_eq!(ids, expect);
+    assert!(p.a.send_cq.iter().all(|w| w.c.status == WcStatus::Success));
+}
+
+/// Every kind of trouble at once, over many seeds: loss with duplication, late copies and
+/// reordering; a long, jittery link that makes the ACK timer fire early; receives posted
+/// late (RNR NAKs); transports that stall for longer than the ACK timeout or take one
+/// packet at a time; one READ/atomic in flight; a larger MTU. `RDMX_SEEDS=n` runs `n`
+/// seeds per kind instead of 8 (`RDMX_SEED_FROM` moves the first), `RDMX_TRACE=1` prints
+/// the wire of each run.
+#[test]
+fn random_scenarios() {
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+    let n = env("RDMX_SEEDS").unwrap_or(8);
+    let from = env("RDMX_SEED_FROM").unwrap_or(1000);
+    for seed in from..from + n {
+        let d = Scenario {
+            seed,
+            ..Scenario::default()
+        };
+        let lossy = Scenario {
+            loss: 0.05,
+            dup: 0.1,
+            reorder: 0.3,
+            ..d.clone()
+        };
+        let kinds = [
+            Scenario {
+                loss: 0.08,
+                dup: 0.2,
+                reorder: 0.5,
+                late_dup: 0.2,
+                ..d.clone()
+            },
+            Scenario {
+                latency: Duration::from_micros(800),
+                jitter: Duration::from_millis(3),
+                reorder: 0.5,
+                ..lossy.clone()
+            },
+            Scenario {
+                late_recvs: true,
+                ..lossy.clone()
+            },
+            Scenario {
+                stalls: true,
+                ..lossy.clone()
+            },
+            Scenario {
+                max_rd: 1,
+                ..lossy.clone()
+            },
+            Scenario {
+                burst: Some(1 + seed as usize % 3),
+                late_recvs: true,
+                ..lossy.clone()
+            },
+            Scenario {
+                mtu: crate::qp::Mtu::Mtu1024,
+                timeout: 8,
+                ..lossy.clone()
+            },
+            Scenario {
+                loss: 0.02,
+                dup: 0.3,
+                reorder: 0.5,
+                late_dup: 0.3,
+                late_recvs: true,
+                stalls: true,
+                max_rd: 2,
+                latency: Duration::from_micros(300),
+                jitter: Duration::from_millis(1),
+                ..d.clone()
+            },
+        ];
+        for s in &kinds {
+            run(s);
+        }
+    }
+}

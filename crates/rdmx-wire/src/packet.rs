@@ -170,16 +170,25 @@ impl<T: AsRef<[u8]>> RcPacket<T> {
     }
 
     fn check(data: &[u8]) -> Result<Opcode> {
+        let op = Self::check_headers(data)?;
+        Self::check_rest(data, op, data.len() - op.header_len())
+    }
+
+    /// Checks the version and opcode and that `data` holds the headers the opcode implies.
+    fn check_headers(data: &[u8]) -> Result<Opcode> {
         check_len(BTH_LEN, data.len())?;
         let bth = Bth::new_unchecked(data);
         if bth.tver() != 0 {
             return Err(Error::BadVersion(bth.tver()));
         }
         let op = bth.opcode()?;
-        let hlen = op.header_len();
-        check_len(hlen, data.len())?;
-        let rest = data.len() - hlen;
-        let pad = bth.pad_count();
+        check_len(op.header_len(), data.len())?;
+        Ok(op)
+    }
+
+    /// Checks that `rest` bytes of payload and pad may follow the headers in `data`.
+    fn check_rest(data: &[u8], op: Opcode, rest: usize) -> Result<Opcode> {
+        let pad = Bth::new_unchecked(data).pad_count();
         if !op.has_payload() {
             if rest != 0 {
                 return Err(Error::UnexpectedPayload { len: rest });
@@ -430,18 +439,25 @@ impl<'a> RcRepr<'a> {
     /// rejects a reserved AETH syndrome ([`Error::BadSyndrome`]).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &RcPacket<&'a T>) -> Result<RcRepr<'a>> {
         let data: &'a [u8] = packet.buffer.as_ref();
-        let op = packet.opcode;
-        let bth = BthRepr::parse(&Bth::new_unchecked(data))?;
-        let hlen = op.header_len();
-        let pad = usize::from(bth.pad_count);
+        let hlen = packet.opcode.header_len();
+        let pad = usize::from(packet.pad_count());
         // Cannot fail for a checked packet; `get` keeps this panic-free
         // even so.
         let payload = data
             .get(hlen..data.len().saturating_sub(pad))
             .ok_or(Error::BadPad {
-                pad_count: bth.pad_count,
+                pad_count: packet.pad_count(),
                 len: data.len().saturating_sub(hlen),
             })?;
+        Self::parse_with_payload(packet, payload)
+    }
+
+    fn parse_with_payload<T: AsRef<[u8]> + ?Sized>(
+        packet: &RcPacket<&'a T>,
+        payload: &'a [u8],
+    ) -> Result<RcRepr<'a>> {
+        let data: &'a [u8] = packet.buffer.as_ref();
+        let bth = BthRepr::parse(&Bth::new_unchecked(data))?;
         Ok(RcRepr {
             bth,
             reth: packet.reth().map(|v| RethRepr::parse(&v)).transpose()?,
@@ -463,6 +479,34 @@ impl<'a> RcRepr<'a> {
     /// [`RcPacket::new_checked`] followed by [`RcRepr::parse`].
     pub fn parse_bytes(buf: &'a [u8]) -> Result<RcRepr<'a>> {
         RcRepr::parse(&RcPacket::new_checked(buf)?)
+    }
+
+    /// Parses the headers of a packet whose payload is not at hand: `header` holds
+    /// exactly the BTH and the extension headers its opcode implies, and `rest_len`
+    /// bytes of payload and pad follow elsewhere (e.g. still in a socket).
+    ///
+    /// Checks the layout as [`RcPacket::new_checked`] does for the whole packet, and the
+    /// header contents as [`RcRepr::parse`] does. Returns the representation, with an
+    /// empty `payload`, and the payload length (`rest_len` less the pad).
+    ///
+    /// This is how a stream transport places payloads without copying them: it parses
+    /// the headers first and reads the payload straight to where it belongs.
+    pub fn parse_split(header: &'a [u8], rest_len: usize) -> Result<(RcRepr<'a>, usize)> {
+        let op = RcPacket::<&[u8]>::check_headers(header)?;
+        let hlen = op.header_len();
+        if header.len() != hlen {
+            return Err(Error::UnexpectedPayload {
+                len: header.len() - hlen,
+            });
+        }
+        RcPacket::<&[u8]>::check_rest(header, op, rest_len)?;
+        let packet = RcPacket {
+            buffer: header,
+            opcode: op,
+        };
+        let pad = usize::from(packet.pad_count());
+        let repr = RcRepr::parse_with_payload(&packet, &[])?;
+        Ok((repr, rest_len - pad))
     }
 
     /// Length of the BTH plus the extension headers of `bth.opcode`.

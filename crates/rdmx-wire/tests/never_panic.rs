@@ -72,7 +72,29 @@ fn exercise(bytes: &[u8]) -> bool {
         }
     }
 
-    match RcRepr::parse_bytes(bytes) {
+    // Headers parsed apart from their payload agree with the whole packet.
+    let whole = RcRepr::parse_bytes(bytes);
+    let hlen = bytes
+        .first()
+        .and_then(|&b| Opcode::try_from(b).ok())
+        .map_or(bytes.len(), |op| op.header_len());
+    if hlen <= bytes.len() {
+        let split = RcRepr::parse_split(&bytes[..hlen], bytes.len() - hlen);
+        match (&whole, split) {
+            (Ok(w), Ok((h, payload_len))) => {
+                assert_eq!(payload_len, w.payload.len());
+                assert_eq!(RcRepr { payload: &[], ..*w }, h);
+            }
+            (Err(_), Err(_)) => {}
+            (w, s) => panic!("whole {w:?} but split {s:?}"),
+        }
+    }
+    if bytes.len() > hlen {
+        // More than the headers is not a header.
+        assert!(RcRepr::parse_split(bytes, 0).is_err());
+    }
+
+    match whole {
         Ok(r) => {
             let _ = r.to_string();
             assert_eq!(r.buffer_len(), bytes.len());

@@ -249,6 +249,16 @@ fn from_wire(op: wire::Opcode) -> Option<Op> {
 
 /// Appends the packet for `hdr` and `payload` to `out`.
 pub(crate) fn encode(hdr: &Hdr, payload: &[u8], out: &mut Vec<u8>) {
+    let start = out.len();
+    let pad = encode_header(hdr, payload.len(), out);
+    out.extend_from_slice(payload);
+    out.resize(out.len() + usize::from(pad), 0);
+    debug_assert!(decode(&out[start..]).is_some());
+}
+
+/// Appends the headers for `hdr` with `payload_len` bytes of payload to follow, and
+/// returns the pad the payload needs after it.
+pub(crate) fn encode_header(hdr: &Hdr, payload_len: usize, out: &mut Vec<u8>) -> u8 {
     let bth = wire::BthRepr {
         opcode: to_wire(hdr.op),
         solicited: hdr.solicited,
@@ -294,18 +304,29 @@ pub(crate) fn encode(hdr: &Hdr, payload: &[u8], out: &mut Vec<u8>) {
         .atomic_ack
         .map(|orig_data| wire::AtomicAckEthRepr { orig_data });
     repr.immdt = hdr.imm.map(|imm| wire::ImmDtRepr { imm });
-    repr.payload = payload;
     let start = out.len();
-    out.resize(start + repr.packet_len(payload.len()), 0);
+    out.resize(start + repr.header_len(), 0);
     // The engine builds only consistent headers; a failure here is a bug in this file.
-    repr.emit_with_payload(&mut out[start..])
+    repr.emit(&mut out[start..], payload_len)
         .expect("engine headers are consistent with their opcode");
+    wire::pad_for(payload_len)
 }
 
 /// Parses a packet; `None` when it is malformed or uses an opcode the engine does not
 /// implement (the caller drops it, as an adapter drops a packet with a bad header).
 pub(crate) fn decode(bytes: &[u8]) -> Option<(Hdr, &[u8])> {
     let repr = wire::RcRepr::parse_bytes(bytes).ok()?;
+    Some((from_repr(&repr)?, repr.payload))
+}
+
+/// Parses the headers of a packet whose payload and pad (`rest_len` bytes) are
+/// elsewhere; returns them and the payload length.
+pub(crate) fn decode_split(header: &[u8], rest_len: usize) -> Option<(Hdr, usize)> {
+    let (repr, payload_len) = wire::RcRepr::parse_split(header, rest_len).ok()?;
+    Some((from_repr(&repr)?, payload_len))
+}
+
+fn from_repr(repr: &wire::RcRepr<'_>) -> Option<Hdr> {
     let op = from_wire(repr.bth.opcode)?;
     let hdr = Hdr {
         op,
@@ -339,5 +360,5 @@ pub(crate) fn decode(bytes: &[u8]) -> Option<(Hdr, &[u8])> {
         atomic_ack: repr.atomic_ack_eth.map(|a| a.orig_data),
         imm: repr.immdt.map(|i| i.imm),
     };
-    Some((hdr, repr.payload))
+    Some(hdr)
 }

@@ -24,6 +24,7 @@
 //! posted, and the resolved regions stay in the request until it completes.
 
 mod codec;
+pub mod io;
 mod mem;
 mod requester;
 mod responder;
@@ -34,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use rdmx_mem::Access;
 
+pub use io::{Placement, Span, Transmit};
 pub use mem::MemAccess;
 pub use srq::Srq;
 
@@ -41,6 +43,7 @@ use crate::mr::{KeyUse, PdId};
 use crate::qp::{ModifyError, QpAttr, QpAttrMask, QpLimits, QpState, QpStateMachine};
 use crate::wr::{Completion, PostError, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus};
 
+use io::Payload;
 use requester::Requester;
 use responder::Responder;
 
@@ -358,24 +361,34 @@ impl<M: MemAccess> RcQp<M> {
         Ok(())
     }
 
-    /// The next packet to send to the peer QP, if any.
+    /// The next packet to send to the peer QP, if any, copied into one buffer.
     pub fn poll_transmit(&mut self, now: Instant, mem: &M) -> Option<Vec<u8>> {
-        if let Some(p) = self
+        let mut out = Transmit::default();
+        self.poll_transmit_parts(now, &mut out)
+            .then(|| out.flatten(mem))
+    }
+
+    /// The next packet to send to the peer QP into `out` (cleared first), its payload left
+    /// in registered memory for the transport to gather; `false` when there is none. See
+    /// [`io`] for the contract.
+    pub fn poll_transmit_parts(&mut self, now: Instant, out: &mut Transmit<M::Mr>) -> bool {
+        if self
             .resp
-            .poll_transmit(mem, self.sm.attrs(), self.credits())
+            .poll_transmit(self.sm.attrs(), self.credits(), out)
         {
-            return Some(p);
+            return true;
         }
         match self.sm.state() {
             QpState::Rts => {}
             // SQ drain: what was started is finished (and sent again after a loss);
             // nothing new starts.
             QpState::Sqd if self.req.continues_started() => {}
-            _ => return None,
+            _ => return false,
         }
-        let out = requester::transmit(self, now, mem);
+        out.clear();
+        let sent = requester::transmit(self, now, out).is_some();
         self.retire();
-        out
+        sent
     }
 
     /// Feeds a packet received from the peer QP.
@@ -391,9 +404,45 @@ impl<M: MemAccess> RcQp<M> {
         srq: Option<&mut Srq<M::Mr>>,
         bytes: &[u8],
     ) {
-        let Some((hdr, payload)) = codec::decode(bytes) else {
-            return;
-        };
+        if let Some((hdr, payload)) = codec::decode(bytes) {
+            self.handle(now, mem, srq, &hdr, &mut Payload::Bytes(payload));
+        }
+    }
+
+    /// Feeds the headers of a packet whose payload and pad (`rest_len` bytes) are still
+    /// with the transport, and fills `place` (cleared first) with where the payload goes.
+    /// Returns the payload length, or `None` when the headers are malformed (the packet is
+    /// dropped: the transport skips `rest_len` bytes). The transport must place the
+    /// payload before it polls this QP again; see [`io`].
+    pub fn handle_header(
+        &mut self,
+        now: Instant,
+        mem: &M,
+        srq: Option<&mut Srq<M::Mr>>,
+        header: &[u8],
+        rest_len: usize,
+        place: &mut Vec<Placement<M::Mr>>,
+    ) -> Option<usize> {
+        place.clear();
+        let (hdr, len) = codec::decode_split(header, rest_len)?;
+        self.handle(
+            now,
+            mem,
+            srq,
+            &hdr,
+            &mut Payload::Deferred { len, out: place },
+        );
+        Some(len)
+    }
+
+    fn handle(
+        &mut self,
+        now: Instant,
+        mem: &M,
+        srq: Option<&mut Srq<M::Mr>>,
+        hdr: &codec::Hdr,
+        payload: &mut Payload<'_, M::Mr>,
+    ) {
         if hdr.dest_qpn != self.cfg.qpn {
             return;
         }
@@ -404,11 +453,11 @@ impl<M: MemAccess> RcQp<M> {
         }
         if hdr.op.is_response() {
             if self.sm.state() != QpState::Rtr {
-                requester::handle_response(self, now, mem, &hdr, payload);
+                requester::handle_response(self, now, mem, hdr, payload);
                 self.retire();
             }
         } else {
-            responder::handle_request(self, mem, srq, &hdr, payload);
+            responder::handle_request(self, mem, srq, hdr, payload);
         }
     }
 

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use rdmx_wire::{psn_add, psn_diff, RnrTimer};
 
 use super::codec::{self, Hdr, Nak, Op, Syndrome};
+use super::io::{Payload, Span, Transmit};
 use super::{ack_timeout, for_each_span, Local, MemAccess, RcQp};
 use crate::wr::{SendFlags, SendOp, SendWr, WcStatus};
 
@@ -272,8 +273,13 @@ fn progress<M: MemAccess>(qp: &mut RcQp<M>, now: Instant) {
     arm(qp, now);
 }
 
-/// Builds the next packet of the send queue, if one may go now.
-pub(crate) fn transmit<M: MemAccess>(qp: &mut RcQp<M>, now: Instant, mem: &M) -> Option<Vec<u8>> {
+/// Builds the next packet of the send queue into `out` (cleared by the caller), if one
+/// may go now.
+pub(crate) fn transmit<M: MemAccess>(
+    qp: &mut RcQp<M>,
+    now: Instant,
+    out: &mut Transmit<M::Mr>,
+) -> Option<()> {
     if let Some(t) = qp.req.rnr_until {
         if now < t {
             return None;
@@ -305,7 +311,8 @@ pub(crate) fn transmit<M: MemAccess>(qp: &mut RcQp<M>, now: Instant, mem: &M) ->
         }
     }
     let psn = req.next_psn;
-    let mut payload = Vec::new();
+    // Payload bytes `(offset into the request, length)`.
+    let mut payload = (0, 0);
     let mut hdr;
     req.started_hw = req.started_hw.max(idx + 1);
     let w = &mut req.sq[idx];
@@ -318,7 +325,7 @@ pub(crate) fn transmit<M: MemAccess>(qp: &mut RcQp<M>, now: Instant, mem: &M) ->
                 w.first_psn = psn;
                 w.npsn = w.len.div_ceil(mtu).max(1) as u32;
             }
-            gather(mem, &w.local, req.send_off, chunk as usize, &mut payload);
+            payload = (req.send_off, chunk as usize);
             let imm = match w.op {
                 SendOp::SendWithImm(i) | SendOp::WriteWithImm(_, i) => Some(i),
                 _ => None,
@@ -381,29 +388,39 @@ pub(crate) fn transmit<M: MemAccess>(qp: &mut RcQp<M>, now: Instant, mem: &M) ->
     if qp.req.timer.is_none() {
         qp.req.timer = timeout_of(qp).map(|t| now + t);
     }
-    let mut out = Vec::with_capacity(payload.len() + 64);
-    codec::encode(&hdr, &payload, &mut out);
-    Some(out)
+    out.pad = codec::encode_header(&hdr, payload.1, &mut out.header);
+    gather(&qp.req.sq[idx].local, payload.0, payload.1, out);
+    Some(())
 }
 
-/// Copies `len` bytes starting `off` bytes into the request's local data.
-fn gather<M: MemAccess>(mem: &M, local: &Local<M::Mr>, off: u64, len: usize, out: &mut Vec<u8>) {
+/// Adds `len` bytes starting `off` bytes into the request's local data to the packet:
+/// spans of registered memory, or inline bytes after the headers.
+fn gather<Mr: Clone>(local: &Local<Mr>, off: u64, len: usize, out: &mut Transmit<Mr>) {
     match local {
-        Local::Inline(data) => out.extend_from_slice(&data[off as usize..off as usize + len]),
-        Local::Segs(segs) => {
-            out.resize(len, 0);
-            for_each_span(segs, off, len, |s, addr, r| {
-                mem.read(&s.mr, addr, &mut out[r])
-            });
-        }
+        Local::Inline(data) => out
+            .header
+            .extend_from_slice(&data[off as usize..off as usize + len]),
+        Local::Segs(segs) => for_each_span(segs, off, len, |s, addr, r| {
+            out.gather.push(Span {
+                mr: s.mr.clone(),
+                addr,
+                len: r.len() as u32,
+            })
+        }),
     }
 }
 
-/// Writes `data` starting `off` bytes into the request's local segments.
-fn scatter<M: MemAccess>(mem: &M, local: &Local<M::Mr>, off: u64, data: &[u8]) {
+/// Puts the payload starting `off` bytes into the request's local segments.
+fn scatter<M: MemAccess>(
+    mem: &M,
+    local: &Local<M::Mr>,
+    off: u64,
+    payload: &mut Payload<'_, M::Mr>,
+) {
     if let Local::Segs(segs) = local {
-        for_each_span(segs, off, data.len(), |s, addr, r| {
-            mem.write(&s.mr, addr, &data[r])
+        let len = payload.len();
+        for_each_span(segs, off, len, |s, addr, r| {
+            payload.place(mem, &s.mr, addr, r)
         });
     }
 }
@@ -414,7 +431,7 @@ pub(crate) fn handle_response<M: MemAccess>(
     now: Instant,
     mem: &M,
     hdr: &Hdr,
-    payload: &[u8],
+    payload: &mut Payload<'_, M::Mr>,
 ) {
     let psn = hdr.psn;
     // Responses for PSNs never sent are ghosts.
@@ -523,7 +540,8 @@ pub(crate) fn handle_response<M: MemAccess>(
                 return;
             }
             let Some(orig) = hdr.atomic_ack else { return };
-            scatter(mem, &w.local, 0, &orig.to_ne_bytes());
+            // From the header, so at hand whatever the packet's payload is.
+            scatter(mem, &w.local, 0, &mut Payload::Bytes(&orig.to_ne_bytes()));
             w.done = Some(WcStatus::Success);
             qp.req.rd_atomic -= 1;
             progress(qp, now);

@@ -17,6 +17,7 @@ use rdmx_wire::psn_add;
 use rdmx_wire::psn_diff;
 
 use super::codec::{self, Hdr, Nak, Op, Syndrome};
+use super::io::{Payload, Span, Transmit};
 use super::{for_each_span, CqSide, MemAccess, RcQp, RecvWqe, Srq};
 use crate::mr::KeyUse;
 use crate::qp::QpAttr;
@@ -67,18 +68,27 @@ struct ReadJob<Mr> {
 }
 
 impl<Mr> ReadJob<Mr> {
-    /// The next response packet; `None` once all were made.
-    fn next_packet<M: MemAccess<Mr = Mr>>(&mut self, mem: &M) -> Option<Vec<u8>> {
+    /// The next response packet into `out`; `false` once all were made. The payload is
+    /// left in memory, as a span for the transport to gather.
+    fn next_packet(&mut self, out: &mut Transmit<Mr>) -> bool
+    where
+        Mr: Clone,
+    {
         let i = self.next;
         if i == self.packets {
-            return None;
+            return false;
         }
         self.next += 1;
         let off = i * self.mtu;
         let chunk = (self.len - off.min(self.len)).min(self.mtu) as usize;
-        let mut buf = vec![0u8; chunk];
         if let Some(mr) = &self.mr {
-            mem.read(mr, self.va + off, &mut buf);
+            if chunk > 0 {
+                out.gather.push(Span {
+                    mr: mr.clone(),
+                    addr: self.va + off,
+                    len: chunk as u32,
+                });
+            }
         }
         let (first, last) = (i == 0, i + 1 == self.packets);
         let mut h = Hdr::new(
@@ -94,9 +104,8 @@ impl<Mr> ReadJob<Mr> {
                 self.msn,
             ));
         }
-        let mut out = Vec::with_capacity(chunk + 32);
-        codec::encode(&h, &buf, &mut out);
-        Some(out)
+        out.pad = codec::encode_header(&h, chunk, &mut out.header);
+        true
     }
 }
 
@@ -147,29 +156,41 @@ impl<Mr> Responder<Mr> {
         self.filling.take().map(|f| f.wqe)
     }
 
-    pub(crate) fn poll_transmit<M: MemAccess<Mr = Mr>>(
+    /// The next answer into `out` (cleared first); `false` when there is none.
+    pub(crate) fn poll_transmit(
         &mut self,
-        mem: &M,
         attrs: &QpAttr,
         credits: Option<u32>,
-    ) -> Option<Vec<u8>> {
+        out: &mut Transmit<Mr>,
+    ) -> bool
+    where
+        Mr: Clone,
+    {
+        out.clear();
         while let Some(front) = self.out.front_mut() {
             match front {
                 Answer::Packet(_) => {
                     let Some(Answer::Packet(p)) = self.out.pop_front() else {
                         unreachable!("front is a packet")
                     };
-                    return Some(p);
+                    out.header = p;
+                    return true;
                 }
-                Answer::Read(job) => match job.next_packet(mem) {
-                    Some(p) => return Some(p),
-                    None => {
-                        self.out.pop_front();
+                Answer::Read(job) => {
+                    if job.next_packet(out) {
+                        return true;
                     }
-                },
+                    self.out.pop_front();
+                }
             }
         }
-        self.ack_packet(attrs, credits)
+        match self.ack_packet(attrs, credits) {
+            Some(p) => {
+                out.header = p;
+                true
+            }
+            None => false,
+        }
     }
 
     /// The coalesced ACK, if one is due.
@@ -231,7 +252,7 @@ pub(crate) fn handle_request<M: MemAccess>(
     mem: &M,
     srq: Option<&mut Srq<M::Mr>>,
     hdr: &Hdr,
-    payload: &[u8],
+    payload: &mut Payload<'_, M::Mr>,
 ) {
     let attrs = qp.sm.attrs().clone();
     let credits = qp.credits();
@@ -344,7 +365,7 @@ fn send<M: MemAccess>(
     mut srq: Option<&mut Srq<M::Mr>>,
     attrs: &QpAttr,
     hdr: &Hdr,
-    payload: &[u8],
+    payload: &mut Payload<'_, M::Mr>,
 ) {
     if hdr.op.starts() {
         if qp.resp.filling.is_some() {
@@ -398,7 +419,7 @@ fn write<M: MemAccess>(
     mut srq: Option<&mut Srq<M::Mr>>,
     attrs: &QpAttr,
     hdr: &Hdr,
-    payload: &[u8],
+    payload: &mut Payload<'_, M::Mr>,
 ) {
     if hdr.op.starts() {
         let Ok((va, len, mr)) = reth_target(qp, mem, attrs, hdr, Access::REMOTE_WRITE) else {
@@ -436,7 +457,7 @@ fn write<M: MemAccess>(
     }
     if let Some(mr) = &p.mr {
         if !payload.is_empty() {
-            mem.write(mr, p.next, payload);
+            payload.place(mem, mr, p.next, 0..payload.len());
         }
     }
     p.next += payload.len() as u64;
@@ -593,10 +614,11 @@ fn remote_target<M: MemAccess>(
     }
 }
 
-/// Scatters `data` at byte offset `off` of a receive.
-fn place<M: MemAccess>(mem: &M, wqe: &RecvWqe<M::Mr>, off: u64, data: &[u8]) {
-    for_each_span(&wqe.segs, off, data.len(), |s, addr, r| {
-        mem.write(&s.mr, addr, &data[r])
+/// Scatters the payload at byte offset `off` of a receive.
+fn place<M: MemAccess>(mem: &M, wqe: &RecvWqe<M::Mr>, off: u64, payload: &mut Payload<'_, M::Mr>) {
+    let len = payload.len();
+    for_each_span(&wqe.segs, off, len, |s, addr, r| {
+        payload.place(mem, &s.mr, addr, r)
     });
 }
 

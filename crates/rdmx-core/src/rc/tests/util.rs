@@ -923,11 +923,11 @@ impl Pair {
         self.b.reap(now);
         let mut delivered = false;
         while let Some(p) = self.ab.pop_due(now) {
-            self.b.qp.handle_packet(now, &self.b.mem, &p);
+            deliver(&mut self.b.qp, now, &self.b.mem, &p);
             delivered = true;
         }
         while let Some(p) = self.ba.pop_due(now) {
-            self.a.qp.handle_packet(now, &self.a.mem, &p);
+            deliver(&mut self.a.qp, now, &self.a.mem, &p);
             delivered = true;
         }
         self.check_invariants();
@@ -1135,4 +1135,31 @@ pub(super) fn split_sges(region: &Region, off: u64, len: u32, n: usize) -> Vec<S
         at += part;
     }
     sges
+}
+
+/// Delivers a packet as a stream transport does: the headers through
+/// [`RcQp::handle_header`], then the payload copied to the placements the engine named.
+/// (The whole-packet path, `handle_packet`, is what the integration-test harness and the
+/// loopback provider use.)
+fn deliver(qp: &mut RcQp<TestMem>, now: Instant, mem: &TestMem, p: &[u8]) {
+    let hlen = p
+        .first()
+        .and_then(|&b| rdmx_wire::Opcode::try_from(b).ok())
+        .map_or(p.len(), |op| op.header_len())
+        .min(p.len());
+    let mut place = Vec::new();
+    let Some(len) = qp.handle_header(now, mem, None, &p[..hlen], p.len() - hlen, &mut place) else {
+        return;
+    };
+    let payload = &p[hlen..hlen + len];
+    let mut end = 0;
+    for pl in &place {
+        let (off, n) = (pl.offset as usize, pl.len as usize);
+        assert!(
+            off >= end && off + n <= len,
+            "placements in order, inside the payload"
+        );
+        end = off + n;
+        mem.write(&pl.mr, pl.addr, &payload[off..off + n]);
+    }
 }

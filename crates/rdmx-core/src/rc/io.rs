@@ -1,0 +1,157 @@
+//! Packets in and out without copying payloads.
+//!
+//! A datagram transport hands the engine whole packets ([`RcQp::handle_packet`]) and takes
+//! whole packets back ([`RcQp::poll_transmit`]); the engine copies payloads between them
+//! and registered memory. A stream transport can do better, and these types are how:
+//!
+//! - **Out**: [`RcQp::poll_transmit_parts`] fills a [`Transmit`]: the headers (and any
+//!   inline payload) as bytes, then the payload as [`Span`]s of registered memory that the
+//!   transport gathers itself, e.g. with one vectored write straight from that memory.
+//! - **In**: [`RcQp::handle_header`] takes the headers and the payload's length only. The
+//!   engine checks the packet exactly as it would a whole one (PSN, key, bounds, access,
+//!   receive length) and answers with [`Placement`]s: which bytes of the payload go where.
+//!   The transport then reads the payload from its source straight into those places and
+//!   skips the bytes no placement names.
+//!
+//! The engine updates its state when it sees the headers: it may queue a completion or an
+//! acknowledgement for a payload that is not in memory yet. A transport using
+//! `handle_header` must therefore place the payload **before** it next calls
+//! [`RcQp::poll_completion`] or [`RcQp::poll_transmit_parts`] on that queue pair, so no
+//! completion and no acknowledgement gets ahead of its data. A stream per queue pair gives
+//! that order for free.
+//!
+//! [`RcQp::handle_packet`]: super::RcQp::handle_packet
+//! [`RcQp::poll_transmit`]: super::RcQp::poll_transmit
+//! [`RcQp::poll_transmit_parts`]: super::RcQp::poll_transmit_parts
+//! [`RcQp::handle_header`]: super::RcQp::handle_header
+//! [`RcQp::poll_completion`]: super::RcQp::poll_completion
+
+use std::ops::Range;
+
+use super::MemAccess;
+
+/// Bytes of registered memory: `len` bytes at `addr` inside the resolved region `mr`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Span<Mr> {
+    /// The region; holding it keeps the memory alive.
+    pub mr: Mr,
+    /// Address of the first byte.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u32,
+}
+
+/// A packet to send: `header`, then the bytes of each span of `gather` in order, then
+/// `pad` zero bytes.
+#[derive(Debug)]
+pub struct Transmit<Mr> {
+    /// BTH and extension headers, followed by the payload when it is inline.
+    pub header: Vec<u8>,
+    /// Payload still in registered memory.
+    pub gather: Vec<Span<Mr>>,
+    /// Zero bytes after the payload (IBTA pad, 0..=3).
+    pub pad: u8,
+}
+
+impl<Mr> Default for Transmit<Mr> {
+    fn default() -> Self {
+        Transmit {
+            header: Vec::new(),
+            gather: Vec::new(),
+            pad: 0,
+        }
+    }
+}
+
+impl<Mr> Transmit<Mr> {
+    /// Length of the whole packet in bytes.
+    pub fn len(&self) -> usize {
+        self.header.len()
+            + self.gather.iter().map(|s| s.len as usize).sum::<usize>()
+            + usize::from(self.pad)
+    }
+
+    /// Whether the packet is empty (never true of a packet the engine made).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.header.clear();
+        self.gather.clear();
+        self.pad = 0;
+    }
+
+    /// Copies the packet into one buffer, reading the gathered spans through `mem`.
+    pub(crate) fn flatten<M: MemAccess<Mr = Mr>>(mut self, mem: &M) -> Vec<u8> {
+        let mut out = std::mem::take(&mut self.header);
+        out.reserve(self.len());
+        for s in &self.gather {
+            let at = out.len();
+            out.resize(at + s.len as usize, 0);
+            mem.read(&s.mr, s.addr, &mut out[at..]);
+        }
+        out.resize(out.len() + usize::from(self.pad), 0);
+        out
+    }
+}
+
+/// Where received payload bytes belong: payload bytes `[offset, offset + len)` go to
+/// `len` bytes at `addr` inside the resolved region `mr`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement<Mr> {
+    /// The region; holding it keeps the memory alive.
+    pub mr: Mr,
+    /// Address of the first byte.
+    pub addr: u64,
+    /// Offset of the first byte in the payload.
+    pub offset: u32,
+    /// Length in bytes.
+    pub len: u32,
+}
+
+/// A received payload as the engine sees it: bytes at hand, or bytes the transport will
+/// place once the engine says where.
+pub(crate) enum Payload<'a, Mr> {
+    Bytes(&'a [u8]),
+    Deferred {
+        len: usize,
+        out: &'a mut Vec<Placement<Mr>>,
+    },
+}
+
+impl<Mr: Clone> Payload<'_, Mr> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Payload::Bytes(b) => b.len(),
+            Payload::Deferred { len, .. } => *len,
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Puts payload bytes `range` at `addr` in `mr` (the caller checked key and bounds).
+    pub(crate) fn place<M: MemAccess<Mr = Mr>>(
+        &mut self,
+        mem: &M,
+        mr: &Mr,
+        addr: u64,
+        range: Range<usize>,
+    ) {
+        match self {
+            Payload::Bytes(b) => mem.write(mr, addr, &b[range]),
+            Payload::Deferred { out, .. } => {
+                if !range.is_empty() {
+                    out.push(Placement {
+                        mr: mr.clone(),
+                        addr,
+                        offset: range.start as u32,
+                        len: range.len() as u32,
+                    });
+                }
+            }
+        }
+    }
+}

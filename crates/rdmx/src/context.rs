@@ -28,6 +28,50 @@ pub(crate) struct ContextInner {
     next_pd: AtomicU32,
     provider: ProviderKind,
     caps: Capabilities,
+    pub(crate) backend: Backend,
+}
+
+/// What a context runs on.
+#[derive(Debug)]
+pub(crate) enum Backend {
+    /// The process-wide loopback fabric.
+    Loopback,
+    /// A tcp driver of this context's own.
+    Tcp(Arc<crate::tcp::Driver>),
+}
+
+impl Drop for ContextInner {
+    fn drop(&mut self) {
+        if let Backend::Tcp(d) = &self.backend {
+            d.shutdown();
+        }
+    }
+}
+
+/// How to open a context ([`Context::open_with`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ContextOptions {
+    /// No progress thread: polling any of the context's CQs makes progress instead. The
+    /// lowest latency, paid for with a busy core; one-sided operations aimed at this
+    /// context then complete only while the application polls.
+    pub busy_poll: bool,
+    /// tcp: the address the context listens on for peers' queue pairs (default: every
+    /// interface, a port the kernel picks).
+    pub bind: Option<std::net::SocketAddr>,
+}
+
+impl ContextOptions {
+    /// Sets [`busy_poll`](Self::busy_poll).
+    pub fn busy_poll(mut self, on: bool) -> Self {
+        self.busy_poll = on;
+        self
+    }
+    /// Sets [`bind`](Self::bind).
+    pub fn bind(mut self, addr: std::net::SocketAddr) -> Self {
+        self.bind = Some(addr);
+        self
+    }
 }
 
 impl Context {
@@ -39,12 +83,32 @@ impl Context {
     /// Opens the device of the provider named `name`; an unknown or unavailable provider
     /// is an error that lists the available ones.
     pub fn open_provider(name: &str) -> Result<Context> {
-        let _kind = ProviderKind::from_name(name)?;
+        Self::open_with(name, &ContextOptions::default())
+    }
+
+    /// Opens the device of the provider named `name` with `opts`.
+    pub fn open_with(name: &str, opts: &ContextOptions) -> Result<Context> {
+        let kind = ProviderKind::from_name(name)?;
         let mut seed = [0u8; 8];
         getrandom::fill(&mut seed).map_err(|e| Error::Seed(e.to_string()))?;
-        let ctx = Self::with_seed(u64::from_ne_bytes(seed));
-        crate::loopback::start_progress_thread();
-        Ok(ctx)
+        let seed = u64::from_ne_bytes(seed);
+        let backend = match kind {
+            ProviderKind::Loopback => {
+                crate::loopback::start_progress_thread();
+                Backend::Loopback
+            }
+            ProviderKind::Tcp => {
+                let bind = opts.bind.unwrap_or_else(|| {
+                    std::net::SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 0))
+                });
+                Backend::Tcp(crate::tcp::Driver::start(
+                    bind,
+                    opts.busy_poll,
+                    (seed >> 32) as u32,
+                )?)
+            }
+        };
+        Ok(Self::build(seed, kind, backend))
     }
 
     /// The provider this context runs on.
@@ -61,13 +125,27 @@ impl Context {
     ///
     /// Keys are then predictable; this is for reproducible tests only.
     pub fn with_seed(seed: u64) -> Context {
+        crate::loopback::start_progress_thread();
+        Self::build(seed, ProviderKind::Loopback, Backend::Loopback)
+    }
+
+    fn build(seed: u64, provider: ProviderKind, backend: Backend) -> Context {
         Context {
             inner: Arc::new(ContextInner {
                 mrs: RwLock::new(MrTable::new(seed)),
                 next_pd: AtomicU32::new(1),
-                provider: ProviderKind::Loopback,
-                caps: Capabilities::loopback(),
+                provider,
+                caps: Capabilities::of(provider),
+                backend,
             }),
+        }
+    }
+
+    /// tcp: the address this context listens on for peers' queue pairs.
+    pub fn listen_addr(&self) -> Option<std::net::SocketAddr> {
+        match &self.inner.backend {
+            Backend::Tcp(d) => Some(d.local_addr()),
+            Backend::Loopback => None,
         }
     }
 
@@ -84,7 +162,12 @@ impl Context {
                 "CQ capacity above the device's max_cqe",
             ));
         }
-        CompletionQueue::new(capacity)
+        let progress = match &self.inner.backend {
+            Backend::Loopback => crate::cq::Progress::Loopback,
+            Backend::Tcp(d) if d.busy_poll() => crate::cq::Progress::Tcp(d.clone()),
+            Backend::Tcp(_) => crate::cq::Progress::Background,
+        };
+        CompletionQueue::new(capacity, progress)
     }
 
     /// Memory regions registered in this context now.

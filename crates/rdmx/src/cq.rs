@@ -32,6 +32,43 @@ pub(crate) struct CqInner {
     state: Mutex<CqState>,
     capacity: usize,
     event: OwnedFd,
+    progress: Progress,
+}
+
+/// What polling the CQ does besides taking completions.
+#[derive(Debug)]
+pub(crate) enum Progress {
+    /// Pump the loopback fabric.
+    Loopback,
+    /// Run a busy-polled tcp driver once.
+    Tcp(std::sync::Arc<crate::tcp::Driver>),
+    /// Nothing: a progress thread makes progress.
+    Background,
+}
+
+/// Moves an engine's completions to its CQs; an overrun CQ puts the QP in error.
+/// Returns whether any completion moved.
+pub(crate) fn route_completions<M: rdmx_core::rc::MemAccess>(
+    engine: &mut rdmx_core::rc::RcQp<M>,
+    send_cq: &CompletionQueue,
+    recv_cq: &CompletionQueue,
+) -> bool {
+    let mut moved = false;
+    while let Some((side, c, solicited)) = engine.poll_completion() {
+        moved = true;
+        let cq = match side {
+            rdmx_core::rc::CqSide::Send => send_cq,
+            rdmx_core::rc::CqSide::Recv => recv_cq,
+        };
+        if !cq.inner.push(c, solicited) && engine.state() != rdmx_core::QpState::Err {
+            let attr = rdmx_core::QpAttr {
+                qp_state: rdmx_core::QpState::Err,
+                ..rdmx_core::QpAttr::default()
+            };
+            let _ = engine.modify(&attr, rdmx_core::QpAttrMask::STATE);
+        }
+    }
+    moved
 }
 
 #[derive(Debug)]
@@ -42,7 +79,7 @@ struct CqState {
 }
 
 impl CompletionQueue {
-    pub(crate) fn new(capacity: usize) -> Result<CompletionQueue> {
+    pub(crate) fn new(capacity: usize, progress: Progress) -> Result<CompletionQueue> {
         if capacity == 0 {
             return Err(Error::InvalidArgument(
                 "a completion queue needs capacity ≥ 1",
@@ -64,6 +101,7 @@ impl CompletionQueue {
                 }),
                 capacity,
                 event,
+                progress,
             }),
         })
     }
@@ -75,7 +113,11 @@ impl CompletionQueue {
 
     /// Moves up to `out.len()` completions into `out` (`ibv_poll_cq`); returns how many.
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
-        crate::loopback::progress();
+        match &self.inner.progress {
+            Progress::Loopback => crate::loopback::progress(),
+            Progress::Tcp(d) => d.progress(Some(std::time::Duration::ZERO)),
+            Progress::Background => {}
+        }
         let mut st = self.inner.state.lock();
         if st.overrun {
             return Err(Error::CqOverrun);

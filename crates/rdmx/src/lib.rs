@@ -45,8 +45,9 @@ mod mr;
 mod pd;
 mod provider;
 mod qp;
+mod tcp;
 
-pub use context::Context;
+pub use context::{Context, ContextOptions};
 pub use cq::CompletionQueue;
 pub use error::{Error, Result};
 pub use mr::{MemoryRegion, MrRef, RemoteRegion};

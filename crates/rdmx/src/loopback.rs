@@ -13,8 +13,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use rdmx_core::rc::{CqSide, QpConfig, RcQp, Srq};
-use rdmx_core::{QpAttr, QpAttrMask, QpLimits, QpState};
+use rdmx_core::rc::{QpConfig, RcQp, Srq};
+use rdmx_core::QpLimits;
 
 use crate::context::ContextInner;
 use crate::cq::CompletionQueue;
@@ -123,24 +123,8 @@ impl Fabric {
     }
 }
 
-/// Moves an engine's completions to its CQs; an overrun CQ puts the QP in error.
 fn route_completions(e: &mut Entry) -> bool {
-    let mut moved = false;
-    while let Some((side, c, solicited)) = e.engine.poll_completion() {
-        moved = true;
-        let cq = match side {
-            CqSide::Send => &e.send_cq,
-            CqSide::Recv => &e.recv_cq,
-        };
-        if !cq.inner.push(c, solicited) && e.engine.state() != QpState::Err {
-            let attr = QpAttr {
-                qp_state: QpState::Err,
-                ..QpAttr::default()
-            };
-            let _ = e.engine.modify(&attr, QpAttrMask::STATE);
-        }
-    }
-    moved
+    crate::cq::route_completions(&mut e.engine, &e.send_cq, &e.recv_cq)
 }
 
 /// Pumps the fabric from a verb that does not otherwise touch it (polling a CQ).

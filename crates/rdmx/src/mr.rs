@@ -261,5 +261,13 @@ impl MrRef {
         MrRef { shared }
     }
 
+    /// The address of `len` bytes at virtual address `addr`, if they lie inside the
+    /// region: for transports that move bytes between a socket and registered memory
+    /// with vectored I/O. The pointer is valid while this `MrRef` (or a clone) lives.
+    pub(crate) fn raw_range(&self, addr: u64, len: usize) -> Option<*mut u8> {
+        let offset = (addr as usize).checked_sub(self.shared.addr as usize)?;
+        self.shared.bounds(offset, len).ok()
+    }
+
     region_getters!();
 }

@@ -1,8 +1,13 @@
 //! Providers: the backends a context runs on, and what their devices can do.
 //!
-//! Every provider keeps the same verbs contract. Today rdmx has the `loopback` provider:
-//! queue pairs of one process connected through the RC engine with packets passed in
-//! memory. Asking for a provider that is not available is an error that says which are.
+//! Every provider keeps the same verbs contract:
+//!
+//! - `loopback`: queue pairs of one process connected through the RC engine with packets
+//!   passed in memory; the default, and the reference for semantics.
+//! - `tcp`: the RC engine over TCP streams, between processes and hosts, with payloads
+//!   read and written straight from registered memory.
+//!
+//! Asking for a provider that is not available is an error that says which are.
 
 use rdmx_core::{Mtu, QpLimits};
 
@@ -14,16 +19,27 @@ use crate::{Error, Result};
 pub enum ProviderKind {
     /// In-process queue pairs over the RC engine; the default.
     Loopback,
+    /// The RC engine over TCP, across processes and hosts.
+    Tcp,
 }
 
 impl ProviderKind {
     /// Every provider this build knows.
-    pub const ALL: &'static [ProviderKind] = &[ProviderKind::Loopback];
+    pub const ALL: &'static [ProviderKind] = &[ProviderKind::Loopback, ProviderKind::Tcp];
 
     /// The provider's name, as `--provider` takes it.
     pub fn name(self) -> &'static str {
         match self {
             ProviderKind::Loopback => "loopback",
+            ProviderKind::Tcp => "tcp",
+        }
+    }
+
+    /// The name of this provider's one device.
+    pub fn device_name(self) -> &'static str {
+        match self {
+            ProviderKind::Loopback => "loopback0",
+            ProviderKind::Tcp => "tcp0",
         }
     }
 
@@ -66,6 +82,8 @@ pub struct Capabilities {
     pub max_qp_init_rd_atom: u8,
     /// Largest path MTU.
     pub max_mtu: Mtu,
+    /// The path MTU connections use by default (`ibv_port_attr.active_mtu`).
+    pub active_mtu: Mtu,
     /// Largest inline payload.
     pub max_inline_data: u32,
     /// 8-byte atomics (CMP_SWAP, FETCH_ADD), atomic against CPU atomics.
@@ -73,8 +91,16 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
-    pub(crate) fn loopback() -> Self {
-        let limits = QpLimits::default();
+    pub(crate) fn of(kind: ProviderKind) -> Self {
+        let limits = crate::qp::limits(kind);
+        let mut caps = Self::software(&limits);
+        if kind == ProviderKind::Tcp {
+            caps.active_mtu = Mtu::Bytes(crate::tcp::ACTIVE_MTU);
+        }
+        caps
+    }
+
+    fn software(limits: &QpLimits) -> Self {
         Capabilities {
             max_qp: 1 << 16,
             max_qp_wr: 1 << 14,
@@ -85,6 +111,7 @@ impl Capabilities {
             max_qp_rd_atom: limits.max_dest_rd_atomic,
             max_qp_init_rd_atom: limits.max_rd_atomic,
             max_mtu: limits.max_mtu,
+            active_mtu: limits.max_mtu,
             max_inline_data: 4096,
             atomics: true,
         }
@@ -105,9 +132,12 @@ pub struct DeviceInfo {
 
 /// Every device available on this machine.
 pub fn devices() -> Vec<DeviceInfo> {
-    vec![DeviceInfo {
-        provider: ProviderKind::Loopback,
-        name: "loopback0".to_string(),
-        capabilities: Capabilities::loopback(),
-    }]
+    ProviderKind::ALL
+        .iter()
+        .map(|&p| DeviceInfo {
+            provider: p,
+            name: p.device_name().to_string(),
+            capabilities: Capabilities::of(p),
+        })
+        .collect()
 }

@@ -1,16 +1,32 @@
 //! Queue pairs: connected RC endpoints, and the requests posted to them.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
-use rdmx_core::rc::{QpConfig, Srq};
-use rdmx_core::{QpAttr, QpAttrMask, QpState, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge};
+use parking_lot::Mutex;
+use rdmx_core::rc::{QpConfig, RcQp, Srq};
+use rdmx_core::{
+    QpAttr, QpAttrMask, QpLimits, QpState, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge,
+};
 
-use crate::context::ContextInner;
+use crate::context::{Backend, ContextInner};
 use crate::cq::CompletionQueue;
 use crate::loopback;
-use crate::mr::MemoryRegion;
+use crate::mr::{MemoryRegion, MrRef};
 use crate::pd::ProtectionDomain;
+use crate::provider::ProviderKind;
+use crate::tcp::{self, TcpQp};
 use crate::{Error, Result};
+
+/// Limits of a provider's queue pairs.
+pub(crate) fn limits(kind: ProviderKind) -> QpLimits {
+    let mut l = loopback::limits();
+    if kind == ProviderKind::Tcp {
+        l.max_mtu = rdmx_core::Mtu::Bytes(tcp::MAX_MTU);
+    }
+    l
+}
 
 /// Sizes of a queue pair's queues (`ibv_qp_cap`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,11 +75,19 @@ impl QpCaps {
     }
 }
 
-/// An RC queue pair (`ibv_qp`) on the loopback provider. Dropping it destroys it.
+/// An RC queue pair (`ibv_qp`). Dropping it destroys it (on tcp, closing its stream, so
+/// the peer's outstanding requests complete with errors).
 #[derive(Debug)]
 pub struct QueuePair {
     qpn: u32,
     pd: ProtectionDomain,
+    imp: Imp,
+}
+
+#[derive(Debug)]
+enum Imp {
+    Loopback,
+    Tcp(Arc<TcpQp>),
 }
 
 /// A scatter/gather element in a registered region, checked against the region's bounds.
@@ -266,17 +290,54 @@ impl ProtectionDomain {
         cfg.max_recv_sge = caps.max_recv_sge;
         cfg.max_inline_data = caps.max_inline_data;
         let ctx: Arc<ContextInner> = self.context().inner.clone();
-        let qpn = loopback::fabric().lock().create(
-            ctx,
-            cfg,
-            send_cq.clone(),
-            recv_cq.clone(),
-            srq.map(|s| s.id),
-        );
-        Ok(QueuePair {
-            qpn,
-            pd: self.clone(),
-        })
+        match (&ctx.backend, srq.map(|s| &s.imp)) {
+            (Backend::Loopback, None | Some(SrqImp::Loopback(_))) => {
+                let qpn = loopback::fabric().lock().create(
+                    ctx.clone(),
+                    cfg,
+                    send_cq.clone(),
+                    recv_cq.clone(),
+                    srq.and_then(|s| match s.imp {
+                        SrqImp::Loopback(id) => Some(id),
+                        SrqImp::Shared(_) => None,
+                    }),
+                );
+                Ok(QueuePair {
+                    qpn,
+                    pd: self.clone(),
+                    imp: Imp::Loopback,
+                })
+            }
+            (Backend::Tcp(driver), None | Some(SrqImp::Shared(_))) => {
+                let qpn = driver.alloc_qpn();
+                cfg.qpn = qpn;
+                cfg.srq = srq.is_some();
+                let engine = RcQp::new(cfg, limits(ProviderKind::Tcp));
+                let shared = srq.and_then(|s| match &s.imp {
+                    SrqImp::Shared(q) => Some(q.clone()),
+                    SrqImp::Loopback(_) => None,
+                });
+                let qp = driver.add_qp(|token| {
+                    TcpQp::new(
+                        qpn,
+                        token,
+                        driver.clone(),
+                        engine,
+                        ctx.clone(),
+                        (send_cq.clone(), recv_cq.clone()),
+                        shared,
+                    )
+                });
+                Ok(QueuePair {
+                    qpn,
+                    pd: self.clone(),
+                    imp: Imp::Tcp(qp),
+                })
+            }
+            _ => Err(Error::InvalidArgument(
+                "the shared receive queue belongs to another provider",
+            )),
+        }
     }
 
     /// Creates a shared receive queue (`ibv_create_srq`).
@@ -287,41 +348,57 @@ impl ProtectionDomain {
                 "shared receive queue sizes outside the device's limits",
             ));
         }
-        let id = loopback::fabric().lock().create_srq(loopback::SrqEntry {
-            srq: Srq::new(self.id(), max_wr, max_sge),
-            ctx: self.context().inner.clone(),
-        });
-        Ok(SharedReceiveQueue { id })
+        let ctx = self.context().inner.clone();
+        let srq = Srq::new(self.id(), max_wr, max_sge);
+        let imp = match &ctx.backend {
+            Backend::Loopback => {
+                SrqImp::Loopback(loopback::fabric().lock().create_srq(loopback::SrqEntry {
+                    srq,
+                    ctx: ctx.clone(),
+                }))
+            }
+            Backend::Tcp(_) => SrqImp::Shared(Arc::new(Mutex::new(srq))),
+        };
+        Ok(SharedReceiveQueue { imp, ctx })
     }
 }
 
 /// A shared receive queue (`ibv_srq`): receives that several queue pairs consume.
 #[derive(Debug)]
 pub struct SharedReceiveQueue {
-    id: u32,
+    imp: SrqImp,
+    ctx: Arc<ContextInner>,
+}
+
+#[derive(Debug)]
+enum SrqImp {
+    Loopback(u32),
+    Shared(Arc<Mutex<Srq<MrRef>>>),
 }
 
 impl SharedReceiveQueue {
-    fn with<T>(&self, f: impl FnOnce(&mut loopback::SrqEntry) -> T) -> T {
-        let mut fab = loopback::fabric().lock();
-        let e = fab
-            .srqs
-            .get_mut(&self.id)
-            .expect("a live SRQ is in the fabric");
-        let out = f(e);
-        fab.pump();
-        out
+    fn with<T>(&self, f: impl FnOnce(&mut Srq<MrRef>, &ContextInner) -> T) -> T {
+        match &self.imp {
+            SrqImp::Loopback(id) => {
+                let mut fab = loopback::fabric().lock();
+                let e = fab.srqs.get_mut(id).expect("a live SRQ is in the fabric");
+                let out = f(&mut e.srq, &e.ctx);
+                fab.pump();
+                out
+            }
+            SrqImp::Shared(q) => f(&mut q.lock(), &self.ctx),
+        }
     }
 
     /// Posts a receive (`ibv_post_srq_recv`).
     pub fn post_recv(&self, req: RecvRequest) -> Result<()> {
-        self.with(|e| e.srq.post_recv(&*e.ctx, req.wr))?;
+        self.with(|q, ctx| q.post_recv(ctx, req.wr))?;
         Ok(())
     }
 
     /// Receives posted and not yet consumed.
     pub fn len(&self) -> usize {
-        self.with(|e| e.srq.len())
+        self.with(|q, _| q.len())
     }
 
     /// Whether no receive is posted.
@@ -332,18 +409,20 @@ impl SharedReceiveQueue {
     /// Arms the limit: the limit event fires once when fewer than `limit` receives remain
     /// (`IBV_SRQ_LIMIT`). 0 disarms.
     pub fn arm_limit(&self, limit: usize) {
-        self.with(|e| e.srq.arm_limit(limit));
+        self.with(|q, _| q.arm_limit(limit));
     }
 
     /// Takes the limit event (`IBV_EVENT_SRQ_LIMIT_REACHED`) if it fired.
     pub fn limit_reached(&self) -> bool {
-        self.with(|e| e.srq.take_limit_event())
+        self.with(|q, _| q.take_limit_event())
     }
 }
 
 impl Drop for SharedReceiveQueue {
     fn drop(&mut self) {
-        loopback::fabric().lock().srqs.remove(&self.id);
+        if let SrqImp::Loopback(id) = self.imp {
+            loopback::fabric().lock().srqs.remove(&id);
+        }
     }
 }
 
@@ -358,31 +437,63 @@ impl QueuePair {
         &self.pd
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut loopback::Entry) -> T) -> T {
-        let mut fab = loopback::fabric().lock();
-        let e = fab
-            .qps
-            .get_mut(&self.qpn)
-            .expect("a live QueuePair is in the fabric");
-        let out = f(e);
-        fab.pump();
-        out
+    /// Runs `f` on the engine and its memory, then makes progress.
+    fn with<T>(&self, f: impl FnOnce(&mut RcQp<ContextInner>, &ContextInner) -> T) -> T {
+        match &self.imp {
+            Imp::Loopback => {
+                let mut fab = loopback::fabric().lock();
+                let e = fab
+                    .qps
+                    .get_mut(&self.qpn)
+                    .expect("a live QueuePair is in the fabric");
+                let out = f(&mut e.engine, &e.ctx);
+                fab.pump();
+                out
+            }
+            Imp::Tcp(qp) => {
+                let ctx = self.pd.context().inner.clone();
+                qp.with(|i| f(&mut i.engine, &ctx))
+            }
+        }
     }
 
     /// Current state.
     pub fn state(&self) -> QpState {
-        self.with(|e| e.engine.state())
+        self.with(|e, _| e.state())
     }
 
     /// Current attributes (`ibv_query_qp`).
     pub fn attrs(&self) -> QpAttr {
-        self.with(|e| e.engine.attrs().clone())
+        self.with(|e, _| e.attrs().clone())
     }
 
     /// Changes state and attributes (`ibv_modify_qp`).
+    ///
+    /// On tcp, entering RTR establishes the stream to the peer: the QP dials the peer
+    /// given to [`bind_peer`](Self::bind_peer) or waits for the RTR destination QP to
+    /// dial it.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
-        self.with(|e| e.engine.modify(attr, mask))?;
+        let entered_rtr = self.with(|e, _| {
+            let before = e.state();
+            e.modify(attr, mask)
+                .map(|()| before != QpState::Rtr && e.state() == QpState::Rtr)
+        })?;
+        if let (Imp::Tcp(qp), true) = (&self.imp, entered_rtr) {
+            qp.driver.establish(qp)?;
+        }
         Ok(())
+    }
+
+    /// Names the peer QP before a manual move to RTR (the address vector of verbs): on
+    /// tcp, where its context listens. [`connect`](Self::connect) does this itself.
+    pub fn bind_peer(&self, peer: &QpEndpoint) {
+        if let (Imp::Tcp(qp), Some(addr)) = (&self.imp, peer.addr) {
+            qp.bind_peer(
+                (addr, peer.qp_num, peer.psn),
+                self.endpoint().psn,
+                ConnectOptions::default().connect_timeout,
+            );
+        }
     }
 
     /// Posts a send request (`ibv_post_send`).
@@ -400,7 +511,7 @@ impl QueuePair {
     /// their keys. The caller must not hold Rust references to that memory while the
     /// request is outstanding (e.g. a pool buffer's slice in the same slab).
     pub unsafe fn post_send_raw(&self, wr: SendWr, inline: Option<Vec<u8>>) -> Result<()> {
-        self.with(|e| e.engine.post_send(&e.ctx, wr, inline))?;
+        self.with(|e, ctx| e.post_send(ctx, wr, inline))?;
         Ok(())
     }
 
@@ -416,25 +527,34 @@ impl QueuePair {
     ///
     /// As [`post_send_raw`](Self::post_send_raw): the engine writes the named memory.
     pub unsafe fn post_recv_raw(&self, wr: RecvWr) -> Result<()> {
-        self.with(|e| e.engine.post_recv(&e.ctx, wr))?;
+        self.with(|e, ctx| e.post_recv(ctx, wr))?;
         Ok(())
     }
 }
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        loopback::fabric().lock().qps.remove(&self.qpn);
+        match &self.imp {
+            Imp::Loopback => {
+                loopback::fabric().lock().qps.remove(&self.qpn);
+            }
+            Imp::Tcp(qp) => qp.driver.remove_qp(qp),
+        }
     }
 }
 
-/// What a peer needs to connect to a queue pair: its number and first PSN (the fields
-/// `ibv_rc_pingpong` exchanges out of band).
+/// What a peer needs to connect to a queue pair: its number, first PSN and, on tcp, the
+/// address its context listens on (the fields `ibv_rc_pingpong` exchanges out of band).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct QpEndpoint {
     /// QP number.
     pub qp_num: u32,
     /// First packet sequence number the QP sends with.
     pub psn: u32,
+    /// tcp: where the QP's context accepts streams. An unspecified IP (the context listens
+    /// on every interface) means the peer's own host; a connection manager replaces it
+    /// with the address it reached the peer at.
+    pub addr: Option<SocketAddr>,
 }
 
 /// Connection parameters for [`QueuePair::connect`].
@@ -443,8 +563,10 @@ pub struct QpEndpoint {
 pub struct ConnectOptions {
     /// What the peer may do to this side's memory through this QP.
     pub access: rdmx_mem::Access,
-    /// Path MTU.
-    pub mtu: rdmx_core::Mtu,
+    /// Path MTU; `None` takes the device's active MTU ([`Capabilities::active_mtu`]).
+    ///
+    /// [`Capabilities::active_mtu`]: crate::Capabilities::active_mtu
+    pub mtu: Option<rdmx_core::Mtu>,
     /// Outstanding READs/atomics this side may issue.
     pub max_rd_atomic: u8,
     /// Outstanding READs/atomics this side accepts.
@@ -457,6 +579,8 @@ pub struct ConnectOptions {
     pub rnr_retry: u8,
     /// RNR timer code this side asks peers to wait.
     pub min_rnr_timer: u8,
+    /// tcp: how long establishing the stream to the peer may take.
+    pub connect_timeout: Duration,
 }
 
 impl Default for ConnectOptions {
@@ -466,13 +590,14 @@ impl Default for ConnectOptions {
                 | rdmx_mem::Access::REMOTE_READ
                 | rdmx_mem::Access::REMOTE_WRITE
                 | rdmx_mem::Access::REMOTE_ATOMIC,
-            mtu: rdmx_core::Mtu::Mtu4096,
+            mtu: None,
             max_rd_atomic: 16,
             max_dest_rd_atomic: 16,
             timeout: 14,
             retry_cnt: 7,
             rnr_retry: 7,
             min_rnr_timer: 1,
+            connect_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -483,6 +608,10 @@ impl QueuePair {
         QpEndpoint {
             qp_num: self.qpn,
             psn: initial_psn(self.qpn),
+            addr: match &self.imp {
+                Imp::Tcp(qp) => Some(qp.driver.local_addr()),
+                Imp::Loopback => None,
+            },
         }
     }
 
@@ -490,7 +619,9 @@ impl QueuePair {
     pub fn connect(&self, peer: QpEndpoint, opts: &ConnectOptions) -> Result<()> {
         let params = rdmx_core::ConnectParams {
             access: opts.access,
-            mtu: opts.mtu,
+            mtu: opts
+                .mtu
+                .unwrap_or(self.pd.context().capabilities().active_mtu),
             dest_qpn: peer.qp_num,
             rq_psn: peer.psn,
             sq_psn: self.endpoint().psn,
@@ -501,6 +632,16 @@ impl QueuePair {
             rnr_retry: opts.rnr_retry,
             min_rnr_timer: opts.min_rnr_timer,
         };
+        if let Imp::Tcp(qp) = &self.imp {
+            let addr = peer.addr.ok_or(Error::InvalidArgument(
+                "a tcp peer endpoint needs the address of its context",
+            ))?;
+            qp.bind_peer(
+                (addr, peer.qp_num, peer.psn),
+                self.endpoint().psn,
+                opts.connect_timeout,
+            );
+        }
         for (attr, mask) in params.steps() {
             self.modify(&attr, mask)?;
         }

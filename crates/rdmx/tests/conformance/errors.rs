@@ -360,9 +360,11 @@ pub(crate) fn post_in_wrong_state(p: &Provider) {
         .unwrap_or_else(|e| panic!("{what}: post_recv in INIT: {e}"));
 
     let peer = b.qp.endpoint();
+    // The address vector: where the peer is (needed by providers with real addresses).
+    a.qp.bind_peer(&peer);
     let rtr = QpAttr {
         qp_state: QpState::Rtr,
-        path_mtu: opts.mtu,
+        path_mtu: opts.mtu.expect("the suite sets the MTU"),
         dest_qp_num: peer.qp_num,
         rq_psn: peer.psn,
         max_dest_rd_atomic: opts.max_dest_rd_atomic,

@@ -147,7 +147,7 @@ impl Provider {
     /// The default connection options, at this provider's MTU.
     pub(crate) fn options(&self) -> ConnectOptions {
         let mut o = ConnectOptions::default();
-        o.mtu = self.mtu;
+        o.mtu = Some(self.mtu);
         o
     }
 
@@ -213,7 +213,7 @@ impl Provider {
                 self.name
             );
             assert_eq!(
-                s.qp.attrs().path_mtu,
+                Some(s.qp.attrs().path_mtu),
                 o.mtu,
                 "{}: {name}'s path MTU",
                 self.name

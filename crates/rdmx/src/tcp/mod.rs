@@ -1,0 +1,429 @@
+//! The tcp provider: the RC engine over TCP streams, across processes and hosts.
+//!
+//! Each queue pair has its own stream to its peer QP (a stream per QP keeps each QP's
+//! packets in order and lets the receive side read a payload straight into place without
+//! holding other QPs back). Frames are IBTA RC packets behind a 4-byte length
+//! ([`stream`]); payloads move between the socket and registered memory with vectored
+//! I/O and no intermediate copy.
+//!
+//! A context has one [`Driver`]: a listening socket that peers' QPs dial, an epoll
+//! instance (mio) watching every stream, and the timers of every QP. By default a progress
+//! thread runs the driver, so one-sided operations complete while the target application
+//! does nothing; in busy-poll mode no thread is started and polling any of the context's
+//! CQs runs the driver instead, for the lowest latency.
+//!
+//! ## Connection setup
+//!
+//! [`QueuePair::endpoint`](crate::QueuePair::endpoint) carries the address of the
+//! context's listener. Of two QPs being connected, the one with the smaller (address, QP
+//! number) dials the other's listener and sends a hello naming both QP numbers; the other
+//! side's driver hands the stream to the QP it names once that QP expects this peer.
+//! Neither side blocks waiting for the other, so both ends can be connected from one
+//! thread.
+
+mod qp;
+mod stream;
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use mio::net::TcpListener;
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
+use parking_lot::Mutex;
+use slab::Slab;
+
+pub(crate) use qp::TcpQp;
+
+use crate::{Error, Result};
+
+const WAKER: Token = Token(0);
+const LISTENER: Token = Token(1);
+/// Handshakes older than this are dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The hello a dialing QP sends: magic, the QP it wants, the QP it is.
+const HELLO_MAGIC: &[u8; 8] = b"RDMXTCP1";
+const HELLO_LEN: usize = 16;
+
+/// Largest path MTU on tcp.
+pub(crate) const MAX_MTU: u32 = 1 << 20;
+/// Largest frame a QP accepts: headers, the largest payload, pad.
+pub(crate) const MAX_FRAME: usize = 128 + MAX_MTU as usize;
+/// The path MTU tcp connections use unless told otherwise.
+pub(crate) const ACTIVE_MTU: u32 = 1 << 16;
+
+fn qp_token(idx: usize) -> Token {
+    Token(2 + 2 * idx)
+}
+
+fn hs_token(idx: usize) -> Token {
+    Token(3 + 2 * idx)
+}
+
+/// A stream that dialed in and has not said which QP it wants yet.
+struct Handshake {
+    stream: mio::net::TcpStream,
+    buf: [u8; HELLO_LEN],
+    have: usize,
+    since: Instant,
+}
+
+/// A context's connections, timers and (unless busy-polling) progress thread.
+pub(crate) struct Driver {
+    poll: Mutex<(Poll, Events)>,
+    registry: Registry,
+    waker: Waker,
+    listener: TcpListener,
+    local: SocketAddr,
+    qps: Mutex<Slab<Weak<TcpQp>>>,
+    by_qpn: Mutex<HashMap<u32, usize>>,
+    /// Streams that dialed in before their QP expected them, by the QP they want.
+    pending: Mutex<HashMap<u32, (mio::net::TcpStream, u32)>>,
+    handshakes: Mutex<Slab<Handshake>>,
+    timers: Mutex<BinaryHeap<Reverse<(Instant, usize)>>>,
+    stop: AtomicBool,
+    next_qpn: AtomicU32,
+    busy_poll: bool,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("tcp::Driver")
+            .field("local", &self.local)
+            .field("busy_poll", &self.busy_poll)
+            .finish()
+    }
+}
+
+impl Driver {
+    /// Binds the listener on `bind` and, unless `busy_poll`, starts the progress thread.
+    pub(crate) fn start(bind: SocketAddr, busy_poll: bool, qpn_seed: u32) -> Result<Arc<Driver>> {
+        let poll = Poll::new().map_err(|e| Error::Io("epoll_create", e))?;
+        let registry = poll
+            .registry()
+            .try_clone()
+            .map_err(|e| Error::Io("epoll", e))?;
+        let waker = Waker::new(&registry, WAKER).map_err(|e| Error::Io("eventfd", e))?;
+        let mut listener = TcpListener::bind(bind).map_err(|e| Error::Io("bind", e))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| Error::Io("getsockname", e))?;
+        registry
+            .register(&mut listener, LISTENER, Interest::READABLE)
+            .map_err(|e| Error::Io("epoll_ctl", e))?;
+        let driver = Arc::new(Driver {
+            poll: Mutex::new((poll, Events::with_capacity(256))),
+            registry,
+            waker,
+            listener,
+            local,
+            qps: Mutex::new(Slab::new()),
+            by_qpn: Mutex::new(HashMap::new()),
+            pending: Mutex::new(HashMap::new()),
+            handshakes: Mutex::new(Slab::new()),
+            timers: Mutex::new(BinaryHeap::new()),
+            stop: AtomicBool::new(false),
+            // QP numbers 0 and 1 are special in InfiniBand.
+            next_qpn: AtomicU32::new((qpn_seed & 0x7f_ffff) | 0x10),
+            busy_poll,
+        });
+        if !busy_poll {
+            let d = driver.clone();
+            std::thread::Builder::new()
+                .name("rdmx-tcp".into())
+                .spawn(move || {
+                    while !d.stop.load(Ordering::Acquire) {
+                        d.progress(Some(Duration::from_millis(100)));
+                    }
+                })
+                .map_err(|e| Error::Io("spawn the progress thread", e))?;
+        }
+        Ok(driver)
+    }
+
+    /// The address peers dial.
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Whether polling a CQ drives progress (no progress thread).
+    pub(crate) fn busy_poll(&self) -> bool {
+        self.busy_poll
+    }
+
+    /// Stops the progress thread.
+    pub(crate) fn shutdown(&self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = self.waker.wake();
+    }
+
+    pub(crate) fn alloc_qpn(&self) -> u32 {
+        self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff
+    }
+
+    /// Adds a QP made by `make(token)`.
+    pub(crate) fn add_qp(&self, make: impl FnOnce(usize) -> TcpQp) -> Arc<TcpQp> {
+        let mut qps = self.qps.lock();
+        let entry = qps.vacant_entry();
+        let qp = Arc::new(make(entry.key()));
+        entry.insert(Arc::downgrade(&qp));
+        self.by_qpn.lock().insert(qp.qpn, qp.token);
+        qp
+    }
+
+    pub(crate) fn remove_qp(&self, qp: &TcpQp) {
+        self.qps.lock().try_remove(qp.token);
+        self.by_qpn.lock().remove(&qp.qpn);
+        self.pending.lock().remove(&qp.qpn);
+    }
+
+    fn register(&self, s: &mut mio::net::TcpStream, token: usize) -> io::Result<()> {
+        self.registry
+            .register(s, qp_token(token), Interest::READABLE)
+    }
+
+    fn want_writable(&self, s: &mut mio::net::TcpStream, token: usize, on: bool) -> io::Result<()> {
+        let interest = if on {
+            Interest::READABLE | Interest::WRITABLE
+        } else {
+            Interest::READABLE
+        };
+        self.registry.reregister(s, qp_token(token), interest)
+    }
+
+    /// Asks for [`TcpQp::timeout`] on QP `token` at `at`.
+    fn schedule(&self, at: Instant, token: usize) {
+        let mut t = self.timers.lock();
+        let earlier = t.peek().map_or(true, |Reverse((first, _))| at < *first);
+        t.push(Reverse((at, token)));
+        drop(t);
+        if earlier && !self.busy_poll {
+            let _ = self.waker.wake();
+        }
+    }
+
+    /// Establishes the stream of `qp`, which just entered RTR. With a peer bound
+    /// ([`TcpQp::bind_peer`]) and this side the smaller of the pair, dials the peer's
+    /// listener; otherwise waits for the peer QP (the RTR attributes' destination) to
+    /// dial in.
+    pub(crate) fn establish(&self, qp: &TcpQp) -> Result<()> {
+        let (peer, my_psn, timeout, dest) = {
+            let g = qp.inner.lock();
+            (g.peer, g.my_psn, g.connect_timeout, g.engine.dest_qpn())
+        };
+        let Some((peer_addr, peer_qpn, peer_psn)) = peer.filter(|p| p.1 == dest) else {
+            return self.expect(qp, dest);
+        };
+        // An unspecified address (a listener on every interface) means this host.
+        let peer_addr = match peer_addr {
+            SocketAddr::V4(a) if a.ip().is_unspecified() => {
+                SocketAddr::from(([127, 0, 0, 1], a.port()))
+            }
+            SocketAddr::V6(a) if a.ip().is_unspecified() => {
+                SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, a.port()))
+            }
+            a => a,
+        };
+        // Both sides order the pair the same way; the smaller dials.
+        let me = (qp.qpn, my_psn, self.local.port());
+        let them = (peer_qpn, peer_psn, peer_addr.port());
+        if me < them {
+            let mut s = TcpStream::connect_timeout(&peer_addr, timeout)
+                .map_err(|e| Error::Io("connect", e))?;
+            s.set_nodelay(true)
+                .map_err(|e| Error::Io("TCP_NODELAY", e))?;
+            let mut hello = [0u8; HELLO_LEN];
+            hello[..8].copy_from_slice(HELLO_MAGIC);
+            hello[8..12].copy_from_slice(&peer_qpn.to_be_bytes());
+            hello[12..].copy_from_slice(&qp.qpn.to_be_bytes());
+            s.set_write_timeout(Some(timeout))
+                .map_err(|e| Error::Io("SO_SNDTIMEO", e))?;
+            s.write_all(&hello)
+                .map_err(|e| Error::Io("send the hello", e))?;
+            s.set_nonblocking(true)
+                .map_err(|e| Error::Io("O_NONBLOCK", e))?;
+            let mut g = qp.inner.lock();
+            qp.attach(&mut g, mio::net::TcpStream::from_std(s));
+        } else {
+            return self.expect(qp, peer_qpn);
+        }
+        Ok(())
+    }
+
+    /// Lets QP `from` dial `qp`, taking its stream if it already did.
+    fn expect(&self, qp: &TcpQp, from: u32) -> Result<()> {
+        let mut g = qp.inner.lock();
+        g.expect_peer = Some(from);
+        let parked = self.pending.lock().remove(&qp.qpn);
+        match parked {
+            Some((s, who)) if who == from => qp.attach(&mut g, s),
+            Some((s, who)) => {
+                tracing::warn!(qpn = qp.qpn, who, "dropping a stream from an unexpected QP");
+                drop(s);
+            }
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// Runs the driver once: waits up to `timeout` (or until the next timer) for socket
+    /// events, handles them, then fires due timers. Returns at once if another thread is
+    /// running it.
+    pub(crate) fn progress(&self, timeout: Option<Duration>) {
+        let Some(mut guard) = self.poll.try_lock() else {
+            return;
+        };
+        let now = Instant::now();
+        let next_timer = self.timers.lock().peek().map(|Reverse((t, _))| *t);
+        let wait = match (timeout, next_timer) {
+            (Some(t), Some(n)) => Some(t.min(n.saturating_duration_since(now))),
+            (t, None) => t,
+            (None, Some(n)) => Some(n.saturating_duration_since(now)),
+        };
+        let (poll, events) = &mut *guard;
+        if let Err(e) = poll.poll(events, wait) {
+            if e.kind() != io::ErrorKind::Interrupted {
+                tracing::warn!("epoll_wait failed: {e}");
+            }
+        }
+        for ev in events.iter() {
+            match ev.token() {
+                WAKER => {}
+                LISTENER => self.accept(),
+                Token(t) if t % 2 == 0 => {
+                    let qp = self.qps.lock().get((t - 2) / 2).and_then(Weak::upgrade);
+                    if let Some(qp) = qp {
+                        let mut g = qp.inner.lock();
+                        if ev.is_writable() {
+                            qp.writable(&mut g);
+                        }
+                        if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                            qp.readable(&mut g);
+                        }
+                    }
+                }
+                Token(t) => self.handshake((t - 3) / 2),
+            }
+        }
+        drop(guard);
+        self.fire_timers();
+    }
+
+    fn fire_timers(&self) {
+        let now = Instant::now();
+        loop {
+            let token = {
+                let mut t = self.timers.lock();
+                match t.peek() {
+                    Some(Reverse((at, token))) if *at <= now => {
+                        let token = *token;
+                        t.pop();
+                        token
+                    }
+                    _ => break,
+                }
+            };
+            let qp = self.qps.lock().get(token).and_then(Weak::upgrade);
+            if let Some(qp) = qp {
+                let mut g = qp.inner.lock();
+                qp.timeout(&mut g, now);
+            }
+        }
+        // Handshakes that never finished.
+        let mut hs = self.handshakes.lock();
+        let stale: Vec<usize> = hs
+            .iter()
+            .filter(|(_, h)| h.since.elapsed() > HANDSHAKE_TIMEOUT)
+            .map(|(k, _)| k)
+            .collect();
+        for k in stale {
+            let mut h = hs.remove(k);
+            tracing::warn!("closing a connection that sent no hello within {HANDSHAKE_TIMEOUT:?}");
+            let _ = self.registry.deregister(&mut h.stream);
+        }
+    }
+
+    fn accept(&self) {
+        loop {
+            match self.listener.accept() {
+                Ok((mut stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    let mut hs = self.handshakes.lock();
+                    let entry = hs.vacant_entry();
+                    if self
+                        .registry
+                        .register(&mut stream, hs_token(entry.key()), Interest::READABLE)
+                        .is_ok()
+                    {
+                        entry.insert(Handshake {
+                            stream,
+                            buf: [0; HELLO_LEN],
+                            have: 0,
+                            since: Instant::now(),
+                        });
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn handshake(&self, key: usize) {
+        let mut hs = self.handshakes.lock();
+        let Some(h) = hs.get_mut(key) else { return };
+        let done = loop {
+            match h.stream.read(&mut h.buf[h.have..]) {
+                Ok(0) => break Err("closed before its hello".to_string()),
+                Ok(n) => {
+                    h.have += n;
+                    if h.have == HELLO_LEN {
+                        break Ok(());
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => break Err(e.to_string()),
+            }
+        };
+        let mut h = hs.remove(key);
+        drop(hs);
+        let _ = self.registry.deregister(&mut h.stream);
+        if let Err(why) = done {
+            tracing::debug!("dropping a connection: {why}");
+            return;
+        }
+        if &h.buf[..8] != HELLO_MAGIC {
+            tracing::warn!("closing a connection whose hello is not rdmx's");
+            return;
+        }
+        let to = u32::from_be_bytes(h.buf[8..12].try_into().expect("4 bytes"));
+        let from = u32::from_be_bytes(h.buf[12..16].try_into().expect("4 bytes"));
+        let token = self.by_qpn.lock().get(&to).copied();
+        let qp = token.and_then(|t| self.qps.lock().get(t).and_then(Weak::upgrade));
+        let Some(qp) = qp else {
+            tracing::warn!(
+                to,
+                from,
+                "closing a connection for a QP that does not exist"
+            );
+            return;
+        };
+        let mut g = qp.inner.lock();
+        if TcpQp::attached(&g) {
+            tracing::warn!(to, from, "closing a second connection for a connected QP");
+        } else if g.expect_peer == Some(from) {
+            qp.attach(&mut g, h.stream);
+        } else {
+            self.pending.lock().insert(to, (h.stream, from));
+        }
+    }
+}

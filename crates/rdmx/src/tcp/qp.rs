@@ -1,0 +1,258 @@
+//! A queue pair of the tcp provider: the RC engine and the stream to its peer QP.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use rdmx_core::rc::{Placement, RcQp, Srq, Transmit};
+use rdmx_core::{QpAttr, QpAttrMask, QpState};
+
+use super::stream::{self, Rx, RxEvent, StreamError, TxQueue};
+use super::Driver;
+use crate::context::ContextInner;
+use crate::cq::{self, CompletionQueue};
+use crate::mr::MrRef;
+
+/// A tcp queue pair, shared by its [`QueuePair`](crate::QueuePair) handle and the driver.
+pub(crate) struct TcpQp {
+    pub(crate) qpn: u32,
+    pub(crate) token: usize,
+    pub(crate) driver: Arc<Driver>,
+    pub(crate) inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for TcpQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpQp").field("qpn", &self.qpn).finish()
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) engine: RcQp<ContextInner>,
+    ctx: Arc<ContextInner>,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+    srq: Option<Arc<Mutex<Srq<MrRef>>>>,
+    sock: Option<mio::net::TcpStream>,
+    rx: Rx,
+    tx: TxQueue,
+    scratch: Transmit<MrRef>,
+    place: Vec<Placement<MrRef>>,
+    /// Waiting for the peer QP with this number to dial in.
+    pub(crate) expect_peer: Option<u32>,
+    /// The peer, when known: its context's listener, QP number and first PSN.
+    pub(crate) peer: Option<(std::net::SocketAddr, u32, u32)>,
+    /// This QP's first PSN, as its endpoint gives it.
+    pub(crate) my_psn: u32,
+    pub(crate) connect_timeout: std::time::Duration,
+    writable: bool,
+    /// The deadline last handed to the driver.
+    timer: Option<Instant>,
+}
+
+impl TcpQp {
+    pub(crate) fn new(
+        qpn: u32,
+        token: usize,
+        driver: Arc<Driver>,
+        engine: RcQp<ContextInner>,
+        ctx: Arc<ContextInner>,
+        cqs: (CompletionQueue, CompletionQueue),
+        srq: Option<Arc<Mutex<Srq<MrRef>>>>,
+    ) -> TcpQp {
+        TcpQp {
+            qpn,
+            token,
+            driver,
+            inner: Mutex::new(Inner {
+                engine,
+                ctx,
+                send_cq: cqs.0,
+                recv_cq: cqs.1,
+                srq,
+                sock: None,
+                rx: Rx::new(super::MAX_FRAME),
+                tx: TxQueue::default(),
+                scratch: Transmit::default(),
+                place: Vec::new(),
+                expect_peer: None,
+                peer: None,
+                my_psn: 0,
+                connect_timeout: std::time::Duration::from_secs(10),
+                writable: false,
+                timer: None,
+            }),
+        }
+    }
+
+    /// Runs `f` on the engine, then sends what it produced and routes completions.
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> T {
+        let mut g = self.inner.lock();
+        let out = f(&mut g);
+        self.pump(&mut g, Instant::now());
+        out
+    }
+
+    /// Records the peer to dial when the QP enters RTR.
+    pub(crate) fn bind_peer(
+        &self,
+        peer: (std::net::SocketAddr, u32, u32),
+        my_psn: u32,
+        timeout: std::time::Duration,
+    ) {
+        let mut g = self.inner.lock();
+        g.peer = Some(peer);
+        g.my_psn = my_psn;
+        g.connect_timeout = timeout;
+    }
+
+    /// Gives the QP its stream to the peer.
+    pub(crate) fn attach(&self, g: &mut Inner, mut sock: mio::net::TcpStream) {
+        if let Err(e) = self.driver.register(&mut sock, self.token) {
+            tracing::warn!(
+                qpn = self.qpn,
+                "cannot watch the stream ({e}); the QP fails"
+            );
+            g.fail(self.qpn, &StreamError::Io(e));
+            return;
+        }
+        g.sock = Some(sock);
+        g.expect_peer = None;
+        self.pump(g, Instant::now());
+        // Bytes may have arrived before the registration.
+        self.readable(g);
+    }
+
+    /// Whether the QP has its stream.
+    pub(crate) fn attached(g: &Inner) -> bool {
+        g.sock.is_some()
+    }
+
+    /// The socket has bytes (or was closed): reads frames until it has none.
+    pub(crate) fn readable(&self, g: &mut Inner) {
+        let now = Instant::now();
+        let res = loop {
+            let Some(sock) = g.sock.as_ref() else { return };
+            let fd = stream::fd(sock);
+            match g.rx.next(fd) {
+                Ok(RxEvent::Header(h, rest)) => {
+                    let mut place = std::mem::take(&mut g.place);
+                    let srq = g.srq.clone();
+                    let mut srq_guard = srq.as_ref().map(|s| s.lock());
+                    let handled = g.engine.handle_header(
+                        now,
+                        &g.ctx,
+                        srq_guard.as_deref_mut(),
+                        h,
+                        rest,
+                        &mut place,
+                    );
+                    drop(srq_guard);
+                    match handled {
+                        Some(_) => g.rx.start_payload(place, rest),
+                        None => {
+                            break Err(StreamError::Protocol(
+                                "malformed or unsupported packet headers".into(),
+                            ))
+                        }
+                    }
+                }
+                Ok(RxEvent::PayloadDone) => {}
+                Ok(RxEvent::Idle) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
+        if let Err(e) = res {
+            g.fail(self.qpn, &e);
+        }
+        self.pump(g, now);
+    }
+
+    /// The socket has room again.
+    pub(crate) fn writable(&self, g: &mut Inner) {
+        g.writable = false;
+        self.pump(g, Instant::now());
+    }
+
+    /// A timer may be due.
+    pub(crate) fn timeout(&self, g: &mut Inner, now: Instant) {
+        g.timer = None;
+        if g.engine.poll_timeout().is_some_and(|t| t <= now) {
+            g.engine.handle_timeout(now);
+        }
+        self.pump(g, now);
+    }
+
+    /// Sends what the engine has, routes its completions and arms its timer — unless a
+    /// payload is part-way read, when the engine must wait for it (see `rdmx_core::rc::io`).
+    pub(crate) fn pump(&self, g: &mut Inner, now: Instant) {
+        if g.rx.mid_payload() {
+            return;
+        }
+        if let Some(sock) = g.sock.as_ref() {
+            let fd = stream::fd(sock);
+            let res = loop {
+                if !g.tx.is_empty() {
+                    match g.tx.flush(fd) {
+                        Ok(true) => {}
+                        Ok(false) => break Ok(false),
+                        Err(e) => break Err(e),
+                    }
+                }
+                let Inner {
+                    engine, scratch, ..
+                } = &mut *g;
+                if !engine.poll_transmit_parts(now, scratch) {
+                    break Ok(true);
+                }
+                g.tx.push(&mut g.scratch);
+            };
+            match res {
+                Ok(drained) => {
+                    if !drained && !g.writable {
+                        g.writable = true;
+                        if let Some(sock) = g.sock.as_mut() {
+                            if let Err(e) = self.driver.want_writable(sock, self.token, true) {
+                                g.fail(self.qpn, &StreamError::Io(e));
+                            }
+                        }
+                    } else if drained && g.writable {
+                        g.writable = false;
+                        if let Some(sock) = g.sock.as_mut() {
+                            let _ = self.driver.want_writable(sock, self.token, false);
+                        }
+                    }
+                }
+                Err(e) => g.fail(self.qpn, &e),
+            }
+        }
+        cq::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
+        if let Some(t) = g.engine.poll_timeout() {
+            if g.timer != Some(t) {
+                g.timer = Some(t);
+                self.driver.schedule(t, self.token);
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// The stream failed: close it and move the QP to ERR, so every outstanding request
+    /// completes with an error status.
+    pub(crate) fn fail(&mut self, qpn: u32, why: &StreamError) {
+        match why {
+            StreamError::Closed => tracing::debug!(qpn, "connection closed: {why}"),
+            _ => tracing::warn!(qpn, "closing the connection: {why}"),
+        }
+        self.sock = None;
+        self.tx.clear();
+        self.rx = Rx::new(0);
+        if self.engine.state() != QpState::Err && self.engine.state() != QpState::Reset {
+            let attr = QpAttr {
+                qp_state: QpState::Err,
+                ..QpAttr::default()
+            };
+            let _ = self.engine.modify(&attr, QpAttrMask::STATE);
+        }
+    }
+}

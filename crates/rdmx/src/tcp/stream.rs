@@ -1,0 +1,423 @@
+//! Frames on a TCP stream, moved between the socket and registered memory without an
+//! intermediate copy.
+//!
+//! A frame is a 4-byte big-endian length, then one IBTA RC packet of that length: BTH,
+//! extension headers, payload, pad (no ICRC: TCP checks the bytes). Sending gathers the
+//! length and headers from a small buffer and the payload straight from registered memory
+//! in one `writev`. Receiving reads headers into a small buffer, lets the engine check them
+//! and name where the payload goes, then `readv`s the payload straight into those places.
+//! Payload bytes that arrived in the same read as their headers (at most
+//! [`HEADER_READ`] bytes) are copied from the small buffer.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+
+use rdmx_core::rc::{Placement, Span, Transmit};
+
+use crate::mr::MrRef;
+
+/// Bytes asked of the socket when looking for headers: enough for a whole small frame, so
+/// an 8-byte WRITE takes one read, and little enough that a large payload is mostly read
+/// straight into place.
+pub(crate) const HEADER_READ: usize = 512;
+
+/// Most iovecs given to one `readv`/`writev`.
+const MAX_IOV: usize = 64;
+
+/// The length prefix of a frame.
+pub(crate) const PREFIX: usize = 4;
+
+/// Why a stream was closed.
+#[derive(Debug)]
+pub(crate) enum StreamError {
+    /// The peer closed it.
+    Closed,
+    /// The socket failed.
+    Io(io::Error),
+    /// The peer broke the framing or sent headers the engine refused to parse.
+    Protocol(String),
+}
+
+impl std::fmt::Display for StreamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StreamError::Closed => f.write_str("peer closed the connection"),
+            StreamError::Io(e) => write!(f, "socket error: {e}"),
+            StreamError::Protocol(m) => write!(f, "protocol violation: {m}"),
+        }
+    }
+}
+
+/// A frame waiting to be written.
+#[derive(Debug)]
+struct Frame {
+    /// Length prefix, headers and inline payload.
+    head: Vec<u8>,
+    /// Payload in registered memory; holding the spans keeps that memory alive.
+    gather: Vec<Span<MrRef>>,
+    pad: u8,
+    /// Bytes of the frame already written.
+    written: usize,
+}
+
+impl Frame {
+    fn len(&self) -> usize {
+        self.head.len()
+            + self.gather.iter().map(|s| s.len as usize).sum::<usize>()
+            + self.pad as usize
+    }
+}
+
+/// Frames queued for the socket.
+#[derive(Debug, Default)]
+pub(crate) struct TxQueue {
+    frames: VecDeque<Frame>,
+    /// Head buffers of written frames, kept for reuse.
+    spare: Vec<Vec<u8>>,
+}
+
+static ZEROS: [u8; 4] = [0; 4];
+
+impl TxQueue {
+    /// Queues the packet in `t` (taking its contents) as one frame.
+    pub(crate) fn push(&mut self, t: &mut Transmit<MrRef>) {
+        let mut head = self.spare.pop().unwrap_or_default();
+        head.clear();
+        head.extend_from_slice(&(t.len() as u32).to_be_bytes());
+        head.extend_from_slice(&t.header);
+        self.frames.push_back(Frame {
+            head,
+            gather: std::mem::take(&mut t.gather),
+            pad: t.pad,
+            written: 0,
+        });
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    /// Writes queued frames until the queue is empty or the socket is full; returns
+    /// whether the queue is empty.
+    pub(crate) fn flush(&mut self, fd: RawFd) -> Result<bool, StreamError> {
+        let mut iov: Vec<libc::iovec> = Vec::with_capacity(MAX_IOV);
+        while !self.frames.is_empty() {
+            iov.clear();
+            for f in self.frames.iter() {
+                if iov.len() + f.gather.len() + 2 > MAX_IOV {
+                    break;
+                }
+                let mut skip = f.written;
+                let mut add = |ptr: *mut u8, len: usize| {
+                    if skip >= len {
+                        skip -= len;
+                        return;
+                    }
+                    iov.push(libc::iovec {
+                        iov_base: ptr.wrapping_add(skip).cast(),
+                        iov_len: len - skip,
+                    });
+                    skip = 0;
+                };
+                add(f.head.as_ptr().cast_mut(), f.head.len());
+                for s in &f.gather {
+                    let p =
+                        s.mr.raw_range(s.addr, s.len as usize)
+                            .expect("the engine gathers inside resolved regions");
+                    add(p, s.len as usize);
+                }
+                add(ZEROS.as_ptr().cast_mut(), f.pad as usize);
+            }
+            if iov.is_empty() {
+                // One frame with more spans than MAX_IOV: write its parts in turns.
+                return self.flush_one_large(fd).map(|_| self.frames.is_empty());
+            }
+            // SAFETY: every iovec names memory that stays valid for the call: frame heads
+            // owned by this queue, ZEROS, and registered memory kept alive by the spans'
+            // MrRefs (raw_range checked the bounds). writev only reads it.
+            let n = unsafe { libc::writev(fd, iov.as_ptr(), iov.len() as libc::c_int) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                return match e.kind() {
+                    io::ErrorKind::WouldBlock => Ok(false),
+                    io::ErrorKind::Interrupted => continue,
+                    _ => Err(StreamError::Io(e)),
+                };
+            }
+            self.advance(n as usize);
+        }
+        Ok(true)
+    }
+
+    fn flush_one_large(&mut self, fd: RawFd) -> Result<(), StreamError> {
+        let f = self.frames.front().expect("not empty");
+        // Copy the frame's remaining bytes once; frames this fragmented are rare (a WR
+        // with more SGEs than MAX_IOV).
+        let mut bytes = f.head.clone();
+        for s in &f.gather {
+            let at = bytes.len();
+            bytes.resize(at + s.len as usize, 0);
+            s.mr.read_at(
+                (s.addr as usize).wrapping_sub(s.mr.addr()),
+                &mut bytes[at..],
+            )
+            .expect("the engine gathers inside resolved regions");
+        }
+        bytes.resize(bytes.len() + f.pad as usize, 0);
+        let rest = &bytes[f.written..];
+        // SAFETY: `rest` is a live buffer of `rest.len()` bytes.
+        let n = unsafe { libc::write(fd, rest.as_ptr().cast(), rest.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(()),
+                _ => Err(StreamError::Io(e)),
+            };
+        }
+        self.advance(n as usize);
+        Ok(())
+    }
+
+    fn advance(&mut self, mut n: usize) {
+        while n > 0 {
+            let f = self.frames.front_mut().expect("wrote no more than queued");
+            let left = f.len() - f.written;
+            if n < left {
+                f.written += n;
+                return;
+            }
+            n -= left;
+            let f = self.frames.pop_front().expect("just seen");
+            if self.spare.len() < 64 {
+                self.spare.push(f.head);
+            }
+        }
+    }
+
+    /// Drops every queued frame (the stream is gone).
+    pub(crate) fn clear(&mut self) {
+        self.frames.clear();
+    }
+}
+
+/// What the receive side is in the middle of.
+#[derive(Debug)]
+enum RxState {
+    /// Waiting for a frame's prefix and headers.
+    Header,
+    /// Reading a payload (and pad) of `rest` bytes into `place`; `off` bytes done.
+    Payload {
+        place: Vec<Placement<MrRef>>,
+        rest: usize,
+        off: usize,
+    },
+}
+
+/// The receive side of a stream.
+#[derive(Debug)]
+pub(crate) struct Rx {
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+    state: RxState,
+    /// Most bytes a frame may have (headers, largest payload, pad).
+    max_frame: usize,
+    /// Where payload bytes that nothing asked for go.
+    discard: Box<[u8]>,
+}
+
+/// What [`Rx::next`] found.
+pub(crate) enum RxEvent<'a> {
+    /// A frame's headers: the packet's first bytes and how many more follow. The caller
+    /// hands them to the engine and returns the placements with [`Rx::start_payload`].
+    Header(&'a [u8], usize),
+    /// A payload was placed in full: the engine may be polled again.
+    PayloadDone,
+    /// The socket has nothing more for now.
+    Idle,
+}
+
+impl Rx {
+    pub(crate) fn new(max_frame: usize) -> Rx {
+        Rx {
+            buf: vec![0; HEADER_READ.max(PREFIX + 64) * 2].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            state: RxState::Header,
+            max_frame,
+            discard: vec![0; 64 * 1024].into_boxed_slice(),
+        }
+    }
+
+    /// Whether a payload is part-way read (the engine must not be polled meanwhile).
+    pub(crate) fn mid_payload(&self) -> bool {
+        matches!(self.state, RxState::Payload { .. })
+    }
+
+    /// Makes progress on the socket: returns the next header to hand to the engine, or
+    /// reports that a payload finished, or that the socket is drained for now.
+    pub(crate) fn next(&mut self, fd: RawFd) -> Result<RxEvent<'_>, StreamError> {
+        if let RxState::Payload { .. } = self.state {
+            return self.read_payload(fd);
+        }
+        loop {
+            let have = self.end - self.start;
+            if have >= PREFIX + rdmx_wire::BTH_LEN {
+                let b = &self.buf[self.start..self.end];
+                let frame = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize;
+                let op = rdmx_wire::Opcode::try_from(b[PREFIX]).map_err(|_| {
+                    StreamError::Protocol(format!("unknown opcode {:#04x}", b[PREFIX]))
+                })?;
+                let hlen = op.header_len();
+                if frame < hlen || frame > self.max_frame {
+                    return Err(StreamError::Protocol(format!(
+                        "frame of {frame} bytes (headers {hlen}, at most {})",
+                        self.max_frame
+                    )));
+                }
+                if have >= PREFIX + hlen {
+                    let at = self.start + PREFIX;
+                    self.start += PREFIX + hlen;
+                    return Ok(RxEvent::Header(&self.buf[at..at + hlen], frame - hlen));
+                }
+            }
+            // Need more bytes: make room at the end and read.
+            if self.start > 0 {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            }
+            let want = HEADER_READ.min(self.buf.len() - self.end);
+            match read(fd, &mut self.buf[self.end..self.end + want])? {
+                Some(n) => self.end += n,
+                None => return Ok(RxEvent::Idle),
+            }
+        }
+    }
+
+    /// Starts reading a payload of `rest` bytes (payload and pad) into `place`, after the
+    /// engine saw its headers. Returns the placements buffer of the previous payload for
+    /// reuse.
+    pub(crate) fn start_payload(&mut self, place: Vec<Placement<MrRef>>, rest: usize) {
+        self.state = RxState::Payload {
+            place,
+            rest,
+            off: 0,
+        };
+    }
+
+    fn read_payload(&mut self, fd: RawFd) -> Result<RxEvent<'_>, StreamError> {
+        let RxState::Payload { place, rest, off } = &mut self.state else {
+            unreachable!("called in the payload state")
+        };
+        // Bytes already buffered are copied into place.
+        let n = (self.end - self.start).min(*rest - *off);
+        if n > 0 {
+            let bytes = &self.buf[self.start..self.start + n];
+            for p in place.iter() {
+                let (a, b) = (p.offset as usize, p.offset as usize + p.len as usize);
+                let (lo, hi) = (a.max(*off), b.min(*off + n));
+                if lo < hi {
+                    let at = (p.addr as usize + (lo - a)).wrapping_sub(p.mr.addr());
+                    p.mr.write_at(at, &bytes[lo - *off..hi - *off])
+                        .expect("the engine places inside resolved regions");
+                }
+            }
+            self.start += n;
+            *off += n;
+        }
+        let mut iov: Vec<libc::iovec> = Vec::with_capacity(MAX_IOV);
+        while *off < *rest {
+            iov.clear();
+            let mut at = *off;
+            for p in place.iter() {
+                let (a, b) = (p.offset as usize, p.offset as usize + p.len as usize);
+                if b <= at {
+                    continue;
+                }
+                if iov.len() + 2 > MAX_IOV {
+                    break;
+                }
+                if a > at {
+                    let gap = (a - at).min(self.discard.len());
+                    iov.push(libc::iovec {
+                        iov_base: self.discard.as_mut_ptr().cast(),
+                        iov_len: gap,
+                    });
+                    at += gap;
+                    if at < a {
+                        break;
+                    }
+                }
+                let from = at.max(a);
+                let ptr =
+                    p.mr.raw_range(p.addr + (from - a) as u64, b - from)
+                        .expect("the engine places inside resolved regions");
+                iov.push(libc::iovec {
+                    iov_base: ptr.cast(),
+                    iov_len: b - from,
+                });
+                at = b;
+            }
+            if at < *rest && iov.len() < MAX_IOV && at >= place_end(place) {
+                // Trailing bytes nothing asked for (the pad, or a dropped payload).
+                let gap = (*rest - at).min(self.discard.len());
+                iov.push(libc::iovec {
+                    iov_base: self.discard.as_mut_ptr().cast(),
+                    iov_len: gap,
+                });
+            }
+            // SAFETY: every iovec names writable memory valid for the call: the discard
+            // buffer owned by self, or registered memory kept alive by the placements'
+            // MrRefs, inside the bounds raw_range checked. Nothing holds a Rust reference
+            // into registered memory.
+            let n = unsafe { libc::readv(fd, iov.as_ptr(), iov.len() as libc::c_int) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                return match e.kind() {
+                    io::ErrorKind::WouldBlock => Ok(RxEvent::Idle),
+                    io::ErrorKind::Interrupted => continue,
+                    _ => Err(StreamError::Io(e)),
+                };
+            }
+            if n == 0 {
+                return Err(StreamError::Closed);
+            }
+            *off += n as usize;
+        }
+        self.state = RxState::Header;
+        Ok(RxEvent::PayloadDone)
+    }
+}
+
+fn place_end(place: &[Placement<MrRef>]) -> usize {
+    place
+        .last()
+        .map_or(0, |p| p.offset as usize + p.len as usize)
+}
+
+/// Reads into `buf`: `Some(n)` bytes, `None` when the socket has nothing now.
+fn read(fd: RawFd, buf: &mut [u8]) -> Result<Option<usize>, StreamError> {
+    loop {
+        // SAFETY: `buf` is a live, writable buffer of `buf.len()` bytes.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n > 0 {
+            return Ok(Some(n as usize));
+        }
+        if n == 0 {
+            return Err(StreamError::Closed);
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::WouldBlock => return Ok(None),
+            io::ErrorKind::Interrupted => continue,
+            _ => return Err(StreamError::Io(e)),
+        }
+    }
+}
+
+/// The raw descriptor of a stream.
+pub(crate) fn fd(s: &mio::net::TcpStream) -> RawFd {
+    s.as_raw_fd()
+}

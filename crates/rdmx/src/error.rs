@@ -57,6 +57,14 @@ pub enum Error {
         /// The providers this build offers.
         available: String,
     },
+    /// An operation did not finish within its timeout.
+    #[error("timed out: {0}")]
+    Timeout(&'static str),
+
+    /// A peer broke the connection-setup protocol.
+    #[error("connection setup: {0}")]
+    Protocol(&'static str),
+
     /// The operating system's random source failed while opening a context.
     #[error("open context: no random seed for memory keys: {0}")]
     Seed(String),

@@ -36,6 +36,7 @@
 //! - Registering memory the caller keeps owning is `unsafe`
 //!   ([`ProtectionDomain::register_raw`]); owned memory ([`Memory`]) is safe.
 
+pub mod cm;
 mod context;
 mod cq;
 mod error;

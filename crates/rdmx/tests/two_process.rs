@@ -1,0 +1,266 @@
+//! tcp between two processes: this test binary runs itself again as the peer, and the
+//! two connect through `rdmx::cm`.
+//!
+//! - every opcode crosses the process boundary with its data checked on both sides;
+//! - a peer killed with SIGKILL while requests are outstanding makes every one of them
+//!   complete with an error status, and nothing hangs.
+
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use rdmx::{
+    cm, Access, Completion, CompletionQueue, ConnectOptions, Context, LocalSge, ProtectionDomain,
+    QpCaps, QueuePair, RecvRequest, RemoteAddr, SendRequest, WcStatus,
+};
+
+const PEER_ENV: &str = "RDMX_TEST_PEER_ADDR";
+const MODE_ENV: &str = "RDMX_TEST_PEER_MODE";
+const REGION: usize = 1 << 20;
+const HALF: usize = REGION / 2;
+/// The 8-byte counter for atomics, at the end of the peer's region.
+const COUNTER: usize = REGION - 8;
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 9) as u8)
+        .collect()
+}
+
+struct Side {
+    _ctx: Context,
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+    qp: QueuePair,
+}
+
+fn side() -> Side {
+    let ctx = Context::open_provider("tcp").expect("open tcp");
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(4096).expect("cq");
+    let caps = QpCaps::default().max_send_wr(256).max_recv_wr(64);
+    let qp = pd.create_qp(&cq, &cq, caps).expect("qp");
+    Side {
+        _ctx: ctx,
+        pd,
+        cq,
+        qp,
+    }
+}
+
+fn region_bytes(r: &rdmx::RemoteRegion) -> Vec<u8> {
+    let mut v = Vec::new();
+    v.extend_from_slice(&r.addr.to_be_bytes());
+    v.extend_from_slice(&(r.len as u64).to_be_bytes());
+    v.extend_from_slice(&r.rkey.to_be_bytes());
+    v
+}
+
+fn remote_from(b: &[u8]) -> (u64, u32) {
+    assert_eq!(b.len(), 20, "peer's private data");
+    (
+        u64::from_be_bytes(b[..8].try_into().unwrap()),
+        u32::from_be_bytes(b[16..20].try_into().unwrap()),
+    )
+}
+
+fn wait(cq: &CompletionQueue, what: &str) -> Completion {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if let Some(c) = cq.poll_one().expect("poll") {
+            return c;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::yield_now();
+    }
+}
+
+fn ok(cq: &CompletionQueue, wr_id: u64, what: &str) -> Completion {
+    let c = wait(cq, what);
+    assert_eq!(
+        (c.wr_id, c.status),
+        (wr_id, WcStatus::Success),
+        "{what}: {c:?}"
+    );
+    c
+}
+
+fn spawn_peer(addr: std::net::SocketAddr, mode: &str) -> Child {
+    Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", "peer_process", "--nocapture", "--test-threads=1"])
+        .env(PEER_ENV, addr.to_string())
+        .env(MODE_ENV, mode)
+        .spawn()
+        .expect("spawn the peer process")
+}
+
+/// The peer's side; a no-op unless this process was spawned as the peer.
+#[test]
+fn peer_process() {
+    let Ok(addr) = std::env::var(PEER_ENV) else {
+        return;
+    };
+    let mode = std::env::var(MODE_ENV).unwrap_or_default();
+    let s = side();
+    let region = s.pd.register(vec![0u8; REGION], Access::ALL).unwrap();
+    region.write_at(HALF, &pattern(2, HALF - 8)).unwrap();
+    let inbox = s.pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
+    cm::connect(
+        addr.as_str(),
+        std::slice::from_ref(&s.qp),
+        &ConnectOptions::default(),
+        &region_bytes(&region.remote()),
+        TIMEOUT,
+    )
+    .expect("peer: connect");
+    if mode == "die" {
+        // Posts no receive, so the other side's SENDs wait (RNR) until this process dies.
+        std::thread::sleep(Duration::from_secs(600));
+        return;
+    }
+    // (A SEND that arrives before this receive is answered RNR and retried.)
+    s.qp.post_recv(RecvRequest::new(1).sge(LocalSge::new(&inbox, 0, 64).unwrap()))
+        .unwrap();
+    // The other side's SEND says it is done; then check what it did to this memory.
+    let c = ok(&s.cq, 1, "peer: the done message");
+    assert_eq!(c.byte_len, 4);
+    let mut got = vec![0u8; HALF];
+    region.read_at(0, &mut got).unwrap();
+    let good = got == pattern(1, HALF) && region.load_u64(COUNTER).unwrap() == 100;
+    let reply =
+        s.pd.register(vec![u8::from(good)], Access::LOCAL_WRITE)
+            .unwrap();
+    s.qp.post_send(SendRequest::send(2).sge(LocalSge::new(&reply, 0, 1).unwrap()))
+        .unwrap();
+    ok(&s.cq, 2, "peer: reply sent");
+    assert!(good, "peer: the WRITE data or the atomics' result is wrong");
+}
+
+#[test]
+fn every_opcode_between_two_processes() {
+    let listener = cm::Listener::bind("127.0.0.1:0").unwrap();
+    let mut child = spawn_peer(listener.local_addr().unwrap(), "check");
+    let s = side();
+    let local = s.pd.register(vec![0u8; REGION], Access::ALL).unwrap();
+    let reply = s.pd.register(vec![0u8; 8], Access::LOCAL_WRITE).unwrap();
+    let theirs = listener
+        .accept(
+            std::slice::from_ref(&s.qp),
+            &ConnectOptions::default(),
+            &region_bytes(&local.remote()),
+            TIMEOUT,
+        )
+        .expect("accept the peer");
+    s.qp.post_recv(RecvRequest::new(10).sge(LocalSge::new(&reply, 0, 8).unwrap()))
+        .unwrap();
+    let (raddr, rkey) = remote_from(&theirs);
+    let at = |off: usize| RemoteAddr {
+        addr: raddr + off as u64,
+        rkey,
+    };
+
+    // WRITE the first half, READ the second half back.
+    local.write_at(0, &pattern(1, HALF)).unwrap();
+    s.qp.post_send(SendRequest::write(1, at(0)).sge(LocalSge::new(&local, 0, HALF).unwrap()))
+        .unwrap();
+    ok(&s.cq, 1, "WRITE");
+    s.qp.post_send(
+        SendRequest::read(2, at(HALF)).sge(LocalSge::new(&local, HALF, HALF - 8).unwrap()),
+    )
+    .unwrap();
+    ok(&s.cq, 2, "READ");
+    let mut got = vec![0u8; HALF - 8];
+    local.read_at(HALF, &mut got).unwrap();
+    assert!(
+        got == pattern(2, HALF - 8),
+        "READ data differs from the peer's"
+    );
+
+    // Atomics on the peer's counter: 5 × FETCH_ADD 3, then CMP_SWAP 15 → 100.
+    for i in 0..5u64 {
+        s.qp.post_send(
+            SendRequest::fetch_add(3 + i, at(COUNTER), 3).sge(LocalSge::new(&local, 0, 8).unwrap()),
+        )
+        .unwrap();
+        ok(&s.cq, 3 + i, "FETCH_ADD");
+        assert_eq!(local.load_u64(0).unwrap(), 3 * i, "FETCH_ADD's old value");
+    }
+    s.qp.post_send(
+        SendRequest::compare_swap(8, at(COUNTER), 15, 100)
+            .sge(LocalSge::new(&local, 0, 8).unwrap()),
+    )
+    .unwrap();
+    ok(&s.cq, 8, "CMP_SWAP");
+    assert_eq!(local.load_u64(0).unwrap(), 15, "CMP_SWAP's old value");
+
+    // SEND "done"; the peer checks its memory and answers.
+    s.qp.post_send(SendRequest::send(9).inline(b"done"))
+        .unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let c = wait(&s.cq, "the SEND and the peer's answer");
+        assert_eq!(c.status, WcStatus::Success, "{c:?}");
+        seen.push(c.wr_id);
+    }
+    seen.sort();
+    assert_eq!(seen, [9, 10]);
+    let mut verdict = [0u8; 1];
+    reply.read_at(0, &mut verdict).unwrap();
+    assert_eq!(
+        verdict,
+        [1],
+        "the peer found its memory as this side wrote it"
+    );
+    let status = child.wait().unwrap();
+    assert!(status.success(), "peer process: {status}");
+}
+
+#[test]
+fn killed_peer_fails_every_outstanding_request() {
+    let listener = cm::Listener::bind("127.0.0.1:0").unwrap();
+    let mut child = spawn_peer(listener.local_addr().unwrap(), "die");
+    let s = side();
+    let local = s.pd.register(vec![7u8; REGION], Access::ALL).unwrap();
+    let theirs = listener
+        .accept(
+            std::slice::from_ref(&s.qp),
+            &ConnectOptions::default(),
+            &region_bytes(&local.remote()),
+            TIMEOUT,
+        )
+        .expect("accept the peer");
+    let (raddr, rkey) = remote_from(&theirs);
+    // A SEND the peer never has a receive for (RNR, retried forever), and WRITEs and
+    // READs queued behind it.
+    s.qp.post_send(SendRequest::send(0).sge(LocalSge::new(&local, 0, 64).unwrap()))
+        .unwrap();
+    let n = 100;
+    for i in 1..=n {
+        let remote = RemoteAddr { addr: raddr, rkey };
+        let req = if i % 2 == 0 {
+            SendRequest::write(i, remote)
+        } else {
+            SendRequest::read(i, remote)
+        };
+        s.qp.post_send(req.sge(LocalSge::new(&local, 0, HALF).unwrap()))
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed = Instant::now();
+    let mut ids = Vec::new();
+    for _ in 0..=n {
+        let c = wait(&s.cq, "an outstanding request to fail");
+        assert_ne!(c.status, WcStatus::Success, "{c:?}");
+        ids.push(c.wr_id);
+    }
+    ids.sort();
+    assert_eq!(
+        ids,
+        (0..=n).collect::<Vec<_>>(),
+        "each request completes once"
+    );
+    assert_eq!(s.qp.state(), rdmx::QpState::Err);
+    assert!(killed.elapsed() < TIMEOUT);
+}

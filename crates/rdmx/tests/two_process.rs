@@ -51,7 +51,7 @@ fn side() -> Side {
 fn region_bytes(r: &rdmx::RemoteRegion) -> Vec<u8> {
     let mut v = Vec::new();
     v.extend_from_slice(&r.addr.to_be_bytes());
-    v.extend_from_slice(&(r.len as u64).to_be_bytes());
+    v.extend_from_slice(&r.len.to_be_bytes());
     v.extend_from_slice(&r.rkey.to_be_bytes());
     v
 }

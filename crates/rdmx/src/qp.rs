@@ -312,6 +312,8 @@ impl ProtectionDomain {
                 let qpn = driver.alloc_qpn();
                 cfg.qpn = qpn;
                 cfg.srq = srq.is_some();
+                // TCP delivers every packet once and in order, or breaks the stream.
+                cfg.reliable_link = true;
                 let engine = RcQp::new(cfg, limits(ProviderKind::Tcp));
                 let shared = srq.and_then(|s| match &s.imp {
                     SrqImp::Shared(q) => Some(q.clone()),

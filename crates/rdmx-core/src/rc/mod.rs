@@ -67,6 +67,11 @@ pub struct QpConfig {
     pub max_inline_data: usize,
     /// Take receives from a shared receive queue ([`Srq`]) instead of an own queue.
     pub srq: bool,
+    /// The link below never loses, reorders or duplicates packets (a TCP stream): an
+    /// expired ack timer then only counts against the retry budget, and nothing is
+    /// retransmitted, since what was sent is still on its way. A peer that stays
+    /// silent for `timeout × (retry_cnt + 1)` still ends in `RetryExcErr`.
+    pub reliable_link: bool,
 }
 
 impl QpConfig {
@@ -81,6 +86,7 @@ impl QpConfig {
             max_recv_sge: 4,
             max_inline_data: 256,
             srq: false,
+            reliable_link: false,
         }
     }
 }

@@ -574,6 +574,8 @@ pub(crate) fn handle_timeout<M: MemAccess>(qp: &mut RcQp<M>, now: Instant) {
         return;
     }
     qp.req.retry_left -= 1;
-    qp.req.rewind(oldest);
+    if !qp.cfg.reliable_link {
+        qp.req.rewind(oldest);
+    }
     qp.req.timer = timeout_of(qp).map(|d| now + d);
 }

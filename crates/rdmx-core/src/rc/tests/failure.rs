@@ -98,6 +98,70 @@ fn link_down_gives_retry_exc_err_after_retry_cnt_retries_then_flush() {
 }
 
 #[test]
+fn on_a_reliable_link_an_expired_timer_retransmits_nothing_but_still_ends_in_retry_exc_err() {
+    let mut p = Pair::with(PairConfig {
+        retry_cnt: 3,
+        reliable_link: true,
+        ..PairConfig::default()
+    });
+    let t = ack_timeout(&p);
+    let buf = p.a.mem.register(4096, ALL);
+    let remote = p.b.mem.register(4096, ALL);
+    p.ab.down = true;
+    p.a.post(wr(
+        1,
+        SendOp::Write(remote.remote(0)),
+        vec![buf.sge(0, 1000)],
+    ))
+    .unwrap();
+    p.drive();
+    assert_eq!(p.a.sends(), vec![(1, WcStatus::RetryExcErr)]);
+    let first = p.cfg.sq_psn_a;
+    assert_eq!(p.ab.sent().filter(|x| x.psn == first).count(), 1);
+    let at = p.a.send_cq[0].at - p.epoch;
+    assert!(at >= t * 4 && at < t * 5, "failed at {at:?}");
+}
+
+#[test]
+fn on_a_reliable_link_a_peer_slower_than_one_timeout_is_waited_for_without_duplicates() {
+    let mut p = Pair::with(PairConfig {
+        retry_cnt: 3,
+        reliable_link: true,
+        ..PairConfig::default()
+    });
+    let t = ack_timeout(&p);
+    // Each way takes more than one ack timeout; the round trip stays within the budget.
+    p.ab.latency = t + t / 4;
+    p.ba.latency = t + t / 4;
+    let src = p.a.mem.register(2000, ALL);
+    p.a.mem.fill(src.addr, &pattern(7, 2000));
+    let dst = p.b.mem.register(2000, ALL);
+    p.a.post(wr(1, SendOp::Write(dst.remote(0)), vec![src.sge(0, 2000)]))
+        .unwrap();
+    p.drive();
+    assert_eq!(p.a.sends(), vec![(1, WcStatus::Success)]);
+    assert_eq!(p.b.mem.bytes(dst.addr, 2000), pattern(7, 2000));
+    let psns: Vec<u32> = p.ab.sent().map(|x| x.psn).collect();
+    let mut unique = psns.clone();
+    unique.dedup();
+    assert_eq!(psns, unique, "a packet was sent twice");
+
+    // Without the flag the same peer costs retransmissions.
+    let mut q = Pair::with(PairConfig {
+        retry_cnt: 3,
+        ..PairConfig::default()
+    });
+    q.ab.latency = t + t / 4;
+    q.ba.latency = t + t / 4;
+    let src = q.a.mem.register(2000, ALL);
+    let dst = q.b.mem.register(2000, ALL);
+    q.a.post(wr(1, SendOp::Write(dst.remote(0)), vec![src.sge(0, 2000)]))
+        .unwrap();
+    q.drive();
+    assert!(q.ab.sent().count() > psns.len());
+}
+
+#[test]
 fn acks_lost_forever_deliver_the_send_once_then_retry_exc_err() {
     let mut p = Pair::with(PairConfig {
         retry_cnt: 3,

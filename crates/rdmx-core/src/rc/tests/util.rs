@@ -644,6 +644,8 @@ pub(super) struct PairConfig {
     pub(super) max_send_sge: usize,
     pub(super) max_recv_sge: usize,
     pub(super) seed: u64,
+    /// `QpConfig::reliable_link` on both QPs.
+    pub(super) reliable_link: bool,
 }
 
 impl Default for PairConfig {
@@ -666,6 +668,7 @@ impl Default for PairConfig {
             max_send_sge: 4,
             max_recv_sge: 4,
             seed: 1,
+            reliable_link: false,
         }
     }
 }
@@ -818,6 +821,7 @@ impl Pair {
             c.max_recv_wr = cfg.max_recv_wr;
             c.max_send_sge = cfg.max_send_sge;
             c.max_recv_sge = cfg.max_recv_sge;
+            c.reliable_link = cfg.reliable_link;
             c
         };
         let epoch = Instant::now();

@@ -17,9 +17,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run a benchmark.
-    #[command(subcommand)]
-    Bench(bench::Bench),
+    /// Run a benchmark: a transfer test (write_bw, read_lat, ...) or `reg`.
+    Bench(Box<bench::Bench>),
     /// List providers and devices with their capabilities (like ibv_devinfo).
     Devices(devices::Args),
 }
@@ -31,7 +30,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let res = match cli.command {
-        Command::Bench(b) => bench::run(b),
+        Command::Bench(b) => bench::run(*b),
         Command::Devices(a) => devices::run(a),
     };
     match res {

@@ -1,56 +1,59 @@
-//! `rdmx bench ...`: one module per benchmark family.
+//! `rdmx bench ...`: `rdmx bench reg` (memory registration) and `rdmx bench TEST`
+//! (perftest's transfer tests on any provider).
+//!
+//! | module | what |
+//! |---|---|
+//! | [`args`] | the options of `rdmx bench TEST` and their checks |
+//! | [`setup`] | each side's context, QPs and regions; connecting the sides; control messages |
+//! | [`bw`], [`lat`] | the requester's measurement loops |
+//! | [`responder`] | the responder's side (and the ping-pong answers in [`lat`]) |
+//! | [`verify`] | what `--verify` expects to find, and the check |
+//! | [`report`], [`plot`] | perftest's table, JSON, latency statistics; the SVG plot |
+//! | [`mod@run`] | one run per provider, in this process or against a peer |
 
 use clap::Subcommand;
 
+mod args;
+mod bw;
+mod lat;
+mod plot;
 mod reg;
+mod report;
+mod responder;
+mod run;
+mod setup;
 mod stats;
-mod transfer;
+mod verify;
 
-use transfer::Test;
+/// Benchmarks: a transfer test (perftest's), or `reg`.
+#[derive(clap::Args, Debug)]
+#[command(
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true,
+    after_help = "Tests (like perftest's ib_<TEST>): write_bw write_lat read_bw read_lat \
+                  send_bw send_lat atomic_bw atomic_lat.\n\
+                  Without --server or HOST both sides run in this process.\n\
+                  `rdmx bench reg` measures memory registration instead."
+)]
+pub(crate) struct Bench {
+    #[command(subcommand)]
+    other: Option<Other>,
+    #[command(flatten)]
+    transfer: args::Args,
+}
 
-/// The benchmarks.
+/// Benchmarks that are not transfer tests.
 #[derive(Subcommand, Debug)]
-pub(crate) enum Bench {
+enum Other {
     /// Memory registration: register+deregister by size, registration cache hit and miss,
     /// buffer pool get+put on one and two threads.
     Reg(reg::Args),
-    /// RDMA WRITE bandwidth (like ib_write_bw).
-    #[command(name = "write_bw")]
-    WriteBw(transfer::Args),
-    /// RDMA READ bandwidth (like ib_read_bw).
-    #[command(name = "read_bw")]
-    ReadBw(transfer::Args),
-    /// SEND bandwidth (like ib_send_bw).
-    #[command(name = "send_bw")]
-    SendBw(transfer::Args),
-    /// FETCH_ADD rate (like ib_atomic_bw).
-    #[command(name = "atomic_bw")]
-    AtomicBw(transfer::Args),
-    /// RDMA WRITE latency, ping-pong, half round trip (like ib_write_lat).
-    #[command(name = "write_lat")]
-    WriteLat(transfer::Args),
-    /// RDMA READ latency, whole round trip (like ib_read_lat).
-    #[command(name = "read_lat")]
-    ReadLat(transfer::Args),
-    /// SEND latency, ping-pong, half round trip (like ib_send_lat).
-    #[command(name = "send_lat")]
-    SendLat(transfer::Args),
-    /// FETCH_ADD latency, whole round trip (like ib_atomic_lat).
-    #[command(name = "atomic_lat")]
-    AtomicLat(transfer::Args),
 }
 
 /// Runs a benchmark.
 pub(crate) fn run(b: Bench) -> Result<(), Box<dyn std::error::Error>> {
-    match b {
-        Bench::Reg(args) => reg::run(args),
-        Bench::WriteBw(a) => transfer::run(Test::WriteBw, a),
-        Bench::ReadBw(a) => transfer::run(Test::ReadBw, a),
-        Bench::SendBw(a) => transfer::run(Test::SendBw, a),
-        Bench::AtomicBw(a) => transfer::run(Test::AtomicBw, a),
-        Bench::WriteLat(a) => transfer::run(Test::WriteLat, a),
-        Bench::ReadLat(a) => transfer::run(Test::ReadLat, a),
-        Bench::SendLat(a) => transfer::run(Test::SendLat, a),
-        Bench::AtomicLat(a) => transfer::run(Test::AtomicLat, a),
+    match b.other {
+        Some(Other::Reg(args)) => reg::run(args),
+        None => run::run(&b.transfer).map_err(|e| e as Box<dyn std::error::Error>),
     }
 }

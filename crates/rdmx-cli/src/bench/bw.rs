@@ -1,0 +1,263 @@
+//! Bandwidth tests: the requester's loop.
+//!
+//! Each QP keeps up to `window` requests outstanding (`-t`, fewer under `--verify`, one
+//! slot each), posted `-l` at a time; one request in `-Q` is signaled, and the last one
+//! always is, so every request's completion is known. The CQ is polled in batches of 64.
+//! With `-D` the QPs post until the time is up, then finish what is outstanding.
+
+use std::time::{Duration, Instant};
+
+use rdmx::{LocalSge, SendRequest};
+
+use super::args::{Budget, Op, Params};
+use super::setup::{poll, Abort, BoxError, Layout, Region, Role, Side, CTL, EMPTY};
+use super::verify::{check_region, stamp_for, Expect};
+
+/// What one size measured.
+pub(crate) struct BwRun {
+    /// Requests completed on each QP.
+    pub(crate) per_qp: Vec<u64>,
+    /// From the first post to the last completion.
+    pub(crate) elapsed: Duration,
+    /// (time since start, requests completed on all QPs) at each poll that reaped
+    /// completions, starting with (0, 0).
+    pub(crate) marks: Vec<(Duration, u64)>,
+}
+
+impl BwRun {
+    pub(crate) fn total(&self) -> u64 {
+        self.per_qp.iter().sum()
+    }
+}
+
+/// Runs one size of a bandwidth test from the requester `side` against the peer's
+/// `remote` regions.
+pub(crate) fn requester(
+    p: &Params,
+    size: usize,
+    side: &Side,
+    remote: &[Region],
+    abort: &Abort,
+) -> Result<BwRun, BoxError> {
+    let l = &side.layout;
+    let peer = Layout::new(p, Role::Responder);
+    let op = p.test.op();
+    let q = side.qps.len();
+    let (window, batch, cq_mod) = (l.window as u64, p.post_list as u64, p.cq_mod as u64);
+    let slots = match op {
+        Op::Write | Op::Send => l.src_slots,
+        Op::Read | Op::Atomic => l.dst_slots,
+    }
+    .max(1);
+    let len = if op == Op::Atomic { 8 } else { size };
+    // Local elements, per QP and slot.
+    let sges = side
+        .mrs
+        .iter()
+        .map(|mr| {
+            (0..slots)
+                .map(|j| {
+                    let off = match op {
+                        Op::Write | Op::Send => l.src(j),
+                        Op::Read | Op::Atomic => l.dst(j),
+                    };
+                    LocalSge::new(mr, off, len)
+                })
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let stamp_len = size.min(8);
+    // A READ's destination is poisoned first, so a READ that never lands is seen.
+    let poison: Vec<Vec<u8>> = (0..slots)
+        .map(|j| Expect::pattern(size, size).stamped(j as u64).poison()[..stamp_len].to_vec())
+        .collect();
+    if p.verify && matches!(op, Op::Write | Op::Send) {
+        side.fill_sources(size, false)?;
+    }
+
+    let mut posted = vec![0u64; q];
+    let mut done = vec![0u64; q];
+    let mut target = vec![
+        match p.budget {
+            Budget::Iters(n) => n,
+            Budget::Seconds(_) => u64::MAX,
+        };
+        q
+    ];
+    let mut wc = [EMPTY; 64];
+    let mut marks = vec![(Duration::ZERO, 0u64)];
+    let mut total = 0u64;
+    let mut idle = 0u32;
+    let start = Instant::now();
+    let deadline = p.time_limit().map(|d| start + d);
+    let mut last = start;
+    loop {
+        if deadline.is_some_and(|d| Instant::now() >= d) && target[0] == u64::MAX {
+            // Time is up: one more request where needed so the last one is signaled.
+            for i in 0..q {
+                target[i] = posted[i].next_multiple_of(cq_mod).min(posted[i] + 1).max(1);
+            }
+        }
+        for i in 0..q {
+            'post: while posted[i] < target[i] {
+                let n = batch.min(target[i] - posted[i]);
+                if window - (posted[i] - done[i]) < n {
+                    break;
+                }
+                for _ in 0..n {
+                    let seq = posted[i];
+                    let slot = (seq % slots as u64) as usize;
+                    let mr = &side.mrs[i];
+                    let req = match op {
+                        Op::Write => {
+                            if p.verify {
+                                let s = stamp_for(seq, size).to_le_bytes();
+                                mr.write_at(l.src(slot), &s[..stamp_len])?;
+                            }
+                            SendRequest::write(seq, remote[i].at(peer.dst(slot)))
+                        }
+                        Op::Read => {
+                            if p.verify {
+                                mr.write_at(l.dst(slot), &poison[slot])?;
+                            }
+                            SendRequest::read(seq, remote[i].at(peer.src(slot)))
+                        }
+                        Op::Send => {
+                            if p.verify {
+                                let s = stamp_for(seq, size).to_le_bytes();
+                                mr.write_at(l.src(slot), &s[..stamp_len])?;
+                            }
+                            SendRequest::send(seq)
+                        }
+                        Op::Atomic => SendRequest::fetch_add(seq, remote[i].at(peer.dst(0)), 1),
+                    };
+                    let mut req = req.sge(sges[i][slot]);
+                    if (seq + 1) % cq_mod != 0 && seq + 1 != target[i] {
+                        req = req.unsignaled();
+                    }
+                    match side.qps[i].post_send(req) {
+                        Ok(()) => posted[i] += 1,
+                        // Slots of unsignaled requests free up with the next signaled
+                        // completion: poll and come back.
+                        Err(rdmx::Error::Post(rdmx::PostError::QueueFull { .. })) => break 'post,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+        }
+        let n = poll(&side.cq, &mut wc)?;
+        if n > 0 {
+            let now = Instant::now();
+            let mut moved = false;
+            for c in &wc[..n] {
+                if c.wr_id & CTL != 0 {
+                    continue; // a control message's send completion, from before
+                }
+                let i = side.qp_index(c.qp_num);
+                let d = c.wr_id + 1;
+                if d > done[i] {
+                    total += d - done[i];
+                    done[i] = d;
+                    moved = true;
+                }
+            }
+            if moved {
+                marks.push((now - start, total));
+                last = now;
+            }
+        } else {
+            idle += 1;
+            if idle % 4096 == 0 {
+                abort.check()?;
+            }
+        }
+        if target[0] != u64::MAX && (0..q).all(|i| done[i] >= target[i]) {
+            break;
+        }
+    }
+    if p.verify && op == Op::Read {
+        // Each destination slot holds what the last READ into it read.
+        let mut buf = Vec::new();
+        for (i, mr) in side.mrs.iter().enumerate() {
+            for j in 0..slots.min(done[i] as usize) {
+                let e = Expect::pattern(size, size).stamped(j as u64);
+                check_region(mr, l.dst(j), &e, &mut buf, || {
+                    format!("QP {i}: READ into slot {j} ({size} bytes)")
+                })?;
+            }
+        }
+    }
+    Ok(BwRun {
+        per_qp: done,
+        elapsed: last - start,
+        marks,
+    })
+}
+
+/// The peak rate in requests per second: the best rate over any stretch between two
+/// polls that spans at least a tenth of the run (perftest takes the best rate between a
+/// post and a later completion over any stretch; over very short stretches that measures
+/// completion batching, not the transfer). Never below the average, which is one such
+/// stretch.
+pub(crate) fn peak_rate(marks: &[(Duration, u64)]) -> f64 {
+    // At most ~1000 points (always keeping the first and the last): the search is
+    // quadratic.
+    let step = marks.len().div_ceil(1000).max(1);
+    let mut pts: Vec<(f64, f64)> = marks
+        .iter()
+        .step_by(step)
+        .map(|&(t, n)| (t.as_secs_f64(), n as f64))
+        .collect();
+    if let Some(&(t, n)) = marks.last() {
+        if pts.last() != Some(&(t.as_secs_f64(), n as f64)) {
+            pts.push((t.as_secs_f64(), n as f64));
+        }
+    }
+    let (Some(first), Some(last)) = (pts.first(), pts.last()) else {
+        return 0.0;
+    };
+    let min = (last.0 - first.0) / 10.0;
+    let mut best = 0.0f64;
+    for (i, a) in pts.iter().enumerate() {
+        for b in &pts[i + 1..] {
+            let dt = b.0 - a.0;
+            if dt >= min && dt > 0.0 {
+                best = best.max((b.1 - a.1) / dt);
+            }
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(m: u64) -> Duration {
+        Duration::from_millis(m)
+    }
+
+    #[test]
+    fn peak_is_the_best_stretch_of_a_tenth_or_more() {
+        // 100 requests per ms for 9 ms, then 1000 in the last ms.
+        let mut marks: Vec<_> = (0..=9).map(|k| (ms(k), 100 * k)).collect();
+        marks.push((ms(10), 1900));
+        let avg = 1900.0 / 0.010;
+        let peak = peak_rate(&marks);
+        assert!((peak - 1000.0 / 0.001).abs() < 1e-6, "{peak}");
+        assert!(peak >= avg);
+        // A steady run peaks at its average.
+        let steady: Vec<_> = (0..=10).map(|k| (ms(k), 50 * k)).collect();
+        assert!((peak_rate(&steady) - 50_000.0).abs() < 1e-6);
+        assert_eq!(peak_rate(&[]), 0.0);
+    }
+
+    #[test]
+    fn many_marks_are_thinned_not_dropped_at_the_end() {
+        let marks: Vec<_> = (0..=100_000u64)
+            .map(|k| (Duration::from_micros(k), k))
+            .collect();
+        let peak = peak_rate(&marks);
+        assert!((peak - 1e6).abs() < 1.0, "{peak}");
+    }
+}

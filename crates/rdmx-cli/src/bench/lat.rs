@@ -1,0 +1,294 @@
+//! Latency tests, as perftest runs them: one request outstanding on one QP.
+//!
+//! - `write_lat`: ping-pong. Each side WRITEs its peer's buffer, whose last byte carries
+//!   the round's tag, and spins on the last byte of its own buffer (read through the
+//!   region's copying accessor) until the peer's WRITE lands. Half the round trip.
+//! - `send_lat`: ping-pong with SEND and RECV. Half the round trip.
+//! - `read_lat`, `atomic_lat`: one READ or FETCH_ADD at a time, each timed from the post
+//!   to its completion: the whole round trip.
+//!
+//! The first `n/10` rounds (100 with `-D`) warm up and are not recorded; with `-D` the
+//! measured rounds run for that long after them.
+
+use std::time::Instant;
+
+use rdmx::{LocalSge, SendRequest, WcOpcode};
+
+use super::args::{Budget, Op, Params};
+use super::report::LatRecorder;
+use super::setup::{poll, Abort, BoxError, Layout, Region, Role, Side, EMPTY, STALL};
+use super::verify::{check_region, stamp_for, tag, Expect};
+
+/// What one size measured: the recorder, and the requests issued (warm-up included).
+pub(crate) type LatRun = (LatRecorder, u64);
+
+/// Whether round `r` (warm-up included) runs.
+fn more(p: &Params, r: u64, warm: u64, t0: &mut Option<Instant>) -> bool {
+    if r < warm {
+        return true;
+    }
+    match p.budget {
+        Budget::Iters(n) => r < warm + n,
+        Budget::Seconds(_) => {
+            let start = *t0.get_or_insert_with(Instant::now);
+            r == warm || start.elapsed() < p.time_limit().unwrap_or_default()
+        }
+    }
+}
+
+/// Polls `side`'s CQ until `step`, handed each batch of completions (maybe none), says
+/// the wait is over; fails once the other side of this process fails or nothing ends the
+/// wait for [`STALL`].
+fn spin(
+    side: &Side,
+    abort: &Abort,
+    mut step: impl FnMut(&[rdmx::Completion]) -> Result<bool, BoxError>,
+) -> Result<(), BoxError> {
+    let mut wc = [EMPTY; 8];
+    let mut spins = 0u32;
+    let mut since = None;
+    loop {
+        let n = poll(&side.cq, &mut wc)?;
+        if step(&wc[..n])? {
+            return Ok(());
+        }
+        spins = spins.wrapping_add(1);
+        if spins % 4096 == 0 {
+            abort.check()?;
+            if since.get_or_insert_with(Instant::now).elapsed() > STALL {
+                return Err(format!("the peer did not answer within {STALL:?}").into());
+            }
+        }
+    }
+}
+
+/// What a ping-pong message of round `g` holds.
+fn message(p: &Params, size: usize, g: u64) -> Expect {
+    let e = Expect::pattern(size, size).stamped(stamp_for(g, size));
+    if p.test.op() == Op::Write {
+        e.tagged(tag(g))
+    } else {
+        e
+    }
+}
+
+/// Writes round `g`'s stamp (and tag) into the source, as far as the run needs it.
+fn stamp_source(p: &Params, side: &Side, size: usize, g: u64) -> Result<(), BoxError> {
+    let (mr, at) = (&side.mrs[0], side.layout.src(0));
+    let e = message(p, size, g);
+    if p.verify {
+        mr.write_at(at, &stamp_for(g, size).to_le_bytes()[..e.stamp_len()])?;
+    }
+    if let Some(t) = e.tag {
+        mr.write_at(at + size - 1, &[t])?;
+    }
+    Ok(())
+}
+
+/// The pinging side of `write_lat` and `send_lat`; `round` counts rounds across sizes.
+pub(crate) fn ping(
+    p: &Params,
+    size: usize,
+    side: &Side,
+    remote: &[Region],
+    round: &mut u64,
+    abort: &Abort,
+) -> Result<LatRun, BoxError> {
+    let (l, mr, qp) = (&side.layout, &side.mrs[0], &side.qps[0]);
+    let write = p.test.op() == Op::Write;
+    let src = LocalSge::new(mr, l.src(0), size)?;
+    let to = remote[0].at(Layout::new(p, Role::Responder).dst(0));
+    if p.verify {
+        side.fill_sources(size, false)?;
+    }
+    let (warm, mut t0) = (p.warmup(), None);
+    let mut rec = LatRecorder::new(true);
+    let mut buf = Vec::new();
+    let mut r = 0;
+    while more(p, r, warm, &mut t0) {
+        let g = *round;
+        let t = Instant::now();
+        stamp_source(p, side, size, g)?;
+        let req = if write {
+            SendRequest::write(g, to)
+        } else {
+            SendRequest::send(g)
+        };
+        qp.post_send(req.sge(src))?;
+        let (mut sent, mut got, mut len) = (false, false, size as u32);
+        let mut last = [0u8];
+        spin(side, abort, |wc| {
+            for c in wc {
+                match c.opcode {
+                    WcOpcode::Recv if c.imm_data.is_some() => {
+                        return Err("a control message arrived in the middle of a round".into())
+                    }
+                    WcOpcode::Recv => {
+                        (got, len) = (true, c.byte_len);
+                        side.post_recv(0, c.wr_id)?;
+                    }
+                    _ => sent |= c.wr_id == g,
+                }
+            }
+            if write && sent && !got {
+                mr.read_at(l.dst(0) + size - 1, &mut last)?;
+                got = last[0] == tag(g);
+            }
+            Ok(sent && got)
+        })?;
+        let dt = t.elapsed();
+        if r >= warm {
+            rec.record(dt);
+        }
+        if p.verify {
+            if len as usize != size {
+                return Err(
+                    format!("--verify: answer {g} has {len} bytes, expected {size}").into(),
+                );
+            }
+            check_region(mr, l.dst(0), &message(p, size, g), &mut buf, || {
+                format!("the answer of round {g} ({size} bytes)")
+            })?;
+        }
+        r += 1;
+        *round += 1;
+    }
+    Ok((rec, r))
+}
+
+/// The answering side of a ping-pong, for one size: answers every round until `DONE`.
+/// Returns the verdict of its checks.
+pub(crate) fn pong(
+    p: &Params,
+    size: usize,
+    side: &Side,
+    remote: &[Region],
+    round: &mut u64,
+    abort: &Abort,
+) -> Result<Result<(), String>, BoxError> {
+    let (l, mr, qp) = (&side.layout, &side.mrs[0], &side.qps[0]);
+    let write = p.test.op() == Op::Write;
+    let src = LocalSge::new(mr, l.src(0), size)?;
+    let to = remote[0].at(Layout::new(p, Role::Requester).dst(0));
+    let mut bad = None;
+    let mut buf = Vec::new();
+    let mut answered = 0u64;
+    loop {
+        let g = *round;
+        let (mut ping, mut done, mut len) = (false, None, size as u32);
+        let mut last = [0u8];
+        // No stall limit here: the pinging side decides when rounds come.
+        let mut wc = [EMPTY; 8];
+        let mut spins = 0u32;
+        while !ping && done.is_none() {
+            let n = poll(&side.cq, &mut wc)?;
+            for c in &wc[..n] {
+                if c.opcode == WcOpcode::Recv {
+                    side.post_recv(0, c.wr_id)?;
+                    match c.imm_data {
+                        Some(imm) => done = Some(imm),
+                        None => (ping, len) = (true, c.byte_len),
+                    }
+                }
+            }
+            if write && !ping {
+                mr.read_at(l.dst(0) + size - 1, &mut last)?;
+                ping = last[0] == tag(g);
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 4096 == 0 {
+                abort.check()?;
+            }
+        }
+        if let Some(n) = done {
+            if p.verify && bad.is_none() && n != answered as u32 {
+                bad = Some(format!(
+                    "--verify: {answered} pings arrived, the other side sent {n}"
+                ));
+            }
+            return Ok(bad.map_or(Ok(()), Err));
+        }
+        if p.verify && bad.is_none() {
+            if len as usize != size {
+                bad = Some(format!(
+                    "--verify: ping {g} has {len} bytes, expected {size}"
+                ));
+            } else if let Err(e) =
+                check_region(mr, l.dst(0), &message(p, size, g), &mut buf, || {
+                    format!("ping {g} ({size} bytes)")
+                })
+            {
+                bad = Some(e);
+            }
+        }
+        stamp_source(p, side, size, g)?;
+        let req = if write {
+            SendRequest::write(g, to)
+        } else {
+            SendRequest::send(g)
+        };
+        qp.post_send(req.sge(src))?;
+        answered += 1;
+        *round += 1;
+    }
+}
+
+/// `read_lat` and `atomic_lat`: one READ or FETCH_ADD at a time. `round` counts the
+/// requests issued so far (the value the next FETCH_ADD must find).
+pub(crate) fn one_sided(
+    p: &Params,
+    size: usize,
+    side: &Side,
+    remote: &[Region],
+    round: &mut u64,
+    abort: &Abort,
+) -> Result<LatRun, BoxError> {
+    let (l, mr, qp) = (&side.layout, &side.mrs[0], &side.qps[0]);
+    let peer = Layout::new(p, Role::Responder);
+    let read = p.test.op() == Op::Read;
+    let sge = LocalSge::new(mr, l.dst(0), if read { size } else { 8 })?;
+    let expect = Expect::pattern(size, size).stamped(0);
+    let poison = expect.poison();
+    let (warm, mut t0) = (p.warmup(), None);
+    let mut rec = LatRecorder::new(false);
+    let mut buf = Vec::new();
+    let mut r = 0;
+    while more(p, r, warm, &mut t0) {
+        let g = *round;
+        if p.verify && read {
+            mr.write_at(l.dst(0), &poison[..expect.stamp_len().max(1)])?;
+        }
+        let req = if read {
+            SendRequest::read(g, remote[0].at(peer.src(0)))
+        } else {
+            SendRequest::fetch_add(g, remote[0].at(peer.dst(0)), 1)
+        };
+        let t = Instant::now();
+        qp.post_send(req.sge(sge))?;
+        let mut done = false;
+        spin(side, abort, |wc| {
+            done |= wc.iter().any(|c| c.wr_id == g);
+            Ok(done)
+        })?;
+        let dt = t.elapsed();
+        if r >= warm {
+            rec.record(dt);
+        }
+        if p.verify && read {
+            check_region(mr, l.dst(0), &expect, &mut buf, || {
+                format!("READ {g} ({size} bytes)")
+            })?;
+        } else if p.verify {
+            let old = mr.load_u64(l.dst(0))?;
+            if old != g {
+                return Err(format!(
+                    "--verify: FETCH_ADD {g} found the counter at {old}, expected {g}"
+                )
+                .into());
+            }
+        }
+        r += 1;
+        *round += 1;
+    }
+    Ok((rec, r))
+}

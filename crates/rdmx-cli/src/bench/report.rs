@@ -1,0 +1,399 @@
+//! Results: latency statistics, perftest's text table, and the JSON rows.
+//!
+//! Bandwidth rows: `#bytes`, `#iterations` (per QP), `BW peak` (see
+//! [`super::bw::peak_rate`]), `BW average` (all bytes of all QPs over the time from the
+//! first post to the last completion) and `MsgRate` (messages of all QPs per second), in
+//! MiB/s (2^20 bytes per second, perftest's "MB/sec") or, with `--report_gbits`, Gb/s
+//! (10^9 bits per second).
+//!
+//! Latency rows: `t_min`, `t_max`, `t_avg` and `t_stdev` (population) exact over the
+//! recorded rounds; `t_typical` (the median) and the 99% and 99.9% percentiles from an
+//! HDR histogram of nanoseconds with 3 significant digits (within 0.1%).
+
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde_json::{json, Value};
+
+use super::args::Test;
+
+const MIB: f64 = 1048576.0;
+/// Gb/s per MiB/s.
+const GBITS_PER_MIB: f64 = MIB * 8.0 / 1e9;
+/// perftest's dashed line.
+pub(crate) const LINE: &str =
+    "---------------------------------------------------------------------------------------";
+
+/// Latency samples of one size, in microseconds.
+pub(crate) struct LatRecorder {
+    halve: bool,
+    hist: Histogram<u64>,
+    n: u64,
+    min: f64,
+    max: f64,
+    mean: f64,
+    m2: f64,
+}
+
+/// What a latency row reports, in microseconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct LatStats {
+    pub(crate) min: f64,
+    pub(crate) max: f64,
+    pub(crate) typical: f64,
+    pub(crate) avg: f64,
+    pub(crate) stdev: f64,
+    pub(crate) p99: f64,
+    pub(crate) p999: f64,
+}
+
+impl LatRecorder {
+    /// `halve`: record half of each time (the one-way latency of a ping-pong).
+    pub(crate) fn new(halve: bool) -> LatRecorder {
+        LatRecorder {
+            halve,
+            hist: Histogram::new(3).expect("3 significant digits is in range"),
+            n: 0,
+            min: f64::INFINITY,
+            max: 0.0,
+            mean: 0.0,
+            m2: 0.0,
+        }
+    }
+
+    /// Records one round.
+    pub(crate) fn record(&mut self, dt: Duration) {
+        let mut us = dt.as_secs_f64() * 1e6;
+        if self.halve {
+            us /= 2.0;
+        }
+        self.n += 1;
+        self.min = self.min.min(us);
+        self.max = self.max.max(us);
+        let d = us - self.mean;
+        self.mean += d / self.n as f64;
+        self.m2 += d * (us - self.mean);
+        let ns = (us * 1000.0).round() as u64;
+        // `record` grows the histogram's range; it only fails past u64's range.
+        if self.hist.record(ns).is_err() {
+            self.hist.saturating_record(ns);
+        }
+    }
+
+    /// Rounds recorded.
+    pub(crate) fn count(&self) -> u64 {
+        self.n
+    }
+
+    pub(crate) fn stats(&self) -> LatStats {
+        if self.n == 0 {
+            return LatStats {
+                min: 0.0,
+                max: 0.0,
+                typical: 0.0,
+                avg: 0.0,
+                stdev: 0.0,
+                p99: 0.0,
+                p999: 0.0,
+            };
+        }
+        // Histogram buckets are 0.1% wide: keep their values within the exact range.
+        let q = |q: f64| (self.hist.value_at_quantile(q) as f64 / 1000.0).clamp(self.min, self.max);
+        LatStats {
+            min: self.min,
+            max: self.max,
+            typical: q(0.5),
+            avg: self.mean,
+            stdev: (self.m2 / self.n as f64).sqrt(),
+            p99: q(0.99),
+            p999: q(0.999),
+        }
+    }
+}
+
+/// One line of results.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Row {
+    Bw {
+        bytes: usize,
+        iterations: u64,
+        peak_mib: f64,
+        avg_mib: f64,
+        mpps: f64,
+    },
+    Lat {
+        bytes: usize,
+        iterations: u64,
+        stats: LatStats,
+    },
+}
+
+impl Row {
+    pub(crate) fn bytes(&self) -> usize {
+        match self {
+            Row::Bw { bytes, .. } | Row::Lat { bytes, .. } => *bytes,
+        }
+    }
+
+    /// The figure a plot draws: average bandwidth (MiB/s or Gb/s), or typical latency.
+    pub(crate) fn headline(&self, gbits: bool) -> f64 {
+        match self {
+            Row::Bw { avg_mib, .. } if gbits => avg_mib * GBITS_PER_MIB,
+            Row::Bw { avg_mib, .. } => *avg_mib,
+            Row::Lat { stats, .. } => stats.typical,
+        }
+    }
+
+    pub(crate) fn json(&self) -> Value {
+        match *self {
+            Row::Bw {
+                bytes,
+                iterations,
+                peak_mib,
+                avg_mib,
+                mpps,
+            } => json!({
+                "bytes": bytes,
+                "iterations": iterations,
+                "bw_peak_mib_s": peak_mib,
+                "bw_avg_mib_s": avg_mib,
+                "bw_avg_gbit_s": avg_mib * GBITS_PER_MIB,
+                "msg_rate_mpps": mpps,
+            }),
+            Row::Lat {
+                bytes,
+                iterations,
+                stats: s,
+            } => json!({
+                "bytes": bytes,
+                "iterations": iterations,
+                "t_min_us": s.min,
+                "t_max_us": s.max,
+                "t_typical_us": s.typical,
+                "t_avg_us": s.avg,
+                "t_stdev_us": s.stdev,
+                "p99_us": s.p99,
+                "p999_us": s.p999,
+            }),
+        }
+    }
+}
+
+/// The column titles of `test`'s table.
+fn columns(test: Test, gbits: bool) -> Vec<String> {
+    if test.is_bw() {
+        let unit = if gbits { "Gb/sec" } else { "MiB/sec" };
+        vec![
+            "#bytes".into(),
+            "#iterations".into(),
+            format!("BW peak[{unit}]"),
+            format!("BW average[{unit}]"),
+            "MsgRate[Mpps]".into(),
+        ]
+    } else {
+        [
+            "#bytes",
+            "#iterations",
+            "t_min[usec]",
+            "t_max[usec]",
+            "t_typical[usec]",
+            "t_avg[usec]",
+            "t_stdev[usec]",
+            "99% percentile[usec]",
+            "99.9% percentile[usec]",
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+}
+
+/// Lays `cells` out under `columns`, left-aligned, as perftest does.
+fn line(columns: &[String], cells: &[String]) -> String {
+    let mut s = String::from(" ");
+    for (c, v) in columns.iter().zip(cells) {
+        s.push_str(&format!("{v:<w$}", w = c.len().max(v.len()) + 4));
+    }
+    s.trim_end().to_string()
+}
+
+/// The table's title line.
+pub(crate) fn table_header(test: Test, gbits: bool) -> String {
+    let c = columns(test, gbits);
+    line(&c, &c)
+}
+
+/// One row of the table.
+pub(crate) fn table_row(test: Test, row: &Row, gbits: bool) -> String {
+    let cells: Vec<String> = match *row {
+        Row::Bw {
+            bytes,
+            iterations,
+            peak_mib,
+            avg_mib,
+            mpps,
+        } => {
+            let k = if gbits { GBITS_PER_MIB } else { 1.0 };
+            vec![
+                bytes.to_string(),
+                iterations.to_string(),
+                format!("{:.2}", peak_mib * k),
+                format!("{:.2}", avg_mib * k),
+                format!("{mpps:.6}"),
+            ]
+        }
+        Row::Lat {
+            bytes,
+            iterations,
+            stats: s,
+        } => [s.min, s.max, s.typical, s.avg, s.stdev, s.p99, s.p999]
+            .iter()
+            .map(|v| format!("{v:.2}"))
+            .fold(
+                vec![bytes.to_string(), iterations.to_string()],
+                |mut v, x| {
+                    v.push(x);
+                    v
+                },
+            ),
+    };
+    line(&columns(test, gbits), &cells)
+}
+
+/// What ran, for the header and the JSON object.
+#[derive(Clone, Debug)]
+pub(crate) struct RunInfo {
+    pub(crate) test: Test,
+    pub(crate) provider: String,
+    pub(crate) device: String,
+    pub(crate) mtu: u32,
+    pub(crate) busy: bool,
+    pub(crate) qps: usize,
+    /// Requests outstanding per QP.
+    pub(crate) tx_depth: usize,
+    pub(crate) cq_mod: usize,
+    pub(crate) post_list: usize,
+    pub(crate) verify: bool,
+    /// "in-process", "HOST:PORT" or "server".
+    pub(crate) peer: String,
+    /// "local address: ..." and "remote address: ..." lines, per QP.
+    pub(crate) addresses: Vec<String>,
+}
+
+impl RunInfo {
+    fn progress(&self) -> &'static str {
+        if self.busy {
+            "busy-poll"
+        } else {
+            "thread"
+        }
+    }
+
+    /// perftest's header block, ending with the dashed line above the table.
+    pub(crate) fn header(&self) -> String {
+        let on = |b: bool| if b { "ON" } else { "OFF" };
+        let pairs = [
+            (
+                "Provider",
+                self.provider.clone(),
+                "Device",
+                self.device.clone(),
+            ),
+            (
+                "Number of qps",
+                self.qps.to_string(),
+                "Transport type",
+                "RC".into(),
+            ),
+            ("Connection type", "RC".into(), "Peer", self.peer.clone()),
+            (
+                "TX depth",
+                self.tx_depth.to_string(),
+                "Post list",
+                self.post_list.to_string(),
+            ),
+            (
+                "CQ Moderation",
+                self.cq_mod.to_string(),
+                "Progress",
+                self.progress().into(),
+            ),
+            (
+                "Mtu",
+                format!("{}[B]", self.mtu),
+                "Verify",
+                on(self.verify).into(),
+            ),
+        ];
+        let mut s = format!("{LINE}\n                    {}\n", self.test.title());
+        for (a, x, b, y) in pairs {
+            s.push_str(&format!(" {a:<15} : {x:<16}{b:<15}: {y}\n"));
+        }
+        s.push_str(&format!("{LINE}\n"));
+        for a in &self.addresses {
+            s.push_str(&format!(" {a}\n"));
+        }
+        s.push_str(LINE);
+        s
+    }
+
+    /// The JSON object of a run with its rows.
+    pub(crate) fn json(&self, rows: &[Row]) -> Value {
+        json!({
+            "test": self.test.name(),
+            "provider": self.provider,
+            "device": self.device,
+            "transport": "RC",
+            "mtu": self.mtu,
+            "progress": self.progress(),
+            "qps": self.qps,
+            "tx_depth": self.tx_depth,
+            "cq_mod": self.cq_mod,
+            "post_list": self.post_list,
+            "verify": self.verify,
+            "peer": self.peer,
+            "results": rows.iter().map(Row::json).collect::<Vec<_>>(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_statistics() {
+        let mut r = LatRecorder::new(false);
+        for us in 1..=1000u64 {
+            r.record(Duration::from_micros(us));
+        }
+        let s = r.stats();
+        assert_eq!((s.min, s.max), (1.0, 1000.0));
+        assert!((s.avg - 500.5).abs() < 1e-9);
+        assert!((s.typical - 500.0).abs() <= 0.5, "{s:?}");
+        assert!((s.p99 - 990.0).abs() <= 1.0, "{s:?}");
+        assert!((s.p999 - 999.0).abs() <= 1.0, "{s:?}");
+        assert!((s.stdev - 288.675).abs() < 0.01, "{s:?}");
+        let mut h = LatRecorder::new(true);
+        h.record(Duration::from_micros(10));
+        assert_eq!(h.stats().typical, 5.0);
+    }
+
+    #[test]
+    fn rows_line_up_under_their_columns() {
+        let row = Row::Bw {
+            bytes: 65536,
+            iterations: 5000,
+            peak_mib: 1234.5,
+            avg_mib: 1000.0,
+            mpps: 0.016,
+        };
+        let head = table_header(Test::WriteBw, false);
+        let line = table_row(Test::WriteBw, &row, false);
+        assert_eq!(head.find("#iterations"), line.find("5000"));
+        assert_eq!(head.find("BW average"), line.find("1000.00"));
+        let g = table_row(Test::WriteBw, &row, true);
+        assert!(g.contains("8.39"), "{g}");
+        assert!(table_header(Test::WriteBw, true).contains("BW peak[Gb/sec]"));
+        assert!(table_header(Test::ReadLat, false).contains("99.9% percentile[usec]"));
+    }
+}

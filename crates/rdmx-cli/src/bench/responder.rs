@@ -1,0 +1,242 @@
+//! The responder: the passive side of every test but the ping-pongs (`write_lat`,
+//! `send_lat`, see [`super::lat::pong`]), and the driver of the responder's side of a run.
+//!
+//! One-sided tests need nothing from the responder's application, as with perftest's
+//! server; it polls its CQ (in busy-poll mode that is what moves its side) until the
+//! requester's `DONE`, then checks what landed (`--verify`) and answers with its verdict.
+//! For `send_bw` it reposts each receive as it completes and checks each message's stamp.
+
+use std::time::{Duration, Instant};
+
+use rdmx::{WcOpcode, WcStatus};
+
+use super::args::{Op, Params};
+use super::lat;
+use super::setup::{
+    linger, poll, Abort, BoxError, Region, Role, Side, BYE, CTL, EMPTY, READY, STALL, VERDICT_BAD,
+    VERDICT_OK,
+};
+use super::verify::{check_region, stamp_for, Expect};
+
+/// Runs the responder's side of every size, then returns; an error after a verdict was
+/// sent is the responder's own (wrong data, a failed request).
+pub(crate) fn drive(
+    p: &Params,
+    side: &Side,
+    remote: &[Region],
+    abort: &Abort,
+) -> Result<(), BoxError> {
+    let mut counters = vec![0u64; side.qps.len()];
+    prepare(p, side, p.sizes[0])?;
+    side.send_ctl(0, READY)?;
+    let mut round = 0u64;
+    for (k, &size) in p.sizes.iter().enumerate() {
+        let checked = if p.test.is_ping_pong() {
+            lat::pong(p, size, side, remote, &mut round, abort)?
+        } else {
+            serve(p, size, side, &mut counters, abort)?
+        };
+        if let Some(&next) = p.sizes.get(k + 1) {
+            prepare(p, side, next)?;
+        }
+        let verdict = if checked.is_ok() {
+            VERDICT_OK
+        } else {
+            // This side's error is the one to report, not the requester's "BAD".
+            abort.fail(Role::Responder);
+            VERDICT_BAD
+        };
+        side.send_ctl(0, verdict)?;
+        if let Err(e) = checked {
+            linger(side, Duration::from_millis(500), |c| {
+                c.wr_id == CTL | u64::from(verdict)
+            });
+            return Err(e.into());
+        }
+    }
+    // BYE says the requester has the last verdict; then stay a moment so the transport
+    // acknowledges BYE before the QPs close.
+    let since = Instant::now();
+    let mut wc = [EMPTY; 16];
+    loop {
+        let n = side.cq.poll(&mut wc)?;
+        let mut bye = false;
+        for c in &wc[..n] {
+            if c.status != WcStatus::Success {
+                return Err(format!(
+                    "the peer went away before the run ended ({:?} on QP {:#x})",
+                    c.status, c.qp_num
+                )
+                .into());
+            }
+            bye |= c.imm_data == Some(BYE);
+        }
+        if bye {
+            break;
+        }
+        if since.elapsed() > STALL {
+            return Err(format!("the peer did not say goodbye within {STALL:?}").into());
+        }
+        abort.check()?;
+        std::thread::sleep(Duration::from_micros(20));
+    }
+    linger(side, Duration::from_millis(50), |_| false);
+    Ok(())
+}
+
+/// Gets the responder's sources ready for `size`-byte messages, before telling the
+/// requester it may start.
+fn prepare(p: &Params, side: &Side, size: usize) -> Result<(), BoxError> {
+    if !p.verify {
+        return Ok(());
+    }
+    match p.test.op() {
+        // READ sources: slot j stamped j.
+        Op::Read => side.fill_sources(size, true),
+        // The answers of a ping-pong are stamped per round by lat::pong.
+        _ if p.test.is_ping_pong() => side.fill_sources(size, false),
+        _ => Ok(()),
+    }
+}
+
+/// Serves one size until `DONE` has come on every QP; returns the verdict of the checks.
+fn serve(
+    p: &Params,
+    size: usize,
+    side: &Side,
+    counters: &mut [u64],
+    abort: &Abort,
+) -> Result<Result<(), String>, BoxError> {
+    let l = &side.layout;
+    let op = p.test.op();
+    let q = side.qps.len();
+    let slots = l.dst_slots.max(1);
+    let mut counts: Vec<Option<u64>> = vec![None; q];
+    let mut got = vec![0u64; q];
+    let mut last: Vec<Vec<Option<u64>>> = vec![vec![None; slots]; q];
+    let mut bad: Option<String> = None;
+    let stamp_len = size.min(8);
+    let mut stamp = [0u8; 8];
+    let mut wc = [EMPTY; 64];
+    let mut idle = 0u32;
+    while counts.iter().any(Option::is_none) {
+        let n = poll(&side.cq, &mut wc)?;
+        for c in &wc[..n] {
+            if !matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+                continue; // a verdict's send completion
+            }
+            let i = side.qp_index(c.qp_num);
+            if let Some(imm) = c.imm_data {
+                counts[i] = Some(u64::from(imm));
+            } else if p.verify && bad.is_none() {
+                // A data message: its stamp must be the next sequence number.
+                let slot = c.wr_id as usize % slots;
+                let want = stamp_for(got[i], size).to_le_bytes();
+                side.mrs[i].read_at(l.dst(slot), &mut stamp[..stamp_len])?;
+                if c.byte_len as usize != size {
+                    bad = Some(format!(
+                        "--verify: QP {i}: message {} has {} bytes, expected {size}",
+                        got[i], c.byte_len
+                    ));
+                } else if stamp[..stamp_len] != want[..stamp_len] {
+                    bad = Some(format!(
+                        "--verify: QP {i}: message {} of {size} bytes carries stamp {:02x?}, \
+                         expected {:02x?}",
+                        got[i],
+                        &stamp[..stamp_len],
+                        &want[..stamp_len]
+                    ));
+                }
+                last[i][slot] = Some(got[i]);
+                got[i] += 1;
+            } else {
+                got[i] += 1;
+            }
+            side.post_recv(i, c.wr_id)?;
+        }
+        if n == 0 {
+            idle += 1;
+            if idle % 1024 == 0 {
+                abort.check()?;
+            }
+            if side.busy {
+                std::hint::spin_loop();
+            } else if op == Op::Send {
+                // Receives must be reposted promptly.
+                std::thread::yield_now();
+            } else {
+                // One-sided: nothing to do here but notice DONE; leave the cores to the
+                // progress threads.
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+    let counts: Vec<u64> = counts.into_iter().map(Option::unwrap_or_default).collect();
+    for (i, c) in counts.iter().enumerate() {
+        counters[i] += c;
+    }
+    if !p.verify {
+        return Ok(Ok(()));
+    }
+    if let Some(b) = bad {
+        return Ok(Err(b));
+    }
+    Ok(check(p, size, side, &counts, &got, &last, counters))
+}
+
+/// What the responder checks once a size is done (`--verify`).
+fn check(
+    p: &Params,
+    size: usize,
+    side: &Side,
+    counts: &[u64],
+    got: &[u64],
+    last: &[Vec<Option<u64>>],
+    counters: &[u64],
+) -> Result<(), String> {
+    let l = &side.layout;
+    let slots = l.dst_slots.max(1);
+    let mut buf = Vec::new();
+    for (i, mr) in side.mrs.iter().enumerate() {
+        let n = counts[i];
+        match p.test.op() {
+            Op::Write => {
+                // Slot j holds the last WRITE aimed at it: number j + slots * k.
+                for j in 0..slots.min(n as usize) {
+                    let s = j as u64 + slots as u64 * ((n - 1 - j as u64) / slots as u64);
+                    let e = Expect::pattern(size, size).stamped(stamp_for(s, size));
+                    check_region(mr, l.dst(j), &e, &mut buf, || {
+                        format!("QP {i}: WRITE {s} of {size} bytes")
+                    })?;
+                }
+            }
+            Op::Send => {
+                if got[i] as u32 != n as u32 {
+                    return Err(format!(
+                        "--verify: QP {i}: {} messages arrived, the sender sent {n}",
+                        got[i]
+                    ));
+                }
+                for (j, s) in last[i].iter().enumerate() {
+                    if let Some(s) = *s {
+                        let e = Expect::pattern(size, size).stamped(stamp_for(s, size));
+                        check_region(mr, l.dst(j), &e, &mut buf, || {
+                            format!("QP {i}: message {s} of {size} bytes")
+                        })?;
+                    }
+                }
+            }
+            Op::Atomic => {
+                let v = mr.load_u64(l.dst(0)).map_err(|e| e.to_string())?;
+                if v as u32 != counters[i] as u32 {
+                    return Err(format!(
+                        "--verify: QP {i}: the counter is {v} after {} FETCH_ADDs of 1",
+                        counters[i]
+                    ));
+                }
+            }
+            Op::Read => {}
+        }
+    }
+    Ok(())
+}

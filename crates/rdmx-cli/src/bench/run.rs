@@ -1,0 +1,308 @@
+//! `rdmx bench TEST`: runs a test on each provider asked for, in this process or
+//! against a peer, and prints what it measured.
+//!
+//! The requester's side and the responder's side are the same code in both cases: in one
+//! process the responder runs on a thread of its own, with its own context; against a
+//! peer, this process is one side and `rdmx::cm` connects it ([`super::setup`]).
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use rdmx::Context;
+
+use super::args::{Args, Budget, Config, Params, PeerMode};
+use super::bw;
+use super::lat;
+use super::plot;
+use super::report::{table_header, table_row, Row, RunInfo, LINE};
+use super::responder;
+use super::setup::{
+    connect_local, connect_remote, finish_size, say_bye, wait_ctl, Abort, BoxError, Hello, Region,
+    Role, Side, READY,
+};
+
+const MIB: f64 = 1048576.0;
+
+/// Runs `rdmx bench TEST ...`.
+pub(crate) fn run(args: &Args) -> Result<(), BoxError> {
+    let cfg = args.resolve()?;
+    let providers = providers(&cfg)?;
+    let out = Out::new(&cfg, providers.len());
+    let mut runs = Vec::new();
+    for name in &providers {
+        let (info, rows) = run_provider(&cfg, name, &out)?;
+        runs.push((info, rows));
+    }
+    out.done();
+    if cfg.json {
+        let v = match &runs[..] {
+            [(info, rows)] => info.json(rows),
+            _ => serde_json::json!({
+                "runs": runs.iter().map(|(i, r)| i.json(r)).collect::<Vec<_>>()
+            }),
+        };
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    }
+    if let Some(path) = &cfg.plot {
+        let series: Vec<(String, Vec<Row>)> = runs
+            .into_iter()
+            .map(|(i, rows)| (i.provider, rows))
+            .collect();
+        plot::draw(path, cfg.params.test, cfg.report_gbits, &series)?;
+        eprintln!("rdmx: plot written to {}", path.display());
+    }
+    Ok(())
+}
+
+/// The providers to run on, checked before anything runs.
+fn providers(cfg: &Config) -> Result<Vec<String>, BoxError> {
+    let devices = rdmx::devices();
+    let list = || {
+        devices
+            .iter()
+            .map(|d| format!("{} (provider {})", d.name, d.provider.name()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut names = cfg.providers.clone();
+    if names.is_empty() {
+        names.push(match &cfg.device {
+            Some(dev) => devices
+                .iter()
+                .find(|d| d.name == *dev)
+                .map(|d| d.provider.name().to_string())
+                .ok_or_else(|| format!("-d {dev}: no such device; available: {}", list()))?,
+            // The default provider, as Context::open() picks it.
+            None => Context::open()?.provider().name().to_string(),
+        });
+    }
+    for name in &names {
+        let kind = rdmx::ProviderKind::from_name(name)?;
+        if let Some(dev) = &cfg.device {
+            if kind.device_name() != dev {
+                return Err(format!(
+                    "-d {dev}: provider {name} has no such device; available: {}",
+                    list()
+                )
+                .into());
+            }
+        }
+    }
+    Ok(names)
+}
+
+/// Text output, kept clear of the progress bar.
+struct Out {
+    json: bool,
+    bar: Option<ProgressBar>,
+}
+
+impl Out {
+    /// A progress bar on sweeps and long runs, when stderr is a terminal.
+    fn new(cfg: &Config, providers: usize) -> Out {
+        let p = &cfg.params;
+        let steps = (p.sizes.len() * providers) as u64;
+        let long = match p.budget {
+            Budget::Seconds(_) => true,
+            Budget::Iters(n) => n.saturating_mul(p.qps as u64) >= 1_000_000,
+        };
+        let bar = (std::io::stderr().is_terminal()
+            && !matches!(cfg.peer, PeerMode::Listen(_))
+            && (steps > 1 || long))
+            .then(|| {
+                let b = ProgressBar::new(steps);
+                if let Ok(style) = ProgressStyle::with_template(
+                    "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}",
+                ) {
+                    b.set_style(style);
+                }
+                b.enable_steady_tick(Duration::from_millis(200));
+                b
+            });
+        Out {
+            json: cfg.json,
+            bar,
+        }
+    }
+
+    fn print(&self, s: &str) {
+        if self.json {
+            return;
+        }
+        match &self.bar {
+            Some(b) => b.suspend(|| println!("{s}")),
+            None => println!("{s}"),
+        }
+    }
+
+    fn step(&self, msg: String) {
+        if let Some(b) = &self.bar {
+            b.set_message(msg);
+        }
+    }
+
+    fn advance(&self) {
+        if let Some(b) = &self.bar {
+            b.inc(1);
+        }
+    }
+
+    fn done(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// What the header says about a run.
+fn info(cfg: &Config, side: &Side, mine: &Hello, peer: &Hello, where_: String) -> RunInfo {
+    let p = &cfg.params;
+    let kind = side.ctx.provider();
+    let mtu = side.qps[0].attrs().path_mtu.bytes();
+    let mut addresses = Vec::new();
+    for i in 0..side.qps.len() {
+        addresses.push(format!("local address:  {}", mine.address(i)));
+        addresses.push(format!("remote address: {}", peer.address(i)));
+    }
+    RunInfo {
+        test: p.test,
+        provider: kind.name().to_string(),
+        device: kind.device_name().to_string(),
+        mtu,
+        busy: side.busy,
+        qps: p.qps,
+        tx_depth: side.layout.window,
+        cq_mod: p.cq_mod,
+        post_list: p.post_list,
+        verify: p.verify,
+        peer: where_,
+        addresses,
+    }
+}
+
+/// Runs the test on one provider; returns what ran and the rows (none on a server).
+fn run_provider(cfg: &Config, name: &str, out: &Out) -> Result<(RunInfo, Vec<Row>), BoxError> {
+    let p = &cfg.params;
+    let busy = cfg.busy();
+    let abort = Abort::default();
+    let mut rows = Vec::new();
+    let mut on_row = |row: Row| {
+        out.print(&table_row(p.test, &row, cfg.report_gbits));
+        out.advance();
+        rows.push(row);
+    };
+    let info = match &cfg.peer {
+        PeerMode::Local => {
+            let a = Side::open(name, p, Role::Requester, busy)?;
+            let b = Side::open(name, p, Role::Responder, busy)?;
+            let (hb, ha) = connect_local(&a, &b, p)?;
+            a.post_receives()?;
+            b.post_receives()?;
+            let info = info(cfg, &a, &ha, &hb, "this process".into());
+            out.print(&info.header());
+            out.print(&table_header(p.test, cfg.report_gbits));
+            let abort = &abort;
+            std::thread::scope(|s| {
+                let resp = s.spawn(|| {
+                    let r = responder::drive(p, &b, &ha.regions, abort);
+                    if r.is_err() {
+                        abort.fail(Role::Responder);
+                    }
+                    r
+                });
+                let r = drive(p, &a, &hb.regions, abort, out, name, &mut on_row);
+                if r.is_err() {
+                    abort.fail(Role::Requester);
+                }
+                let rr = resp
+                    .join()
+                    .unwrap_or_else(|_| Err("the responder thread panicked".into()));
+                // The side that failed first has the error that says what went wrong.
+                match (r, rr, abort.first()) {
+                    (Err(e), _, Some(Role::Requester)) | (_, Err(e), _) | (Err(e), _, _) => Err(e),
+                    (Ok(()), Ok(()), _) => Ok(()),
+                }
+            })?;
+            info
+        }
+        PeerMode::Listen(_) => {
+            let side = Side::open(name, p, Role::Responder, busy)?;
+            let peer = connect_remote(&side, p, &cfg.peer, |addr| {
+                eprintln!("rdmx: {} waiting for a peer on {addr}", p.test.name());
+            })?;
+            side.post_receives()?;
+            let info = info(
+                cfg,
+                &side,
+                &side.hello(p),
+                &peer,
+                "a client (rdmx::cm)".into(),
+            );
+            out.print(&info.header());
+            out.print(" (the client measures and reports)");
+            responder::drive(p, &side, &peer.regions, &abort)?;
+            info
+        }
+        PeerMode::Connect(host, port) => {
+            let side = Side::open(name, p, Role::Requester, busy)?;
+            let peer = connect_remote(&side, p, &cfg.peer, |_| {})?;
+            side.post_receives()?;
+            let info = info(cfg, &side, &side.hello(p), &peer, format!("{host}:{port}"));
+            out.print(&info.header());
+            out.print(&table_header(p.test, cfg.report_gbits));
+            drive(p, &side, &peer.regions, &abort, out, name, &mut on_row)?;
+            info
+        }
+    };
+    out.print(LINE);
+    Ok((info, rows))
+}
+
+/// The requester's side of a run: every size, one row each.
+fn drive(
+    p: &Params,
+    side: &Side,
+    remote: &[Region],
+    abort: &Abort,
+    out: &Out,
+    provider: &str,
+    on_row: &mut dyn FnMut(Row),
+) -> Result<(), BoxError> {
+    let first = wait_ctl(side, abort, "READY")?;
+    if first != READY {
+        return Err(format!("the peer started with {first:#x}, not READY").into());
+    }
+    let mut round = 0u64;
+    for &size in &p.sizes {
+        out.step(format!("{} on {provider}, {size} bytes", p.test.name()));
+        let (row, counts) = if p.test.is_bw() {
+            let run = bw::requester(p, size, side, remote, abort)?;
+            let secs = run.elapsed.as_secs_f64().max(1e-9);
+            let total = run.total() as f64;
+            let row = Row::Bw {
+                bytes: size,
+                iterations: run.total() / p.qps as u64,
+                peak_mib: bw::peak_rate(&run.marks) * size as f64 / MIB,
+                avg_mib: total * size as f64 / MIB / secs,
+                mpps: total / secs / 1e6,
+            };
+            (row, run.per_qp)
+        } else {
+            let (rec, issued) = if p.test.is_ping_pong() {
+                lat::ping(p, size, side, remote, &mut round, abort)?
+            } else {
+                lat::one_sided(p, size, side, remote, &mut round, abort)?
+            };
+            let row = Row::Lat {
+                bytes: size,
+                iterations: rec.count(),
+                stats: rec.stats(),
+            };
+            (row, vec![issued])
+        };
+        finish_size(side, &counts, abort)?;
+        on_row(row);
+    }
+    say_bye(side)
+}

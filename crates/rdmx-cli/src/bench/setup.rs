@@ -1,0 +1,625 @@
+//! One side of a run: its context, CQ, queue pairs and regions; connecting it to its
+//! peer (in this process, or through `rdmx::cm`); and the few control messages the two
+//! sides trade around each measurement.
+//!
+//! ## Control messages
+//!
+//! The measurement loops are the same whether the peer is a thread of this process or
+//! another process, so the sides synchronise in band, with SEND_WITH_IMM (data messages
+//! are plain SENDs, so the immediate tells the two apart):
+//!
+//! 1. the responder, once its receives are posted, sends [`READY`] on QP 0;
+//! 2. after each size the requester sends `DONE` on every QP, with the number of
+//!    requests it issued on that QP in the immediate (modulo 2^32);
+//! 3. the responder, having checked its data (`--verify`), answers [`VERDICT_OK`] or
+//!    [`VERDICT_BAD`] on QP 0, which also says it is ready for the next size;
+//! 4. after the last size the requester sends [`BYE`] and waits for it to be
+//!    acknowledged, so neither side closes its QPs while the other still needs them.
+//!
+//! Every side keeps its receives posted and reposts each one as it completes.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+use rdmx::{
+    Access, Completion, CompletionQueue, ConnectOptions, Context, ContextOptions, LocalSge,
+    Mapping, MemoryRegion, Mtu, QpCaps, QueuePair, RecvRequest, RemoteAddr, SendRequest, WcOpcode,
+    WcStatus,
+};
+use serde::{Deserialize, Serialize};
+
+use super::args::{Op, Params, PeerMode};
+use super::verify::Expect;
+
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The responder is ready (sent once, on QP 0).
+pub(crate) const READY: u32 = 0x5245_4459;
+/// The responder's data checked out.
+pub(crate) const VERDICT_OK: u32 = 0x4f4b_4f4b;
+/// The responder found wrong data.
+pub(crate) const VERDICT_BAD: u32 = 0x4241_4421;
+/// The requester has the last verdict and is about to close.
+pub(crate) const BYE: u32 = 0x4259_4521;
+/// wr_id bit of control messages.
+pub(crate) const CTL: u64 = 1 << 63;
+/// Receives a send_bw responder keeps posted per QP without --verify (perftest's rx depth).
+const RX_DEPTH: usize = 512;
+/// Most bytes of slots per QP when --verify stamps every message into its own slot.
+const VERIFY_BYTES: usize = 16 << 20;
+/// How long a side waits for its peer's next control message.
+pub(crate) const STALL: Duration = Duration::from_secs(60);
+/// How long the client keeps retrying a peer that refuses the connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the server waits for a peer.
+const ACCEPT_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Which end of the test a side is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Role {
+    /// Posts the requests and measures (perftest's client).
+    Requester,
+    /// The target (perftest's server); in ping-pong tests, the side that answers.
+    Responder,
+}
+
+/// Where things are in each QP's region: `src_slots` slots messages are sent or read
+/// from, then `dst_slots` slots messages land in, each `stride` bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Layout {
+    pub(crate) stride: usize,
+    pub(crate) src_slots: usize,
+    pub(crate) dst_slots: usize,
+    /// Receives kept posted per QP.
+    pub(crate) rx_depth: usize,
+    /// Requests outstanding per QP (`-t`, or fewer under --verify: one slot each).
+    pub(crate) window: usize,
+}
+
+impl Layout {
+    pub(crate) fn new(p: &Params, role: Role) -> Layout {
+        let stride = p.max_size().max(8).next_multiple_of(64);
+        let slots = if p.verify {
+            (VERIFY_BYTES / stride).clamp(1, p.tx_depth)
+        } else {
+            1
+        };
+        let window = if p.verify { slots } else { p.tx_depth };
+        let op = p.test.op();
+        let ping_pong = p.test.is_ping_pong();
+        let (src, dst) = match (role, op) {
+            _ if ping_pong => (1, 1),
+            (Role::Requester, Op::Write | Op::Send) => (slots, 0),
+            (Role::Requester, Op::Read | Op::Atomic) => (0, slots),
+            (Role::Responder, Op::Read) => (slots, 0),
+            (Role::Responder, Op::Atomic) => (0, 1),
+            (Role::Responder, Op::Write | Op::Send) => (0, slots),
+        };
+        let rx_depth = match (role, op) {
+            (Role::Responder, Op::Send) if !ping_pong => {
+                if p.verify {
+                    slots
+                } else {
+                    RX_DEPTH
+                }
+            }
+            _ => 1,
+        };
+        Layout {
+            stride,
+            src_slots: src,
+            dst_slots: dst,
+            rx_depth,
+            window,
+        }
+    }
+
+    pub(crate) fn src(&self, slot: usize) -> usize {
+        (slot % self.src_slots.max(1)) * self.stride
+    }
+
+    pub(crate) fn dst(&self, slot: usize) -> usize {
+        (self.src_slots + slot % self.dst_slots.max(1)) * self.stride
+    }
+
+    fn len(&self) -> usize {
+        (self.src_slots + self.dst_slots).max(1) * self.stride
+    }
+}
+
+/// One side: a context, one CQ for everything, `-q` QPs, a region per QP.
+pub(crate) struct Side {
+    pub(crate) ctx: Context,
+    pub(crate) cq: CompletionQueue,
+    pub(crate) qps: Vec<QueuePair>,
+    pub(crate) mrs: Vec<MemoryRegion>,
+    pub(crate) layout: Layout,
+    pub(crate) role: Role,
+    pub(crate) busy: bool,
+}
+
+impl Side {
+    /// Opens `provider` and creates what `p` needs for `role`.
+    pub(crate) fn open(
+        provider: &str,
+        p: &Params,
+        role: Role,
+        busy: bool,
+    ) -> Result<Side, BoxError> {
+        let ctx = Context::open_with(provider, &ContextOptions::default().busy_poll(busy))?;
+        let layout = Layout::new(p, role);
+        let pd = ctx.alloc_pd();
+        let per_qp = layout.window + layout.rx_depth + 8;
+        let cq = ctx.create_cq(p.qps * per_qp + 16)?;
+        let caps = QpCaps::default()
+            .max_send_wr(layout.window + 4)
+            .max_recv_wr(layout.rx_depth + 1);
+        let mut qps = Vec::with_capacity(p.qps);
+        let mut mrs = Vec::with_capacity(p.qps);
+        for _ in 0..p.qps {
+            qps.push(pd.create_qp(&cq, &cq, caps).map_err(|e| {
+                format!(
+                    "create a QP with {} send and {} receive requests: {e}",
+                    caps.max_send_wr, caps.max_recv_wr
+                )
+            })?);
+            mrs.push(pd.register(Mapping::new(layout.len())?, Access::ALL)?);
+        }
+        Ok(Side {
+            ctx,
+            cq,
+            qps,
+            mrs,
+            layout,
+            role,
+            busy,
+        })
+    }
+
+    /// The index of the QP numbered `qp_num`.
+    pub(crate) fn qp_index(&self, qp_num: u32) -> usize {
+        self.qps
+            .iter()
+            .position(|q| q.qp_num() == qp_num)
+            .unwrap_or(0)
+    }
+
+    /// Fills every source slot with the pattern of `size`-byte messages (slot `j`
+    /// stamped `j` when `stamp_slots`).
+    pub(crate) fn fill_sources(&self, size: usize, stamp_slots: bool) -> Result<(), BoxError> {
+        for mr in &self.mrs {
+            for j in 0..self.layout.src_slots {
+                let mut e = Expect::pattern(size, size);
+                if stamp_slots {
+                    e = e.stamped(j as u64);
+                }
+                mr.write_at(self.layout.src(j), &e.bytes())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts receive `r` (slot `r` of the destination area, or no element where nothing
+    /// lands) on QP `i`.
+    pub(crate) fn post_recv(&self, i: usize, r: u64) -> Result<(), BoxError> {
+        let mut req = RecvRequest::new(r);
+        if self.layout.dst_slots > 0 {
+            let l = &self.layout;
+            req = req.sge(LocalSge::new(&self.mrs[i], l.dst(r as usize), l.stride)?);
+        }
+        self.qps[i].post_recv(req)?;
+        Ok(())
+    }
+
+    /// Posts the side's receives: `rx_depth` on every QP (the requester: one on QP 0).
+    pub(crate) fn post_receives(&self) -> Result<(), BoxError> {
+        let n = match self.role {
+            Role::Requester => 1,
+            Role::Responder => self.qps.len(),
+        };
+        for i in 0..n {
+            for r in 0..self.layout.rx_depth as u64 {
+                self.post_recv(i, r)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends a control message with immediate `imm` on QP `i`.
+    pub(crate) fn send_ctl(&self, i: usize, imm: u32) -> Result<(), BoxError> {
+        self.qps[i].post_send(SendRequest::send_with_imm(CTL | u64::from(imm), imm))?;
+        Ok(())
+    }
+
+    /// What this side tells its peer.
+    pub(crate) fn hello(&self, p: &Params) -> Hello {
+        Hello {
+            magic: MAGIC.to_string(),
+            role: self.role,
+            provider: self.ctx.provider().name().to_string(),
+            params: p.clone(),
+            endpoints: self
+                .qps
+                .iter()
+                .map(|q| {
+                    let e = q.endpoint();
+                    (e.qp_num, e.psn)
+                })
+                .collect(),
+            regions: self
+                .mrs
+                .iter()
+                .map(|mr| {
+                    let r = mr.remote();
+                    Region {
+                        addr: r.addr,
+                        len: r.len,
+                        rkey: r.rkey,
+                    }
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Checks every completion's status.
+pub(crate) fn poll(cq: &CompletionQueue, out: &mut [Completion]) -> Result<usize, BoxError> {
+    let n = cq.poll(out)?;
+    for c in &out[..n] {
+        if c.status != WcStatus::Success {
+            let what = if c.wr_id & CTL != 0 {
+                "a control message".to_string()
+            } else {
+                format!("work request {}", c.wr_id)
+            };
+            return Err(format!(
+                "{what} on QP {:#x} completed with {:?} ({:?})",
+                c.qp_num, c.status, c.opcode
+            )
+            .into());
+        }
+    }
+    Ok(n)
+}
+
+/// An empty completion for poll buffers.
+pub(crate) const EMPTY: Completion = Completion {
+    wr_id: 0,
+    status: WcStatus::Success,
+    opcode: WcOpcode::Send,
+    byte_len: 0,
+    imm_data: None,
+    qp_num: 0,
+};
+
+/// Which side of a run in one process failed first; the other side's loops give up once
+/// one has.
+#[derive(Debug, Default)]
+pub(crate) struct Abort(AtomicU8);
+
+impl Abort {
+    /// Marks `role` as failed, unless a side already has.
+    pub(crate) fn fail(&self, role: Role) {
+        let code = match role {
+            Role::Requester => 1,
+            Role::Responder => 2,
+        };
+        let _ = self
+            .0
+            .compare_exchange(0, code, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// The side that failed first.
+    pub(crate) fn first(&self) -> Option<Role> {
+        match self.0.load(Ordering::Acquire) {
+            1 => Some(Role::Requester),
+            2 => Some(Role::Responder),
+            _ => None,
+        }
+    }
+
+    /// Fails once a side has failed.
+    pub(crate) fn check(&self) -> Result<(), BoxError> {
+        match self.first() {
+            None => Ok(()),
+            Some(_) => Err("the other side of the run failed".into()),
+        }
+    }
+}
+
+/// Requester: waits for the control message `want` (READY or a verdict) on QP 0,
+/// reposting the receive it used and reaping anything else.
+pub(crate) fn wait_ctl(side: &Side, abort: &Abort, what: &str) -> Result<u32, BoxError> {
+    let mut wc = [EMPTY; 16];
+    let since = Instant::now();
+    loop {
+        let n = poll(&side.cq, &mut wc)?;
+        let mut got = None;
+        for c in &wc[..n] {
+            if matches!(c.opcode, WcOpcode::Recv) {
+                side.post_recv(0, c.wr_id)?;
+                if let Some(imm) = c.imm_data {
+                    got = Some(imm);
+                }
+            }
+        }
+        if let Some(imm) = got {
+            return Ok(imm);
+        }
+        if n == 0 {
+            abort.check()?;
+            if since.elapsed() > STALL {
+                return Err(format!("the peer sent no {what} within {STALL:?}").into());
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Requester, after a size: DONE with `counts[i]` on every QP, then the verdict.
+pub(crate) fn finish_size(side: &Side, counts: &[u64], abort: &Abort) -> Result<(), BoxError> {
+    for (i, &n) in counts.iter().enumerate() {
+        side.send_ctl(i, n as u32)?;
+    }
+    match wait_ctl(side, abort, "verdict")? {
+        VERDICT_OK => Ok(()),
+        VERDICT_BAD => {
+            Err("--verify: the receiving side found wrong data (its error says where)".into())
+        }
+        other => Err(format!("unexpected control message {other:#x} from the peer").into()),
+    }
+}
+
+/// Requester, at the end: BYE, acknowledged (or not: the run is over either way).
+pub(crate) fn say_bye(side: &Side) -> Result<(), BoxError> {
+    side.send_ctl(0, BYE)?;
+    linger(side, Duration::from_secs(1), |c| {
+        c.wr_id == CTL | u64::from(BYE)
+    });
+    Ok(())
+}
+
+/// Polls `side`'s CQ for up to `timeout` or until `until` picks a completion, ignoring
+/// error statuses: for the end of a run, when the peer may close at any moment.
+pub(crate) fn linger(side: &Side, timeout: Duration, until: impl Fn(&Completion) -> bool) {
+    let mut wc = [EMPTY; 16];
+    let since = Instant::now();
+    while since.elapsed() < timeout {
+        match side.cq.poll(&mut wc) {
+            Ok(n) if wc[..n].iter().any(&until) => return,
+            Ok(_) => std::thread::sleep(Duration::from_micros(20)),
+            Err(_) => return,
+        }
+    }
+}
+
+const MAGIC: &str = "rdmx-bench/1";
+
+/// A region a peer may reach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Region {
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+    pub(crate) rkey: u32,
+}
+
+impl Region {
+    /// The remote address `offset` bytes in.
+    pub(crate) fn at(&self, offset: usize) -> RemoteAddr {
+        RemoteAddr {
+            addr: self.addr + offset as u64,
+            rkey: self.rkey,
+        }
+    }
+}
+
+/// What the two sides tell each other when they connect (the `private` data of the
+/// connection setup): who they are, the parameters, and each QP's region.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Hello {
+    magic: String,
+    pub(crate) role: Role,
+    pub(crate) provider: String,
+    pub(crate) params: Params,
+    /// Each QP's number and first PSN.
+    pub(crate) endpoints: Vec<(u32, u32)>,
+    pub(crate) regions: Vec<Region>,
+}
+
+impl Hello {
+    /// perftest's "address" line of QP `i`.
+    pub(crate) fn address(&self, i: usize) -> String {
+        let (qpn, psn) = self.endpoints.get(i).copied().unwrap_or_default();
+        let r = self.regions.get(i).copied().unwrap_or(Region {
+            addr: 0,
+            len: 0,
+            rkey: 0,
+        });
+        format!(
+            "QPN {qpn:#08x} PSN {psn:#08x} RKey {:#010x} VAddr {:#018x}",
+            r.rkey, r.addr
+        )
+    }
+}
+
+/// Checks the peer's hello against ours.
+fn check_peer(mine: &Hello, theirs: &Hello) -> Result<(), BoxError> {
+    if theirs.magic != MAGIC {
+        return Err(format!("the peer speaks {:?}, not {MAGIC:?}", theirs.magic).into());
+    }
+    if theirs.role == mine.role {
+        return Err(format!("both sides are the {:?}", mine.role).into());
+    }
+    if theirs.provider != mine.provider {
+        return Err(format!(
+            "the peer runs provider {:?}, this side {:?}",
+            theirs.provider, mine.provider
+        )
+        .into());
+    }
+    let (a, b) = (&mine.params, &theirs.params);
+    let differs = |field: &str, x: String, y: String| -> Result<(), BoxError> {
+        if x == y {
+            Ok(())
+        } else {
+            Err(format!("the peer runs with a different {field}: {y} here {x}").into())
+        }
+    };
+    differs("test", a.test.name().into(), b.test.name().into())?;
+    differs(
+        "size list",
+        format!("{:?}", a.sizes),
+        format!("{:?}", b.sizes),
+    )?;
+    differs(
+        "-n/-D",
+        format!("{:?}", a.budget),
+        format!("{:?}", b.budget),
+    )?;
+    differs("-q", a.qps.to_string(), b.qps.to_string())?;
+    differs("-t", a.tx_depth.to_string(), b.tx_depth.to_string())?;
+    differs("-Q", a.cq_mod.to_string(), b.cq_mod.to_string())?;
+    differs("-l", a.post_list.to_string(), b.post_list.to_string())?;
+    differs("--verify", a.verify.to_string(), b.verify.to_string())?;
+    differs("--mtu", format!("{:?}", a.mtu), format!("{:?}", b.mtu))?;
+    if theirs.regions.len() != a.qps {
+        return Err("the peer sent a region count that is not its QP count".into());
+    }
+    Ok(())
+}
+
+fn connect_options(p: &Params) -> ConnectOptions {
+    let mut opts = ConnectOptions::default();
+    opts.mtu = p.mtu.and_then(Mtu::from_bytes);
+    opts
+}
+
+/// Connects two sides of this process QP by QP; returns each one's view of the other.
+pub(crate) fn connect_local(a: &Side, b: &Side, p: &Params) -> Result<(Hello, Hello), BoxError> {
+    let opts = connect_options(p);
+    for (qa, qb) in a.qps.iter().zip(&b.qps) {
+        qa.connect(qb.endpoint(), &opts)?;
+        qb.connect(qa.endpoint(), &opts)?;
+    }
+    let (ha, hb) = (a.hello(p), b.hello(p));
+    check_peer(&ha, &hb)?;
+    Ok((hb, ha))
+}
+
+/// Connects `side` to a peer in another process through `rdmx::cm`, trading hellos;
+/// returns the peer's. `on_listen` is told the address a server waits on.
+pub(crate) fn connect_remote(
+    side: &Side,
+    p: &Params,
+    peer: &PeerMode,
+    on_listen: impl FnOnce(std::net::SocketAddr),
+) -> Result<Hello, BoxError> {
+    if side.qps.iter().any(|q| q.endpoint().addr.is_none()) {
+        return Err(format!(
+            "two-process runs need a provider with connection setup: {} connects queue \
+             pairs of one process only (try --provider tcp)",
+            side.ctx.provider().name()
+        )
+        .into());
+    }
+    let mine = side.hello(p);
+    let private = serde_json::to_vec(&mine)?;
+    let opts = connect_options(p);
+    let theirs = match peer {
+        PeerMode::Listen(port) => {
+            let l = rdmx::cm::Listener::bind(("0.0.0.0", *port))
+                .map_err(|e| format!("listen on port {port}: {e}"))?;
+            on_listen(l.local_addr()?);
+            l.accept(&side.qps, &opts, &private, ACCEPT_TIMEOUT)?
+        }
+        PeerMode::Connect(host, port) => {
+            let since = Instant::now();
+            loop {
+                match rdmx::cm::connect(
+                    (host.as_str(), *port),
+                    &side.qps,
+                    &opts,
+                    &private,
+                    CONNECT_TIMEOUT,
+                ) {
+                    Ok(v) => break v,
+                    // Not listening yet: the server may still be starting.
+                    Err(rdmx::Error::Io(_, e))
+                        if e.kind() == std::io::ErrorKind::ConnectionRefused
+                            && since.elapsed() < CONNECT_TIMEOUT =>
+                    {
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    Err(e) => return Err(format!("connect to {host}:{port}: {e}").into()),
+                }
+            }
+        }
+        PeerMode::Local => unreachable!("a local run connects with connect_local"),
+    };
+    let theirs: Hello = serde_json::from_slice(&theirs)
+        .map_err(|e| format!("the peer is not an rdmx bench of this version: {e}"))?;
+    check_peer(&mine, &theirs)?;
+    Ok(theirs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::args::{Budget, Test};
+
+    fn params(test: Test, verify: bool) -> Params {
+        Params {
+            test,
+            sizes: vec![65536],
+            budget: Budget::Iters(10),
+            qps: 1,
+            tx_depth: 128,
+            cq_mod: 100,
+            post_list: 1,
+            verify,
+            mtu: None,
+        }
+    }
+
+    #[test]
+    fn layouts() {
+        let l = Layout::new(&params(Test::WriteBw, false), Role::Requester);
+        assert_eq!((l.src_slots, l.dst_slots, l.window), (1, 0, 128));
+        let l = Layout::new(&params(Test::WriteBw, true), Role::Responder);
+        assert_eq!((l.src_slots, l.dst_slots, l.window), (0, 128, 128));
+        let l = Layout::new(&params(Test::SendBw, false), Role::Responder);
+        assert_eq!((l.dst_slots, l.rx_depth), (1, RX_DEPTH));
+        let mut p = params(Test::SendBw, true);
+        p.sizes = vec![8 << 20];
+        let l = Layout::new(&p, Role::Responder);
+        assert_eq!((l.dst_slots, l.rx_depth, l.window), (2, 2, 2));
+        assert_eq!(l.dst(3), l.stride, "slot 3 of 2 is slot 1");
+    }
+
+    #[test]
+    fn a_mismatched_peer_is_refused() {
+        let p = params(Test::WriteBw, false);
+        let hello = |role, params: &Params| Hello {
+            magic: MAGIC.into(),
+            role,
+            provider: "tcp".into(),
+            params: params.clone(),
+            endpoints: vec![(1, 2)],
+            regions: vec![Region {
+                addr: 0,
+                len: 1,
+                rkey: 1,
+            }],
+        };
+        let mine = hello(Role::Requester, &p);
+        assert!(check_peer(&mine, &hello(Role::Responder, &p)).is_ok());
+        assert!(check_peer(&mine, &hello(Role::Requester, &p)).is_err());
+        let mut q = p.clone();
+        q.test = Test::ReadBw;
+        let e = check_peer(&mine, &hello(Role::Responder, &q)).unwrap_err();
+        assert!(e.to_string().contains("test"), "{e}");
+        q = p.clone();
+        q.tx_depth = 64;
+        assert!(check_peer(&mine, &hello(Role::Responder, &q)).is_err());
+    }
+}

@@ -29,6 +29,8 @@ pub(crate) struct ContextInner {
     provider: ProviderKind,
     caps: Capabilities,
     pub(crate) backend: Backend,
+    /// loopback: faults applied to the packets this context's QPs send.
+    pub(crate) faults: Option<Arc<crate::faults::Injector>>,
 }
 
 /// What a context runs on.
@@ -59,6 +61,9 @@ pub struct ContextOptions {
     /// tcp: the address the context listens on for peers' queue pairs (default: every
     /// interface, a port the kernel picks).
     pub bind: Option<std::net::SocketAddr>,
+    /// loopback: drop, delay, duplicate, reorder or corrupt the packets this context's
+    /// queue pairs send ([`crate::faults`]), to test recovery. Other providers refuse it.
+    pub faults: Option<crate::faults::Faults>,
 }
 
 impl ContextOptions {
@@ -70,6 +75,11 @@ impl ContextOptions {
     /// Sets [`bind`](Self::bind).
     pub fn bind(mut self, addr: std::net::SocketAddr) -> Self {
         self.bind = Some(addr);
+        self
+    }
+    /// Sets [`faults`](Self::faults).
+    pub fn faults(mut self, faults: crate::faults::Faults) -> Self {
+        self.faults = Some(faults);
         self
     }
 }
@@ -97,6 +107,11 @@ impl Context {
                 crate::loopback::start_progress_thread();
                 Backend::Loopback
             }
+            ProviderKind::Tcp if opts.faults.is_some() => {
+                return Err(Error::InvalidArgument(
+                    "fault injection is a loopback option",
+                ))
+            }
             ProviderKind::Tcp => {
                 let bind = opts.bind.unwrap_or_else(|| {
                     std::net::SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 0))
@@ -108,7 +123,12 @@ impl Context {
                 )?)
             }
         };
-        Ok(Self::build(seed, kind, backend))
+        let mut ctx = Self::build(seed, kind, backend);
+        if let Some(f) = &opts.faults {
+            Arc::get_mut(&mut ctx.inner).expect("a new context").faults =
+                Some(Arc::new(crate::faults::Injector::new(f.clone())));
+        }
+        Ok(ctx)
     }
 
     /// The provider this context runs on.
@@ -137,6 +157,7 @@ impl Context {
                 provider,
                 caps: Capabilities::of(provider),
                 backend,
+                faults: None,
             }),
         }
     }

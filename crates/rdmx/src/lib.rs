@@ -40,6 +40,7 @@ pub mod cm;
 mod context;
 mod cq;
 mod error;
+pub mod faults;
 mod loopback;
 mod mem;
 mod mr;

@@ -7,6 +7,10 @@
 //! routing completions to their CQs and firing due timers, so one-sided operations
 //! complete as soon as either side calls in. The fabric is serialised by one lock; it is
 //! the reference for semantics, not for speed.
+//!
+//! A context opened with [`Faults`](crate::faults::Faults) has the packets its queue pairs
+//! send dropped, delayed, duplicated, reordered or corrupted on their way here
+//! ([`crate::faults`]); delayed packets wait in the fabric until they are due.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -18,6 +22,7 @@ use rdmx_core::QpLimits;
 
 use crate::context::ContextInner;
 use crate::cq::CompletionQueue;
+use crate::faults::{self, Rng, Wire};
 
 pub(crate) struct Entry {
     pub(crate) engine: RcQp<ContextInner>,
@@ -26,6 +31,8 @@ pub(crate) struct Entry {
     pub(crate) recv_cq: CompletionQueue,
     /// The shared receive queue the QP takes its receives from.
     pub(crate) srq: Option<u32>,
+    /// With fault injection: the QP's generator, and a packet held back for reordering.
+    faults: Option<(Rng, Option<Wire>)>,
 }
 
 pub(crate) struct SrqEntry {
@@ -39,6 +46,8 @@ pub(crate) struct Fabric {
     pub(crate) srqs: HashMap<u32, SrqEntry>,
     next_qpn: u32,
     next_srq: u32,
+    /// Delayed packets: when each is due, and who sent it.
+    delayed: Vec<(Instant, u32, Wire)>,
 }
 
 pub(crate) fn fabric() -> &'static Mutex<Fabric> {
@@ -50,6 +59,7 @@ pub(crate) fn fabric() -> &'static Mutex<Fabric> {
             // QP numbers 0 and 1 are special in InfiniBand.
             next_qpn: 0x11,
             next_srq: 1,
+            delayed: Vec::new(),
         })
     })
 }
@@ -67,6 +77,7 @@ impl Fabric {
         self.next_qpn = (self.next_qpn + 1) & 0xff_ffff;
         cfg.qpn = qpn;
         cfg.srq = srq.is_some();
+        let faults = ctx.faults.as_ref().map(|i| (i.rng(qpn), None));
         self.qps.insert(
             qpn,
             Entry {
@@ -75,6 +86,7 @@ impl Fabric {
                 send_cq,
                 recv_cq,
                 srq,
+                faults,
             },
         );
         qpn
@@ -91,7 +103,7 @@ impl Fabric {
     pub(crate) fn pump(&mut self) {
         let now = Instant::now();
         loop {
-            let mut moved = false;
+            let mut moved = self.deliver_due(now);
             let qpns: Vec<u32> = self.qps.keys().copied().collect();
             for qpn in qpns {
                 let mut packets = Vec::new();
@@ -100,25 +112,103 @@ impl Fabric {
                         e.engine.handle_timeout(now);
                     }
                     while let Some(p) = e.engine.poll_transmit(now, &e.ctx) {
-                        packets.push((e.engine.dest_qpn(), p));
+                        packets.push(Wire::plain(e.engine.dest_qpn(), p));
                     }
                     moved |= route_completions(e);
                 }
-                for (dest, p) in packets {
+                for w in packets {
                     moved = true;
-                    let Fabric { qps, srqs, .. } = self;
-                    if let Some(peer) = qps.get_mut(&dest) {
-                        let srq = peer
-                            .srq
-                            .and_then(|id| srqs.get_mut(&id))
-                            .map(|e| &mut e.srq);
-                        peer.engine.handle_packet_srq(now, &peer.ctx, srq, &p);
-                    }
+                    self.send(qpn, w, now);
                 }
+            }
+            if !moved {
+                // Packets held back for reordering go once nothing overtakes them.
+                moved = self.release_held(now);
             }
             if !moved {
                 break;
             }
+        }
+    }
+
+    /// The earliest instant a delayed packet is due.
+    pub(crate) fn next_delayed(&self) -> Option<Instant> {
+        self.delayed.iter().map(|(t, _, _)| *t).min()
+    }
+
+    /// Sends `w` from QP `from`, through its context's faults if it has any.
+    fn send(&mut self, from: u32, w: Wire, now: Instant) {
+        let Some(e) = self.qps.get_mut(&from) else {
+            return;
+        };
+        let (Some(inj), Some((rng, held))) = (e.ctx.faults.clone(), e.faults.as_mut()) else {
+            self.deliver(None, w, now);
+            return;
+        };
+        let fate = faults::apply(&inj, rng, now, w.dest, w.bytes);
+        let overtaken = match fate.hold {
+            Some(h) => held.replace(h),
+            None => held.take(),
+        };
+        if let Some((at, w)) = fate.later {
+            self.delayed.push((at, from, w));
+        }
+        for w in fate.now {
+            self.deliver(Some(&inj), w, now);
+        }
+        // A packet held back goes after the one that overtook it.
+        if let Some(w) = overtaken {
+            self.deliver(Some(&inj), w, now);
+        }
+    }
+
+    fn deliver_due(&mut self, now: Instant) -> bool {
+        let mut due = Vec::new();
+        let mut i = 0;
+        while i < self.delayed.len() {
+            if self.delayed[i].0 <= now {
+                due.push(self.delayed.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        due.sort_by_key(|(t, _, _)| *t);
+        let moved = !due.is_empty();
+        for (_, from, w) in due {
+            let inj = self.qps.get(&from).and_then(|e| e.ctx.faults.clone());
+            self.deliver(inj.as_deref(), w, now);
+        }
+        moved
+    }
+
+    fn release_held(&mut self, now: Instant) -> bool {
+        let mut held = Vec::new();
+        for e in self.qps.values_mut() {
+            if let Some((_, h)) = e.faults.as_mut() {
+                if let Some(w) = h.take() {
+                    held.push((e.ctx.faults.clone(), w));
+                }
+            }
+        }
+        let moved = !held.is_empty();
+        for (inj, w) in held {
+            self.deliver(inj.as_deref(), w, now);
+        }
+        moved
+    }
+
+    /// Hands `w` to its destination QP, unless it fails its CRC check.
+    fn deliver(&mut self, inj: Option<&faults::Injector>, w: Wire, now: Instant) {
+        if !w.intact(inj) {
+            return;
+        }
+        let Fabric { qps, srqs, .. } = self;
+        if let Some(peer) = qps.get_mut(&w.dest) {
+            let srq = peer
+                .srq
+                .and_then(|id| srqs.get_mut(&id))
+                .map(|e| &mut e.srq);
+            peer.engine.handle_packet_srq(now, &peer.ctx, srq, &w.bytes);
         }
     }
 }
@@ -147,6 +237,7 @@ pub(crate) fn start_progress_thread() {
                     fab.qps
                         .values()
                         .filter_map(|e| e.engine.poll_timeout())
+                        .chain(fab.next_delayed())
                         .min()
                 };
                 let now = Instant::now();

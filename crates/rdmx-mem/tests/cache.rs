@@ -403,3 +403,104 @@ fn unwatchable_memory_is_registered_but_not_cached() {
     unmap(p.cast(), 2 * page());
     std::fs::remove_file(file).unwrap();
 }
+
+/// Replaces `[p, p + len)` (inside a reservation of the caller's) with a fresh anonymous
+/// mapping, readable and writable or inaccessible. Replacing a watched range unmaps it
+/// and the calling thread waits until the monitor has read the event, like `munmap`.
+fn map_fixed(p: usize, len: usize, rw: bool) {
+    let prot = if rw {
+        libc::PROT_READ | libc::PROT_WRITE
+    } else {
+        libc::PROT_NONE
+    };
+    // SAFETY: the range lies inside a reservation the calling thread owns; nothing
+    // references it but pin-only registrations, which never touch the bytes.
+    let q = unsafe {
+        libc::mmap(
+            p as *mut libc::c_void,
+            len,
+            prot,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    assert_eq!(q as usize, p, "mmap(MAP_FIXED) failed");
+}
+
+#[test]
+fn many_threads_unmap_and_remap_while_entries_are_in_use() {
+    // Threads map, register, unmap (often while still holding handles to the entry) and
+    // map the same addresses again, all at once, with ranges that overlap earlier ones
+    // partly, so invalidations from the monitor race with lookups, inserts and
+    // retirements on other threads. Each thread works inside an address window of its
+    // own, reserved with PROT_NONE, and "unmaps" by mapping PROT_NONE over the range: its
+    // unmap has returned before it looks the address up again, which is the ordering the
+    // monitor's protocol relies on (see `rdmx_mem::monitor`). Whatever the interleaving, a
+    // lookup after a remap never returns a registration made before it, and once every
+    // handle is gone the only live registrations are the cache's idle entries.
+    let (c, live) = cache(CacheConfig::default().invalidation(Invalidation::Monitor));
+    assert_eq!(c.monitoring(), Monitoring::Userfaultfd);
+    const WINDOW: usize = 64;
+    let threads: Vec<_> = (0..4usize)
+        .map(|t| {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                let w = map(WINDOW * page(), None).unwrap() as usize;
+                map_fixed(w, WINDOW * page(), false);
+                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t as u64;
+                let mut rnd = |n: usize| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    (x % n as u64) as usize
+                };
+                let mut held = Vec::new();
+                for i in 0..400usize {
+                    let pages = 1 + rnd(8);
+                    let p = w + rnd(WINDOW - pages + 1) * page();
+                    let len = pages * page();
+                    map_fixed(p, len, true);
+                    // SAFETY: the range stays mapped until replaced below; handles kept
+                    // past that are safe for a pin-only registrar, which never touches
+                    // the bytes.
+                    let h = unsafe { c.get_raw(p as *const u8, len, Access::LOCAL_WRITE) }.unwrap();
+                    assert!(h.region().covers(p, len));
+                    let old = h.lkey();
+                    // A second user of part of the range while the first holds it.
+                    // SAFETY: as above.
+                    let h2 = unsafe { c.get_raw(p as *const u8, len / 2 + 1, Access::LOCAL_WRITE) }
+                        .unwrap();
+                    assert!(h2.region().covers(p, len / 2 + 1));
+                    if i % 3 != 0 {
+                        held.push((h, h2));
+                    }
+                    if held.len() > 4 {
+                        held.remove(rnd(held.len()));
+                    }
+                    map_fixed(p, len, false);
+                    map_fixed(p, len, true);
+                    // SAFETY: as above.
+                    let h = unsafe { c.get_raw(p as *const u8, len, Access::LOCAL_WRITE) }.unwrap();
+                    assert_ne!(h.lkey(), old, "thread {t} round {i}: stale registration");
+                    assert!(h.region().covers(p, len));
+                    drop(h);
+                    map_fixed(p, len, false);
+                }
+                drop(held);
+                unmap(w as *mut u8, WINDOW * page());
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    rdmx_mem::monitor::global().unwrap().wait_idle();
+    let s = c.stats();
+    assert_eq!(s.entries, s.idle_entries, "{s:?}");
+    assert_eq!(live.live().len() as u64, s.entries, "{s:?}");
+    assert!(s.invalidations >= 4 * 400, "{s:?}");
+    assert_eq!(s.entries, 0, "every range was unmapped: {s:?}");
+    drop(c);
+    assert_eq!(live.live().len(), 0, "registrations outlived the cache");
+}

@@ -3,7 +3,10 @@
 //!
 //! - every opcode crosses the process boundary with its data checked on both sides;
 //! - a peer killed with SIGKILL while requests are outstanding makes every one of them
-//!   complete with an error status, and nothing hangs.
+//!   complete with an error status, and nothing hangs;
+//! - a peer killed while WRITEs stream to it: each completes exactly once, those after
+//!   the kill with an error, and the QP and region, once dropped, leave no registration
+//!   and no mapping behind.
 
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -263,4 +266,99 @@ fn killed_peer_fails_every_outstanding_request() {
     );
     assert_eq!(s.qp.state(), rdmx::QpState::Err);
     assert!(killed.elapsed() < TIMEOUT);
+}
+
+/// Whether any mapping of this process overlaps `[addr, addr + len)`.
+fn mapped(addr: usize, len: usize) -> bool {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines().any(|l| {
+        let range = l.split(' ').next().unwrap_or("");
+        let Some((a, b)) = range.split_once('-') else {
+            return false;
+        };
+        match (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+            (Ok(a), Ok(b)) => a < addr + len && b > addr,
+            _ => false,
+        }
+    })
+}
+
+#[test]
+fn peer_killed_mid_stream_fails_the_rest_and_leaks_nothing() {
+    // WRITEs stream to the peer; it is killed once some have completed. Every request
+    // completes exactly once, those after the kill with an error status, within the
+    // deadline; then dropping the QP and the region deregisters and unmaps the memory.
+    let listener = cm::Listener::bind("127.0.0.1:0").unwrap();
+    let mut child = spawn_peer(listener.local_addr().unwrap(), "die");
+    let Side {
+        _ctx: ctx,
+        pd,
+        cq,
+        qp,
+    } = side();
+    let local = pd
+        .register(rdmx::Mapping::new(REGION).unwrap(), Access::ALL)
+        .unwrap();
+    let theirs = listener
+        .accept(
+            std::slice::from_ref(&qp),
+            &ConnectOptions::default(),
+            &region_bytes(&local.remote()),
+            TIMEOUT,
+        )
+        .expect("accept the peer");
+    let (raddr, rkey) = remote_from(&theirs);
+    let remote = RemoteAddr { addr: raddr, rkey };
+    let n = 2000u64;
+    let (mut posted, mut done, mut ok_count) = (0u64, 0u64, 0u64);
+    let mut seen = vec![false; n as usize];
+    let mut killed = None;
+    let start = Instant::now();
+    loop {
+        // Keep up to 200 WRITEs in flight; once the QP is in ERR posting fails at once,
+        // and only what was posted completes.
+        while posted < n && posted - done < 200 {
+            let req =
+                SendRequest::write(posted, remote).sge(LocalSge::new(&local, 0, HALF).unwrap());
+            match qp.post_send(req) {
+                Ok(()) => posted += 1,
+                Err(_) if killed.is_some() => break,
+                Err(e) => panic!("post: {e}"),
+            }
+        }
+        if done == posted {
+            break;
+        }
+        let c = wait(&cq, "a WRITE to complete");
+        assert!(!seen[c.wr_id as usize], "completed twice: {c:?}");
+        seen[c.wr_id as usize] = true;
+        done += 1;
+        if c.status == WcStatus::Success {
+            ok_count += 1;
+        }
+        if ok_count == 50 && killed.is_none() {
+            child.kill().unwrap();
+            killed = Some(Instant::now());
+        }
+        assert!(start.elapsed() < 2 * TIMEOUT, "the stream did not end");
+    }
+    child.wait().unwrap();
+    let killed = killed.expect("the peer was killed");
+    assert!(
+        ok_count >= 50 && ok_count < posted,
+        "{ok_count} of {posted} succeeded"
+    );
+    assert!(
+        seen[..posted as usize].iter().all(|&s| s),
+        "every posted WRITE completed"
+    );
+    assert!(killed.elapsed() < TIMEOUT);
+    assert_eq!(qp.state(), rdmx::QpState::Err);
+    let (addr, len) = (local.addr(), local.len());
+    assert!(mapped(addr, len));
+    drop(qp);
+    drop(local);
+    assert_eq!(ctx.registered_regions(), 0, "a registration leaked");
+    assert!(!mapped(addr, len), "the registered memory is still mapped");
+    drop(cq);
 }

@@ -225,6 +225,9 @@ pub(crate) struct Rx {
     max_frame: usize,
     /// Where payload bytes that nothing asked for go.
     discard: Box<[u8]>,
+    /// A read came back short since [`Rx::rearm`]: the socket was empty then, so reading
+    /// again would only return `EAGAIN` (bytes arriving later raise a new readiness event).
+    drained: bool,
 }
 
 /// What [`Rx::next`] found.
@@ -247,7 +250,13 @@ impl Rx {
             state: RxState::Header,
             max_frame,
             discard: vec![0; 64 * 1024].into_boxed_slice(),
+            drained: false,
         }
+    }
+
+    /// The socket reported readiness: it may have bytes again.
+    pub(crate) fn rearm(&mut self) {
+        self.drained = false;
     }
 
     /// Whether a payload is part-way read (the engine must not be polled meanwhile).
@@ -288,9 +297,15 @@ impl Rx {
                 self.end -= self.start;
                 self.start = 0;
             }
+            if self.drained {
+                return Ok(RxEvent::Idle);
+            }
             let want = HEADER_READ.min(self.buf.len() - self.end);
             match read(fd, &mut self.buf[self.end..self.end + want])? {
-                Some(n) => self.end += n,
+                Some(n) => {
+                    self.end += n;
+                    self.drained = n < want;
+                }
                 None => return Ok(RxEvent::Idle),
             }
         }
@@ -329,6 +344,9 @@ impl Rx {
         }
         let mut iov: Vec<libc::iovec> = Vec::with_capacity(MAX_IOV);
         while *off < *rest {
+            if self.drained {
+                return Ok(RxEvent::Idle);
+            }
             iov.clear();
             let mut at = *off;
             for p in place.iter() {
@@ -384,6 +402,8 @@ impl Rx {
             if n == 0 {
                 return Err(StreamError::Closed);
             }
+            let asked: usize = iov.iter().map(|v| v.iov_len).sum();
+            self.drained = (n as usize) < asked;
             *off += n as usize;
         }
         self.state = RxState::Header;

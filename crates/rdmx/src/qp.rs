@@ -459,6 +459,18 @@ impl QueuePair {
         }
     }
 
+    /// As [`with`](Self::with), for posting: a provider may send the request later, when
+    /// it next makes progress anyway.
+    fn post_with<T>(&self, f: impl FnOnce(&mut RcQp<ContextInner>, &ContextInner) -> T) -> T {
+        match &self.imp {
+            Imp::Tcp(qp) => {
+                let ctx = self.pd.context().inner.clone();
+                qp.post(|i| f(&mut i.engine, &ctx))
+            }
+            Imp::Loopback => self.with(f),
+        }
+    }
+
     /// Current state.
     pub fn state(&self) -> QpState {
         self.with(|e, _| e.state())
@@ -513,7 +525,7 @@ impl QueuePair {
     /// their keys. The caller must not hold Rust references to that memory while the
     /// request is outstanding (e.g. a pool buffer's slice in the same slab).
     pub unsafe fn post_send_raw(&self, wr: SendWr, inline: Option<Vec<u8>>) -> Result<()> {
-        self.with(|e, ctx| e.post_send(ctx, wr, inline))?;
+        self.post_with(|e, ctx| e.post_send(ctx, wr, inline))?;
         Ok(())
     }
 

@@ -85,6 +85,8 @@ pub(crate) struct Driver {
     pending: Mutex<HashMap<u32, (mio::net::TcpStream, u32)>>,
     handshakes: Mutex<Slab<Handshake>>,
     timers: Mutex<BinaryHeap<Reverse<(Instant, usize)>>>,
+    /// Busy-poll mode: QPs whose transmission waits for the next round.
+    owed: Mutex<Vec<usize>>,
     stop: AtomicBool,
     next_qpn: AtomicU32,
     busy_poll: bool,
@@ -126,6 +128,7 @@ impl Driver {
             pending: Mutex::new(HashMap::new()),
             handshakes: Mutex::new(Slab::new()),
             timers: Mutex::new(BinaryHeap::new()),
+            owed: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             // QP numbers 0 and 1 are special in InfiniBand.
             next_qpn: AtomicU32::new((qpn_seed & 0x7f_ffff) | 0x10),
@@ -193,6 +196,23 @@ impl Driver {
             Interest::READABLE
         };
         self.registry.reregister(s, qp_token(token), interest)
+    }
+
+    /// Busy-poll mode: QP `token` has packets to send on the next round.
+    pub(crate) fn owe(&self, token: usize) {
+        self.owed.lock().push(token);
+    }
+
+    /// Sends what [`Driver::owe`] deferred.
+    fn pay(&self) {
+        let owed = std::mem::take(&mut *self.owed.lock());
+        for token in owed {
+            let qp = self.qps.lock().get(token).and_then(Weak::upgrade);
+            if let Some(qp) = qp {
+                let mut g = qp.inner.lock();
+                qp.pump(&mut g, Instant::now());
+            }
+        }
     }
 
     /// Asks for [`TcpQp::timeout`] on QP `token` at `at`.
@@ -277,6 +297,7 @@ impl Driver {
         let Some(mut guard) = self.poll.try_lock() else {
             return;
         };
+        self.pay();
         let now = Instant::now();
         let next_timer = self.timers.lock().peek().map(|Reverse((t, _))| *t);
         let wait = match (timeout, next_timer) {

@@ -13,6 +13,9 @@ use crate::context::ContextInner;
 use crate::cq::{self, CompletionQueue};
 use crate::mr::MrRef;
 
+/// Bytes of packets gathered for one writev before it is issued.
+const TX_BATCH: usize = 256 * 1024;
+
 /// A tcp queue pair, shared by its [`QueuePair`](crate::QueuePair) handle and the driver.
 pub(crate) struct TcpQp {
     pub(crate) qpn: u32,
@@ -46,6 +49,8 @@ pub(crate) struct Inner {
     pub(crate) my_psn: u32,
     pub(crate) connect_timeout: std::time::Duration,
     writable: bool,
+    /// Transmission deferred to the driver's next busy-poll round ([`TcpQp::readable`]).
+    owed: bool,
     /// The deadline last handed to the driver.
     timer: Option<Instant>,
 }
@@ -80,6 +85,7 @@ impl TcpQp {
                 my_psn: 0,
                 connect_timeout: std::time::Duration::from_secs(10),
                 writable: false,
+                owed: false,
                 timer: None,
             }),
         }
@@ -91,6 +97,37 @@ impl TcpQp {
         let out = f(&mut g);
         self.pump(&mut g, Instant::now());
         out
+    }
+
+    /// Posts through `f`, ringing a doorbell rather than writing at once where a later
+    /// event will write anyway: busy-polling, the next poll sends it (so requests posted
+    /// between two polls leave in one writev); with a progress thread, while earlier
+    /// requests await their ACKs (or an RNR wait), the thread sends it when the next ACK,
+    /// response or timer arrives. An idle QP sends at once, for latency.
+    pub(crate) fn post<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> T {
+        let mut guard = self.inner.lock();
+        let g = &mut *guard;
+        let out = f(g);
+        if !Self::attached(g) || g.rx.mid_payload() {
+            self.pump(g, Instant::now());
+        } else if self.driver.busy_poll() {
+            self.defer(g);
+        } else if g.engine.poll_timeout().is_some() {
+            cq::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
+        } else {
+            self.pump(g, Instant::now());
+        }
+        out
+    }
+
+    /// Busy-polling: hands completions over now and leaves the sending to the driver's
+    /// next round ([`Driver::owe`]).
+    fn defer(&self, g: &mut Inner) {
+        cq::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
+        if !g.owed {
+            g.owed = true;
+            self.driver.owe(self.token);
+        }
     }
 
     /// Records the peer to dial when the QP enters RTR.
@@ -131,6 +168,7 @@ impl TcpQp {
     /// The socket has bytes (or was closed): reads frames until it has none.
     pub(crate) fn readable(&self, g: &mut Inner) {
         let now = Instant::now();
+        g.rx.rearm();
         let res = loop {
             let Some(sock) = g.sock.as_ref() else { return };
             let fd = stream::fd(sock);
@@ -164,8 +202,15 @@ impl TcpQp {
         };
         if let Err(e) = res {
             g.fail(self.qpn, &e);
+            self.pump(g, now);
+        } else if self.driver.busy_poll() && Self::attached(g) {
+            // What the packets caused (mostly ACKs) goes out on the next round, or with
+            // whatever the application posts first: an ACK then rides in the same writev
+            // as the next request.
+            self.defer(g);
+        } else {
+            self.pump(g, now);
         }
-        self.pump(g, now);
     }
 
     /// The socket has room again.
@@ -186,26 +231,42 @@ impl TcpQp {
     /// Sends what the engine has, routes its completions and arms its timer — unless a
     /// payload is part-way read, when the engine must wait for it (see `rdmx_core::rc::io`).
     pub(crate) fn pump(&self, g: &mut Inner, now: Instant) {
+        // Whatever was owed is sent now, or, mid-payload, after the payload: the
+        // readiness event that brings its bytes pumps (or owes) again.
+        g.owed = false;
         if g.rx.mid_payload() {
             return;
         }
         if let Some(sock) = g.sock.as_ref() {
             let fd = stream::fd(sock);
             let res = loop {
-                if !g.tx.is_empty() {
-                    match g.tx.flush(fd) {
-                        Ok(true) => {}
-                        Ok(false) => break Ok(false),
-                        Err(e) => break Err(e),
+                // Once what an earlier call could not write is out, gather a batch of
+                // packets, so that a burst of small ones (or an ACK and the next request)
+                // leaves in one writev.
+                let mut more = true;
+                if g.tx.is_empty() {
+                    let mut batch = 0;
+                    while batch < TX_BATCH {
+                        let Inner {
+                            engine, scratch, ..
+                        } = &mut *g;
+                        if !engine.poll_transmit_parts(now, scratch) {
+                            more = false;
+                            break;
+                        }
+                        batch += g.scratch.len();
+                        g.tx.push(&mut g.scratch);
                     }
                 }
-                let Inner {
-                    engine, scratch, ..
-                } = &mut *g;
-                if !engine.poll_transmit_parts(now, scratch) {
+                if g.tx.is_empty() {
                     break Ok(true);
                 }
-                g.tx.push(&mut g.scratch);
+                match g.tx.flush(fd) {
+                    Ok(true) if !more => break Ok(true),
+                    Ok(true) => {}
+                    Ok(false) => break Ok(false),
+                    Err(e) => break Err(e),
+                }
             };
             match res {
                 Ok(drained) => {

@@ -111,6 +111,7 @@ impl Driver {
             .map_err(|e| Error::Io("epoll", e))?;
         let waker = Waker::new(&registry, WAKER).map_err(|e| Error::Io("eventfd", e))?;
         let mut listener = TcpListener::bind(bind).map_err(|e| Error::Io("bind", e))?;
+        stream::deepen_backlog(&listener).map_err(|e| Error::Io("listen", e))?;
         let local = listener
             .local_addr()
             .map_err(|e| Error::Io("getsockname", e))?;

@@ -441,3 +441,20 @@ fn read(fd: RawFd, buf: &mut [u8]) -> Result<Option<usize>, StreamError> {
 pub(crate) fn fd(s: &mio::net::TcpStream) -> RawFd {
     s.as_raw_fd()
 }
+
+/// Connections a listener queues before they are accepted. mio listens with 128, which
+/// overflows when a peer connects hundreds of QPs at once: the kernel drops their SYNs and
+/// each waits a full retransmission timeout (a second) to try again. The kernel caps the
+/// value at `net.core.somaxconn`.
+const LISTEN_BACKLOG: libc::c_int = 4096;
+
+/// Lets `listener` queue [`LISTEN_BACKLOG`] connections.
+pub(crate) fn deepen_backlog(listener: &mio::net::TcpListener) -> std::io::Result<()> {
+    // SAFETY: listen(2) on a socket this listener owns; calling it again on a listening
+    // socket only changes its backlog.
+    if unsafe { libc::listen(listener.as_raw_fd(), LISTEN_BACKLOG) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}

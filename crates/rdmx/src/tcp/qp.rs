@@ -51,7 +51,7 @@ pub(crate) struct Inner {
     writable: bool,
     /// Transmission deferred to the driver's next busy-poll round ([`TcpQp::readable`]).
     owed: bool,
-    /// The deadline last handed to the driver.
+    /// The earliest deadline handed to the driver and not yet fired.
     timer: Option<Instant>,
 }
 
@@ -288,8 +288,11 @@ impl TcpQp {
             }
         }
         cq::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
+        // Only a deadline earlier than the one the driver holds is handed over: a later one
+        // (the ACK timer restarted by a send) is found when the earlier fires, so the
+        // driver's heap holds about one entry per QP rather than one per request.
         if let Some(t) = g.engine.poll_timeout() {
-            if g.timer != Some(t) {
+            if g.timer.map_or(true, |held| t < held) {
                 g.timer = Some(t);
                 self.driver.schedule(t, self.token);
             }

@@ -165,12 +165,16 @@ impl TcpQp {
         g.sock.is_some()
     }
 
-    /// The socket has bytes (or was closed): reads frames until it has none.
-    pub(crate) fn readable(&self, g: &mut Inner) {
+    /// The socket has bytes (or was closed): reads frames until it has none. Returns
+    /// whether it read anything.
+    pub(crate) fn readable(&self, g: &mut Inner) -> bool {
         let now = Instant::now();
         g.rx.rearm();
+        let before = g.rx.total();
         let res = loop {
-            let Some(sock) = g.sock.as_ref() else { return };
+            let Some(sock) = g.sock.as_ref() else {
+                return false;
+            };
             let fd = stream::fd(sock);
             match g.rx.next(fd) {
                 Ok(RxEvent::Header(h, rest)) => {
@@ -200,9 +204,12 @@ impl TcpQp {
                 Err(e) => break Err(e),
             }
         };
+        let read = g.rx.total() != before;
         if let Err(e) = res {
             g.fail(self.qpn, &e);
             self.pump(g, now);
+        } else if !read {
+            // Nothing arrived, so nothing changed.
         } else if self.driver.busy_poll() && Self::attached(g) {
             // What the packets caused (mostly ACKs) goes out on the next round, or with
             // whatever the application posts first: an ACK then rides in the same writev
@@ -211,6 +218,7 @@ impl TcpQp {
         } else {
             self.pump(g, now);
         }
+        read
     }
 
     /// The socket has room again.

@@ -228,6 +228,8 @@ pub(crate) struct Rx {
     /// A read came back short since [`Rx::rearm`]: the socket was empty then, so reading
     /// again would only return `EAGAIN` (bytes arriving later raise a new readiness event).
     drained: bool,
+    /// Bytes read from the socket so far.
+    total: u64,
 }
 
 /// What [`Rx::next`] found.
@@ -251,7 +253,13 @@ impl Rx {
             max_frame,
             discard: vec![0; 64 * 1024].into_boxed_slice(),
             drained: false,
+            total: 0,
         }
+    }
+
+    /// Bytes read from the socket so far.
+    pub(crate) fn total(&self) -> u64 {
+        self.total
     }
 
     /// The socket reported readiness: it may have bytes again.
@@ -304,6 +312,7 @@ impl Rx {
             match read(fd, &mut self.buf[self.end..self.end + want])? {
                 Some(n) => {
                     self.end += n;
+                    self.total += n as u64;
                     self.drained = n < want;
                 }
                 None => return Ok(RxEvent::Idle),
@@ -405,6 +414,7 @@ impl Rx {
             let asked: usize = iov.iter().map(|v| v.iov_len).sum();
             self.drained = (n as usize) < asked;
             *off += n as usize;
+            self.total += n as u64;
         }
         self.state = RxState::Header;
         Ok(RxEvent::PayloadDone)

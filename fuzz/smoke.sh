@@ -9,7 +9,8 @@
 #   FUZZ_SANITIZER  none (default) or address; address needs -Zsanitizer, which stable
 #                   Rust accepts with RUSTC_BOOTSTRAP=1, set here for that case only
 #   FUZZ_CORPUS     where new corpus entries go (default: a fresh temporary directory,
-#                   so a run never grows the repository); fuzz/seeds/TARGET is read too
+#                   so a run never grows the repository); fuzz/seeds/TARGET is read too,
+#                   and fuzz/dicts/TARGET is given to libFuzzer as a dictionary
 #   CARGO_TARGET_DIR  as usual (default fuzz/target)
 #
 # Installs cargo-fuzz (`cargo install cargo-fuzz --locked`, about a minute on 2 cores)
@@ -22,7 +23,7 @@ seconds="${FUZZ_SECONDS:-20}"
 sanitizer="${FUZZ_SANITIZER:-none}"
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(wire_packet engine_responder engine_requester)
+    targets=(wire_packet engine_responder engine_requester tcp_stream cm_exchange)
 fi
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
@@ -58,12 +59,14 @@ for t in "${targets[@]}"; do
     mkdir -p "$corpus" "artifacts/$t"
     dirs=("$corpus")
     [ -d "seeds/$t" ] && dirs+=("seeds/$t")
+    dict=()
+    [ -f "dicts/$t" ] && dict=("-dict=dicts/$t")
     echo "== $t: ${seconds} s"
     log="$(mktemp)"
     # -timeout: an input taking over 10 s is reported as a hang; -rss_limit_mb: as an OOM.
     if ! cargo fuzz run --sanitizer "$sanitizer" "$t" "${dirs[@]}" -- \
         -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-        -print_final_stats=1 >"$log" 2>&1; then
+        -print_final_stats=1 "${dict[@]}" >"$log" 2>&1; then
         tail -n 60 "$log"
         rm -f "$log"
         echo "FAIL: $t crashed; the input is in fuzz/artifacts/$t/" >&2

@@ -1,13 +1,13 @@
 //! Atomics: COMPARE_SWAP and FETCH_ADD values, and FETCH_ADD from several QPs at once
 //! interleaved with CPU atomics on the target.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
 
 use rdmx::{RemoteAddr, SendOp, SendRequest, WcOpcode};
 
 use super::{
     assert_bytes, check_ok, fill, image, raddr, register_page, sge, u64_at, wait_one, Pair,
-    Provider, ALL, LOCAL,
+    Provider, ALL, DEADLINE, LOCAL,
 };
 
 // ---- atomics ---------------------------------------------------------------------------
@@ -121,12 +121,11 @@ pub(crate) fn concurrent_fetch_add_from_qps_and_cpu(p: &Provider) {
         })
         .collect();
     let remote = raddr(&target, 0);
-    let done = AtomicUsize::new(0);
     let (remote_olds, cpu_olds) = std::thread::scope(|s| {
         let threads: Vec<_> = pairs
             .iter()
             .map(|pair| {
-                let (what, done) = (&what, &done);
+                let what = &what;
                 s.spawn(move || {
                     let local = register_page(&pair.a.pd, 4096, LOCAL);
                     let qa = pair.a.qp.qp_num();
@@ -141,14 +140,21 @@ pub(crate) fn concurrent_fetch_add_from_qps_and_cpu(p: &Provider) {
                         check_ok(&c, k, WcOpcode::FetchAdd, qa, what);
                         olds.push(local.load_u64(0).unwrap());
                     }
-                    done.fetch_add(1, Ordering::SeqCst);
                     olds
                 })
             })
             .collect();
-        // The target's CPU adds for as long as the remote adds run, and at least 500 times.
+        // The target's CPU adds for as long as the remote adds run (a requester that
+        // panics has finished too: its join below reports the panic), and at least 500
+        // times.
         let mut cpu_olds = Vec::new();
-        while done.load(Ordering::SeqCst) < QPS || cpu_olds.len() < ADDS {
+        let start = Instant::now();
+        while !threads.iter().all(|t| t.is_finished()) || cpu_olds.len() < ADDS {
+            assert!(
+                start.elapsed() < DEADLINE * 2,
+                "{what}: the requesters did not finish within {:?}",
+                DEADLINE * 2
+            );
             cpu_olds.push(target.fetch_add_u64(0, CPU_STEP).unwrap());
             std::thread::yield_now();
         }

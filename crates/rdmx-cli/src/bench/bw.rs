@@ -170,6 +170,10 @@ pub(crate) fn requester(
             if idle % 4096 == 0 {
                 abort.check()?;
             }
+            if !side.busy {
+                // Progress threads move the data: leave them the core.
+                std::thread::yield_now();
+            }
         }
         if target[0] != u64::MAX && (0..q).all(|i| done[i] >= target[i]) {
             break;

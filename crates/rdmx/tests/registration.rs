@@ -180,3 +180,37 @@ fn unpinned_registration_is_explicit_and_locks_nothing() {
     let p = pinned.addr();
     assert_eq!(common::locked_in(p, p + (1 << 16)), 1 << 16);
 }
+
+#[test]
+fn key_variants_spread_over_contexts_and_slots() {
+    const VARIANT: u32 = 0xff;
+    // Across contexts: the first region's key takes many values (64 draws from 256
+    // variants give about 57 distinct ones; a fixed or clock-derived start gives a few).
+    let firsts: std::collections::HashSet<u32> = (0..64)
+        .map(|_| {
+            let pd = Context::open().unwrap().alloc_pd();
+            pd.register(vec![0u8; 64], RW).unwrap().rkey() & VARIANT
+        })
+        .collect();
+    assert!(
+        firsts.len() >= 32,
+        "64 contexts gave only {} first key variants",
+        firsts.len()
+    );
+    // Within a context: knowing one key does not give the next. The step between
+    // consecutive regions' variants takes many values (about 162 of 256 at random; one
+    // for a counter or any fixed stride).
+    let pd = Context::open().unwrap().alloc_pd();
+    let mrs: Vec<_> = (0..257)
+        .map(|_| pd.register(vec![0u8; 64], RW).unwrap())
+        .collect();
+    let steps: std::collections::HashSet<u32> = mrs
+        .windows(2)
+        .map(|w| (w[1].rkey() & VARIANT).wrapping_sub(w[0].rkey() & VARIANT) & VARIANT)
+        .collect();
+    assert!(
+        steps.len() >= 64,
+        "256 consecutive registrations show only {} variant steps",
+        steps.len()
+    );
+}

@@ -1,4 +1,5 @@
-//! Engine tests over the deterministic two-endpoint harness in [`util`].
+//! Engine tests over the deterministic two-endpoint harness in [`util`] (with simulated
+//! memory in [`mem`] and links in [`link`]).
 //!
 //! - `basic`: every operation at the sizes around the MTU, several SGEs on both sides.
 //! - `recovery`: scripted single drops, random loss/duplication/reordering, late packets.
@@ -8,6 +9,8 @@
 
 mod basic;
 mod failure;
+mod link;
+mod mem;
 mod recovery;
 mod semantics;
 mod util;

@@ -1,4 +1,5 @@
-//! Hostile peers against the tcp provider's listener and the connection manager.
+//! Hostile peers against the tcp provider's listener (the connection manager's are in
+//! `hostile_cm.rs`).
 //!
 //! A tcp context accepts streams from anyone who can reach its listener. Each test here
 //! plays a peer that breaks the protocol — random bytes, truncated frames, oversized or
@@ -19,17 +20,21 @@
 //! endpoint exchange an application would do) and dials the listener with the 16-byte
 //! hello, then sends what the test wants.
 
+#[path = "common/logs.rs"]
+mod logs;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use rdmx::{
-    cm, Access, Completion, CompletionQueue, ConnectOptions, Context, LocalSge, MemoryRegion,
+    Access, Completion, CompletionQueue, ConnectOptions, Context, LocalSge, MemoryRegion,
     ProtectionDomain, QpCaps, QpEndpoint, QpState, QueuePair, RecvRequest, RemoteAddr, SendRequest,
     WcStatus,
 };
 use rdmx_wire::{BthRepr, NakCode, Opcode, RcRepr, RethRepr, Syndrome};
+
+use logs::{logs, wait_logged};
 
 /// Generous bound for anything that must happen "soon" on a loaded machine.
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -38,79 +43,6 @@ const FAKE_QPN: u32 = 1;
 /// The first PSN the victim expects from that peer.
 const FAKE_PSN: u32 = 0x100;
 const REGION: usize = 4096;
-
-// ---- log capture ---------------------------------------------------------------------
-
-/// Every event logged by rdmx at debug level or above, formatted as
-/// `LEVEL message field=value ...`.
-fn logs() -> &'static Mutex<Vec<String>> {
-    static LOGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    static INIT: OnceLock<()> = OnceLock::new();
-    INIT.get_or_init(|| {
-        tracing::subscriber::set_global_default(Capture)
-            .expect("no other subscriber in this test binary");
-    });
-    &LOGS
-}
-
-struct Capture;
-
-struct Line(String);
-
-impl tracing::field::Visit for Line {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            self.0.push_str(&format!(" {value:?}"));
-        } else {
-            self.0.push_str(&format!(" {}={value:?}", field.name()));
-        }
-    }
-}
-
-impl tracing::Subscriber for Capture {
-    fn enabled(&self, m: &tracing::Metadata<'_>) -> bool {
-        m.target().starts_with("rdmx") && *m.level() <= tracing::Level::DEBUG
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, e: &tracing::Event<'_>) {
-        let mut line = Line(e.metadata().level().to_string());
-        e.record(&mut line);
-        let mut logs = logs().lock().unwrap_or_else(|p| p.into_inner());
-        // Bounded: the tests log a few lines per connection.
-        if logs.len() < 100_000 {
-            logs.push(line.0);
-        }
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
-/// Waits until a logged line at `level` contains every one of `parts`.
-#[track_caller]
-fn wait_logged(level: &str, parts: &[&str]) {
-    let start = Instant::now();
-    loop {
-        {
-            let logs = logs().lock().unwrap_or_else(|p| p.into_inner());
-            if logs
-                .iter()
-                .any(|l| l.starts_with(level) && parts.iter().all(|p| l.contains(p)))
-            {
-                return;
-            }
-            assert!(
-                start.elapsed() < DEADLINE,
-                "no {level} line with {parts:?} logged; the last lines: {:#?}",
-                &logs[logs.len().saturating_sub(20)..]
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
 
 // ---- the server side -----------------------------------------------------------------
 
@@ -782,6 +714,7 @@ fn stalled_peer_fails_outstanding_requests_with_retry_exceeded() {
     // The peer says hello and then never answers: every request the victim sends must
     // complete with an error within timeout × (retries + 1), not hang.
     let srv = Server::new();
+    let registered = srv.ctx.registered_regions();
     let (qp, cq) = qp_in(&srv.pd);
     let mr = region(&srv.pd, 6);
     let mut opts = ConnectOptions::default();
@@ -821,6 +754,13 @@ fn stalled_peer_fails_outstanding_requests_with_retry_exceeded() {
     }
     assert_eq!(qp.state(), QpState::Err);
     assert_image(&image(&mr), &before, "READ targets without a response");
+    // Every request has completed, so nothing holds the region: it goes with its handle.
+    drop((qp, cq, mr));
+    assert_eq!(
+        srv.ctx.registered_regions(),
+        registered,
+        "a registration outlived the failed requests"
+    );
     drop(s);
 }
 
@@ -847,153 +787,4 @@ fn connection_flood_keeps_memory_bounded() {
         "resident memory grew by {grown} bytes over 300 hostile connections"
     );
     srv.check_healthy();
-}
-
-// ---- the connection manager ------------------------------------------------------------
-
-/// Runs `attack` against a `cm::Listener` accepting for one QP, expects `accept` to fail
-/// with an error (never a panic or a hang), then lets a valid peer connect.
-fn cm_attack(attack: impl FnOnce(&mut TcpStream) + Send + 'static, expect: &str) {
-    let _ = logs();
-    let srv = tcp();
-    let pd = srv.alloc_pd();
-    let (qp, _cq) = qp_in(&pd);
-    let listener = cm::Listener::bind("127.0.0.1:0").expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let attacker = std::thread::spawn(move || {
-        let mut s = TcpStream::connect(addr).expect("dial the cm listener");
-        s.set_read_timeout(Some(DEADLINE)).expect("SO_RCVTIMEO");
-        attack(&mut s);
-        // Keep the stream until the listener drops it, so its error is the one the
-        // attack provokes rather than a reset.
-        let _ = s.read_to_end(&mut Vec::new());
-    });
-    let start = Instant::now();
-    let res = listener.accept(
-        std::slice::from_ref(&qp),
-        &ConnectOptions::default(),
-        b"server",
-        Duration::from_secs(3),
-    );
-    let err = res.expect_err("a hostile peer must not connect");
-    assert!(
-        err.to_string().contains(expect),
-        "accept failed with {err}, expected {expect:?}"
-    );
-    assert!(
-        start.elapsed() < DEADLINE,
-        "accept took {:?}",
-        start.elapsed()
-    );
-    attacker.join().expect("the attacker thread");
-    assert_eq!(
-        qp.state(),
-        QpState::Reset,
-        "a failed exchange connected the QP"
-    );
-
-    // The listener still serves a valid peer.
-    let (qp2, _cq2) = qp_in(&pd);
-    let cli = tcp();
-    let cli_pd = cli.alloc_pd();
-    let (cqp, _ccq) = qp_in(&cli_pd);
-    let peer = std::thread::spawn(move || {
-        let got = cm::connect(
-            addr,
-            std::slice::from_ref(&cqp),
-            &ConnectOptions::default(),
-            b"client",
-            DEADLINE,
-        )
-        .expect("a valid peer connects");
-        (got, cqp, cli)
-    });
-    let got = listener
-        .accept(
-            std::slice::from_ref(&qp2),
-            &ConnectOptions::default(),
-            b"server",
-            DEADLINE,
-        )
-        .expect("accept a valid peer");
-    assert_eq!(got, b"client");
-    let (theirs, cqp, _cli) = peer.join().expect("the valid peer");
-    assert_eq!(theirs, b"server");
-    assert_eq!((qp2.state(), cqp.state()), (QpState::Rts, QpState::Rts));
-}
-
-fn cm_head(n: u32, plen: u32) -> Vec<u8> {
-    let mut h = b"RDMXCM01".to_vec();
-    h.extend_from_slice(&n.to_be_bytes());
-    h.extend_from_slice(&plen.to_be_bytes());
-    h
-}
-
-#[test]
-fn cm_random_bytes() {
-    cm_attack(
-        |s| {
-            let _ = s.write_all(&noise(99, 4096));
-        },
-        "not an rdmx connection manager",
-    );
-}
-
-#[test]
-fn cm_oversized_private_data() {
-    cm_attack(
-        |s| {
-            let _ = s.write_all(&cm_head(1, u32::MAX));
-        },
-        "too much private data",
-    );
-}
-
-#[test]
-fn cm_wrong_qp_count() {
-    cm_attack(
-        |s| {
-            let _ = s.write_all(&cm_head(0xFFFF_FFFF, 0));
-        },
-        "different number of queue pairs",
-    );
-}
-
-#[test]
-fn cm_bad_address_family() {
-    cm_attack(
-        |s| {
-            let mut m = cm_head(1, 0);
-            let mut ep = [0u8; 27];
-            ep[8] = 9;
-            m.extend_from_slice(&ep);
-            let _ = s.write_all(&m);
-        },
-        "bad address family",
-    );
-}
-
-#[test]
-fn cm_truncated_then_closed() {
-    cm_attack(
-        |s| {
-            let mut m = cm_head(1, 100);
-            m.extend_from_slice(&[0u8; 20]);
-            let _ = s.write_all(&m);
-            let _ = s.shutdown(std::net::Shutdown::Write);
-        },
-        "connection-setup exchange",
-    );
-}
-
-#[test]
-fn cm_peer_that_stalls() {
-    cm_attack(
-        |s| {
-            let _ = s.write_all(b"RDMX");
-            // Hold the connection open past the accept timeout.
-            std::thread::sleep(Duration::from_secs(5));
-        },
-        "connection-setup exchange",
-    );
 }

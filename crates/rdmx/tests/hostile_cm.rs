@@ -1,0 +1,189 @@
+//! Hostile peers against the connection manager's listener (`rdmx::cm`).
+//!
+//! Each test plays a peer that breaks the endpoint exchange — random bytes, oversized
+//! private data, a wrong queue-pair count, a bad address family, a truncated message, a
+//! peer that stalls — and checks that `accept` fails with an error naming what was wrong
+//! (never a panic or a hang), within its timeout, without connecting the QP, and that the
+//! same listener then serves a valid peer.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use rdmx::{
+    cm, CompletionQueue, ConnectOptions, Context, ProtectionDomain, QpCaps, QpState, QueuePair,
+};
+
+/// Generous bound for anything that must happen "soon" on a loaded machine.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn tcp() -> Context {
+    Context::open_provider("tcp").expect("open a tcp context")
+}
+
+fn qp_in(pd: &ProtectionDomain) -> (QueuePair, CompletionQueue) {
+    let cq = pd.context().create_cq(256).expect("create a CQ");
+    let qp = pd
+        .create_qp(&cq, &cq, QpCaps::default())
+        .expect("create a QP");
+    (qp, cq)
+}
+
+/// Deterministic pseudo-random bytes.
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Runs `attack` against a `cm::Listener` accepting for one QP, expects `accept` to fail
+/// with an error (never a panic or a hang), then lets a valid peer connect.
+fn cm_attack(attack: impl FnOnce(&mut TcpStream) + Send + 'static, expect: &str) {
+    let srv = tcp();
+    let pd = srv.alloc_pd();
+    let (qp, _cq) = qp_in(&pd);
+    let listener = cm::Listener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let attacker = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).expect("dial the cm listener");
+        s.set_read_timeout(Some(DEADLINE)).expect("SO_RCVTIMEO");
+        attack(&mut s);
+        // Keep the stream until the listener drops it, so its error is the one the
+        // attack provokes rather than a reset.
+        let _ = s.read_to_end(&mut Vec::new());
+    });
+    let start = Instant::now();
+    let res = listener.accept(
+        std::slice::from_ref(&qp),
+        &ConnectOptions::default(),
+        b"server",
+        Duration::from_secs(3),
+    );
+    let err = res.expect_err("a hostile peer must not connect");
+    assert!(
+        err.to_string().contains(expect),
+        "accept failed with {err}, expected {expect:?}"
+    );
+    assert!(
+        start.elapsed() < DEADLINE,
+        "accept took {:?}",
+        start.elapsed()
+    );
+    attacker.join().expect("the attacker thread");
+    assert_eq!(
+        qp.state(),
+        QpState::Reset,
+        "a failed exchange connected the QP"
+    );
+
+    // The listener still serves a valid peer.
+    let (qp2, _cq2) = qp_in(&pd);
+    let cli = tcp();
+    let cli_pd = cli.alloc_pd();
+    let (cqp, _ccq) = qp_in(&cli_pd);
+    let peer = std::thread::spawn(move || {
+        let got = cm::connect(
+            addr,
+            std::slice::from_ref(&cqp),
+            &ConnectOptions::default(),
+            b"client",
+            DEADLINE,
+        )
+        .expect("a valid peer connects");
+        (got, cqp, cli)
+    });
+    let got = listener
+        .accept(
+            std::slice::from_ref(&qp2),
+            &ConnectOptions::default(),
+            b"server",
+            DEADLINE,
+        )
+        .expect("accept a valid peer");
+    assert_eq!(got, b"client");
+    let (theirs, cqp, _cli) = peer.join().expect("the valid peer");
+    assert_eq!(theirs, b"server");
+    assert_eq!((qp2.state(), cqp.state()), (QpState::Rts, QpState::Rts));
+}
+
+fn cm_head(n: u32, plen: u32) -> Vec<u8> {
+    let mut h = b"RDMXCM01".to_vec();
+    h.extend_from_slice(&n.to_be_bytes());
+    h.extend_from_slice(&plen.to_be_bytes());
+    h
+}
+
+#[test]
+fn cm_random_bytes() {
+    cm_attack(
+        |s| {
+            let _ = s.write_all(&noise(99, 4096));
+        },
+        "not an rdmx connection manager",
+    );
+}
+
+#[test]
+fn cm_oversized_private_data() {
+    cm_attack(
+        |s| {
+            let _ = s.write_all(&cm_head(1, u32::MAX));
+        },
+        "too much private data",
+    );
+}
+
+#[test]
+fn cm_wrong_qp_count() {
+    cm_attack(
+        |s| {
+            let _ = s.write_all(&cm_head(0xFFFF_FFFF, 0));
+        },
+        "different number of queue pairs",
+    );
+}
+
+#[test]
+fn cm_bad_address_family() {
+    cm_attack(
+        |s| {
+            let mut m = cm_head(1, 0);
+            let mut ep = [0u8; 27];
+            ep[8] = 9;
+            m.extend_from_slice(&ep);
+            let _ = s.write_all(&m);
+        },
+        "bad address family",
+    );
+}
+
+#[test]
+fn cm_truncated_then_closed() {
+    cm_attack(
+        |s| {
+            let mut m = cm_head(1, 100);
+            m.extend_from_slice(&[0u8; 20]);
+            let _ = s.write_all(&m);
+            let _ = s.shutdown(std::net::Shutdown::Write);
+        },
+        "connection-setup exchange",
+    );
+}
+
+#[test]
+fn cm_peer_that_stalls() {
+    cm_attack(
+        |s| {
+            let _ = s.write_all(b"RDMX");
+            // Hold the connection open past the accept timeout.
+            std::thread::sleep(Duration::from_secs(5));
+        },
+        "connection-setup exchange",
+    );
+}

@@ -31,6 +31,8 @@ pub(crate) fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                     "max_mtu": c.max_mtu.bytes(),
                     "max_inline_data": c.max_inline_data,
                     "atomics": c.atomics,
+                    "gid_index": d.gid.map(|(i, _)| i),
+                    "gid": d.gid.map(|(_, g)| g.to_string()),
                 })
             })
             .collect();
@@ -54,6 +56,10 @@ pub(crate) fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         println!("\tmax_mtu:\t\t{}", c.max_mtu.bytes());
         println!("\tmax_inline_data:\t{}", c.max_inline_data);
         println!("\tatomics:\t\t{}", if c.atomics { "yes" } else { "no" });
+        if let Some((i, gid)) = d.gid {
+            println!("\tactive_mtu:\t\t{}", c.active_mtu.bytes());
+            println!("\tgid_index:\t\t{i} ({gid})");
+        }
     }
     Ok(())
 }

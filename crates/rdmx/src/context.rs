@@ -40,6 +40,9 @@ pub(crate) enum Backend {
     Loopback,
     /// A tcp driver of this context's own.
     Tcp(Arc<crate::tcp::Driver>),
+    /// An rdma-core device.
+    #[cfg(feature = "verbs")]
+    Verbs(Arc<crate::verbs::Device>),
 }
 
 impl Drop for ContextInner {
@@ -64,6 +67,11 @@ pub struct ContextOptions {
     /// loopback: drop, delay, duplicate, reorder or corrupt the packets this context's
     /// queue pairs send ([`crate::faults`]), to test recovery. Other providers refuse it.
     pub faults: Option<crate::faults::Faults>,
+    /// verbs: the device to open (default: the first one rdma-core lists).
+    pub device: Option<String>,
+    /// verbs: the GID index to use (default: the RoCEv2 GID of an IPv4 address, else
+    /// another RoCEv2 GID, else index 0).
+    pub gid_index: Option<u32>,
 }
 
 impl ContextOptions {
@@ -80,6 +88,16 @@ impl ContextOptions {
     /// Sets [`faults`](Self::faults).
     pub fn faults(mut self, faults: crate::faults::Faults) -> Self {
         self.faults = Some(faults);
+        self
+    }
+    /// Sets [`device`](Self::device).
+    pub fn device(mut self, name: &str) -> Self {
+        self.device = Some(name.to_string());
+        self
+    }
+    /// Sets [`gid_index`](Self::gid_index).
+    pub fn gid_index(mut self, index: u32) -> Self {
+        self.gid_index = Some(index);
         self
     }
 }
@@ -99,6 +117,17 @@ impl Context {
     /// Opens the device of the provider named `name` with `opts`.
     pub fn open_with(name: &str, opts: &ContextOptions) -> Result<Context> {
         let kind = ProviderKind::from_name(name)?;
+        if kind != ProviderKind::Verbs && (opts.device.is_some() || opts.gid_index.is_some()) {
+            if let Some(d) = opts.device.as_deref().filter(|&d| d != kind.device_name()) {
+                return Err(Error::NoDevice(format!(
+                    "provider {name} has no device {d}; its device is {}",
+                    kind.device_name()
+                )));
+            }
+            if opts.gid_index.is_some() {
+                return Err(Error::InvalidArgument("a GID index is a verbs option"));
+            }
+        }
         let mut seed = [0u8; 8];
         getrandom::fill(&mut seed).map_err(|e| Error::Seed(e.to_string()))?;
         let seed = u64::from_ne_bytes(seed);
@@ -121,6 +150,23 @@ impl Context {
                     opts.busy_poll,
                     (seed >> 32) as u32,
                 )?)
+            }
+            ProviderKind::Verbs if opts.faults.is_some() || opts.bind.is_some() => {
+                return Err(Error::InvalidArgument(
+                    "fault injection and bind are not verbs options",
+                ))
+            }
+            #[cfg(feature = "verbs")]
+            ProviderKind::Verbs => {
+                let dev = crate::verbs::Device::open(opts.device.as_deref(), opts.gid_index)?;
+                let caps = dev.caps.clone();
+                return Ok(Self::build_with(seed, kind, caps, Backend::Verbs(dev)));
+            }
+            #[cfg(not(feature = "verbs"))]
+            ProviderKind::Verbs => {
+                return Err(Error::NoDevice(
+                    "no RDMA devices: rdmx was built without its verbs feature".to_string(),
+                ))
             }
         };
         let mut ctx = Self::build(seed, kind, backend);
@@ -150,15 +196,42 @@ impl Context {
     }
 
     fn build(seed: u64, provider: ProviderKind, backend: Backend) -> Context {
+        Self::build_with(seed, provider, Capabilities::of(provider), backend)
+    }
+
+    fn build_with(
+        seed: u64,
+        provider: ProviderKind,
+        caps: Capabilities,
+        backend: Backend,
+    ) -> Context {
         Context {
             inner: Arc::new(ContextInner {
                 mrs: RwLock::new(MrTable::new(seed)),
                 next_pd: AtomicU32::new(1),
                 provider,
-                caps: Capabilities::of(provider),
+                caps,
                 backend,
                 faults: None,
             }),
+        }
+    }
+
+    /// The name of the open device (`loopback0`, `tcp0`, or rdma-core's, e.g. `mlx5_0`).
+    pub fn device_name(&self) -> &str {
+        match &self.inner.backend {
+            #[cfg(feature = "verbs")]
+            Backend::Verbs(d) => &d.name,
+            _ => self.inner.provider.device_name(),
+        }
+    }
+
+    /// verbs: the GID index and GID this context's queue pairs use.
+    pub fn gid(&self) -> Option<(u32, std::net::Ipv6Addr)> {
+        match &self.inner.backend {
+            #[cfg(feature = "verbs")]
+            Backend::Verbs(d) => Some((d.gid_index, d.gid())),
+            _ => None,
         }
     }
 
@@ -166,7 +239,7 @@ impl Context {
     pub fn listen_addr(&self) -> Option<std::net::SocketAddr> {
         match &self.inner.backend {
             Backend::Tcp(d) => Some(d.local_addr()),
-            Backend::Loopback => None,
+            _ => None,
         }
     }
 
@@ -187,12 +260,18 @@ impl Context {
             Backend::Loopback => crate::cq::Progress::Loopback,
             Backend::Tcp(d) if d.busy_poll() => crate::cq::Progress::Tcp(d.clone()),
             Backend::Tcp(_) => crate::cq::Progress::Background,
+            #[cfg(feature = "verbs")]
+            Backend::Verbs(d) => return CompletionQueue::new_verbs(capacity, d),
         };
         CompletionQueue::new(capacity, progress)
     }
 
     /// Memory regions registered in this context now.
     pub fn registered_regions(&self) -> usize {
-        self.inner.mrs.read().len()
+        match &self.inner.backend {
+            #[cfg(feature = "verbs")]
+            Backend::Verbs(d) => d.registered_regions(),
+            _ => self.inner.mrs.read().len(),
+        }
     }
 }

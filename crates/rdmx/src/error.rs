@@ -57,6 +57,9 @@ pub enum Error {
         /// The providers this build offers.
         available: String,
     },
+    /// The provider has no device to open (verbs: no RDMA device, or none of that name).
+    #[error("{0}")]
+    NoDevice(String),
     /// An operation did not finish within its timeout.
     #[error("timed out: {0}")]
     Timeout(&'static str),

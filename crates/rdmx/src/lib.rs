@@ -48,6 +48,8 @@ mod pd;
 mod provider;
 mod qp;
 mod tcp;
+#[cfg(feature = "verbs")]
+mod verbs;
 
 pub use context::{Context, ContextOptions};
 pub use cq::CompletionQueue;

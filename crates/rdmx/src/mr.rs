@@ -185,11 +185,28 @@ macro_rules! region_getters {
 pub struct MemoryRegion {
     shared: Arc<MrShared>,
     ctx: Context,
+    /// verbs: the adapter's registration, deregistered first on drop.
+    #[cfg(feature = "verbs")]
+    hw: Option<crate::verbs::Mr>,
 }
 
 impl MemoryRegion {
     pub(crate) fn new(shared: Arc<MrShared>, ctx: Context) -> Self {
-        MemoryRegion { shared, ctx }
+        MemoryRegion {
+            shared,
+            ctx,
+            #[cfg(feature = "verbs")]
+            hw: None,
+        }
+    }
+
+    #[cfg(feature = "verbs")]
+    pub(crate) fn new_verbs(shared: Arc<MrShared>, ctx: Context, hw: crate::verbs::Mr) -> Self {
+        MemoryRegion {
+            shared,
+            ctx,
+            hw: Some(hw),
+        }
     }
 
     region_getters!();
@@ -223,6 +240,15 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
+        #[cfg(feature = "verbs")]
+        if let Some(hw) = self.hw.take() {
+            // Keys die now; the memory lives on while posted requests hold it.
+            drop(hw);
+            if let crate::context::Backend::Verbs(dev) = &self.ctx.inner.backend {
+                drop(dev.remove_mr(self.shared.lkey));
+            }
+            return;
+        }
         let removed = self.ctx.inner.mrs.write().remove(self.shared.lkey);
         debug_assert!(removed.is_some(), "region missing from its key table");
         // `removed` holds a clone of `shared`; both are dropped outside the table lock.

@@ -93,6 +93,10 @@ impl ProtectionDomain {
         owner: Option<Box<dyn Memory>>,
     ) -> Result<MemoryRegion> {
         access.validate().map_err(rdmx_mem::Error::from)?;
+        #[cfg(feature = "verbs")]
+        if let crate::context::Backend::Verbs(dev) = &self.ctx.inner.backend {
+            return self.register_verbs(dev, addr, len, access, owner);
+        }
         let pin = rdmx_mem::pin::pin(addr as usize, len, pinning)?;
         let shared = {
             let mut table = self.ctx.inner.mrs.write();
@@ -114,6 +118,42 @@ impl ProtectionDomain {
         Ok(MemoryRegion::new(shared, self.ctx.clone()))
     }
 
+    /// verbs: `ibv_reg_mr`, which pins the pages itself.
+    #[cfg(feature = "verbs")]
+    fn register_verbs(
+        &self,
+        dev: &Arc<crate::verbs::Device>,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+        owner: Option<Box<dyn Memory>>,
+    ) -> Result<MemoryRegion> {
+        if len == 0 {
+            return Err(rdmx_mem::Error::InvalidRange {
+                addr: addr as usize,
+                len,
+            }
+            .into());
+        }
+        let pd = dev.pd(self.id)?;
+        // SAFETY: the memory stays mapped while the region lives: `owner` owns it, or the
+        // register_raw caller promised so; the MR is dropped before `owner` (MemoryRegion's
+        // Drop deregisters first).
+        let (hw, lkey, rkey) = unsafe { dev.register(&pd, addr, len, access)? };
+        let shared = Arc::new(MrShared {
+            pin: None,
+            _owner: owner,
+            addr,
+            len,
+            access,
+            lkey,
+            rkey,
+            pd: self.id,
+        });
+        dev.insert_mr(&shared);
+        Ok(MemoryRegion::new_verbs(shared, self.ctx.clone(), hw))
+    }
+
     /// Resolves a key as a queue pair of this domain would before touching memory:
     /// the key must name a live region of this domain that covers `[addr, addr + len)` and
     /// grants `need`. The returned reference keeps the memory alive.
@@ -125,6 +165,10 @@ impl ProtectionDomain {
         len: u64,
         need: Access,
     ) -> Result<MrRef, KeyError> {
+        #[cfg(feature = "verbs")]
+        if let crate::context::Backend::Verbs(dev) = &self.ctx.inner.backend {
+            return dev.check(key, key_use, self.id, addr, len, need);
+        }
         let table = self.ctx.inner.mrs.read();
         let entry = table.check(key, key_use, self.id, addr, len, need)?;
         Ok(MrRef::new(entry.payload.clone()))

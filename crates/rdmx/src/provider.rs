@@ -6,6 +6,9 @@
 //!   passed in memory; the default, and the reference for semantics.
 //! - `tcp`: the RC engine over TCP streams, between processes and hosts, with payloads
 //!   read and written straight from registered memory.
+//! - `verbs` (cargo feature `verbs`, on by default): rdma-core, for InfiniBand, RoCE and
+//!   iWARP adapters and Soft-RoCE; its devices are rdma-core's (`mlx5_0`, `rxe0`, ...).
+//!   Without rdma-core or without RDMA devices it lists none and opening it says so.
 //!
 //! Asking for a provider that is not available is an error that says which are.
 
@@ -21,10 +24,20 @@ pub enum ProviderKind {
     Loopback,
     /// The RC engine over TCP, across processes and hosts.
     Tcp,
+    /// rdma-core (libibverbs): RDMA adapters and Soft-RoCE.
+    Verbs,
 }
 
 impl ProviderKind {
     /// Every provider this build knows.
+    #[cfg(feature = "verbs")]
+    pub const ALL: &'static [ProviderKind] = &[
+        ProviderKind::Loopback,
+        ProviderKind::Tcp,
+        ProviderKind::Verbs,
+    ];
+    /// Every provider this build knows.
+    #[cfg(not(feature = "verbs"))]
     pub const ALL: &'static [ProviderKind] = &[ProviderKind::Loopback, ProviderKind::Tcp];
 
     /// The provider's name, as `--provider` takes it.
@@ -32,14 +45,17 @@ impl ProviderKind {
         match self {
             ProviderKind::Loopback => "loopback",
             ProviderKind::Tcp => "tcp",
+            ProviderKind::Verbs => "verbs",
         }
     }
 
-    /// The name of this provider's one device.
+    /// The name of this provider's one device; empty for verbs, whose devices are
+    /// rdma-core's (see [`devices`] and [`Context::device_name`](crate::Context::device_name)).
     pub fn device_name(self) -> &'static str {
         match self {
             ProviderKind::Loopback => "loopback0",
             ProviderKind::Tcp => "tcp0",
+            ProviderKind::Verbs => "",
         }
     }
 
@@ -128,16 +144,24 @@ pub struct DeviceInfo {
     pub name: String,
     /// What it can do.
     pub capabilities: Capabilities,
+    /// verbs: the GID index and GID a context on this device uses by default.
+    pub gid: Option<(u32, std::net::Ipv6Addr)>,
 }
 
-/// Every device available on this machine.
+/// Every device available on this machine: one per software provider, and each RDMA
+/// device rdma-core offers.
 pub fn devices() -> Vec<DeviceInfo> {
-    ProviderKind::ALL
+    let list: Vec<DeviceInfo> = ProviderKind::ALL
         .iter()
+        .filter(|&&p| p != ProviderKind::Verbs)
         .map(|&p| DeviceInfo {
             provider: p,
             name: p.device_name().to_string(),
             capabilities: Capabilities::of(p),
+            gid: None,
         })
-        .collect()
+        .collect();
+    #[cfg(feature = "verbs")]
+    let list = [list, crate::verbs::devices()].concat();
+    list
 }

@@ -88,6 +88,8 @@ pub struct QueuePair {
 enum Imp {
     Loopback,
     Tcp(Arc<TcpQp>),
+    #[cfg(feature = "verbs")]
+    Verbs(crate::verbs::Qp),
 }
 
 /// A scatter/gather element in a registered region, checked against the region's bounds.
@@ -290,6 +292,29 @@ impl ProtectionDomain {
         cfg.max_recv_sge = caps.max_recv_sge;
         cfg.max_inline_data = caps.max_inline_data;
         let ctx: Arc<ContextInner> = self.context().inner.clone();
+        #[cfg(feature = "verbs")]
+        if let Backend::Verbs(dev) = &ctx.backend {
+            let srq = match srq.map(|s| &s.imp) {
+                None => None,
+                Some(SrqImp::Verbs(s)) => Some(s),
+                Some(_) => {
+                    return Err(Error::InvalidArgument(
+                        "the shared receive queue belongs to another provider",
+                    ))
+                }
+            };
+            let (Some(scq), Some(rcq)) = (send_cq.verbs(), recv_cq.verbs()) else {
+                return Err(Error::InvalidArgument(
+                    "the completion queues belong to another provider",
+                ));
+            };
+            let qp = crate::verbs::Qp::create(dev, self, (scq, rcq), srq, caps)?;
+            return Ok(QueuePair {
+                qpn: qp.qp_num(),
+                pd: self.clone(),
+                imp: Imp::Verbs(qp),
+            });
+        }
         match (&ctx.backend, srq.map(|s| &s.imp)) {
             (Backend::Loopback, None | Some(SrqImp::Loopback(_))) => {
                 let qpn = loopback::fabric().lock().create(
@@ -299,7 +324,7 @@ impl ProtectionDomain {
                     recv_cq.clone(),
                     srq.and_then(|s| match s.imp {
                         SrqImp::Loopback(id) => Some(id),
-                        SrqImp::Shared(_) => None,
+                        _ => None,
                     }),
                 );
                 Ok(QueuePair {
@@ -317,7 +342,7 @@ impl ProtectionDomain {
                 let engine = RcQp::new(cfg, limits(ProviderKind::Tcp));
                 let shared = srq.and_then(|s| match &s.imp {
                     SrqImp::Shared(q) => Some(q.clone()),
-                    SrqImp::Loopback(_) => None,
+                    _ => None,
                 });
                 let qp = driver.add_qp(|token| {
                     TcpQp::new(
@@ -351,6 +376,11 @@ impl ProtectionDomain {
             ));
         }
         let ctx = self.context().inner.clone();
+        #[cfg(feature = "verbs")]
+        if let Backend::Verbs(dev) = &ctx.backend {
+            let imp = SrqImp::Verbs(crate::verbs::Srq::create(dev, self, max_wr, max_sge)?);
+            return Ok(SharedReceiveQueue { imp, ctx });
+        }
         let srq = Srq::new(self.id(), max_wr, max_sge);
         let imp = match &ctx.backend {
             Backend::Loopback => {
@@ -359,7 +389,7 @@ impl ProtectionDomain {
                     ctx: ctx.clone(),
                 }))
             }
-            Backend::Tcp(_) => SrqImp::Shared(Arc::new(Mutex::new(srq))),
+            _ => SrqImp::Shared(Arc::new(Mutex::new(srq))),
         };
         Ok(SharedReceiveQueue { imp, ctx })
     }
@@ -376,11 +406,16 @@ pub struct SharedReceiveQueue {
 enum SrqImp {
     Loopback(u32),
     Shared(Arc<Mutex<Srq<MrRef>>>),
+    #[cfg(feature = "verbs")]
+    Verbs(crate::verbs::Srq),
 }
 
 impl SharedReceiveQueue {
+    /// Runs `f` on a software SRQ; verbs SRQs are handled by each caller first.
     fn with<T>(&self, f: impl FnOnce(&mut Srq<MrRef>, &ContextInner) -> T) -> T {
         match &self.imp {
+            #[cfg(feature = "verbs")]
+            SrqImp::Verbs(_) => unreachable!("verbs SRQs are handled before `with`"),
             SrqImp::Loopback(id) => {
                 let mut fab = loopback::fabric().lock();
                 let e = fab.srqs.get_mut(id).expect("a live SRQ is in the fabric");
@@ -394,12 +429,22 @@ impl SharedReceiveQueue {
 
     /// Posts a receive (`ibv_post_srq_recv`).
     pub fn post_recv(&self, req: RecvRequest) -> Result<()> {
+        #[cfg(feature = "verbs")]
+        if let SrqImp::Verbs(s) = &self.imp {
+            // SAFETY: every element of a RecvRequest was made by LocalSge::new from a
+            // registered region, which safe code only reaches through copies.
+            return unsafe { s.post_recv(req.wr) };
+        }
         self.with(|q, ctx| q.post_recv(ctx, req.wr))?;
         Ok(())
     }
 
-    /// Receives posted and not yet consumed.
+    /// Receives posted and not yet consumed (verbs: not yet reaped from a CQ).
     pub fn len(&self) -> usize {
+        #[cfg(feature = "verbs")]
+        if let SrqImp::Verbs(s) = &self.imp {
+            return s.len();
+        }
         self.with(|q, _| q.len())
     }
 
@@ -411,11 +456,19 @@ impl SharedReceiveQueue {
     /// Arms the limit: the limit event fires once when fewer than `limit` receives remain
     /// (`IBV_SRQ_LIMIT`). 0 disarms.
     pub fn arm_limit(&self, limit: usize) {
+        #[cfg(feature = "verbs")]
+        if let SrqImp::Verbs(s) = &self.imp {
+            return s.arm_limit(limit);
+        }
         self.with(|q, _| q.arm_limit(limit));
     }
 
     /// Takes the limit event (`IBV_EVENT_SRQ_LIMIT_REACHED`) if it fired.
     pub fn limit_reached(&self) -> bool {
+        #[cfg(feature = "verbs")]
+        if let SrqImp::Verbs(s) = &self.imp {
+            return s.limit_reached();
+        }
         self.with(|q, _| q.take_limit_event())
     }
 }
@@ -456,6 +509,8 @@ impl QueuePair {
                 let ctx = self.pd.context().inner.clone();
                 qp.with(|i| f(&mut i.engine, &ctx))
             }
+            #[cfg(feature = "verbs")]
+            Imp::Verbs(_) => unreachable!("verbs QPs are handled before `with`"),
         }
     }
 
@@ -467,17 +522,25 @@ impl QueuePair {
                 let ctx = self.pd.context().inner.clone();
                 qp.post(|i| f(&mut i.engine, &ctx))
             }
-            Imp::Loopback => self.with(f),
+            _ => self.with(f),
         }
     }
 
     /// Current state.
     pub fn state(&self) -> QpState {
+        #[cfg(feature = "verbs")]
+        if let Imp::Verbs(qp) = &self.imp {
+            return qp.state();
+        }
         self.with(|e, _| e.state())
     }
 
     /// Current attributes (`ibv_query_qp`).
     pub fn attrs(&self) -> QpAttr {
+        #[cfg(feature = "verbs")]
+        if let Imp::Verbs(qp) = &self.imp {
+            return qp.attrs();
+        }
         self.with(|e, _| e.attrs().clone())
     }
 
@@ -487,6 +550,10 @@ impl QueuePair {
     /// given to [`bind_peer`](Self::bind_peer) or waits for the RTR destination QP to
     /// dial it.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        #[cfg(feature = "verbs")]
+        if let Imp::Verbs(qp) = &self.imp {
+            return qp.modify(attr, mask);
+        }
         let entered_rtr = self.with(|e, _| {
             let before = e.state();
             e.modify(attr, mask)
@@ -499,8 +566,13 @@ impl QueuePair {
     }
 
     /// Names the peer QP before a manual move to RTR (the address vector of verbs): on
-    /// tcp, where its context listens. [`connect`](Self::connect) does this itself.
+    /// tcp, where its context listens; on verbs, its GID. [`connect`](Self::connect) does
+    /// this itself.
     pub fn bind_peer(&self, peer: &QpEndpoint) {
+        #[cfg(feature = "verbs")]
+        if let Imp::Verbs(qp) = &self.imp {
+            return qp.bind_peer(peer);
+        }
         if let (Imp::Tcp(qp), Some(addr)) = (&self.imp, peer.addr) {
             qp.bind_peer(
                 (addr, peer.qp_num, peer.psn),
@@ -525,6 +597,11 @@ impl QueuePair {
     /// their keys. The caller must not hold Rust references to that memory while the
     /// request is outstanding (e.g. a pool buffer's slice in the same slab).
     pub unsafe fn post_send_raw(&self, wr: SendWr, inline: Option<Vec<u8>>) -> Result<()> {
+        #[cfg(feature = "verbs")]
+        if let Imp::Verbs(qp) = &self.imp {
+            // SAFETY: forwarded; the caller upholds this function's contract.
+            return unsafe { qp.post_send(wr, inline) };
+        }
         self.post_with(|e, ctx| e.post_send(ctx, wr, inline))?;
         Ok(())
     }
@@ -541,6 +618,11 @@ impl QueuePair {
     ///
     /// As [`post_send_raw`](Self::post_send_raw): the engine writes the named memory.
     pub unsafe fn post_recv_raw(&self, wr: RecvWr) -> Result<()> {
+        #[cfg(feature = "verbs")]
+        if let Imp::Verbs(qp) = &self.imp {
+            // SAFETY: forwarded; the caller upholds this function's contract.
+            return unsafe { qp.post_recv(wr) };
+        }
         self.with(|e, ctx| e.post_recv(ctx, wr))?;
         Ok(())
     }
@@ -553,6 +635,8 @@ impl Drop for QueuePair {
                 loopback::fabric().lock().qps.remove(&self.qpn);
             }
             Imp::Tcp(qp) => qp.driver.remove_qp(qp),
+            #[cfg(feature = "verbs")]
+            Imp::Verbs(_) => {}
         }
     }
 }
@@ -568,6 +652,10 @@ pub struct QpEndpoint {
     /// tcp: where the QP's context accepts streams. An unspecified IP (the context listens
     /// on every interface) means the peer's own host; a connection manager replaces it
     /// with the address it reached the peer at.
+    ///
+    /// verbs: the GID of the QP's port as an IPv6 address (a RoCEv2 GID of an IPv4
+    /// address is IPv4-mapped), and the port's active MTU in bytes in place of the port
+    /// number: connecting takes the smaller of the two sides' MTUs.
     pub addr: Option<SocketAddr>,
 }
 
@@ -619,28 +707,52 @@ impl Default for ConnectOptions {
 impl QueuePair {
     /// This side's endpoint, to hand to the peer.
     pub fn endpoint(&self) -> QpEndpoint {
+        #[cfg(feature = "verbs")]
+        if let Imp::Verbs(qp) = &self.imp {
+            return qp.endpoint(initial_psn(self.qpn));
+        }
         QpEndpoint {
             qp_num: self.qpn,
             psn: initial_psn(self.qpn),
             addr: match &self.imp {
                 Imp::Tcp(qp) => Some(qp.driver.local_addr()),
-                Imp::Loopback => None,
+                _ => None,
             },
         }
     }
 
     /// Takes a QP in RESET through INIT, RTR and RTS, connected to `peer`.
     pub fn connect(&self, peer: QpEndpoint, opts: &ConnectOptions) -> Result<()> {
+        let caps = self.pd.context().capabilities();
+        let mtu = opts.mtu.unwrap_or(caps.active_mtu);
+        let (max_rd_atomic, max_dest_rd_atomic) = (opts.max_rd_atomic, opts.max_dest_rd_atomic);
+        // The adapter's limits bound the defaults; the peer's MTU bounds the path's.
+        #[cfg(feature = "verbs")]
+        let (mtu, max_rd_atomic, max_dest_rd_atomic) = match &self.imp {
+            Imp::Verbs(qp) => {
+                qp.bind_peer(&peer);
+                let peer_mtu = peer
+                    .addr
+                    .and_then(|a| rdmx_core::Mtu::from_bytes(a.port().into()));
+                (
+                    match (opts.mtu, peer_mtu) {
+                        (None, Some(p)) => mtu.min(p),
+                        _ => mtu,
+                    },
+                    max_rd_atomic.min(caps.max_qp_init_rd_atom),
+                    max_dest_rd_atomic.min(caps.max_qp_rd_atom),
+                )
+            }
+            _ => (mtu, max_rd_atomic, max_dest_rd_atomic),
+        };
         let params = rdmx_core::ConnectParams {
             access: opts.access,
-            mtu: opts
-                .mtu
-                .unwrap_or(self.pd.context().capabilities().active_mtu),
+            mtu,
             dest_qpn: peer.qp_num,
             rq_psn: peer.psn,
             sq_psn: self.endpoint().psn,
-            max_rd_atomic: opts.max_rd_atomic,
-            max_dest_rd_atomic: opts.max_dest_rd_atomic,
+            max_rd_atomic,
+            max_dest_rd_atomic,
             timeout: opts.timeout,
             retry_cnt: opts.retry_cnt,
             rnr_retry: opts.rnr_retry,

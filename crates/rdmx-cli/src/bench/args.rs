@@ -167,6 +167,10 @@ pub(crate) struct Args {
     /// Path MTU in bytes [default: the device's active MTU].
     #[arg(long)]
     pub(crate) mtu: Option<u32>,
+    /// verbs: GID index [default: the RoCEv2 GID of an IPv4 address, else the first RoCEv2
+    /// GID, else 0].
+    #[arg(short = 'x', long = "gid-index")]
+    pub(crate) gid_index: Option<u32>,
     /// How progress is made.
     #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
     pub(crate) progress: ProgressMode,
@@ -250,6 +254,8 @@ pub(crate) struct Config {
     pub(crate) providers: Vec<String>,
     /// The device asked for with -d.
     pub(crate) device: Option<String>,
+    /// The GID index asked for with -x.
+    pub(crate) gid_index: Option<u32>,
     pub(crate) peer: PeerMode,
     pub(crate) progress: ProgressMode,
     pub(crate) json: bool,
@@ -390,6 +396,7 @@ impl Args {
             },
             providers,
             device: self.ib_dev.clone(),
+            gid_index: self.gid_index,
             peer,
             progress: self.progress,
             json: self.json,

@@ -80,7 +80,7 @@ fn providers(cfg: &Config) -> Result<Vec<String>, BoxError> {
     for name in &names {
         let kind = rdmx::ProviderKind::from_name(name)?;
         if let Some(dev) = &cfg.device {
-            if kind.device_name() != dev {
+            if !devices.iter().any(|d| d.provider == kind && d.name == *dev) {
                 return Err(format!(
                     "-d {dev}: provider {name} has no such device; available: {}",
                     list()
@@ -168,7 +168,7 @@ fn info(cfg: &Config, side: &Side, mine: &Hello, peer: &Hello, where_: String) -
     RunInfo {
         test: p.test,
         provider: kind.name().to_string(),
-        device: kind.device_name().to_string(),
+        device: side.ctx.device_name().to_string(),
         mtu,
         busy: side.busy,
         qps: p.qps,
@@ -194,8 +194,8 @@ fn run_provider(cfg: &Config, name: &str, out: &Out) -> Result<(RunInfo, Vec<Row
     };
     let info = match &cfg.peer {
         PeerMode::Local => {
-            let a = Side::open(name, p, Role::Requester, busy)?;
-            let b = Side::open(name, p, Role::Responder, busy)?;
+            let a = Side::open(name, cfg, Role::Requester, busy)?;
+            let b = Side::open(name, cfg, Role::Responder, busy)?;
             let (hb, ha) = connect_local(&a, &b, p)?;
             a.post_receives()?;
             b.post_receives()?;
@@ -227,7 +227,7 @@ fn run_provider(cfg: &Config, name: &str, out: &Out) -> Result<(RunInfo, Vec<Row
             info
         }
         PeerMode::Listen(_) => {
-            let side = Side::open(name, p, Role::Responder, busy)?;
+            let side = Side::open(name, cfg, Role::Responder, busy)?;
             let peer = connect_remote(&side, p, &cfg.peer, |addr| {
                 eprintln!("rdmx: {} waiting for a peer on {addr}", p.test.name());
             })?;
@@ -245,7 +245,7 @@ fn run_provider(cfg: &Config, name: &str, out: &Out) -> Result<(RunInfo, Vec<Row
             info
         }
         PeerMode::Connect(host, port) => {
-            let side = Side::open(name, p, Role::Requester, busy)?;
+            let side = Side::open(name, cfg, Role::Requester, busy)?;
             let peer = connect_remote(&side, p, &cfg.peer, |_| {})?;
             side.post_receives()?;
             let info = info(cfg, &side, &side.hello(p), &peer, format!("{host}:{port}"));

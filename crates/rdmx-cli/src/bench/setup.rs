@@ -28,7 +28,7 @@ use rdmx::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::args::{Op, Params, PeerMode};
+use super::args::{Config, Op, Params, PeerMode};
 use super::verify::Expect;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -139,14 +139,23 @@ pub(crate) struct Side {
 }
 
 impl Side {
-    /// Opens `provider` and creates what `p` needs for `role`.
+    /// Opens `provider` (on the device and GID `cfg` asks for) and creates what the run
+    /// needs for `role`.
     pub(crate) fn open(
         provider: &str,
-        p: &Params,
+        cfg: &Config,
         role: Role,
         busy: bool,
     ) -> Result<Side, BoxError> {
-        let ctx = Context::open_with(provider, &ContextOptions::default().busy_poll(busy))?;
+        let p = &cfg.params;
+        let mut opts = ContextOptions::default().busy_poll(busy);
+        if let Some(dev) = &cfg.device {
+            opts = opts.device(dev);
+        }
+        if let Some(i) = cfg.gid_index {
+            opts = opts.gid_index(i);
+        }
+        let ctx = Context::open_with(provider, &opts)?;
         let layout = Layout::new(p, role);
         let pd = ctx.alloc_pd();
         let per_qp = layout.window + layout.rx_depth + 8;

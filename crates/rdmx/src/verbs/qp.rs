@@ -1,0 +1,568 @@
+//! Verbs queue pairs and shared receive queues: the rdmx state machine in front of the
+//! adapter's, exact queue depths, and the references posted requests hold.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rdmx_core::{
+    PostError, QpAttr, QpAttrMask, QpState, QpStateMachine, RecvWr, SendFlags, SendOp, SendWr,
+    WcOpcode,
+};
+
+use super::{sys, verb, Device};
+use crate::mr::MrRef;
+use crate::qp::QpEndpoint;
+use crate::{Error, Result};
+
+/// The bit that marks the `wr_id` the adapter sees as a receive's.
+const RECV_BIT: u64 = 1 << 63;
+
+/// Whether an adapter `wr_id` is a receive's.
+pub(super) fn is_recv(hw_wr_id: u64) -> bool {
+    hw_wr_id & RECV_BIT != 0
+}
+
+/// The largest inline payload the device takes on an RC QP (0 if it takes none).
+pub(super) fn probe_max_inline(ctx: &Arc<sys::Context>) -> u32 {
+    let Ok(cq) = sys::Cq::create(ctx, 2).map(Arc::new) else {
+        return 0;
+    };
+    let Ok(pd) = sys::Pd::alloc(ctx).map(Arc::new) else {
+        return 0;
+    };
+    for inline in [1024, 512, 256, 128, 64, 32] {
+        let mut cap = sys::QpCap {
+            max_send_wr: 1,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: inline,
+        };
+        if sys::Qp::create(&pd, &cq, &cq, None, &mut cap).is_ok() {
+            return cap.max_inline_data.max(inline);
+        }
+    }
+    0
+}
+
+/// A request in flight: the caller's `wr_id` and the regions it uses.
+struct Slot {
+    seq: u64,
+    wr_id: u64,
+    opcode: WcOpcode,
+    _refs: Vec<MrRef>,
+}
+
+#[derive(Default)]
+struct Queue {
+    next_seq: u64,
+    slots: VecDeque<Slot>,
+}
+
+/// What completions need of a QP, shared with the device's QP registry.
+pub(crate) struct Shared {
+    sq: Mutex<Queue>,
+    rq: Mutex<Queue>,
+    srq: Option<Arc<SrqShared>>,
+}
+
+impl Shared {
+    /// A send completion for adapter `wr_id` `seq`: earlier unsignaled requests are done
+    /// too. Returns the caller's `wr_id` and the request's opcode.
+    pub(super) fn complete_send(&self, seq: u64) -> Option<(u64, WcOpcode)> {
+        let mut q = self.sq.lock();
+        while q.slots.front().is_some_and(|s| s.seq < seq) {
+            q.slots.pop_front();
+        }
+        match q.slots.front() {
+            Some(s) if s.seq == seq => q.slots.pop_front().map(|s| (s.wr_id, s.opcode)),
+            _ => None,
+        }
+    }
+
+    /// A receive completion: the caller's `wr_id`.
+    pub(super) fn complete_recv(&self, hw_wr_id: u64) -> Option<u64> {
+        let seq = hw_wr_id & !RECV_BIT;
+        if let Some(srq) = &self.srq {
+            return srq.slots.lock().slots.remove(&seq).map(|s| s.wr_id);
+        }
+        let mut q = self.rq.lock();
+        while q.slots.front().is_some_and(|s| s.seq < seq) {
+            q.slots.pop_front();
+        }
+        match q.slots.front() {
+            Some(s) if s.seq == seq => q.slots.pop_front().map(|s| s.wr_id),
+            _ => None,
+        }
+    }
+}
+
+/// An RC queue pair on a verbs device.
+pub(crate) struct Qp {
+    hw: sys::Qp,
+    dev: Arc<Device>,
+    shared: Arc<Shared>,
+    machine: Mutex<QpStateMachine>,
+    caps: crate::QpCaps,
+    peer: Mutex<Option<QpEndpoint>>,
+}
+
+impl std::fmt::Debug for Qp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("verbs::Qp")
+            .field("qp_num", &self.hw.qp_num())
+            .field("state", &self.machine.lock().state())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        self.dev.qps.write().remove(&self.hw.qp_num());
+    }
+}
+
+fn lkey_refs(dev: &Device, sges: &[rdmx_core::Sge]) -> (Vec<MrRef>, Vec<sys::Sge>) {
+    let refs = sges.iter().filter_map(|s| dev.mr_by_lkey(s.lkey)).collect();
+    let hw = sges
+        .iter()
+        .map(|s| sys::Sge {
+            addr: s.addr,
+            length: s.len,
+            lkey: s.lkey,
+        })
+        .collect();
+    (refs, hw)
+}
+
+fn post_error(e: std::io::Error, depth: usize, what: &'static str) -> Error {
+    match e.raw_os_error() {
+        Some(libc::ENOMEM) => Error::Post(PostError::QueueFull { depth }),
+        Some(libc::EINVAL) => Error::Post(PostError::Invalid("the adapter refused the request")),
+        _ => Error::Io(what, e),
+    }
+}
+
+impl Qp {
+    /// Creates an RC QP in RESET (`ibv_create_qp`).
+    pub(crate) fn create(
+        dev: &Arc<Device>,
+        pd: &crate::ProtectionDomain,
+        cqs: (&super::Cq, &super::Cq),
+        srq: Option<&Srq>,
+        caps: crate::QpCaps,
+    ) -> Result<Qp> {
+        let hw_pd = dev.pd(pd.id())?;
+        let mut cap = sys::QpCap {
+            max_send_wr: caps.max_send_wr as u32,
+            max_recv_wr: if srq.is_some() {
+                0
+            } else {
+                caps.max_recv_wr as u32
+            },
+            max_send_sge: caps.max_send_sge as u32,
+            max_recv_sge: if srq.is_some() {
+                0
+            } else {
+                caps.max_recv_sge as u32
+            },
+            max_inline_data: caps.max_inline_data as u32,
+        };
+        let hw = sys::Qp::create(&hw_pd, &cqs.0.hw, &cqs.1.hw, srq.map(|s| &s.hw), &mut cap)
+            .map_err(verb("ibv_create_qp"))?;
+        let shared = Arc::new(Shared {
+            sq: Mutex::new(Queue::default()),
+            rq: Mutex::new(Queue::default()),
+            srq: srq.map(|s| s.shared.clone()),
+        });
+        dev.qps.write().insert(hw.qp_num(), Arc::downgrade(&shared));
+        Ok(Qp {
+            hw,
+            dev: dev.clone(),
+            shared,
+            machine: Mutex::new(QpStateMachine::new()),
+            caps,
+            peer: Mutex::new(None),
+        })
+    }
+
+    /// The QP number.
+    pub(crate) fn qp_num(&self) -> u32 {
+        self.hw.qp_num()
+    }
+
+    /// This side's endpoint: the GID as an IPv6 address, the active MTU in the port field.
+    pub(crate) fn endpoint(&self, psn: u32) -> QpEndpoint {
+        QpEndpoint {
+            qp_num: self.qp_num(),
+            psn,
+            addr: Some(SocketAddr::new(
+                IpAddr::V6(self.dev.gid()),
+                self.dev.caps.active_mtu.bytes() as u16,
+            )),
+        }
+    }
+
+    /// Names the peer for the address vector of the move to RTR.
+    pub(crate) fn bind_peer(&self, peer: &QpEndpoint) {
+        *self.peer.lock() = Some(*peer);
+    }
+
+    /// The current state. While the QP runs, the adapter may have moved it to ERR; the
+    /// adapter is asked.
+    pub(crate) fn state(&self) -> QpState {
+        let mut m = self.machine.lock();
+        if matches!(m.state(), QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            if let Ok(s) = self.hw.query_state() {
+                if s == sys::consts::qp_state::IBV_QPS_ERR {
+                    m.set_error();
+                }
+            }
+        }
+        m.state()
+    }
+
+    /// The current attributes.
+    pub(crate) fn attrs(&self) -> QpAttr {
+        self.state();
+        self.machine.lock().attrs().clone()
+    }
+
+    /// `ibv_modify_qp`, checked against the verbs rules first.
+    pub(crate) fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        self.state();
+        let mut m = self.machine.lock();
+        m.check(attr, mask, &self.dev.limits)?;
+        let (mut hw_attr, hw_mask) = self.hw_attr(attr, mask)?;
+        self.hw
+            .modify(&mut hw_attr, hw_mask)
+            .map_err(verb("ibv_modify_qp"))?;
+        m.modify(attr, mask, &self.dev.limits)?;
+        Ok(())
+    }
+
+    fn hw_attr(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<(sys::QpAttr, u32)> {
+        use sys::consts::mask as m;
+        let mut a = sys::qp_attr();
+        let mut bits = 0;
+        let state = |s: QpState| s as u32;
+        let mut set = |flag: QpAttrMask, bit: u32| {
+            if mask.contains(flag) {
+                bits |= bit;
+            }
+        };
+        set(QpAttrMask::STATE, m::STATE);
+        set(QpAttrMask::CUR_STATE, m::CUR_STATE);
+        set(QpAttrMask::EN_SQD_ASYNC_NOTIFY, m::EN_SQD_ASYNC_NOTIFY);
+        set(QpAttrMask::ACCESS_FLAGS, m::ACCESS_FLAGS);
+        set(QpAttrMask::PKEY_INDEX, m::PKEY_INDEX);
+        set(QpAttrMask::PORT, m::PORT);
+        set(QpAttrMask::AV, m::AV);
+        set(QpAttrMask::PATH_MTU, m::PATH_MTU);
+        set(QpAttrMask::TIMEOUT, m::TIMEOUT);
+        set(QpAttrMask::RETRY_CNT, m::RETRY_CNT);
+        set(QpAttrMask::RNR_RETRY, m::RNR_RETRY);
+        set(QpAttrMask::RQ_PSN, m::RQ_PSN);
+        set(QpAttrMask::MAX_QP_RD_ATOMIC, m::MAX_QP_RD_ATOMIC);
+        set(QpAttrMask::MIN_RNR_TIMER, m::MIN_RNR_TIMER);
+        set(QpAttrMask::SQ_PSN, m::SQ_PSN);
+        set(QpAttrMask::MAX_DEST_RD_ATOMIC, m::MAX_DEST_RD_ATOMIC);
+        set(QpAttrMask::DEST_QPN, m::DEST_QPN);
+        a.qp_state = state(attr.qp_state);
+        a.cur_qp_state = state(attr.cur_qp_state);
+        a.en_sqd_async_notify = u8::from(attr.en_sqd_async_notify);
+        a.qp_access_flags = attr.qp_access_flags.bits();
+        a.pkey_index = attr.pkey_index;
+        a.port_num = self.dev.port;
+        a.path_mtu = u32::from(attr.path_mtu.ib_code().unwrap_or(3));
+        a.dest_qp_num = attr.dest_qp_num;
+        a.rq_psn = attr.rq_psn;
+        a.sq_psn = attr.sq_psn;
+        a.max_rd_atomic = attr.max_rd_atomic;
+        a.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+        a.min_rnr_timer = attr.min_rnr_timer;
+        a.timeout = attr.timeout;
+        a.retry_cnt = attr.retry_cnt;
+        a.rnr_retry = attr.rnr_retry;
+        if mask.contains(QpAttrMask::AV) {
+            let peer = (*self.peer.lock()).ok_or(Error::InvalidArgument(
+                "the move to RTR needs the peer's address: call bind_peer or connect",
+            ))?;
+            let gid = match peer.addr {
+                Some(SocketAddr::V6(a)) => a.ip().octets(),
+                Some(SocketAddr::V4(a)) => a.ip().to_ipv6_mapped().octets(),
+                None => {
+                    return Err(Error::InvalidArgument(
+                        "a verbs peer endpoint needs the GID of its port",
+                    ))
+                }
+            };
+            sys::set_av(
+                &mut a,
+                self.dev.port,
+                self.dev.gid_index as u8,
+                Some(gid),
+                0,
+            );
+        }
+        Ok((a, bits))
+    }
+
+    /// `ibv_post_send` of one request.
+    ///
+    /// # Safety
+    ///
+    /// As [`QueuePair::post_send_raw`](crate::QueuePair::post_send_raw).
+    pub(crate) unsafe fn post_send(&self, wr: SendWr, inline: Option<Vec<u8>>) -> Result<()> {
+        let state = self.machine.lock().state();
+        if !state.post_send_allowed() {
+            return Err(PostError::WrongState(state).into());
+        }
+        if wr.sges.len() > self.caps.max_send_sge {
+            return Err(PostError::TooManySges {
+                count: wr.sges.len(),
+                max: self.caps.max_send_sge,
+            }
+            .into());
+        }
+        let mut flags = 0;
+        for (f, bit) in [
+            (SendFlags::SIGNALED, sys::consts::SEND_SIGNALED),
+            (SendFlags::FENCE, sys::consts::SEND_FENCE),
+            (SendFlags::SOLICITED, sys::consts::SEND_SOLICITED),
+            (SendFlags::INLINE, sys::consts::SEND_INLINE),
+        ] {
+            if wr.flags.contains(f) {
+                flags |= bit;
+            }
+        }
+        let (refs, mut sges) = lkey_refs(&self.dev, &wr.sges);
+        if let Some(data) = &inline {
+            if data.len() > self.caps.max_inline_data {
+                return Err(PostError::InlineTooLarge {
+                    len: data.len(),
+                    max: self.caps.max_inline_data,
+                }
+                .into());
+            }
+            flags |= sys::consts::SEND_INLINE;
+            sges = vec![sys::Sge {
+                addr: data.as_ptr() as u64,
+                length: data.len() as u32,
+                lkey: 0,
+            }];
+        }
+        use sys::SendKind as K;
+        let kind = match wr.op {
+            SendOp::Send => K::Send,
+            SendOp::SendWithImm(v) => K::SendImm(v),
+            SendOp::Write(r) => K::Write(r.addr, r.rkey),
+            SendOp::WriteWithImm(r, v) => K::WriteImm(r.addr, r.rkey, v),
+            SendOp::Read(r) => K::Read(r.addr, r.rkey),
+            SendOp::CompareSwap {
+                remote,
+                compare,
+                swap,
+            } => K::CompareSwap(remote.addr, remote.rkey, compare, swap),
+            SendOp::FetchAdd { remote, add } => K::FetchAdd(remote.addr, remote.rkey, add),
+            _ => return Err(PostError::Invalid("an opcode the verbs provider lacks").into()),
+        };
+        let depth = self.caps.max_send_wr;
+        let mut q = self.shared.sq.lock();
+        if q.slots.len() >= depth {
+            return Err(PostError::QueueFull { depth }.into());
+        }
+        let seq = q.next_seq;
+        let mut hw_wr = sys::SendWr::new(seq, kind, flags, sges);
+        // SAFETY: the regions the elements name are held by `refs` until the completion is
+        // reaped; inline data is copied during the call; the caller upholds the rest.
+        unsafe { self.hw.post_send(&mut hw_wr) }
+            .map_err(|e| post_error(e, depth, "ibv_post_send"))?;
+        q.next_seq += 1;
+        q.slots.push_back(Slot {
+            seq,
+            wr_id: wr.wr_id,
+            opcode: wr.op.wc_opcode(),
+            _refs: refs,
+        });
+        drop(inline);
+        Ok(())
+    }
+
+    /// `ibv_post_recv` of one request.
+    ///
+    /// # Safety
+    ///
+    /// As [`QueuePair::post_recv_raw`](crate::QueuePair::post_recv_raw).
+    pub(crate) unsafe fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        if self.shared.srq.is_some() {
+            return Err(PostError::Invalid(
+                "the queue pair takes its receives from a shared receive queue",
+            )
+            .into());
+        }
+        let state = self.machine.lock().state();
+        if !state.post_recv_allowed() {
+            return Err(PostError::WrongState(state).into());
+        }
+        if wr.sges.len() > self.caps.max_recv_sge {
+            return Err(PostError::TooManySges {
+                count: wr.sges.len(),
+                max: self.caps.max_recv_sge,
+            }
+            .into());
+        }
+        let (refs, mut sges) = lkey_refs(&self.dev, &wr.sges);
+        let depth = self.caps.max_recv_wr;
+        let mut q = self.shared.rq.lock();
+        if q.slots.len() >= depth {
+            return Err(PostError::QueueFull { depth }.into());
+        }
+        let seq = q.next_seq;
+        // SAFETY: as in post_send.
+        unsafe { self.hw.post_recv(seq | RECV_BIT, &mut sges) }
+            .map_err(|e| post_error(e, depth, "ibv_post_recv"))?;
+        q.next_seq += 1;
+        q.slots.push_back(Slot {
+            seq,
+            wr_id: wr.wr_id,
+            opcode: WcOpcode::Recv,
+            _refs: refs,
+        });
+        Ok(())
+    }
+}
+
+/// The receives an SRQ holds, by adapter sequence number.
+#[derive(Default)]
+struct SrqSlots {
+    next_seq: u64,
+    slots: HashMap<u64, Slot>,
+}
+
+/// What completions and async events need of an SRQ.
+pub(crate) struct SrqShared {
+    slots: Mutex<SrqSlots>,
+    limit: AtomicBool,
+}
+
+impl SrqShared {
+    pub(super) fn limit_fired(&self) {
+        self.limit.store(true, Ordering::Release);
+    }
+}
+
+/// A shared receive queue on a verbs device.
+pub(crate) struct Srq {
+    hw: Arc<sys::Srq>,
+    dev: Arc<Device>,
+    shared: Arc<SrqShared>,
+    max_wr: usize,
+    max_sge: usize,
+}
+
+impl std::fmt::Debug for Srq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("verbs::Srq")
+            .field("len", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Srq {
+    fn drop(&mut self) {
+        self.dev.srqs.lock().remove(&self.hw.addr());
+    }
+}
+
+impl Srq {
+    /// `ibv_create_srq`.
+    pub(crate) fn create(
+        dev: &Arc<Device>,
+        pd: &crate::ProtectionDomain,
+        max_wr: usize,
+        max_sge: usize,
+    ) -> Result<Srq> {
+        let hw_pd = dev.pd(pd.id())?;
+        let hw = Arc::new(
+            sys::Srq::create(&hw_pd, max_wr as u32, max_sge.max(1) as u32)
+                .map_err(verb("ibv_create_srq"))?,
+        );
+        let shared = Arc::new(SrqShared {
+            slots: Mutex::new(SrqSlots::default()),
+            limit: AtomicBool::new(false),
+        });
+        dev.srqs.lock().insert(hw.addr(), Arc::downgrade(&shared));
+        Ok(Srq {
+            hw,
+            dev: dev.clone(),
+            shared,
+            max_wr,
+            max_sge,
+        })
+    }
+
+    /// `ibv_post_srq_recv`.
+    ///
+    /// # Safety
+    ///
+    /// As [`QueuePair::post_recv_raw`](crate::QueuePair::post_recv_raw).
+    pub(crate) unsafe fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        if wr.sges.len() > self.max_sge {
+            return Err(PostError::TooManySges {
+                count: wr.sges.len(),
+                max: self.max_sge,
+            }
+            .into());
+        }
+        let (refs, mut sges) = lkey_refs(&self.dev, &wr.sges);
+        let mut q = self.shared.slots.lock();
+        if q.slots.len() >= self.max_wr {
+            return Err(PostError::QueueFull { depth: self.max_wr }.into());
+        }
+        let seq = q.next_seq;
+        // SAFETY: as in Qp::post_send.
+        unsafe { self.hw.post_recv(seq | RECV_BIT, &mut sges) }
+            .map_err(|e| post_error(e, self.max_wr, "ibv_post_srq_recv"))?;
+        q.next_seq += 1;
+        q.slots.insert(
+            seq,
+            Slot {
+                seq,
+                wr_id: wr.wr_id,
+                opcode: WcOpcode::Recv,
+                _refs: refs,
+            },
+        );
+        Ok(())
+    }
+
+    /// Receives posted and not yet reaped.
+    pub(crate) fn len(&self) -> usize {
+        self.shared.slots.lock().slots.len()
+    }
+
+    /// `ibv_modify_srq` of the limit.
+    pub(crate) fn arm_limit(&self, limit: usize) {
+        self.dev.poll_async();
+        self.shared.limit.store(false, Ordering::Release);
+        if let Err(e) = self.hw.arm_limit(limit as u32) {
+            tracing::warn!(error = %e, "verbs: ibv_modify_srq (limit) failed");
+        }
+    }
+
+    /// Takes the limit event if it fired.
+    pub(crate) fn limit_reached(&self) -> bool {
+        self.dev.poll_async();
+        self.shared.limit.swap(false, Ordering::AcqRel)
+    }
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("verbs::Shared")
+    }
+}

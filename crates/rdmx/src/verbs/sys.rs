@@ -1,0 +1,662 @@
+//! The one place rdmx calls libibverbs: owned handles for the verbs objects (device
+//! context, PD, MR, completion channel, CQ, QP, SRQ), each destroyed on drop, and the
+//! data-path calls on them. Everything above this module is safe code.
+//!
+//! libibverbs is loaded at run time by the bindings crate (`rdma-mummy-sys`), so a machine
+//! without rdma-core sees no devices instead of failing to start.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::RawFd;
+use std::ptr::{self, NonNull};
+use std::sync::Arc;
+
+use rdma_mummy_sys as ffi;
+
+/// The errno of a failed verb, or `fallback` when the call reported none.
+fn last_error(fallback: i32) -> io::Error {
+    match io::Error::last_os_error().raw_os_error() {
+        Some(e) if e != 0 => io::Error::from_raw_os_error(e),
+        _ => io::Error::from_raw_os_error(fallback),
+    }
+}
+
+/// A verb's return code as a result: 0 is success, anything else an errno (negative or
+/// positive, as providers differ).
+fn check(rc: i32) -> io::Result<()> {
+    match rc {
+        0 => Ok(()),
+        rc => Err(io::Error::from_raw_os_error(rc.abs())),
+    }
+}
+
+/// Names of the RDMA devices rdma-core sees, in its order.
+pub(crate) fn device_names() -> io::Result<Vec<String>> {
+    let mut n = 0;
+    // SAFETY: ibv_get_device_list writes the count to `n` and returns a list we free below.
+    let list = unsafe { ffi::ibv_get_device_list(&mut n) };
+    if list.is_null() {
+        return Err(last_error(libc::ENODEV));
+    }
+    let mut names = Vec::with_capacity(n.max(0) as usize);
+    for i in 0..n.max(0) as usize {
+        // SAFETY: the list holds `n` valid device pointers until it is freed.
+        let name = unsafe { CStr::from_ptr(ffi::ibv_get_device_name(*list.add(i))) };
+        names.push(name.to_string_lossy().into_owned());
+    }
+    // SAFETY: `list` came from ibv_get_device_list and is freed once.
+    unsafe { ffi::ibv_free_device_list(list) };
+    Ok(names)
+}
+
+/// An open device (`ibv_context`).
+pub(crate) struct Context {
+    ptr: NonNull<ffi::ibv_context>,
+}
+
+// SAFETY: libibverbs objects are thread-safe (verbs calls may be made from any thread).
+unsafe impl Send for Context {}
+// SAFETY: as above.
+unsafe impl Sync for Context {}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: every object made from this context holds an Arc to it, so none is left.
+        unsafe { ffi::ibv_close_device(self.ptr.as_ptr()) };
+    }
+}
+
+impl Context {
+    /// Opens the device called `name`.
+    pub(crate) fn open(name: &str) -> io::Result<Context> {
+        let mut n = 0;
+        // SAFETY: as in device_names.
+        let list = unsafe { ffi::ibv_get_device_list(&mut n) };
+        if list.is_null() {
+            return Err(last_error(libc::ENODEV));
+        }
+        let mut ctx = Err(io::Error::from_raw_os_error(libc::ENODEV));
+        for i in 0..n.max(0) as usize {
+            // SAFETY: the list holds `n` valid device pointers until it is freed.
+            let dev = unsafe { *list.add(i) };
+            // SAFETY: `dev` is a valid device of the list.
+            let this = unsafe { CStr::from_ptr(ffi::ibv_get_device_name(dev)) };
+            if this.to_bytes() == name.as_bytes() {
+                // SAFETY: `dev` is valid; the context outlives the list (verbs allows it).
+                let p = unsafe { ffi::ibv_open_device(dev) };
+                ctx = NonNull::new(p)
+                    .map(|ptr| Context { ptr })
+                    .ok_or_else(|| last_error(libc::EIO));
+                break;
+            }
+        }
+        // SAFETY: `list` came from ibv_get_device_list and is freed once.
+        unsafe { ffi::ibv_free_device_list(list) };
+        ctx
+    }
+
+    /// `ibv_query_device`.
+    pub(crate) fn query_device(&self) -> io::Result<ffi::ibv_device_attr> {
+        // SAFETY: ibv_device_attr is plain data; all-zero is a valid value.
+        let mut attr: ffi::ibv_device_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open and `attr` is a valid out-pointer.
+        check(unsafe { ffi::ibv_query_device(self.ptr.as_ptr(), &mut attr) })?;
+        Ok(attr)
+    }
+
+    /// `ibv_query_port`.
+    pub(crate) fn query_port(&self, port: u8) -> io::Result<ffi::ibv_port_attr> {
+        // SAFETY: ibv_port_attr is plain data; all-zero is a valid value.
+        let mut attr: ffi::ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open and `attr` is a valid out-pointer.
+        check(unsafe { ffi::ibv_query_port(self.ptr.as_ptr(), port, &mut attr) })?;
+        Ok(attr)
+    }
+
+    /// `ibv_query_gid`: the GID at `index`, with whether it is a RoCEv2 GID.
+    pub(crate) fn query_gid(&self, port: u8, index: u32) -> io::Result<([u8; 16], bool)> {
+        let mut gid = ffi::ibv_gid { raw: [0; 16] };
+        // SAFETY: the context is open and `gid` is a valid out-pointer.
+        check(unsafe { ffi::ibv_query_gid(self.ptr.as_ptr(), port, index as i32, &mut gid) })?;
+        let mut ty: ffi::ibv_gid_type_sysfs = 0;
+        // SAFETY: as above; a failure leaves `ty` at 0 (RoCEv1 / IB).
+        let _ = unsafe { ffi::ibv_query_gid_type(self.ptr.as_ptr(), port, index, &mut ty) };
+        // SAFETY: both union fields are plain bytes.
+        let raw = unsafe { gid.raw };
+        Ok((raw, ty == ffi::IBV_GID_TYPE_SYSFS_ROCE_V2))
+    }
+
+    /// The descriptor that async events arrive on, made non-blocking.
+    pub(crate) fn async_fd(&self) -> io::Result<RawFd> {
+        // SAFETY: reading a field of the open context.
+        let fd = unsafe { (*self.ptr.as_ptr()).async_fd };
+        set_nonblocking(fd)?;
+        Ok(fd)
+    }
+
+    /// Takes one async event if one is waiting (the async fd must be non-blocking):
+    /// its type and the address of the object it concerns.
+    pub(crate) fn next_async_event(&self) -> Option<(u32, usize)> {
+        // SAFETY: ibv_async_event is plain data (pointers and an enum whose 0 is valid).
+        let mut ev: ffi::ibv_async_event = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open and `ev` a valid out-pointer.
+        if unsafe { ffi::ibv_get_async_event(self.ptr.as_ptr(), &mut ev) } != 0 {
+            return None;
+        }
+        // SAFETY: read the event type as its raw value, not as a Rust enum, so a type this
+        // build does not know is not undefined behaviour.
+        let ty = unsafe { ptr::addr_of!(ev.event_type).cast::<u32>().read() };
+        // SAFETY: every member of the element union is a pointer; read it as an address.
+        let element = unsafe { ev.element.qp } as usize;
+        // SAFETY: `ev` was filled by ibv_get_async_event and is acknowledged once.
+        unsafe { ffi::ibv_ack_async_event(&mut ev) };
+        Some((ty, element))
+    }
+}
+
+fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor owned by libibverbs; only O_NONBLOCK is added.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A protection domain (`ibv_pd`).
+pub(crate) struct Pd {
+    ptr: NonNull<ffi::ibv_pd>,
+    _ctx: Arc<Context>,
+}
+
+// SAFETY: see Context.
+unsafe impl Send for Pd {}
+// SAFETY: see Context.
+unsafe impl Sync for Pd {}
+
+impl Drop for Pd {
+    fn drop(&mut self) {
+        // SAFETY: MRs, QPs and SRQs of this PD hold an Arc to it, so none is left.
+        unsafe { ffi::ibv_dealloc_pd(self.ptr.as_ptr()) };
+    }
+}
+
+impl Pd {
+    /// `ibv_alloc_pd`.
+    pub(crate) fn alloc(ctx: &Arc<Context>) -> io::Result<Pd> {
+        // SAFETY: the context is open.
+        let p = unsafe { ffi::ibv_alloc_pd(ctx.ptr.as_ptr()) };
+        Ok(Pd {
+            ptr: NonNull::new(p).ok_or_else(|| last_error(libc::ENOMEM))?,
+            _ctx: ctx.clone(),
+        })
+    }
+}
+
+/// A registered memory region (`ibv_mr`); dropping it deregisters.
+pub(crate) struct Mr {
+    ptr: NonNull<ffi::ibv_mr>,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: see Context.
+unsafe impl Send for Mr {}
+// SAFETY: see Context.
+unsafe impl Sync for Mr {}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // SAFETY: the MR is registered and deregistered once.
+        unsafe { ffi::ibv_dereg_mr(self.ptr.as_ptr()) };
+    }
+}
+
+impl Mr {
+    /// `ibv_reg_mr` with `access` (IBV_ACCESS_* bits).
+    ///
+    /// # Safety
+    ///
+    /// `[addr, addr + len)` must stay mapped until the returned `Mr` is dropped.
+    pub(crate) unsafe fn register(
+        pd: &Arc<Pd>,
+        addr: *mut u8,
+        len: usize,
+        access: u32,
+    ) -> io::Result<Mr> {
+        // SAFETY: the PD is allocated; the caller keeps the range mapped while registered.
+        let p = unsafe { ffi::ibv_reg_mr(pd.ptr.as_ptr(), addr.cast(), len, access as i32) };
+        Ok(Mr {
+            ptr: NonNull::new(p).ok_or_else(|| last_error(libc::EINVAL))?,
+            _pd: pd.clone(),
+        })
+    }
+
+    /// (lkey, rkey).
+    pub(crate) fn keys(&self) -> (u32, u32) {
+        // SAFETY: reading fields of a registered MR.
+        unsafe { ((*self.ptr.as_ptr()).lkey, (*self.ptr.as_ptr()).rkey) }
+    }
+}
+
+/// A completion queue with a completion channel of its own (`ibv_cq`, `ibv_comp_channel`).
+pub(crate) struct Cq {
+    cq: NonNull<ffi::ibv_cq>,
+    channel: NonNull<ffi::ibv_comp_channel>,
+    _ctx: Arc<Context>,
+}
+
+// SAFETY: see Context.
+unsafe impl Send for Cq {}
+// SAFETY: see Context.
+unsafe impl Sync for Cq {}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        // SAFETY: QPs using the CQ hold an Arc to it, so none is left; every event taken
+        // was acknowledged; the channel outlives its CQ.
+        unsafe {
+            ffi::ibv_destroy_cq(self.cq.as_ptr());
+            ffi::ibv_destroy_comp_channel(self.channel.as_ptr());
+        }
+    }
+}
+
+/// A work completion as the device wrote it.
+pub(crate) type Wc = ffi::ibv_wc;
+
+impl Cq {
+    /// `ibv_create_comp_channel` (non-blocking) and `ibv_create_cq` for `cqe` entries.
+    pub(crate) fn create(ctx: &Arc<Context>, cqe: u32) -> io::Result<Cq> {
+        // SAFETY: the context is open.
+        let ch = unsafe { ffi::ibv_create_comp_channel(ctx.ptr.as_ptr()) };
+        let channel = NonNull::new(ch).ok_or_else(|| last_error(libc::ENOMEM))?;
+        // SAFETY: reading a field of the new channel.
+        let fd = unsafe { (*ch).fd };
+        let destroy_channel = || {
+            // SAFETY: the channel has no CQ yet and is destroyed once.
+            unsafe { ffi::ibv_destroy_comp_channel(ch) };
+        };
+        if let Err(e) = set_nonblocking(fd) {
+            destroy_channel();
+            return Err(e);
+        }
+        // SAFETY: the context is open and the channel belongs to it.
+        let cq =
+            unsafe { ffi::ibv_create_cq(ctx.ptr.as_ptr(), cqe as i32, ptr::null_mut(), ch, 0) };
+        match NonNull::new(cq) {
+            Some(cq) => Ok(Cq {
+                cq,
+                channel,
+                _ctx: ctx.clone(),
+            }),
+            None => {
+                let e = last_error(libc::EINVAL);
+                destroy_channel();
+                Err(e)
+            }
+        }
+    }
+
+    /// `ibv_poll_cq` into `out`; returns how many were written.
+    pub(crate) fn poll(&self, out: &mut [Wc]) -> io::Result<usize> {
+        let n = out.len().min(i32::MAX as usize) as i32;
+        // SAFETY: `out` has room for `n` work completions.
+        let rc = unsafe { ffi::ibv_poll_cq(self.cq.as_ptr(), n, out.as_mut_ptr()) };
+        usize::try_from(rc).map_err(|_| io::Error::from_raw_os_error(rc.abs()))
+    }
+
+    /// `ibv_req_notify_cq`.
+    pub(crate) fn req_notify(&self, solicited_only: bool) -> io::Result<()> {
+        // SAFETY: the CQ is live.
+        check(unsafe { ffi::ibv_req_notify_cq(self.cq.as_ptr(), i32::from(solicited_only)) })
+    }
+
+    /// The completion channel's descriptor.
+    pub(crate) fn channel_fd(&self) -> RawFd {
+        // SAFETY: reading a field of the live channel.
+        unsafe { (*self.channel.as_ptr()).fd }
+    }
+
+    /// Takes and acknowledges one completion event if one is waiting.
+    pub(crate) fn take_event(&self) -> bool {
+        let mut cq = ptr::null_mut();
+        let mut cq_ctx = ptr::null_mut();
+        // SAFETY: the channel is non-blocking and live; the out-pointers are valid.
+        let rc = unsafe { ffi::ibv_get_cq_event(self.channel.as_ptr(), &mut cq, &mut cq_ctx) };
+        if rc != 0 {
+            return false;
+        }
+        // SAFETY: the event was for `cq` (the channel's only CQ) and is acknowledged once.
+        unsafe { ffi::ibv_ack_cq_events(cq, 1) };
+        true
+    }
+}
+
+/// Sizes asked for at QP creation, and what the device granted.
+pub(crate) type QpCap = ffi::ibv_qp_cap;
+/// `ibv_qp_attr`.
+pub(crate) type QpAttr = ffi::ibv_qp_attr;
+
+/// A new all-zero `ibv_qp_attr`.
+pub(crate) fn qp_attr() -> QpAttr {
+    // SAFETY: ibv_qp_attr is plain data; all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Sets the address vector of `attr` for a RoCE or IB path: the peer's GID (always with a
+/// GRH, as RoCE requires) or, when `dgid` is `None`, its LID.
+pub(crate) fn set_av(
+    attr: &mut QpAttr,
+    port: u8,
+    sgid_index: u8,
+    dgid: Option<[u8; 16]>,
+    dlid: u16,
+) {
+    attr.ah_attr.port_num = port;
+    attr.ah_attr.dlid = dlid;
+    if let Some(raw) = dgid {
+        attr.ah_attr.is_global = 1;
+        attr.ah_attr.grh.dgid = ffi::ibv_gid { raw };
+        attr.ah_attr.grh.sgid_index = sgid_index;
+        attr.ah_attr.grh.hop_limit = 64;
+    }
+}
+
+/// An RC queue pair (`ibv_qp`).
+pub(crate) struct Qp {
+    ptr: NonNull<ffi::ibv_qp>,
+    _pd: Arc<Pd>,
+    _cqs: (Arc<Cq>, Arc<Cq>),
+    _srq: Option<Arc<Srq>>,
+}
+
+// SAFETY: see Context.
+unsafe impl Send for Qp {}
+// SAFETY: see Context.
+unsafe impl Sync for Qp {}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        // SAFETY: the QP is destroyed once; its CQs, SRQ and PD outlive it (Arcs).
+        unsafe { ffi::ibv_destroy_qp(self.ptr.as_ptr()) };
+    }
+}
+
+impl Qp {
+    /// `ibv_create_qp` for an RC QP; `cap` is updated with what the device granted.
+    pub(crate) fn create(
+        pd: &Arc<Pd>,
+        send_cq: &Arc<Cq>,
+        recv_cq: &Arc<Cq>,
+        srq: Option<&Arc<Srq>>,
+        cap: &mut QpCap,
+    ) -> io::Result<Qp> {
+        let mut init = ffi::ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: send_cq.cq.as_ptr(),
+            recv_cq: recv_cq.cq.as_ptr(),
+            srq: srq.map_or(ptr::null_mut(), |s| s.ptr.as_ptr()),
+            cap: *cap,
+            qp_type: ffi::ibv_qp_type::IBV_QPT_RC,
+            sq_sig_all: 0,
+        };
+        // SAFETY: the PD, CQs and SRQ are live objects of one context; `init` is valid.
+        let p = unsafe { ffi::ibv_create_qp(pd.ptr.as_ptr(), &mut init) };
+        let ptr = NonNull::new(p).ok_or_else(|| last_error(libc::EINVAL))?;
+        *cap = init.cap;
+        Ok(Qp {
+            ptr,
+            _pd: pd.clone(),
+            _cqs: (send_cq.clone(), recv_cq.clone()),
+            _srq: srq.cloned(),
+        })
+    }
+
+    /// The QP number.
+    pub(crate) fn qp_num(&self) -> u32 {
+        // SAFETY: reading a field of the live QP.
+        unsafe { (*self.ptr.as_ptr()).qp_num }
+    }
+
+    /// `ibv_modify_qp` with IBV_QP_* `mask`.
+    pub(crate) fn modify(&self, attr: &mut QpAttr, mask: u32) -> io::Result<()> {
+        // SAFETY: the QP is live and `attr` a valid attribute block.
+        check(unsafe { ffi::ibv_modify_qp(self.ptr.as_ptr(), attr, mask as i32) })
+    }
+
+    /// The state as `ibv_query_qp` reports it (an `ibv_qp_state` value).
+    pub(crate) fn query_state(&self) -> io::Result<u32> {
+        let mut attr = qp_attr();
+        // SAFETY: ibv_qp_init_attr is plain data; all-zero is a valid value.
+        let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        let mask = ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32;
+        // SAFETY: the QP is live and both out-pointers are valid.
+        check(unsafe { ffi::ibv_query_qp(self.ptr.as_ptr(), &mut attr, mask, &mut init) })?;
+        Ok(attr.qp_state)
+    }
+
+    /// `ibv_post_send` of one request.
+    ///
+    /// # Safety
+    ///
+    /// The memory the request names through its keys must stay valid until its completion
+    /// is reaped (or the QP is destroyed).
+    pub(crate) unsafe fn post_send(&self, wr: &mut SendWr) -> io::Result<()> {
+        wr.wr.sg_list = wr.sges.as_mut_ptr();
+        wr.wr.num_sge = wr.sges.len() as i32;
+        let mut bad = ptr::null_mut();
+        // SAFETY: `wr` is one well-formed request whose SGE list lives across the call; the
+        // caller keeps the memory it names valid.
+        check(unsafe { ffi::ibv_post_send(self.ptr.as_ptr(), &mut wr.wr, &mut bad) })
+    }
+
+    /// `ibv_post_recv` of one request with `sges`.
+    ///
+    /// # Safety
+    ///
+    /// As [`post_send`](Self::post_send).
+    pub(crate) unsafe fn post_recv(&self, wr_id: u64, sges: &mut [ffi::ibv_sge]) -> io::Result<()> {
+        let mut wr = recv_wr(wr_id, sges);
+        let mut bad = ptr::null_mut();
+        // SAFETY: `wr` is well formed and its SGEs live across the call; the caller keeps
+        // the memory valid.
+        check(unsafe { ffi::ibv_post_recv(self.ptr.as_ptr(), &mut wr, &mut bad) })
+    }
+}
+
+fn recv_wr(wr_id: u64, sges: &mut [ffi::ibv_sge]) -> ffi::ibv_recv_wr {
+    ffi::ibv_recv_wr {
+        wr_id,
+        next: ptr::null_mut(),
+        sg_list: sges.as_mut_ptr(),
+        num_sge: sges.len() as i32,
+    }
+}
+
+/// A scatter/gather element.
+pub(crate) type Sge = ffi::ibv_sge;
+
+/// An `ibv_send_wr` with its SGE list.
+pub(crate) struct SendWr {
+    wr: ffi::ibv_send_wr,
+    sges: Vec<Sge>,
+}
+
+/// What a send request does, in `ibv_send_wr` terms.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum SendKind {
+    Send,
+    SendImm(u32),
+    Write(u64, u32),
+    WriteImm(u64, u32, u32),
+    Read(u64, u32),
+    CompareSwap(u64, u32, u64, u64),
+    FetchAdd(u64, u32, u64),
+}
+
+impl SendWr {
+    /// A request of `kind` with IBV_SEND_* `flags` and `sges`.
+    pub(crate) fn new(wr_id: u64, kind: SendKind, flags: u32, sges: Vec<Sge>) -> SendWr {
+        // SAFETY: ibv_send_wr is plain data (pointers, integers, unions of them); all-zero
+        // is a valid value.
+        let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.send_flags = flags;
+        use ffi::ibv_wr_opcode as op;
+        let rdma = |remote_addr, rkey| ffi::wr_t {
+            rdma: ffi::rdma_t { remote_addr, rkey },
+        };
+        let atomic = |remote_addr, rkey, compare_add, swap| ffi::wr_t {
+            atomic: ffi::atomic_t {
+                remote_addr,
+                compare_add,
+                swap,
+                rkey,
+            },
+        };
+        let imm = |v: u32| ffi::imm_data_invalidated_rkey_union_t {
+            imm_data: v.to_be(),
+        };
+        match kind {
+            SendKind::Send => wr.opcode = op::IBV_WR_SEND,
+            SendKind::SendImm(v) => {
+                wr.opcode = op::IBV_WR_SEND_WITH_IMM;
+                wr.imm_data_invalidated_rkey_union = imm(v);
+            }
+            SendKind::Write(a, k) => {
+                wr.opcode = op::IBV_WR_RDMA_WRITE;
+                wr.wr = rdma(a, k);
+            }
+            SendKind::WriteImm(a, k, v) => {
+                wr.opcode = op::IBV_WR_RDMA_WRITE_WITH_IMM;
+                wr.wr = rdma(a, k);
+                wr.imm_data_invalidated_rkey_union = imm(v);
+            }
+            SendKind::Read(a, k) => {
+                wr.opcode = op::IBV_WR_RDMA_READ;
+                wr.wr = rdma(a, k);
+            }
+            SendKind::CompareSwap(a, k, c, s) => {
+                wr.opcode = op::IBV_WR_ATOMIC_CMP_AND_SWP;
+                wr.wr = atomic(a, k, c, s);
+            }
+            SendKind::FetchAdd(a, k, add) => {
+                wr.opcode = op::IBV_WR_ATOMIC_FETCH_AND_ADD;
+                wr.wr = atomic(a, k, add, 0);
+            }
+        }
+        SendWr { wr, sges }
+    }
+}
+
+/// A shared receive queue (`ibv_srq`).
+pub(crate) struct Srq {
+    ptr: NonNull<ffi::ibv_srq>,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: see Context.
+unsafe impl Send for Srq {}
+// SAFETY: see Context.
+unsafe impl Sync for Srq {}
+
+impl Drop for Srq {
+    fn drop(&mut self) {
+        // SAFETY: QPs using the SRQ hold an Arc to it, so none is left.
+        unsafe { ffi::ibv_destroy_srq(self.ptr.as_ptr()) };
+    }
+}
+
+impl Srq {
+    /// `ibv_create_srq`.
+    pub(crate) fn create(pd: &Arc<Pd>, max_wr: u32, max_sge: u32) -> io::Result<Srq> {
+        let mut init = ffi::ibv_srq_init_attr {
+            srq_context: ptr::null_mut(),
+            attr: ffi::ibv_srq_attr {
+                max_wr,
+                max_sge,
+                srq_limit: 0,
+            },
+        };
+        // SAFETY: the PD is live and `init` valid.
+        let p = unsafe { ffi::ibv_create_srq(pd.ptr.as_ptr(), &mut init) };
+        Ok(Srq {
+            ptr: NonNull::new(p).ok_or_else(|| last_error(libc::EINVAL))?,
+            _pd: pd.clone(),
+        })
+    }
+
+    /// `ibv_modify_srq` of the limit (0 disarms).
+    pub(crate) fn arm_limit(&self, limit: u32) -> io::Result<()> {
+        let mut attr = ffi::ibv_srq_attr {
+            max_wr: 0,
+            max_sge: 0,
+            srq_limit: limit,
+        };
+        let mask = ffi::ibv_srq_attr_mask::IBV_SRQ_LIMIT.0 as i32;
+        // SAFETY: the SRQ is live and `attr` valid.
+        check(unsafe { ffi::ibv_modify_srq(self.ptr.as_ptr(), &mut attr, mask) })
+    }
+
+    /// The SRQ's address, as async events name it.
+    pub(crate) fn addr(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+
+    /// `ibv_post_srq_recv` of one request.
+    ///
+    /// # Safety
+    ///
+    /// As [`Qp::post_send`].
+    pub(crate) unsafe fn post_recv(&self, wr_id: u64, sges: &mut [Sge]) -> io::Result<()> {
+        let mut wr = recv_wr(wr_id, sges);
+        let mut bad = ptr::null_mut();
+        // SAFETY: as in Qp::post_recv.
+        check(unsafe { ffi::ibv_post_srq_recv(self.ptr.as_ptr(), &mut wr, &mut bad) })
+    }
+}
+
+/// The ibv_wc_status, ibv_wc_opcode, ibv_qp_state, IBV_QP_* and IBV_SEND_* values
+/// the provider maps.
+pub(crate) mod consts {
+    use super::ffi;
+
+    pub(crate) use ffi::ibv_qp_state as qp_state;
+    pub(crate) use ffi::ibv_wc_opcode as wc_opcode;
+    pub(crate) use ffi::ibv_wc_status as wc_status;
+
+    /// IBV_WC_WITH_IMM.
+    pub(crate) const WC_WITH_IMM: u32 = ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0;
+    /// IBV_EVENT_SRQ_LIMIT_REACHED.
+    pub(crate) const EVENT_SRQ_LIMIT_REACHED: u32 =
+        ffi::ibv_event_type::IBV_EVENT_SRQ_LIMIT_REACHED as u32;
+
+    /// IBV_SEND_*.
+    pub(crate) const SEND_FENCE: u32 = ffi::ibv_send_flags::IBV_SEND_FENCE.0;
+    pub(crate) const SEND_SIGNALED: u32 = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+    pub(crate) const SEND_SOLICITED: u32 = ffi::ibv_send_flags::IBV_SEND_SOLICITED.0;
+    pub(crate) const SEND_INLINE: u32 = ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+
+    /// IBV_QP_*.
+    pub(crate) mod mask {
+        use super::ffi::ibv_qp_attr_mask as m;
+        pub(crate) const STATE: u32 = m::IBV_QP_STATE.0;
+        pub(crate) const CUR_STATE: u32 = m::IBV_QP_CUR_STATE.0;
+        pub(crate) const EN_SQD_ASYNC_NOTIFY: u32 = m::IBV_QP_EN_SQD_ASYNC_NOTIFY.0;
+        pub(crate) const ACCESS_FLAGS: u32 = m::IBV_QP_ACCESS_FLAGS.0;
+        pub(crate) const PKEY_INDEX: u32 = m::IBV_QP_PKEY_INDEX.0;
+        pub(crate) const PORT: u32 = m::IBV_QP_PORT.0;
+        pub(crate) const AV: u32 = m::IBV_QP_AV.0;
+        pub(crate) const PATH_MTU: u32 = m::IBV_QP_PATH_MTU.0;
+        pub(crate) const TIMEOUT: u32 = m::IBV_QP_TIMEOUT.0;
+        pub(crate) const RETRY_CNT: u32 = m::IBV_QP_RETRY_CNT.0;
+        pub(crate) const RNR_RETRY: u32 = m::IBV_QP_RNR_RETRY.0;
+        pub(crate) const RQ_PSN: u32 = m::IBV_QP_RQ_PSN.0;
+        pub(crate) const MAX_QP_RD_ATOMIC: u32 = m::IBV_QP_MAX_QP_RD_ATOMIC.0;
+        pub(crate) const MIN_RNR_TIMER: u32 = m::IBV_QP_MIN_RNR_TIMER.0;
+        pub(crate) const SQ_PSN: u32 = m::IBV_QP_SQ_PSN.0;
+        pub(crate) const MAX_DEST_RD_ATOMIC: u32 = m::IBV_QP_MAX_DEST_RD_ATOMIC.0;
+        pub(crate) const DEST_QPN: u32 = m::IBV_QP_DEST_QPN.0;
+    }
+}

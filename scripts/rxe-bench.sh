@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# perftest and `rdmx bench` side by side on Soft-RoCE (rxe0), in a qemu VM
+# (scripts/rxe-vm.sh): ib_write_bw -s 65536, ib_read_bw -s 65536 and ib_write_lat -s 2, server
+# and client in the same VM over eth0's address and its IPv4-mapped GID, then the same tests
+# through `rdmx bench TEST --provider verbs -d rxe0`. If the rdmx verbs provider cannot run
+# (`rdmx bench write_bw --provider verbs` fails), the rdmx side is skipped with a message.
+# Prints a table (bandwidth: BW average in MiB/s; latency: t_typical in usec) and, as its
+# last line, the rdmx/perftest ratios:
+#   ratio write_bw=X read_bw=Y write_lat=Z        (n/a where rdmx could not run)
+# Figures are from TCG emulation: compare them with each other, not with hardware.
+#
+# Usage: scripts/rxe-bench.sh [-n ITERS] [--mtu N] [--timeout SECS]
+#   -n ITERS   iterations for every test, both tools (default: perftest's own defaults)
+#   --mtu N    eth0 MTU in the VM (default 9000: rxe active_mtu 4096; 1500 gives 1024)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=never
+iters='' timeout=900 mtu=9000
+while [ $# -gt 0 ]; do
+    case $1 in
+    -n) iters=$2; shift 2 ;;
+    --mtu) mtu=$2; shift 2 ;;
+    --timeout) timeout=$2; shift 2 ;;
+    *) echo "usage: scripts/rxe-bench.sh [-n ITERS] [--mtu N] [--timeout SECS]" >&2; exit 2 ;;
+    esac
+done
+if ! command -v python3 >/dev/null; then
+    SUDO=''; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-minimal >/dev/null
+fi
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/rxe-bench.XXXXXX")
+build_pid=''
+# shellcheck disable=SC2317 # called by the trap
+cleanup() {
+    if [ -n "$build_pid" ]; then kill "$build_pid" 2>/dev/null || true; fi
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+scripts/rxe-vm.sh build &
+build_pid=$!
+cargo build --release --locked -p rdmx-cli
+rc=0
+wait "$build_pid" || rc=$?
+build_pid=''
+[ "$rc" -eq 0 ] || { echo "rxe-bench: the VM rootfs build failed" >&2; exit "$rc"; }
+target=${CARGO_TARGET_DIR:-target}
+rdmx=$(cd "$target" && pwd)/release/rdmx
+
+# Inside the VM: $1 the rdmx binary, $2 the iterations (or empty). Each run's output is
+# framed by "@@rxe-bench begin TOOL TEST" / "@@rxe-bench end TOOL TEST status N".
+# shellcheck disable=SC2016 # expanded inside the VM
+guest='
+rdmx_bin=$1 n=${2:+-n $2}
+perftest() { # TEST TOOL ARGS...
+    local test=$1 tool=$2 srv rc=0
+    shift 2
+    "$tool" -d "$RXE_DEV" -x "$RXE_GID_INDEX" -F $n "$@" >/tmp/server.out 2>&1 &
+    srv=$!
+    echo "@@rxe-bench begin perftest $test"
+    if rxe-wait-listen 18515 20; then
+        # shellcheck disable=SC2086
+        "$tool" -d "$RXE_DEV" -x "$RXE_GID_INDEX" -F $n "$@" "$RXE_IP" 2>&1 || rc=$?
+    else
+        kill $srv
+        rc=1
+    fi
+    wait $srv || rc=$?
+    [ $rc -eq 0 ] || { echo "-- $tool server output:"; cat /tmp/server.out; }
+    echo "@@rxe-bench end perftest $test status $rc"
+}
+rdmx() { # TEST ARGS...
+    local rc=0
+    echo "@@rxe-bench begin rdmx $1"
+    "$rdmx_bin" bench "$1" --provider verbs -d "$RXE_DEV" "${@:2}" $n --json 2>&1 || rc=$?
+    echo "@@rxe-bench end rdmx $1 status $rc"
+    return $rc
+}
+rdmx_ok=1
+for t in "write_bw ib_write_bw -s 65536" "read_bw ib_read_bw -s 65536" "write_lat ib_write_lat -s 2"; do
+    set -- $t
+    perftest "$1" "${@:2}"
+    if [ $rdmx_ok = 1 ] && ! rdmx "$1" "${@:3}"; then
+        rdmx_ok=0
+        echo "rxe-bench: rdmx bench $1 --provider verbs -d $RXE_DEV failed (no verbs provider in this build?); skipping the rdmx side"
+    fi
+done
+'
+rc=0
+scripts/rxe-vm.sh run --timeout "$timeout" --mtu "$mtu" -- bash -c "$guest" rxe-bench "$rdmx" "$iters" |
+    tee "$tmp/log" || rc=$?
+[ "$rc" -eq 0 ] || echo "rxe-bench: the VM run failed (status $rc)" >&2
+
+python3 - "$tmp/log" <<'PY' || rc=$?
+import json, re, sys
+
+sections, cur = {}, None
+for line in open(sys.argv[1], errors="replace"):
+    m = re.match(r"@@rxe-bench (begin|end) (\S+) (\S+)(?: status (\d+))?", line)
+    if m and m[1] == "begin":
+        cur = (m[2], m[3])
+        sections[cur] = {"lines": [], "status": None}
+    elif m and cur:
+        sections[cur]["status"] = int(m[4])
+        cur = None
+    elif cur:
+        sections[cur]["lines"].append(line.rstrip("\n"))
+
+def perftest_figure(lines, want):
+    """The `want` column ('BW average' or 't_typical') of perftest's result row, in MiB/s
+    or usec; None if absent. Column names come from the header line (the one starting with
+    #bytes); names contain single spaces, columns are separated by several."""
+    for i, line in enumerate(lines):
+        if not line.strip().startswith("#bytes"):
+            continue
+        cols = re.findall(r"#\w+|[^\s\[\]][^\[\]]*?\[[^\]]*\]", line.strip())
+        idx = next((k for k, c in enumerate(cols) if c.startswith(want)), None)
+        if idx is None:
+            continue
+        for row in lines[i + 1:]:
+            f = row.split()
+            if len(f) > idx and re.fullmatch(r"\d+", f[0]):
+                try:
+                    v = float(f[idx])
+                except ValueError:
+                    break
+                unit = cols[idx]
+                if "Gb/sec" in unit:  # --report_gbits
+                    v = v * 1e9 / 8 / 2**20
+                return v
+    return None
+
+def rdmx_figure(lines, key):
+    for line in lines:
+        if line.startswith("{"):
+            try:
+                r = json.loads(line)["results"][0]
+                return float(r[key])
+            except (ValueError, KeyError, IndexError, TypeError):
+                return None
+    return None
+
+tests = [("write_bw", "BW average", "bw_avg_mib_s", "MiB/s"),
+         ("read_bw", "BW average", "bw_avg_mib_s", "MiB/s"),
+         ("write_lat", "t_typical", "t_typical_us", "usec")]
+bad, ratios = [], []
+print()
+print(f"{'test':<10} {'perftest':>10} {'rdmx':>10}  unit (rxe0 in a TCG VM)")
+for name, col, key, unit in tests:
+    p = sections.get(("perftest", name))
+    r = sections.get(("rdmx", name))
+    pv = perftest_figure(p["lines"], col) if p and p["status"] == 0 else None
+    rv = rdmx_figure(r["lines"], key) if r and r["status"] == 0 else None
+    if pv is None:
+        bad.append(name)
+    fmt = lambda v: "n/a" if v is None else f"{v:.2f}"
+    print(f"{name:<10} {fmt(pv):>10} {fmt(rv):>10}  {unit}")
+    ratios.append(f"{name}=" + ("n/a" if pv is None or rv is None or pv == 0 else f"{rv / pv:.2f}"))
+if bad:
+    print("rxe-bench: no perftest figure for " + ", ".join(bad))
+print("ratio " + " ".join(ratios))
+sys.exit(1 if bad else 0)
+PY
+exit "$rc"

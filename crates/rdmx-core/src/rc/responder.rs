@@ -40,11 +40,26 @@ struct Placing<Mr> {
     total: u32,
 }
 
+/// Answers a responder holds before it drops new requests, beyond twice its responder
+/// resources (a READ or atomic answer and the ACK before it). A requester keeps at most
+/// `max_rd_atomic` READs and atomics outstanding and ACKs coalesce, so only a peer that
+/// sends without reading what it is sent gets this far; its requests are then dropped as
+/// if lost, and the queue stays bounded, in memory and in the time a duplicate READ takes
+/// to find its earlier answer.
+const EXTRA_ANSWERS: usize = 64;
+
 /// An answer waiting to go.
 #[derive(Debug)]
 enum Answer<Mr> {
-    /// An encoded packet (ACK, NAK, ATOMIC ACKNOWLEDGE).
+    /// An encoded packet (ACK, NAK).
     Packet(Vec<u8>),
+    /// The ATOMIC ACKNOWLEDGE of the atomic at `psn`; `again` when it answers a
+    /// duplicate.
+    Atomic {
+        psn: u32,
+        again: bool,
+        packet: Vec<u8>,
+    },
     /// A READ whose response packets are made one at a time as they are sent, so a large
     /// READ never holds its whole response in memory.
     Read(ReadJob<Mr>),
@@ -169,9 +184,10 @@ impl<Mr> Responder<Mr> {
         out.clear();
         while let Some(front) = self.out.front_mut() {
             match front {
-                Answer::Packet(_) => {
-                    let Some(Answer::Packet(p)) = self.out.pop_front() else {
-                        unreachable!("front is a packet")
+                Answer::Packet(_) | Answer::Atomic { .. } => {
+                    let p = match self.out.pop_front() {
+                        Some(Answer::Packet(p) | Answer::Atomic { packet: p, .. }) => p,
+                        _ => unreachable!("front is a packet"),
                     };
                     out.header = p;
                     return true;
@@ -203,12 +219,28 @@ impl<Mr> Responder<Mr> {
         Some(out)
     }
 
-    /// New READs answered but not fully sent (repeated answers to duplicates excepted).
-    fn reads_pending(&self) -> usize {
+    /// New READs and atomics answered but not fully sent (repeated answers to duplicates
+    /// excepted): the responder resources in use.
+    fn resources_in_use(&self) -> usize {
         self.out
             .iter()
-            .filter(|a| matches!(a, Answer::Read(j) if !j.again))
+            .filter(|a| match a {
+                Answer::Read(j) => !j.again,
+                Answer::Atomic { again, .. } => !again,
+                Answer::Packet(_) => false,
+            })
             .count()
+    }
+
+    /// Answers waiting to go.
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> usize {
+        self.out.len()
+    }
+
+    /// Whether the answers waiting to go reached their bound (see [`EXTRA_ANSWERS`]).
+    fn full(&self, attrs: &QpAttr) -> bool {
+        self.out.len() >= 2 * usize::from(attrs.max_dest_rd_atomic.max(1)) + EXTRA_ANSWERS
     }
 
     /// Drops the queued answer to the READ at `psn`, if any is still being sent: the
@@ -255,6 +287,9 @@ pub(crate) fn handle_request<M: MemAccess>(
     payload: &mut Payload<'_, M::Mr>,
 ) {
     let attrs = qp.sm.attrs().clone();
+    if qp.resp.full(&attrs) {
+        return;
+    }
     let credits = qp.credits();
     let d = psn_diff(hdr.psn, qp.resp.epsn);
     if d > 0 {
@@ -306,11 +341,25 @@ fn duplicate<M: MemAccess>(
                 Replay::Atomic { psn, orig } if *psn == hdr.psn => Some(*orig),
                 _ => None,
             });
-            if let Some(orig) = saved {
+            // An answer to this atomic still queued goes out in its place, with the same
+            // value.
+            let queued = qp
+                .resp
+                .out
+                .iter()
+                .any(|a| matches!(a, Answer::Atomic { psn, .. } if *psn == hdr.psn));
+            if let (Some(orig), false) = (saved, queued) {
                 let mut h = Hdr::new(Op::AtomicAck, attrs.dest_qp_num, hdr.psn);
                 h.aeth = Some((Syndrome::Ack { credits }, qp.resp.msn));
                 h.atomic_ack = Some(orig);
-                qp.resp.queue(attrs, credits, &h, &[]);
+                let mut packet = Vec::with_capacity(32);
+                codec::encode(&h, &[], &mut packet);
+                let answer = Answer::Atomic {
+                    psn: hdr.psn,
+                    again: true,
+                    packet,
+                };
+                qp.resp.push(attrs, credits, answer);
             }
         }
         // SEND and WRITE duplicates: acknowledge everything received so far.
@@ -499,10 +548,10 @@ fn read<M: MemAccess>(
     if again {
         // A retransmission, never a new use of the responder's resources.
         qp.resp.forget_read(hdr.psn);
-    } else if qp.resp.reads_pending() >= usize::from(attrs.max_dest_rd_atomic.max(1)) {
-        // The responder holds at most max_dest_rd_atomic READs being answered, as an
-        // adapter's responder resources; a requester that exceeds them broke the
-        // agreement.
+    } else if qp.resp.resources_in_use() >= usize::from(attrs.max_dest_rd_atomic.max(1)) {
+        // The responder holds at most max_dest_rd_atomic READs and atomics being
+        // answered, as an adapter's responder resources; a requester that exceeds them
+        // broke the agreement.
         refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
         return;
     }
@@ -547,6 +596,11 @@ fn atomic<M: MemAccess>(
         refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
         return;
     }
+    if qp.resp.resources_in_use() >= usize::from(attrs.max_dest_rd_atomic.max(1)) {
+        // As for READs: more atomics unanswered than the responder resources agreed.
+        refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
+        return;
+    }
     let Ok(Some(mr)) = remote_target(
         qp,
         mem,
@@ -570,7 +624,14 @@ fn atomic<M: MemAccess>(
     let mut h = Hdr::new(Op::AtomicAck, attrs.dest_qp_num, hdr.psn);
     h.aeth = Some((Syndrome::Ack { credits }, qp.resp.msn));
     h.atomic_ack = Some(orig);
-    qp.resp.queue(attrs, credits, &h, &[]);
+    let mut packet = Vec::with_capacity(32);
+    codec::encode(&h, &[], &mut packet);
+    let answer = Answer::Atomic {
+        psn: hdr.psn,
+        again: false,
+        packet,
+    };
+    qp.resp.push(attrs, credits, answer);
 }
 
 /// The target of a WRITE or READ: its RETH's address and length, and the region

@@ -6,9 +6,11 @@
 //! - `failure`: retry and RNR exhaustion, remote and local errors, post-time refusals.
 //! - `semantics`: duplicates at the responder, sequence NAKs, ordering, FENCE, the
 //!   read/atomic depth, selective signaling, credits.
+//! - `flood`: a peer that sends requests and never takes the answers.
 
 mod basic;
 mod failure;
+mod flood;
 mod link;
 mod mem;
 mod recovery;

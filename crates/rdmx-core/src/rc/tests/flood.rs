@@ -1,0 +1,132 @@
+//! A peer that sends requests and never takes the answers: the responder's queue of
+//! answers stays bounded, and each packet costs the same however long the flood lasts.
+//!
+//! The harness holds B's transmissions (`hold`: a socket that is never read), and the
+//! "peer" feeds B's QP forged packets directly, as a hostile requester would.
+
+use rdmx_wire::psn_add;
+
+use super::util::*;
+use crate::qp::QpState;
+use crate::rc::codec::{self, Hdr, Op};
+
+/// Answers B may hold: twice its responder resources and the slack the engine allows.
+fn bound(p: &Pair) -> usize {
+    2 * usize::from(p.cfg.max_dest_rd_atomic) + 64
+}
+
+fn packet(op: Op, psn: u32, f: impl FnOnce(&mut Hdr)) -> Vec<u8> {
+    let mut h = Hdr::new(op, QPN_B, psn);
+    h.ack_req = true;
+    f(&mut h);
+    let mut out = Vec::new();
+    let payload = if op == Op::WriteOnly {
+        &[7u8; 8][..]
+    } else {
+        &[]
+    };
+    codec::encode(&h, payload, &mut out);
+    out
+}
+
+/// B's answers, taken now that the transport accepts them.
+fn drain(p: &mut Pair) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    while let Some(x) = p.b.qp.poll_transmit(p.now, &p.b.mem) {
+        out.push(x);
+    }
+    out
+}
+
+#[test]
+fn duplicate_reads_and_writes_from_a_peer_that_never_reads() {
+    let mut p = Pair::new();
+    let region = p.b.mem.register(4096, ALL);
+    p.b.hold = true;
+    let e = p.cfg.sq_psn_a;
+    // A READ of the whole region (16 response packets at the default MTU), then its
+    // duplicate and a duplicate WRITE, over and over: each duplicate READ is answered
+    // again, and each duplicate WRITE asks for an ACK between them.
+    let read = packet(Op::ReadRequest, e, |h| {
+        h.reth = Some((region.addr, region.rkey, 4096))
+    });
+    let dup_write = packet(Op::WriteOnly, psn_add(e, 0xff_ffff), |h| {
+        h.reth = Some((region.addr, region.rkey, 8))
+    });
+    for _ in 0..20_000 {
+        p.b.qp.handle_packet(p.now, &p.b.mem, &read);
+        p.b.qp.handle_packet(p.now, &p.b.mem, &dup_write);
+        assert!(
+            p.b.qp.resp.queued() <= bound(&p),
+            "{} answers queued",
+            p.b.qp.resp.queued()
+        );
+    }
+    assert_eq!(p.b.qp.state(), QpState::Rts);
+    let answers = drain(&mut p);
+    assert!(!answers.is_empty() && p.b.qp.resp.queued() == 0);
+    // The duplicate WRITEs were never placed.
+    assert!(p.b.mem.bytes(region.addr, 4096).iter().all(|&b| b == 0));
+    // B still answers a new request at the PSN after the READ.
+    let next = psn_add(e, 4096 / p.cfg.mtu.bytes());
+    let read2 = packet(Op::ReadRequest, next, |h| {
+        h.reth = Some((region.addr, region.rkey, 8))
+    });
+    p.b.qp.handle_packet(p.now, &p.b.mem, &read2);
+    let answers = drain(&mut p);
+    let psns: Vec<u32> = answers
+        .iter()
+        .map(|x| rdmx_wire::RcRepr::parse_bytes(x).expect("parses").bth.psn)
+        .collect();
+    assert_eq!(psns, vec![next], "one READ response for the new READ");
+}
+
+#[test]
+fn duplicate_atomics_from_a_peer_that_never_reads() {
+    let mut p = Pair::new();
+    let target = p.b.mem.register(8, ALL);
+    p.b.hold = true;
+    let e = p.cfg.sq_psn_a;
+    let add = packet(Op::FetchAdd, e, |h| {
+        h.atomic = Some((target.addr, target.rkey, 1, 0))
+    });
+    // The atomic once, then its duplicate many times: executed once, answered while no
+    // answer to it is queued.
+    for _ in 0..20_000 {
+        p.b.qp.handle_packet(p.now, &p.b.mem, &add);
+        assert!(p.b.qp.resp.queued() <= bound(&p));
+    }
+    assert_eq!(p.b.mem.u64_at(target.addr), 1);
+    assert_eq!(p.b.mem.atomics.get(), 1);
+    assert_eq!(drain(&mut p).len(), 1, "one ATOMIC ACKNOWLEDGE queued");
+    assert_eq!(p.b.qp.state(), QpState::Rts);
+}
+
+#[test]
+fn new_atomics_beyond_the_responder_resources_are_refused() {
+    // A requester keeps at most max_rd_atomic READs and atomics unanswered; a peer that
+    // sends more while its answers wait broke the agreement, as with READs.
+    let mut p = Pair::new();
+    let target = p.b.mem.register(8, ALL);
+    p.b.hold = true;
+    let e = p.cfg.sq_psn_a;
+    let depth = u32::from(p.cfg.max_dest_rd_atomic);
+    for i in 0..=depth {
+        let add = packet(Op::FetchAdd, psn_add(e, i), |h| {
+            h.atomic = Some((target.addr, target.rkey, 1, 0))
+        });
+        p.b.qp.handle_packet(p.now, &p.b.mem, &add);
+    }
+    assert_eq!(p.b.mem.u64_at(target.addr), u64::from(depth));
+    assert_eq!(p.b.qp.state(), QpState::Err);
+    let answers = drain(&mut p);
+    let last = rdmx_wire::RcRepr::parse_bytes(answers.last().expect("answers")).expect("parses");
+    assert_eq!(last.bth.psn, psn_add(e, depth));
+    assert!(
+        matches!(
+            last.aeth.map(|a| a.syndrome),
+            Some(rdmx_wire::Syndrome::Nak(rdmx_wire::NakCode::InvalidRequest))
+        ),
+        "{last}"
+    );
+}

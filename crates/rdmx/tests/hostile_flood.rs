@@ -1,0 +1,205 @@
+//! A peer that floods a tcp QP with requests and never reads the answers.
+//!
+//! The attacker is the peer the victim QP expects (it dials with the right hello) and holds
+//! a valid rkey for a 64 KiB region. It sends READ requests for the whole region, and
+//! duplicate WRITEs, as fast as the socket takes them for a few seconds, without ever
+//! reading a byte back. Each READ asks for 64 KiB of responses, so a server that queued
+//! what it owes would grow by gigabytes. Checked: resident memory stays within a fixed
+//! bound, the victim's memory is unchanged by the duplicates, and a connection to the same
+//! context still completes a WRITE and a READ-back afterwards.
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use rdmx::{
+    Access, CompletionQueue, ConnectOptions, Context, LocalSge, MemoryRegion, ProtectionDomain,
+    QpCaps, QpEndpoint, QpState, QueuePair, RemoteAddr, SendRequest, WcStatus,
+};
+use rdmx_wire::{BthRepr, Opcode, RcRepr, RethRepr};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+const FLOOD: Duration = Duration::from_secs(3);
+const FAKE_QPN: u32 = 1;
+const FAKE_PSN: u32 = 0x100;
+const REGION: usize = 64 * 1024;
+/// Resident memory the flood may add, against the gigabytes of responses it asks for.
+const BOUND: usize = 64 << 20;
+
+fn qp_in(pd: &ProtectionDomain) -> (QueuePair, CompletionQueue) {
+    let cq = pd.context().create_cq(64).expect("create a CQ");
+    let qp = pd
+        .create_qp(&cq, &cq, QpCaps::default())
+        .expect("create a QP");
+    (qp, cq)
+}
+
+fn rss() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
+    let kb: usize = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kb * 1024
+}
+
+fn frame(op: Opcode, qp: u32, psn: u32, reth: RethRepr, payload: &[u8]) -> Vec<u8> {
+    let mut r = RcRepr::new(BthRepr {
+        opcode: op,
+        solicited: false,
+        migreq: false,
+        pad_count: 0,
+        pkey: 0xffff,
+        fecn: false,
+        becn: false,
+        dest_qpn: qp,
+        ack_req: true,
+        psn,
+    });
+    r.reth = Some(reth);
+    r.payload = payload;
+    let mut out = vec![0u8; 4 + r.buffer_len()];
+    let n = r.emit_with_payload(&mut out[4..]).expect("emit");
+    out[..4].copy_from_slice(&(n as u32).to_be_bytes());
+    out.truncate(4 + n);
+    out
+}
+
+fn image(mr: &MemoryRegion) -> Vec<u8> {
+    let mut v = vec![0u8; mr.len()];
+    mr.read_at(0, &mut v).expect("read a region");
+    v
+}
+
+#[track_caller]
+fn wait_success(cq: &CompletionQueue, id: u64) {
+    let start = Instant::now();
+    loop {
+        if let Some(c) = cq.poll_one().expect("poll") {
+            assert_eq!((c.wr_id, c.status), (id, WcStatus::Success), "{c:?}");
+            return;
+        }
+        assert!(start.elapsed() < DEADLINE, "request {id} did not complete");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+#[test]
+fn requests_from_a_peer_that_never_reads_keep_memory_bounded() {
+    let server = Context::open_provider("tcp").expect("open a tcp context");
+    let pd = server.alloc_pd();
+    let target = pd
+        .register(vec![0u8; REGION], Access::ALL)
+        .expect("register");
+    let pattern: Vec<u8> = (0..REGION).map(|i| (i * 31 + 7) as u8).collect();
+    target.write_at(0, &pattern).expect("fill");
+    let (victim, _victim_cq) = qp_in(&pd);
+    let fake = QpEndpoint {
+        qp_num: FAKE_QPN,
+        psn: FAKE_PSN,
+        addr: Some(SocketAddr::from(([127, 0, 0, 1], 9))),
+    };
+    victim
+        .connect(fake, &ConnectOptions::default())
+        .expect("connect the victim");
+
+    let port = server.listen_addr().expect("a listener").port();
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("dial");
+    s.set_write_timeout(Some(Duration::from_millis(200)))
+        .expect("SO_SNDTIMEO");
+    let mut hello = b"RDMXTCP1".to_vec();
+    hello.extend_from_slice(&victim.qp_num().to_be_bytes());
+    hello.extend_from_slice(&FAKE_QPN.to_be_bytes());
+    s.write_all(&hello).expect("hello");
+    let reth = |len: usize| RethRepr {
+        va: target.addr() as u64,
+        rkey: target.rkey(),
+        dma_len: len as u32,
+    };
+    // A READ of the whole region at the expected PSN, then its duplicates; and WRITEs
+    // behind the expected PSN (duplicates of requests never made), which must not land.
+    let read = frame(
+        Opcode::RdmaReadRequest,
+        victim.qp_num(),
+        FAKE_PSN,
+        reth(REGION),
+        &[],
+    );
+    let dup_write = frame(
+        Opcode::RdmaWriteOnly,
+        victim.qp_num(),
+        FAKE_PSN - 1,
+        reth(64),
+        &[0xEE; 64],
+    );
+    let mut batch = Vec::new();
+    for i in 0..512 {
+        batch.extend_from_slice(if i % 2 == 0 { &read } else { &dup_write });
+    }
+
+    let base = rss();
+    let start = Instant::now();
+    let mut frames = 0usize;
+    while start.elapsed() < FLOOD {
+        // A full socket (the server stopped reading) is fine: keep trying until the end.
+        if s.write_all(&batch).is_ok() {
+            frames += 512;
+        }
+    }
+    let grown = rss().saturating_sub(base);
+    eprintln!(
+        "{frames} frames asking for {} GiB of READ responses; resident memory grew by {} KiB",
+        (frames / 2 * REGION) >> 30,
+        grown >> 10
+    );
+    assert!(frames > 0, "the server took no frame at all");
+    assert!(
+        grown < BOUND,
+        "resident memory grew by {grown} bytes during the flood"
+    );
+    assert!(
+        image(&target) == pattern,
+        "a duplicate WRITE changed the victim's memory"
+    );
+    // Once the attacker goes, its QP fails promptly: the flood left no backlog of work.
+    drop(s);
+    let start = Instant::now();
+    while victim.state() != QpState::Err {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the victim QP is still in {:?}",
+            victim.state()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+
+    // The same context still serves a valid connection.
+    let client = Context::open_provider("tcp").expect("open a tcp context");
+    let cpd = client.alloc_pd();
+    let (a, a_cq) = qp_in(&cpd);
+    let (b, _b_cq) = qp_in(&pd);
+    a.connect(b.endpoint(), &ConnectOptions::default())
+        .expect("connect A");
+    b.connect(a.endpoint(), &ConnectOptions::default())
+        .expect("connect B");
+    let local = cpd
+        .register(vec![0u8; 2 * 4096], Access::LOCAL_WRITE)
+        .expect("register");
+    let data: Vec<u8> = (0..4096).map(|i| (i * 7 + 1) as u8).collect();
+    local.write_at(0, &data).expect("fill");
+    let remote = RemoteAddr {
+        addr: target.addr() as u64,
+        rkey: target.rkey(),
+    };
+    let sge = |off| LocalSge::new(&local, off, 4096).expect("SGE");
+    a.post_send(SendRequest::write(1, remote).sge(sge(0)))
+        .expect("post a WRITE");
+    wait_success(&a_cq, 1);
+    a.post_send(SendRequest::read(2, remote).sge(sge(4096)))
+        .expect("post a READ");
+    wait_success(&a_cq, 2);
+    let mut back = vec![0u8; 4096];
+    local.read_at(4096, &mut back).expect("read");
+    assert!(back == data, "the READ did not return what the WRITE wrote");
+}

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use rdmx::{LocalSge, SendRequest};
 
 use super::args::{Budget, Op, Params};
-use super::setup::{poll, Abort, BoxError, Layout, Region, Role, Side, CTL, EMPTY};
+use super::setup::{poll, Abort, BoxError, Layout, Region, Role, Side, CTL, EMPTY, STALL};
 use super::verify::{check_region, stamp_for, Expect};
 
 /// What one size measured.
@@ -43,7 +43,7 @@ pub(crate) fn requester(
     let peer = Layout::new(p, Role::Responder);
     let op = p.test.op();
     let q = side.qps.len();
-    let (window, batch, cq_mod) = (l.window as u64, p.post_list as u64, p.cq_mod as u64);
+    let (window, batch, cq_mod) = (l.window as u64, l.batch as u64, l.signal_every as u64);
     let slots = match op {
         Op::Write | Op::Send => l.src_slots,
         Op::Read | Op::Atomic => l.dst_slots,
@@ -169,6 +169,14 @@ pub(crate) fn requester(
             idle += 1;
             if idle % 4096 == 0 {
                 abort.check()?;
+                if last.elapsed() > STALL {
+                    let outstanding: u64 = (0..q).map(|i| posted[i] - done[i]).sum();
+                    return Err(format!(
+                        "no request completed within {STALL:?} ({outstanding} outstanding, \
+                         {total} completed)"
+                    )
+                    .into());
+                }
             }
             if !side.busy {
                 // Progress threads move the data: leave them the core.

@@ -9,7 +9,7 @@ use std::io::IsTerminal;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use rdmx::Context;
+use rdmx::{Context, ProviderKind};
 
 use super::args::{Args, Budget, Config, Params, PeerMode};
 use super::bw;
@@ -55,7 +55,9 @@ pub(crate) fn run(args: &Args) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// The providers to run on, checked before anything runs.
+/// The providers to run on, checked before anything runs: each must be known, have a
+/// device here, and (with a peer) reach other processes. Without --provider: the
+/// provider of the -d device, else tcp when there is a peer, else the default provider.
 fn providers(cfg: &Config) -> Result<Vec<String>, BoxError> {
     let devices = rdmx::devices();
     let list = || {
@@ -65,6 +67,16 @@ fn providers(cfg: &Config) -> Result<Vec<String>, BoxError> {
             .collect::<Vec<_>>()
             .join(", ")
     };
+    let mut here: Vec<ProviderKind> = Vec::new();
+    for d in &devices {
+        if !here.contains(&d.provider) {
+            here.push(d.provider);
+        }
+    }
+    let names_of = |kinds: &mut dyn Iterator<Item = &ProviderKind>| {
+        kinds.map(|k| k.name()).collect::<Vec<_>>().join(", ")
+    };
+    let remote = cfg.peer != PeerMode::Local;
     let mut names = cfg.providers.clone();
     if names.is_empty() {
         names.push(match &cfg.device {
@@ -73,12 +85,38 @@ fn providers(cfg: &Config) -> Result<Vec<String>, BoxError> {
                 .find(|d| d.name == *dev)
                 .map(|d| d.provider.name().to_string())
                 .ok_or_else(|| format!("-d {dev}: no such device; available: {}", list()))?,
+            // A peer in another process: the software provider that crosses processes.
+            None if remote => ProviderKind::Tcp.name().to_string(),
             // The default provider, as Context::open() picks it.
             None => Context::open()?.provider().name().to_string(),
         });
     }
     for name in &names {
-        let kind = rdmx::ProviderKind::from_name(name)?;
+        let kind = ProviderKind::from_name(name).map_err(|_| {
+            format!(
+                "--provider {name}: no such provider; available here: {}",
+                names_of(&mut here.iter())
+            )
+        })?;
+        if !here.contains(&kind) {
+            let why = match kind {
+                ProviderKind::Verbs => "rdma-core found no RDMA device (see `rdmx devices`)",
+                _ => "it has no device",
+            };
+            return Err(format!(
+                "--provider {name} is not available on this machine: {why}; available here: {}",
+                names_of(&mut here.iter())
+            )
+            .into());
+        }
+        if remote && !crosses_processes(kind) {
+            return Err(format!(
+                "provider {name} connects queue pairs within one process only, so it cannot \
+                 reach a peer (--server or HOST); providers that can: {} (tcp is the default with a peer)",
+                names_of(&mut here.iter().filter(|&&k| crosses_processes(k)))
+            )
+            .into());
+        }
         if let Some(dev) = &cfg.device {
             if !devices.iter().any(|d| d.provider == kind && d.name == *dev) {
                 return Err(format!(
@@ -90,6 +128,11 @@ fn providers(cfg: &Config) -> Result<Vec<String>, BoxError> {
         }
     }
     Ok(names)
+}
+
+/// Whether `kind` connects queue pairs of different processes.
+fn crosses_processes(kind: ProviderKind) -> bool {
+    kind != ProviderKind::Loopback
 }
 
 /// Text output, kept clear of the progress bar.
@@ -173,8 +216,8 @@ fn info(cfg: &Config, side: &Side, mine: &Hello, peer: &Hello, where_: String) -
         busy: side.busy,
         qps: p.qps,
         tx_depth: side.layout.window,
-        cq_mod: p.cq_mod,
-        post_list: p.post_list,
+        cq_mod: side.layout.signal_every,
+        post_list: side.layout.batch,
         verify: p.verify,
         peer: where_,
         addresses,

@@ -28,7 +28,7 @@ use rdmx::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::args::{Config, Op, Params, PeerMode};
+use super::args::{Budget, Config, Op, Params, PeerMode};
 use super::verify::Expect;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -74,6 +74,11 @@ pub(crate) struct Layout {
     pub(crate) rx_depth: usize,
     /// Requests outstanding per QP (`-t`, or fewer under --verify: one slot each).
     pub(crate) window: usize,
+    /// Requests per post batch (`-l`, at most the window).
+    pub(crate) batch: usize,
+    /// One request in this many is signaled (`-Q`, at most the window: a window of
+    /// unsignaled requests would never complete).
+    pub(crate) signal_every: usize,
 }
 
 impl Layout {
@@ -111,6 +116,8 @@ impl Layout {
             dst_slots: dst,
             rx_depth,
             window,
+            batch: p.post_list.min(window),
+            signal_every: p.cq_mod.min(window),
         }
     }
 
@@ -451,47 +458,80 @@ impl Hello {
     }
 }
 
-/// Checks the peer's hello against ours.
-fn check_peer(mine: &Hello, theirs: &Hello) -> Result<(), BoxError> {
+/// Checks that the peer runs the same test as this side: its role, provider and every
+/// option in [`Params`]; a difference names the option and both values.
+fn check_terms(mine: &Hello, theirs: &Hello) -> Result<(), BoxError> {
     if theirs.magic != MAGIC {
         return Err(format!("the peer speaks {:?}, not {MAGIC:?}", theirs.magic).into());
     }
     if theirs.role == mine.role {
-        return Err(format!("both sides are the {:?}", mine.role).into());
+        let how = match mine.role {
+            Role::Responder => "--server",
+            Role::Requester => "a HOST to connect to",
+        };
+        return Err(format!("both sides were started with {how}; start one with --server and the other with its address").into());
     }
-    if theirs.provider != mine.provider {
-        return Err(format!(
-            "the peer runs provider {:?}, this side {:?}",
-            theirs.provider, mine.provider
-        )
-        .into());
-    }
-    let (a, b) = (&mine.params, &theirs.params);
-    let differs = |field: &str, x: String, y: String| -> Result<(), BoxError> {
-        if x == y {
+    let differs = |what: &str, here: String, there: String| -> Result<(), BoxError> {
+        if here == there {
             Ok(())
         } else {
-            Err(format!("the peer runs with a different {field}: {y} here {x}").into())
+            Err(format!(
+                "the two sides disagree on {what}: the peer has {there}, this side {here}; \
+                 start both with the same options"
+            )
+            .into())
         }
     };
-    differs("test", a.test.name().into(), b.test.name().into())?;
+    differs("--provider", mine.provider.clone(), theirs.provider.clone())?;
+    let (a, b) = (&mine.params, &theirs.params);
+    differs("TEST", a.test.name().into(), b.test.name().into())?;
     differs(
-        "size list",
-        format!("{:?}", a.sizes),
-        format!("{:?}", b.sizes),
+        "the message sizes (-s/-a)",
+        sizes(&a.sizes),
+        sizes(&b.sizes),
     )?;
+    differs("-n/-D", budget(a.budget), budget(b.budget))?;
+    differs("-q/--qp", a.qps.to_string(), b.qps.to_string())?;
     differs(
-        "-n/-D",
-        format!("{:?}", a.budget),
-        format!("{:?}", b.budget),
+        "-t/--tx-depth",
+        a.tx_depth.to_string(),
+        b.tx_depth.to_string(),
     )?;
-    differs("-q", a.qps.to_string(), b.qps.to_string())?;
-    differs("-t", a.tx_depth.to_string(), b.tx_depth.to_string())?;
-    differs("-Q", a.cq_mod.to_string(), b.cq_mod.to_string())?;
-    differs("-l", a.post_list.to_string(), b.post_list.to_string())?;
-    differs("--verify", a.verify.to_string(), b.verify.to_string())?;
-    differs("--mtu", format!("{:?}", a.mtu), format!("{:?}", b.mtu))?;
-    if theirs.regions.len() != a.qps {
+    differs("-Q/--cq-mod", a.cq_mod.to_string(), b.cq_mod.to_string())?;
+    differs(
+        "-l/--post_list",
+        a.post_list.to_string(),
+        b.post_list.to_string(),
+    )?;
+    let on = |v: bool| if v { "on" } else { "off" }.to_string();
+    differs("--verify", on(a.verify), on(b.verify))?;
+    let mtu = |m: Option<u32>| m.map_or("the device's".to_string(), |m| m.to_string());
+    differs("--mtu", mtu(a.mtu), mtu(b.mtu))
+}
+
+/// `-s N`, or the sweep.
+fn sizes(s: &[usize]) -> String {
+    match s {
+        [one] => format!("-s {one}"),
+        _ => format!(
+            "-a ({} to {} bytes)",
+            s.first().copied().unwrap_or(0),
+            s.last().copied().unwrap_or(0)
+        ),
+    }
+}
+
+fn budget(b: Budget) -> String {
+    match b {
+        Budget::Iters(n) => format!("-n {n}"),
+        Budget::Seconds(d) => format!("-D {d}"),
+    }
+}
+
+/// Checks the peer's full hello (the terms, and a region per QP) against ours.
+fn check_peer(mine: &Hello, theirs: &Hello) -> Result<(), BoxError> {
+    check_terms(mine, theirs)?;
+    if theirs.regions.len() != mine.params.qps || theirs.endpoints.len() != mine.params.qps {
         return Err("the peer sent a region count that is not its QP count".into());
     }
     Ok(())
@@ -517,6 +557,11 @@ pub(crate) fn connect_local(a: &Side, b: &Side, p: &Params) -> Result<(Hello, He
 
 /// Connects `side` to a peer in another process through `rdmx::cm`, trading hellos;
 /// returns the peer's. `on_listen` is told the address a server waits on.
+///
+/// Two exchanges on the same control port: the first carries only the terms (role,
+/// provider, [`Params`]), so that two sides started with different options both stop
+/// with an error naming the option and both values, before any queue pair is connected;
+/// the second connects the queue pairs and trades the regions.
 pub(crate) fn connect_remote(
     side: &Side,
     p: &Params,
@@ -532,43 +577,68 @@ pub(crate) fn connect_remote(
         .into());
     }
     let mine = side.hello(p);
-    let private = serde_json::to_vec(&mine)?;
+    let mut terms = mine.clone();
+    terms.endpoints.clear();
+    terms.regions.clear();
     let opts = connect_options(p);
+    let check = |raw: Vec<u8>, full: bool| -> Result<Hello, BoxError> {
+        let theirs: Hello = serde_json::from_slice(&raw)
+            .map_err(|e| format!("the peer is not an rdmx bench of this version: {e}"))?;
+        if full {
+            check_peer(&mine, &theirs)?;
+        } else {
+            check_terms(&mine, &theirs)?;
+        }
+        Ok(theirs)
+    };
     let theirs = match peer {
         PeerMode::Listen(port) => {
             let l = rdmx::cm::Listener::bind(("0.0.0.0", *port))
                 .map_err(|e| format!("listen on port {port}: {e}"))?;
             on_listen(l.local_addr()?);
-            l.accept(&side.qps, &opts, &private, ACCEPT_TIMEOUT)?
+            let first = l.accept(&[], &opts, &serde_json::to_vec(&terms)?, ACCEPT_TIMEOUT)?;
+            check(first, false)?;
+            let second = l.accept(
+                &side.qps,
+                &opts,
+                &serde_json::to_vec(&mine)?,
+                CONNECT_TIMEOUT,
+            )?;
+            check(second, true)?
         }
         PeerMode::Connect(host, port) => {
-            let since = Instant::now();
-            loop {
-                match rdmx::cm::connect(
-                    (host.as_str(), *port),
-                    &side.qps,
-                    &opts,
-                    &private,
-                    CONNECT_TIMEOUT,
-                ) {
-                    Ok(v) => break v,
-                    // Not listening yet: the server may still be starting.
-                    Err(rdmx::Error::Io(_, e))
-                        if e.kind() == std::io::ErrorKind::ConnectionRefused
-                            && since.elapsed() < CONNECT_TIMEOUT =>
-                    {
-                        std::thread::sleep(Duration::from_millis(100));
-                    }
-                    Err(e) => return Err(format!("connect to {host}:{port}: {e}").into()),
-                }
-            }
+            let first = connect_retrying(host, *port, &[], &opts, &serde_json::to_vec(&terms)?)?;
+            check(first, false)?;
+            let second =
+                connect_retrying(host, *port, &side.qps, &opts, &serde_json::to_vec(&mine)?)?;
+            check(second, true)?
         }
         PeerMode::Local => unreachable!("a local run connects with connect_local"),
     };
-    let theirs: Hello = serde_json::from_slice(&theirs)
-        .map_err(|e| format!("the peer is not an rdmx bench of this version: {e}"))?;
-    check_peer(&mine, &theirs)?;
     Ok(theirs)
+}
+
+/// `rdmx::cm::connect`, retried while the peer refuses: the server may still be starting.
+fn connect_retrying(
+    host: &str,
+    port: u16,
+    qps: &[QueuePair],
+    opts: &ConnectOptions,
+    private: &[u8],
+) -> Result<Vec<u8>, BoxError> {
+    let since = Instant::now();
+    loop {
+        match rdmx::cm::connect((host, port), qps, opts, private, CONNECT_TIMEOUT) {
+            Ok(v) => return Ok(v),
+            Err(rdmx::Error::Io(_, e))
+                if e.kind() == std::io::ErrorKind::ConnectionRefused
+                    && since.elapsed() < CONNECT_TIMEOUT =>
+            {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(format!("connect to {host}:{port}: {e}").into()),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -603,6 +673,12 @@ mod tests {
         let l = Layout::new(&p, Role::Responder);
         assert_eq!((l.dst_slots, l.rx_depth, l.window), (2, 2, 2));
         assert_eq!(l.dst(3), l.stride, "slot 3 of 2 is slot 1");
+        // Fewer slots than -Q or -l: every window still ends with a signaled request.
+        p.test = Test::WriteBw;
+        p.post_list = 8;
+        p.cq_mod = 8;
+        let l = Layout::new(&p, Role::Requester);
+        assert_eq!((l.window, l.batch, l.signal_every), (2, 2, 2));
     }
 
     #[test]
@@ -626,9 +702,22 @@ mod tests {
         let mut q = p.clone();
         q.test = Test::ReadBw;
         let e = check_peer(&mine, &hello(Role::Responder, &q)).unwrap_err();
-        assert!(e.to_string().contains("test"), "{e}");
+        let e = e.to_string();
+        assert!(
+            e.contains("TEST") && e.contains("read_bw") && e.contains("write_bw"),
+            "{e}"
+        );
         q = p.clone();
         q.tx_depth = 64;
-        assert!(check_peer(&mine, &hello(Role::Responder, &q)).is_err());
+        let e = check_peer(&mine, &hello(Role::Responder, &q)).unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.contains("-t/--tx-depth") && e.contains("64") && e.contains("128"),
+            "{e}"
+        );
+        q = p.clone();
+        q.sizes = vec![2, 4];
+        let e = check_peer(&mine, &hello(Role::Responder, &q)).unwrap_err();
+        assert!(e.to_string().contains("-s 65536"), "{e}");
     }
 }

@@ -1,0 +1,252 @@
+//! `rdmx bench TEST` with both sides in one process: every test on every software
+//! provider with its data verified, and perftest's options showing in what ran.
+
+mod common;
+
+use common::{check_row, json, run, small_size};
+
+/// Runs `test` on `provider` with `--verify` and checks the JSON object.
+fn verified(test: &str, provider: &str) {
+    let size = small_size(test);
+    let v = json(&[
+        "bench",
+        test,
+        "--provider",
+        provider,
+        "-n",
+        "200",
+        "-s",
+        size,
+        "--verify",
+        "--json",
+    ]);
+    let what = format!("{test} on {provider}: {v}");
+    assert_eq!(v["test"], test, "{what}");
+    assert_eq!(v["provider"], provider, "{what}");
+    assert_eq!(v["device"], format!("{provider}0"), "{what}");
+    assert_eq!(v["transport"], "RC", "{what}");
+    assert_eq!(v["verify"], true, "{what}");
+    assert_eq!(v["peer"], "this process", "{what}");
+    let rows = v["results"].as_array().expect("results");
+    assert_eq!(rows.len(), 1, "{what}");
+    check_row(test, &rows[0], size.parse().unwrap(), &what);
+    assert_eq!(rows[0]["iterations"], 200, "{what}");
+}
+
+macro_rules! every_test_on {
+    ($($name:ident: $test:literal on $provider:literal,)*) => {
+        $(
+            #[test]
+            fn $name() {
+                verified($test, $provider);
+            }
+        )*
+    };
+}
+
+every_test_on! {
+    write_bw_loopback: "write_bw" on "loopback",
+    write_lat_loopback: "write_lat" on "loopback",
+    read_bw_loopback: "read_bw" on "loopback",
+    read_lat_loopback: "read_lat" on "loopback",
+    send_bw_loopback: "send_bw" on "loopback",
+    send_lat_loopback: "send_lat" on "loopback",
+    atomic_bw_loopback: "atomic_bw" on "loopback",
+    atomic_lat_loopback: "atomic_lat" on "loopback",
+    write_bw_tcp: "write_bw" on "tcp",
+    write_lat_tcp: "write_lat" on "tcp",
+    read_bw_tcp: "read_bw" on "tcp",
+    read_lat_tcp: "read_lat" on "tcp",
+    send_bw_tcp: "send_bw" on "tcp",
+    send_lat_tcp: "send_lat" on "tcp",
+    atomic_bw_tcp: "atomic_bw" on "tcp",
+    atomic_lat_tcp: "atomic_lat" on "tcp",
+}
+
+#[test]
+fn the_default_provider_is_loopback_and_the_header_says_so() {
+    let out = run(&["bench", "write_bw", "-n", "50"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("RDMA_Write BW Test"), "{text}");
+    let provider = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("Provider"))
+        .unwrap_or_else(|| panic!("no Provider line: {text}"));
+    assert!(
+        provider.contains("loopback") && provider.contains("loopback0"),
+        "{provider}"
+    );
+    assert!(
+        text.contains(
+            "#bytes    #iterations    BW peak[MiB/sec]    BW average[MiB/sec]    MsgRate[Mpps]"
+        ),
+        "{text}"
+    );
+    let row = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("65536"))
+        .unwrap_or_else(|| panic!("no row for 65536 bytes: {text}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells.len(), 5, "{row}");
+    assert_eq!(cells[1], "50", "{row}");
+    assert!(cells[3].parse::<f64>().is_ok_and(|bw| bw > 0.0), "{row}");
+}
+
+#[test]
+fn latency_tables_have_perftest_columns() {
+    let out = run(&["bench", "read_lat", "-n", "50", "--provider", "tcp"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let head = "#bytes    #iterations    t_min[usec]    t_max[usec]    t_typical[usec]    \
+                t_avg[usec]    t_stdev[usec]    99% percentile[usec]    99.9% percentile[usec]";
+    assert!(text.contains(head), "{text}");
+    let row = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("2 "))
+        .unwrap_or_else(|| panic!("no row for 2 bytes: {text}"));
+    assert_eq!(row.split_whitespace().count(), 9, "{row}");
+}
+
+#[test]
+fn report_gbits_changes_the_columns() {
+    let out = run(&["bench", "write_bw", "-n", "50", "--report_gbits"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("BW peak[Gb/sec]") && text.contains("BW average[Gb/sec]"),
+        "{text}"
+    );
+    assert!(!text.contains("MiB/sec"), "{text}");
+    let v = json(&["bench", "write_bw", "-n", "50", "--report_gbits", "--json"]);
+    let row = &v["results"][0];
+    let (mib, gbit) = (
+        row["bw_avg_mib_s"].as_f64().unwrap(),
+        row["bw_avg_gbit_s"].as_f64().unwrap(),
+    );
+    // The same figure in two units: 1 MiB/s = 8 * 2^20 / 10^9 Gb/s.
+    assert!(
+        (gbit - mib * 8.0 * 1048576.0 / 1e9).abs() <= 1e-9 * mib.max(1.0),
+        "{row}"
+    );
+}
+
+#[test]
+fn qps_spread_the_run_and_count_iterations_per_qp() {
+    for provider in ["loopback", "tcp"] {
+        let v = json(&[
+            "bench",
+            "send_bw",
+            "--provider",
+            provider,
+            "-q",
+            "3",
+            "-n",
+            "100",
+            "-s",
+            "1024",
+            "--verify",
+            "--json",
+        ]);
+        assert_eq!(v["qps"], 3, "{v}");
+        let row = &v["results"][0];
+        check_row("send_bw", row, 1024, &v.to_string());
+        assert_eq!(row["iterations"], 100, "per QP: {v}");
+        // Three QPs' messages over the elapsed time.
+        let bw = row["bw_avg_mib_s"].as_f64().unwrap();
+        let rate = row["msg_rate_mpps"].as_f64().unwrap();
+        assert!(
+            (bw * 1048576.0 / 1024.0 - rate * 1e6).abs() <= 1e-6 * bw * 1024.0,
+            "{row}"
+        );
+    }
+}
+
+#[test]
+fn tx_depth_cq_moderation_and_post_lists_show_in_what_ran() {
+    let v = json(&["bench", "write_bw", "-t", "16", "-n", "100", "--json"]);
+    assert_eq!(
+        (v["tx_depth"].as_u64(), v["cq_mod"].as_u64()),
+        (Some(16), Some(16)),
+        "-Q is capped at -t: {v}"
+    );
+    let v = json(&["bench", "write_bw", "-Q", "10", "-n", "95", "--json"]);
+    assert_eq!(v["cq_mod"], 10, "{v}");
+    assert_eq!(
+        v["results"][0]["iterations"], 95,
+        "the last request is signaled: {v}"
+    );
+    for provider in ["loopback", "tcp"] {
+        let v = json(&[
+            "bench",
+            "read_bw",
+            "--provider",
+            provider,
+            "-l",
+            "4",
+            "-n",
+            "102",
+            "--verify",
+            "--json",
+        ]);
+        assert_eq!(
+            (v["post_list"].as_u64(), v["cq_mod"].as_u64()),
+            (Some(4), Some(4)),
+            "{v}"
+        );
+        check_row("read_bw", &v["results"][0], 65536, &v.to_string());
+        assert_eq!(v["results"][0]["iterations"], 102, "{v}");
+    }
+}
+
+#[test]
+fn verify_with_large_messages_and_post_lists_completes() {
+    // 8 MiB messages leave two slots under --verify: fewer than -l and -Q.
+    let v = json(&[
+        "bench", "write_bw", "-s", "8388608", "-n", "6", "-l", "4", "--verify", "--json",
+    ]);
+    assert_eq!(v["tx_depth"], 2, "{v}");
+    assert_eq!(
+        (v["post_list"].as_u64(), v["cq_mod"].as_u64()),
+        (Some(2), Some(2)),
+        "{v}"
+    );
+    check_row("write_bw", &v["results"][0], 8388608, &v.to_string());
+}
+
+#[test]
+fn duration_runs_for_a_time_instead_of_a_count() {
+    for test in ["write_bw", "atomic_bw", "send_lat"] {
+        let v = json(&["bench", test, "--provider", "tcp", "-D", "0.3", "--json"]);
+        let what = v.to_string();
+        let row = &v["results"][0];
+        check_row(test, row, small_default(test), &what);
+    }
+}
+
+fn small_default(test: &str) -> u64 {
+    match test {
+        _ if test.starts_with("atomic") => 8,
+        _ if test.ends_with("_bw") => 65536,
+        _ => 2,
+    }
+}
+
+#[test]
+fn a_device_picks_its_provider() {
+    let v = json(&["bench", "write_lat", "-d", "tcp0", "-n", "50", "--json"]);
+    assert_eq!(
+        (v["provider"].as_str(), v["device"].as_str()),
+        (Some("tcp"), Some("tcp0")),
+        "{v}"
+    );
+    let v = json(&[
+        "bench",
+        "write_bw",
+        "-d",
+        "loopback0",
+        "--provider",
+        "loopback",
+        "-n",
+        "50",
+        "--json",
+    ]);
+    assert_eq!(v["device"], "loopback0", "{v}");
+}

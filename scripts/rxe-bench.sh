@@ -131,14 +131,16 @@ def perftest_figure(lines, want):
     return None
 
 def rdmx_figure(lines, key):
-    for line in lines:
-        if line.startswith("{"):
-            try:
-                r = json.loads(line)["results"][0]
-                return float(r[key])
-            except (ValueError, KeyError, IndexError, TypeError):
-                return None
-    return None
+    """`key` of the first result in the JSON document `rdmx bench --json` printed (it may
+    span several lines)."""
+    start = next((i for i, line in enumerate(lines) if line.startswith("{")), None)
+    if start is None:
+        return None
+    try:
+        doc, _ = json.JSONDecoder().raw_decode("\n".join(lines[start:]))
+        return float(doc["results"][0][key])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
 
 tests = [("write_bw", "BW average", "bw_avg_mib_s", "MiB/s"),
          ("read_bw", "BW average", "bw_avg_mib_s", "MiB/s"),

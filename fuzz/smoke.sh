@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds every fuzz target and runs each for a bounded time; exits non-zero on any crash.
+# Builds every fuzz target and runs each for a bounded time; exits non-zero if any crashed
+# (after running the rest).
 #
 #   fuzz/smoke.sh                 # every target, FUZZ_SECONDS each (default 20)
 #   fuzz/smoke.sh wire_packet     # only the targets named
@@ -54,6 +55,7 @@ if [ -z "${FUZZ_CORPUS:-}" ]; then
     trap 'rm -rf "$tmp"' EXIT
 fi
 
+failed=()
 for t in "${targets[@]}"; do
     corpus="${FUZZ_CORPUS:-$tmp}/$t"
     mkdir -p "$corpus" "artifacts/$t"
@@ -70,10 +72,15 @@ for t in "${targets[@]}"; do
         tail -n 60 "$log"
         rm -f "$log"
         echo "FAIL: $t crashed; the input is in fuzz/artifacts/$t/" >&2
-        exit 1
+        failed+=("$t")
+        continue
     fi
     grep -E '^#[0-9]+[[:space:]]+DONE' "$log" || tail -n 5 "$log"
     grep -E '^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)' "$log" || true
     rm -f "$log"
 done
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "fuzz smoke: ${#failed[@]} of ${#targets[@]} targets crashed: ${failed[*]}" >&2
+    exit 1
+fi
 echo "fuzz smoke: ${#targets[@]} targets, ${seconds} s each, no crash"

@@ -115,3 +115,50 @@ fn a_plot_draws_one_line_per_provider() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn no_progress_bar_when_stderr_is_not_a_terminal() {
+    let out = common::run(&["bench", "write_lat", "-a", "-n", "3"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("/23") && !err.contains('\r'), "{err}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains('\r'), "{text}");
+}
+
+#[test]
+fn a_sweep_on_a_terminal_shows_progress_and_keeps_stdout_clean() {
+    // util-linux `script` runs the command on a pseudo-terminal.
+    if std::process::Command::new("script")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("no `script` here to give rdmx a terminal; the bar is not checked");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("rdmx-tty-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (json_path, log) = (dir.join("out.json"), dir.join("tty.log"));
+    let cmd = format!(
+        "{} bench write_bw -a -n 3 --json > {}",
+        env!("CARGO_BIN_EXE_rdmx"),
+        json_path.display()
+    );
+    let st = std::process::Command::new("script")
+        .args(["-qec", &cmd])
+        .arg(&log)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run script");
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let tty = String::from_utf8_lossy(&std::fs::read(&log).unwrap()).into_owned();
+    assert!(tty.contains("/23"), "a bar counting the 23 sizes: {tty}");
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json_path).unwrap()).expect("clean JSON");
+    sweep_rows(&v, "write_bw");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -207,11 +207,13 @@ fn columns(test: Test, gbits: bool) -> Vec<String> {
     }
 }
 
-/// Lays `cells` out under `columns`, left-aligned, as perftest does.
+/// Lays `cells` out under `columns`, left-aligned, as perftest does; `#bytes` is as wide
+/// as the largest size (10 digits), so every row of a sweep lines up.
 fn line(columns: &[String], cells: &[String]) -> String {
     let mut s = String::from(" ");
-    for (c, v) in columns.iter().zip(cells) {
-        s.push_str(&format!("{v:<w$}", w = c.len().max(v.len()) + 4));
+    for (k, (c, v)) in columns.iter().zip(cells).enumerate() {
+        let least = if k == 0 { 10 } else { c.len() };
+        s.push_str(&format!("{v:<w$}", w = least.max(v.len()) + 4));
     }
     s.trim_end().to_string()
 }
@@ -390,6 +392,15 @@ mod tests {
         let head = table_header(Test::WriteBw, false);
         let line = table_row(Test::WriteBw, &row, false);
         assert_eq!(head.find("#iterations"), line.find("5000"));
+        let big = Row::Bw {
+            bytes: 8 << 20,
+            iterations: 5000,
+            peak_mib: 1.0,
+            avg_mib: 1.0,
+            mpps: 0.0,
+        };
+        let big = table_row(Test::WriteBw, &big, false);
+        assert_eq!(head.find("#iterations"), big.find("5000"), "{big}");
         assert_eq!(head.find("BW average"), line.find("1000.00"));
         let g = table_row(Test::WriteBw, &row, true);
         assert!(g.contains("8.39"), "{g}");

@@ -36,10 +36,16 @@ fn main() -> ExitCode {
     match res {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("rdmx: {e}");
+            let mut said = e.to_string();
+            eprintln!("rdmx: {said}");
             let mut src = std::error::Error::source(&*e);
             while let Some(s) = src {
-                eprintln!("  caused by: {s}");
+                // Errors that wrap another often repeat its text: say each thing once.
+                let text = s.to_string();
+                if !said.contains(&text) {
+                    eprintln!("  caused by: {text}");
+                }
+                said = text;
                 src = s.source();
             }
             ExitCode::FAILURE

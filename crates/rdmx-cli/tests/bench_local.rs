@@ -279,3 +279,51 @@ fn a_device_picks_its_provider() {
     ]);
     assert_eq!(v["device"], "loopback0", "{v}");
 }
+
+#[test]
+fn a_low_memlock_limit_runs_unpinned_and_says_so() {
+    // Root locks memory past any limit (CAP_IPC_LOCK): run as nobody then.
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let root = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        == Some("0");
+    let drop = if root {
+        if std::process::Command::new("setpriv")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            eprintln!("running as root without setpriv: the memlock limit is not checked");
+            return;
+        }
+        "setpriv --reuid=65534 --regid=65534 --clear-groups "
+    } else {
+        ""
+    };
+    for provider in ["loopback", "tcp"] {
+        let line = format!(
+            "ulimit -l 64 && exec {drop}{} bench write_bw --provider {provider} -n 50 --verify --json",
+            env!("CARGO_BIN_EXE_rdmx")
+        );
+        let out = std::process::Command::new("sh")
+            .args(["-c", &line])
+            .current_dir("/")
+            .output()
+            .expect("run sh");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{line}: {err}");
+        assert!(
+            err.contains("RLIMIT_MEMLOCK") && err.contains("unpinned"),
+            "{err}"
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert_eq!(v["pinned"], false, "{v}");
+        check_row("write_bw", &v["results"][0], 65536, &v.to_string());
+    }
+    if root {
+        let v = json(&["bench", "write_bw", "-n", "50", "--json"]);
+        assert_eq!(v["pinned"], true, "no limit, pinned: {v}");
+    }
+}

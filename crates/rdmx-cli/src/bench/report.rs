@@ -269,6 +269,8 @@ pub(crate) struct RunInfo {
     pub(crate) device: String,
     pub(crate) mtu: u32,
     pub(crate) busy: bool,
+    /// Whether the regions' pages are locked.
+    pub(crate) pinned: bool,
     pub(crate) qps: usize,
     /// Requests outstanding per QP.
     pub(crate) tx_depth: usize,
@@ -330,6 +332,12 @@ impl RunInfo {
         for (a, x, b, y) in pairs {
             s.push_str(&format!(" {a:<15} : {x:<16}{b:<15}: {y}\n"));
         }
+        let memory = if self.pinned {
+            "pinned"
+        } else {
+            "unpinned (RLIMIT_MEMLOCK)"
+        };
+        s.push_str(&format!(" {:<15} : {memory}\n", "Memory"));
         s.push_str(&format!("{LINE}\n"));
         for a in &self.addresses {
             s.push_str(&format!(" {a}\n"));
@@ -352,6 +360,7 @@ impl RunInfo {
             "cq_mod": self.cq_mod,
             "post_list": self.post_list,
             "verify": self.verify,
+            "pinned": self.pinned,
             "peer": self.peer,
             "results": rows.iter().map(Row::json).collect::<Vec<_>>(),
         })

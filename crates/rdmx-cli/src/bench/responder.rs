@@ -62,6 +62,12 @@ pub(crate) fn drive(
         let n = side.cq.poll(&mut wc)?;
         let mut bye = false;
         for c in &wc[..n] {
+            // Once BYE is in, the requester may close at any moment and flush the
+            // receives still posted here: what follows BYE is no error.
+            if c.status == WcStatus::Success && c.imm_data == Some(BYE) {
+                bye = true;
+                break;
+            }
             if c.status != WcStatus::Success {
                 return Err(format!(
                     "the peer went away before the run ended ({:?} on QP {:#x})",
@@ -69,7 +75,6 @@ pub(crate) fn drive(
                 )
                 .into());
             }
-            bye |= c.imm_data == Some(BYE);
         }
         if bye {
             break;

@@ -9,7 +9,7 @@ use std::io::IsTerminal;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use rdmx::{Context, ProviderKind};
+use rdmx::{Context, Pinning, ProviderKind};
 
 use super::args::{Args, Budget, Config, Params, PeerMode};
 use super::bw;
@@ -18,8 +18,8 @@ use super::plot;
 use super::report::{table_header, table_row, Row, RunInfo, LINE};
 use super::responder;
 use super::setup::{
-    connect_local, connect_remote, finish_size, say_bye, wait_ctl, Abort, BoxError, Hello, Region,
-    Role, Side, READY,
+    connect_local, connect_remote, finish_size, is_memlock_limit, say_bye, wait_ctl, Abort,
+    BoxError, Hello, Region, Role, Side, READY,
 };
 
 const MIB: f64 = 1048576.0;
@@ -214,6 +214,7 @@ fn info(cfg: &Config, side: &Side, mine: &Hello, peer: &Hello, where_: String) -
         device: side.ctx.device_name().to_string(),
         mtu,
         busy: side.busy,
+        pinned: side.pinned,
         qps: p.qps,
         tx_depth: side.layout.window,
         cq_mod: side.layout.signal_every,
@@ -221,6 +222,36 @@ fn info(cfg: &Config, side: &Side, mine: &Hello, peer: &Hello, where_: String) -
         verify: p.verify,
         peer: where_,
         addresses,
+    }
+}
+
+/// Opens a side per role on provider `name`, with pinned memory as registration has by
+/// default. When pinning runs into `RLIMIT_MEMLOCK` on a software provider, whose memory
+/// no adapter reads, opens them again unpinned, says so on stderr and in the header.
+fn open_sides<const N: usize>(
+    name: &str,
+    cfg: &Config,
+    roles: [Role; N],
+    busy: bool,
+) -> Result<[Side; N], BoxError> {
+    let open = |pinning| -> Result<[Side; N], BoxError> {
+        let sides = roles
+            .iter()
+            .map(|&r| Side::open(name, cfg, r, busy, pinning))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(sides
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("a side per role")))
+    };
+    match open(Pinning::Pinned) {
+        Err(e) if is_memlock_limit(&*e) && name != ProviderKind::Verbs.name() => {
+            eprintln!(
+                "rdmx: {name}: RLIMIT_MEMLOCK is too low to pin this run's memory, so it runs \
+                 unpinned (a software provider needs no pinning); `ulimit -l unlimited` pins it"
+            );
+            open(Pinning::Unpinned)
+        }
+        r => r,
     }
 }
 
@@ -237,8 +268,7 @@ fn run_provider(cfg: &Config, name: &str, out: &Out) -> Result<(RunInfo, Vec<Row
     };
     let info = match &cfg.peer {
         PeerMode::Local => {
-            let a = Side::open(name, cfg, Role::Requester, busy)?;
-            let b = Side::open(name, cfg, Role::Responder, busy)?;
+            let [a, b] = open_sides(name, cfg, [Role::Requester, Role::Responder], busy)?;
             let (hb, ha) = connect_local(&a, &b, p)?;
             a.post_receives()?;
             b.post_receives()?;
@@ -270,7 +300,7 @@ fn run_provider(cfg: &Config, name: &str, out: &Out) -> Result<(RunInfo, Vec<Row
             info
         }
         PeerMode::Listen(_) => {
-            let side = Side::open(name, cfg, Role::Responder, busy)?;
+            let [side] = open_sides(name, cfg, [Role::Responder], busy)?;
             let peer = connect_remote(&side, p, &cfg.peer, |addr| {
                 eprintln!("rdmx: {} waiting for a peer on {addr}", p.test.name());
             })?;
@@ -288,7 +318,7 @@ fn run_provider(cfg: &Config, name: &str, out: &Out) -> Result<(RunInfo, Vec<Row
             info
         }
         PeerMode::Connect(host, port) => {
-            let side = Side::open(name, cfg, Role::Requester, busy)?;
+            let [side] = open_sides(name, cfg, [Role::Requester], busy)?;
             let peer = connect_remote(&side, p, &cfg.peer, |_| {})?;
             side.post_receives()?;
             let info = info(cfg, &side, &side.hello(p), &peer, format!("{host}:{port}"));

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use rdmx::{
     Access, Completion, CompletionQueue, ConnectOptions, Context, ContextOptions, LocalSge,
-    Mapping, MemoryRegion, Mtu, QpCaps, QueuePair, RecvRequest, RemoteAddr, SendRequest, WcOpcode,
-    WcStatus,
+    Mapping, MemoryRegion, Mtu, Pinning, QpCaps, QueuePair, RecvRequest, RemoteAddr, SendRequest,
+    WcOpcode, WcStatus,
 };
 use serde::{Deserialize, Serialize};
 
@@ -143,16 +143,20 @@ pub(crate) struct Side {
     pub(crate) layout: Layout,
     pub(crate) role: Role,
     pub(crate) busy: bool,
+    /// Whether its regions' pages are locked (see [`Side::open`]).
+    pub(crate) pinned: bool,
 }
 
 impl Side {
     /// Opens `provider` (on the device and GID `cfg` asks for) and creates what the run
-    /// needs for `role`.
+    /// needs for `role`, registering its regions with `pinning` (the verbs provider's
+    /// memory is pinned by the kernel either way).
     pub(crate) fn open(
         provider: &str,
         cfg: &Config,
         role: Role,
         busy: bool,
+        pinning: Pinning,
     ) -> Result<Side, BoxError> {
         let p = &cfg.params;
         let mut opts = ContextOptions::default().busy_poll(busy);
@@ -179,7 +183,7 @@ impl Side {
                     caps.max_send_wr, caps.max_recv_wr
                 )
             })?);
-            mrs.push(pd.register(Mapping::new(layout.len())?, Access::ALL)?);
+            mrs.push(pd.register_with(Mapping::new(layout.len())?, Access::ALL, pinning)?);
         }
         Ok(Side {
             ctx,
@@ -189,6 +193,7 @@ impl Side {
             layout,
             role,
             busy,
+            pinned: pinning == Pinning::Pinned,
         })
     }
 
@@ -276,6 +281,14 @@ impl Side {
                 .collect(),
         }
     }
+}
+
+/// Whether `e` is registration running into `RLIMIT_MEMLOCK`.
+pub(crate) fn is_memlock_limit(e: &(dyn std::error::Error + 'static)) -> bool {
+    matches!(
+        e.downcast_ref::<rdmx::Error>(),
+        Some(rdmx::Error::Register(rdmx_mem::Error::MemlockLimit(_)))
+    )
 }
 
 /// Checks every completion's status.

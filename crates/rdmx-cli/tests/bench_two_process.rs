@@ -113,11 +113,14 @@ fn a_peer_without_a_provider_runs_tcp_and_the_header_says_so() {
 }
 
 #[test]
-fn a_sweep_and_several_qps_cross_processes() {
+fn a_sweep_and_several_qps_cross_processes_and_the_client_plots() {
+    let svg = std::env::temp_dir().join(format!("rdmx-2p-{}.svg", std::process::id()));
     let args = [
         "bench", "send_bw", "-a", "-n", "3", "-q", "2", "-l", "2", "--verify", "--json",
     ];
-    let (server, client) = pair(&args, &args);
+    let mut client_args = args.to_vec();
+    client_args.extend(["--plot", svg.to_str().unwrap()]);
+    let (server, client) = pair(&args, &client_args);
     ok("the server", &server);
     let c: serde_json::Value =
         serde_json::from_str(&ok("the client", &client)).expect("the client's JSON");
@@ -127,6 +130,12 @@ fn a_sweep_and_several_qps_cross_processes() {
     for (k, row) in rows.iter().enumerate() {
         check_row("send_bw", row, 2 << k, &c.to_string());
     }
+    let plot = std::fs::read_to_string(&svg).expect("the client drew the plot");
+    assert!(
+        plot.contains("<polyline") && plot.contains("\ntcp\n"),
+        "{plot}"
+    );
+    let _ = std::fs::remove_file(&svg);
 }
 
 #[test]

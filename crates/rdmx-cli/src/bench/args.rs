@@ -376,8 +376,8 @@ impl Args {
         if peer != PeerMode::Local && providers.len() > 1 {
             return Err("a run with a peer (--server or HOST) takes one provider".into());
         }
-        if peer != PeerMode::Local && self.plot.is_some() {
-            return Err("--plot draws the side that measures: leave it to the client".into());
+        if matches!(peer, PeerMode::Listen(_)) && self.plot.is_some() {
+            return Err("--plot draws what the client measures: give it to the client".into());
         }
         if self.plot.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
             return Err("--plot needs a file name".into());
@@ -463,6 +463,7 @@ mod tests {
             &["write_bw", "--plot", "x.svg"],
             &["write_bw", "--mtu", "1000"],
             &["write_bw", "--provider", "loopback,tcp", "--server"],
+            &["write_bw", "-a", "--plot", "x.svg", "--server"],
             &["nope"],
         ] {
             assert!(resolve(line).is_err(), "{line:?} should be refused");
@@ -481,6 +482,8 @@ mod tests {
     fn peers_and_providers() {
         let c = resolve(&["write_bw", "host.example", "-p", "7000"]).unwrap();
         assert_eq!(c.peer, PeerMode::Connect("host.example".into(), 7000));
+        let c = resolve(&["write_bw", "-a", "--plot", "x.svg", "host.example"]).unwrap();
+        assert_eq!(c.plot, Some(PathBuf::from("x.svg")), "the client plots");
         let c = resolve(&["write_bw", "--provider", "loopback,tcp"]).unwrap();
         assert_eq!(c.providers, ["loopback", "tcp"]);
         assert_eq!(

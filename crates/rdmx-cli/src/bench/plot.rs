@@ -57,7 +57,9 @@ pub(crate) fn draw(
         .x_label_area_size(48)
         .y_label_area_size(80)
         .build_cartesian_2d(
-            (x0 / 1.5..x1 * 1.5).log_scale(),
+            (x0 / 1.5..x1 * 1.5)
+                .log_scale()
+                .with_key_points(size_ticks(x0, x1)),
             (y0 / 1.5..y1 * 1.5).log_scale(),
         )
         .map_err(err)?;
@@ -66,7 +68,7 @@ pub(crate) fn draw(
         .x_desc("Message size [bytes]")
         .y_desc(y_desc)
         .x_label_formatter(&|x| size_label(*x))
-        .y_label_formatter(&|y| format!("{y:.3}"))
+        .y_label_formatter(&|y| figure_label(*y))
         .draw()
         .map_err(err)?;
     for (k, (name, pts)) in points.iter().enumerate() {
@@ -93,6 +95,26 @@ pub(crate) fn draw(
     Ok(())
 }
 
+/// Powers of two from `x0` to `x1`, every other one when there are many: message sizes
+/// read better in K and M than in decades.
+fn size_ticks(x0: f64, x1: f64) -> Vec<f64> {
+    let all: Vec<f64> = (0..=40)
+        .map(|k| (1u64 << k) as f64)
+        .filter(|&x| x >= x0 && x <= x1)
+        .collect();
+    let step = if all.len() > 12 { 2 } else { 1 };
+    all.into_iter().step_by(step).collect()
+}
+
+/// A bandwidth or latency figure with as many decimals as its size needs.
+fn figure_label(y: f64) -> String {
+    match y {
+        _ if y >= 100.0 => format!("{y:.0}"),
+        _ if y >= 1.0 => format!("{y:.1}"),
+        _ => format!("{y:.3}"),
+    }
+}
+
 /// 2, 1K, 64K, 8M ...
 fn size_label(x: f64) -> String {
     let x = x.round() as u64;
@@ -112,5 +134,10 @@ mod tests {
         assert_eq!(size_label(2.0), "2");
         assert_eq!(size_label(65536.0), "64K");
         assert_eq!(size_label(8388608.0), "8M");
+        let t = size_ticks(2.0, 8388608.0);
+        assert_eq!((t[0], t[t.len() - 1], t.len()), (2.0, 8388608.0, 12));
+        assert_eq!(size_ticks(64.0, 256.0), [64.0, 128.0, 256.0]);
+        assert_eq!(figure_label(8088.82), "8089");
+        assert_eq!(figure_label(5.26), "5.3");
     }
 }

@@ -482,7 +482,11 @@ fn check_terms(mine: &Hello, theirs: &Hello) -> Result<(), BoxError> {
             Role::Responder => "--server",
             Role::Requester => "a HOST to connect to",
         };
-        return Err(format!("both sides were started with {how}; start one with --server and the other with its address").into());
+        return Err(format!(
+            "both sides were started with {how}; start one with --server and the other \
+             with its address"
+        )
+        .into());
     }
     let differs = |what: &str, here: String, there: String| -> Result<(), BoxError> {
         if here == there {

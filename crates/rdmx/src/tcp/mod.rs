@@ -50,6 +50,8 @@ const LISTENER: Token = Token(1);
 const DIRECT_QPS: usize = 4;
 /// ... and runs epoll every this many rounds.
 const EPOLL_EVERY: u32 = 16;
+/// A stream parked for a QP that has not reached RTR yet is closed after this long.
+const PARKED_TIMEOUT: Duration = Duration::from_secs(60);
 /// Handshakes older than this are dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The hello a dialing QP sends: magic, the QP it wants, the QP it is.
@@ -71,6 +73,14 @@ fn hs_token(idx: usize) -> Token {
     Token(3 + 2 * idx)
 }
 
+/// A stream whose hello named a QP that does not expect it yet.
+struct Parked {
+    stream: mio::net::TcpStream,
+    /// The QP it comes from.
+    from: u32,
+    since: Instant,
+}
+
 /// A stream that dialed in and has not said which QP it wants yet.
 struct Handshake {
     stream: mio::net::TcpStream,
@@ -89,7 +99,8 @@ pub(crate) struct Driver {
     qps: Mutex<Slab<Weak<TcpQp>>>,
     by_qpn: Mutex<HashMap<u32, usize>>,
     /// Streams that dialed in before their QP expected them, by the QP they want.
-    pending: Mutex<HashMap<u32, (mio::net::TcpStream, u32)>>,
+    /// (At most one per QP, each closed after [`PARKED_TIMEOUT`].)
+    pending: Mutex<HashMap<u32, Parked>>,
     handshakes: Mutex<Slab<Handshake>>,
     timers: Mutex<BinaryHeap<Reverse<(Instant, usize)>>>,
     /// Busy-poll mode: QPs whose transmission waits for the next round.
@@ -291,10 +302,13 @@ impl Driver {
         g.expect_peer = Some(from);
         let parked = self.pending.lock().remove(&qp.qpn);
         match parked {
-            Some((s, who)) if who == from => qp.attach(&mut g, s),
-            Some((s, who)) => {
-                tracing::warn!(qpn = qp.qpn, who, "dropping a stream from an unexpected QP");
-                drop(s);
+            Some(p) if p.from == from => qp.attach(&mut g, p.stream),
+            Some(p) => {
+                tracing::warn!(
+                    qpn = qp.qpn,
+                    who = p.from,
+                    "dropping a stream from an unexpected QP"
+                );
             }
             None => {}
         }
@@ -338,8 +352,9 @@ impl Driver {
                         if ev.is_writable() {
                             qp.writable(&mut g);
                         }
-                        if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-                            qp.readable(&mut g);
+                        let closing = ev.is_read_closed() || ev.is_error();
+                        if ev.is_readable() || closing {
+                            qp.readable(&mut g, closing);
                         }
                     }
                 }
@@ -369,7 +384,8 @@ impl Driver {
         for qp in qps.iter().flatten() {
             let mut g = qp.inner.lock();
             if TcpQp::attached(&g) {
-                qp.readable(&mut g);
+                // Rounds repeat, so a short read needs no care for the end of stream.
+                qp.readable(&mut g, false);
             }
         }
         self.rounds.fetch_add(1, Ordering::Relaxed) % EPOLL_EVERY != 0
@@ -406,6 +422,21 @@ impl Driver {
             let mut h = hs.remove(k);
             tracing::warn!("closing a connection that sent no hello within {HANDSHAKE_TIMEOUT:?}");
             let _ = self.registry.deregister(&mut h.stream);
+        }
+        drop(hs);
+        let mut pending = self.pending.lock();
+        if !pending.is_empty() {
+            pending.retain(|to, p| {
+                let keep = p.since.elapsed() <= PARKED_TIMEOUT;
+                if !keep {
+                    tracing::warn!(
+                        to,
+                        from = p.from,
+                        "closing a stream whose QP did not reach RTR within {PARKED_TIMEOUT:?}"
+                    );
+                }
+                keep
+            });
         }
     }
 
@@ -484,8 +515,27 @@ impl Driver {
             tracing::warn!(to, from, "closing a second connection for a connected QP");
         } else if g.expect_peer == Some(from) {
             qp.attach(&mut g, h.stream);
+        } else if let Some(expected) = g.expect_peer {
+            tracing::warn!(
+                to,
+                from,
+                expected,
+                "closing a connection from a QP other than the one expected"
+            );
         } else {
-            self.pending.lock().insert(to, (h.stream, from));
+            // The peer reached RTR first: keep the stream until this QP does.
+            let parked = Parked {
+                stream: h.stream,
+                from,
+                since: Instant::now(),
+            };
+            if let Some(old) = self.pending.lock().insert(to, parked) {
+                tracing::warn!(
+                    to,
+                    from = old.from,
+                    "closing a stream replaced by a newer one"
+                );
+            }
         }
     }
 }

@@ -156,8 +156,8 @@ impl TcpQp {
         g.sock = Some(sock);
         g.expect_peer = None;
         self.pump(g, Instant::now());
-        // Bytes may have arrived before the registration.
-        self.readable(g);
+        // Bytes (and the end of the stream) may have arrived before the registration.
+        self.readable(g, true);
     }
 
     /// Whether the QP has its stream.
@@ -165,11 +165,12 @@ impl TcpQp {
         g.sock.is_some()
     }
 
-    /// The socket has bytes (or was closed): reads frames until it has none. Returns
-    /// whether it read anything.
-    pub(crate) fn readable(&self, g: &mut Inner) -> bool {
+    /// The socket has bytes (or was closed): reads frames until it has none. With
+    /// `closing` (the readiness event reported the peer's side closed, or an error), reads
+    /// on until end of stream even after a short read. Returns whether it read anything.
+    pub(crate) fn readable(&self, g: &mut Inner, closing: bool) -> bool {
         let now = Instant::now();
-        g.rx.rearm();
+        g.rx.rearm(closing);
         let before = g.rx.total();
         let res = loop {
             let Some(sock) = g.sock.as_ref() else {

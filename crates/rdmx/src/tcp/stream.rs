@@ -228,6 +228,9 @@ pub(crate) struct Rx {
     /// A read came back short since [`Rx::rearm`]: the socket was empty then, so reading
     /// again would only return `EAGAIN` (bytes arriving later raise a new readiness event).
     drained: bool,
+    /// The readiness event said the peer's side closed (or failed): read on to end of
+    /// stream, since no further event comes after the last bytes.
+    until_eof: bool,
     /// Bytes read from the socket so far.
     total: u64,
 }
@@ -253,6 +256,7 @@ impl Rx {
             max_frame,
             discard: vec![0; 64 * 1024].into_boxed_slice(),
             drained: false,
+            until_eof: false,
             total: 0,
         }
     }
@@ -263,8 +267,9 @@ impl Rx {
     }
 
     /// The socket reported readiness: it may have bytes again.
-    pub(crate) fn rearm(&mut self) {
+    pub(crate) fn rearm(&mut self, until_eof: bool) {
         self.drained = false;
+        self.until_eof = until_eof;
     }
 
     /// Whether a payload is part-way read (the engine must not be polled meanwhile).
@@ -313,7 +318,7 @@ impl Rx {
                 Some(n) => {
                     self.end += n;
                     self.total += n as u64;
-                    self.drained = n < want;
+                    self.drained = n < want && !self.until_eof;
                 }
                 None => return Ok(RxEvent::Idle),
             }
@@ -412,7 +417,7 @@ impl Rx {
                 return Err(StreamError::Closed);
             }
             let asked: usize = iov.iter().map(|v| v.iov_len).sum();
-            self.drained = (n as usize) < asked;
+            self.drained = (n as usize) < asked && !self.until_eof;
             *off += n as usize;
             self.total += n as u64;
         }

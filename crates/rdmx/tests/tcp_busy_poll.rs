@@ -3,7 +3,8 @@
 //! the next poll or ride with the next request. Each side here has a thread polling its
 //! own CQ, as an application must; the tests check that nothing is lost or delayed for
 //! good on those deferred paths: bursts larger than the path MTU (payloads read in
-//! several pieces), READs, and a SEND ping-pong whose every ACK is deferred.
+//! several pieces), READs, a SEND ping-pong whose every ACK is deferred, and large
+//! receives, whose completion must wait until the last byte of their payload is read.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -216,6 +217,51 @@ fn send_ping_pong_with_every_ack_deferred_never_stalls() {
                     other => panic!("unexpected {other:?}"),
                 }
             }
+        }
+    });
+}
+
+#[test]
+fn a_large_receive_completes_only_once_its_bytes_have_landed() {
+    let (a, b) = pair();
+    let stop = AtomicBool::new(false);
+    let sizes = [32 << 10, 64 << 10, 100_000, 1 << 20];
+    let rounds = 400u64;
+    std::thread::scope(|s| {
+        // B checks each message the moment its receive completes, then clears the buffer.
+        s.spawn(|| {
+            let post = |i: u64| {
+                let sge = LocalSge::new(&b.mr, 0, 1 << 20).unwrap();
+                b.qp.post_recv(RecvRequest::new(i).sge(sge)).unwrap();
+            };
+            post(0);
+            for round in 0..rounds {
+                let c = wait(&b.cq, "B's receive");
+                assert_eq!(c.opcode, WcOpcode::Recv);
+                let len = c.byte_len as usize;
+                assert_eq!(len, sizes[round as usize % sizes.len()]);
+                let mut got = vec![0u8; len];
+                b.mr.read_at(0, &mut got).unwrap();
+                assert!(
+                    got == pattern(round, len),
+                    "round {round}: the receive of {len} bytes completed before its data landed"
+                );
+                b.mr.write_at(0, &vec![0u8; len]).unwrap();
+                post(round + 1);
+            }
+            // Serve A's last ACKs.
+            while !stop.load(Ordering::Relaxed) {
+                let _ = b.cq.poll_one().unwrap();
+            }
+        });
+        let _stop = StopOnDrop(&stop);
+        for round in 0..rounds {
+            let len = sizes[round as usize % sizes.len()];
+            a.mr.write_at(0, &pattern(round, len)).unwrap();
+            let sge = LocalSge::new(&a.mr, 0, len).unwrap();
+            a.qp.post_send(SendRequest::send(round).sge(sge)).unwrap();
+            let c = wait(&a.cq, "A's SEND");
+            assert_eq!(c.wr_id, round);
         }
     });
 }

@@ -123,7 +123,11 @@ impl TcpQp {
     /// Busy-polling: hands completions over now and leaves the sending to the driver's
     /// next round ([`Driver::owe`]).
     fn defer(&self, g: &mut Inner) {
-        cq::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
+        // A receive completes when its last packet's headers are read; while that packet's
+        // payload is still coming, its completion must wait (as in `pump`).
+        if !g.rx.mid_payload() {
+            cq::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
+        }
         if !g.owed {
             g.owed = true;
             self.driver.owe(self.token);

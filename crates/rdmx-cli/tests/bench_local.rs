@@ -241,6 +241,28 @@ fn verify_with_large_messages_and_post_lists_completes() {
 }
 
 #[test]
+fn large_messages_ping_pong_with_their_data_verified() {
+    // Busy polling (the latency tests' default) once reported a 64 KiB receive before
+    // its payload had landed; the check on every round catches that.
+    for test in ["send_lat", "read_lat", "write_lat"] {
+        let v = json(&[
+            "bench",
+            test,
+            "--provider",
+            "tcp",
+            "-s",
+            "65536",
+            "-n",
+            "300",
+            "--verify",
+            "--json",
+        ]);
+        assert_eq!(v["progress"], "busy-poll", "{v}");
+        check_row(test, &v["results"][0], 65536, &v.to_string());
+    }
+}
+
+#[test]
 fn duration_runs_for_a_time_instead_of_a_count() {
     for test in ["write_bw", "atomic_bw", "send_lat"] {
         let v = json(&["bench", test, "--provider", "tcp", "-D", "0.3", "--json"]);

@@ -30,7 +30,7 @@ pub(crate) fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                     "max_qp_init_rd_atom": c.max_qp_init_rd_atom,
                     "max_mtu": c.max_mtu.bytes(),
                     "max_inline_data": c.max_inline_data,
-                    "atomics": c.atomics,
+                    "atomics": c.atomics.name(),
                     "gid_index": d.gid.map(|(i, _)| i),
                     "gid": d.gid.map(|(_, g)| g.to_string()),
                 })
@@ -55,7 +55,7 @@ pub(crate) fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         println!("\tmax_qp_init_rd_atom:\t{}", c.max_qp_init_rd_atom);
         println!("\tmax_mtu:\t\t{}", c.max_mtu.bytes());
         println!("\tmax_inline_data:\t{}", c.max_inline_data);
-        println!("\tatomics:\t\t{}", if c.atomics { "yes" } else { "no" });
+        println!("\tatomics:\t\t{}", c.atomics.name());
         if let Some((i, gid)) = d.gid {
             println!("\tactive_mtu:\t\t{}", c.active_mtu.bytes());
             println!("\tgid_index:\t\t{i} ({gid})");

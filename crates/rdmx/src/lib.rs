@@ -56,7 +56,7 @@ pub use cq::CompletionQueue;
 pub use error::{Error, Result};
 pub use mr::{MemoryRegion, MrRef, RemoteRegion};
 pub use pd::ProtectionDomain;
-pub use provider::{devices, Capabilities, DeviceInfo, ProviderKind};
+pub use provider::{devices, AtomicCap, Capabilities, DeviceInfo, ProviderKind};
 pub use qp::{
     ConnectOptions, LocalSge, QpCaps, QpEndpoint, QueuePair, RecvRequest, SendRequest,
     SharedReceiveQueue,

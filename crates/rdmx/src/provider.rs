@@ -102,8 +102,39 @@ pub struct Capabilities {
     pub active_mtu: Mtu,
     /// Largest inline payload.
     pub max_inline_data: u32,
-    /// 8-byte atomics (CMP_SWAP, FETCH_ADD), atomic against CPU atomics.
-    pub atomics: bool,
+    /// Whether 8-byte atomics (CMP_SWAP, FETCH_ADD) are supported, and against what they
+    /// are atomic (`ibv_device_attr.atomic_cap`).
+    pub atomics: AtomicCap,
+}
+
+/// How atomic a device's 8-byte atomics are, as `ibv_atomic_cap` says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AtomicCap {
+    /// No atomics: CMP_SWAP and FETCH_ADD are refused (`IBV_ATOMIC_NONE`).
+    None,
+    /// Atomic against other atomics of this device only; a CPU atomic on the same word
+    /// at the same time may be lost (`IBV_ATOMIC_HCA`; Soft-RoCE, most NICs).
+    Device,
+    /// Atomic against CPU atomics on the target memory too (`IBV_ATOMIC_GLOB`; the
+    /// software providers, which run atomics with the CPU's own instructions).
+    Global,
+}
+
+impl AtomicCap {
+    /// True unless atomics are unsupported.
+    pub fn supported(self) -> bool {
+        self != AtomicCap::None
+    }
+
+    /// The name `rdmx devices` prints: `none`, `device` or `global`.
+    pub fn name(self) -> &'static str {
+        match self {
+            AtomicCap::None => "none",
+            AtomicCap::Device => "device",
+            AtomicCap::Global => "global",
+        }
+    }
 }
 
 impl Capabilities {
@@ -129,7 +160,7 @@ impl Capabilities {
             max_mtu: limits.max_mtu,
             active_mtu: limits.max_mtu,
             max_inline_data: 4096,
-            atomics: true,
+            atomics: AtomicCap::Global,
         }
     }
 }

@@ -23,7 +23,7 @@ fn default_context_is_loopback_and_listed() {
         .find(|d| d.provider == ProviderKind::Loopback)
         .expect("loopback device listed");
     assert_eq!(&lo.capabilities, ctx.capabilities());
-    assert!(lo.capabilities.atomics);
+    assert_eq!(lo.capabilities.atomics, rdmx::AtomicCap::Global);
 }
 
 #[test]

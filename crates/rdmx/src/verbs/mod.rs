@@ -36,7 +36,7 @@ use rdmx_mem::Access;
 pub(crate) use qp::{Qp, Srq};
 
 use crate::mr::{MrRef, MrShared};
-use crate::provider::{Capabilities, ProviderKind};
+use crate::provider::{AtomicCap, Capabilities, ProviderKind};
 use crate::{Error, Result};
 
 /// The port every context uses.
@@ -144,7 +144,11 @@ impl Device {
             max_mtu: limits.max_mtu,
             active_mtu: mtu(port.active_mtu),
             max_inline_data: qp::probe_max_inline(&ctx),
-            atomics: dev.atomic_cap != 0,
+            atomics: match dev.atomic_cap {
+                sys::consts::atomic_cap::IBV_ATOMIC_GLOB => AtomicCap::Global,
+                sys::consts::atomic_cap::IBV_ATOMIC_HCA => AtomicCap::Device,
+                _ => AtomicCap::None,
+            },
         };
         tracing::info!(
             device = %name,

@@ -617,11 +617,12 @@ impl Srq {
     }
 }
 
-/// The ibv_wc_status, ibv_wc_opcode, ibv_qp_state, IBV_QP_* and IBV_SEND_* values
+/// The ibv_atomic_cap, ibv_wc_status, ibv_wc_opcode, ibv_qp_state, IBV_QP_* and IBV_SEND_* values
 /// the provider maps.
 pub(crate) mod consts {
     use super::ffi;
 
+    pub(crate) use ffi::ibv_atomic_cap as atomic_cap;
     pub(crate) use ffi::ibv_qp_state as qp_state;
     pub(crate) use ffi::ibv_wc_opcode as wc_opcode;
     pub(crate) use ffi::ibv_wc_status as wc_status;

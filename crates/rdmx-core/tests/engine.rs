@@ -435,27 +435,26 @@ fn remote_errors_leave_target_unchanged_and_flush() {
 }
 
 #[test]
-fn misaligned_atomic_is_an_invalid_request() {
+fn misaligned_atomic_is_refused_at_post() {
     let mut pair = Pair::new(12, Params::default());
     let (ra, rb) = pair.regions(64);
-    pair.a
-        .qp
-        .post_send(
-            &pair.a.mem,
-            wr(
-                1,
-                SendOp::FetchAdd {
-                    remote: remote(rb, 4),
-                    add: 1,
-                },
-                vec![sge(ra, 0, 8)],
-            ),
-            None,
-        )
-        .unwrap();
+    let res = pair.a.qp.post_send(
+        &pair.a.mem,
+        wr(
+            1,
+            SendOp::FetchAdd {
+                remote: remote(rb, 4),
+                add: 1,
+            },
+            vec![sge(ra, 0, 8)],
+        ),
+        None,
+    );
+    assert!(matches!(res, Err(PostError::Invalid(_))), "{res:?}");
     pair.drive();
-    assert_eq!(pair.a.send_cq[0].status, WcStatus::RemInvReqErr);
+    assert!(pair.a.send_cq.is_empty());
     assert_eq!(pair.b.mem.get(rb.addr, 16), vec![0; 16]);
+    assert_eq!(pair.a.qp.state(), QpState::Rts);
 }
 
 #[test]

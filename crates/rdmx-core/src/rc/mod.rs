@@ -41,7 +41,7 @@ pub use srq::Srq;
 
 use crate::mr::{KeyUse, PdId};
 use crate::qp::{ModifyError, QpAttr, QpAttrMask, QpLimits, QpState, QpStateMachine};
-use crate::wr::{Completion, PostError, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus};
+use crate::wr::{Completion, PostError, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus};
 
 use io::Payload;
 use requester::Requester;
@@ -272,7 +272,9 @@ impl<M: MemAccess> RcQp<M> {
     /// Posts a send request (`ibv_post_send`).
     ///
     /// Refused at once when the QP's state does not take sends, the send queue is full,
-    /// or the request is malformed. Local keys are resolved now; a key that fails its
+    /// or the request is malformed (including an atomic at a remote address that is not
+    /// 8-byte aligned, which rdma-core's Soft-RoCE refuses at post as well; the responder
+    /// still answers such a request from a peer with a NAK). Local keys are resolved now; a key that fails its
     /// check makes the request complete with `LOC_PROT_ERR` (and the QP enter ERR) when
     /// its turn comes, as verbs does.
     pub fn post_send(
@@ -295,6 +297,13 @@ impl<M: MemAccess> RcQp<M> {
                 count: wr.sges.len(),
                 max: self.cfg.max_send_sge,
             });
+        }
+        if let SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } = wr.op {
+            if remote.addr % 8 != 0 {
+                return Err(PostError::Invalid(
+                    "an atomic's remote address must be 8-byte aligned",
+                ));
+            }
         }
         let (local, error) = match inline {
             Some(data) => {

@@ -288,18 +288,47 @@ pub(crate) fn wrong_pd(p: &Provider) {
     assert_bytes(&got, &data, &what);
 }
 
-/// Atomics at addresses that are not 8-aligned → RemInvReqErr, nothing changed.
+/// Atomics at remote addresses that are not 8-aligned are refused at post (as Soft-RoCE
+/// does); the QP stays usable, nothing at the target changes, and an aligned atomic on
+/// the same QP then succeeds.
 pub(crate) fn misaligned_atomic(p: &Provider) {
+    let pair = p.pair();
+    let target = register_page(&pair.b.pd, 4096, ALL);
+    let local = register_page(&pair.a.pd, 8, LOCAL);
+    fill(&target, 7);
+    let before = image(&target);
     for op in [CompareSwap, FetchAdd] {
         for off in [1usize, 4, 12] {
-            let pair = p.pair();
-            let target = register_page(&pair.b.pd, 4096, ALL);
-            fill(&target, 7);
-            let what = format!("{}: atomic at offset {off} of a page", p.name);
+            let what = format!("{}: {op:?} at offset {off} of a page", p.name);
             let remote = raddr(&target, off);
-            expect_refused(&pair, op, &target, remote, 8, WcStatus::RemInvReqErr, &what);
+            match pair.a.qp.post_send(request(op, 1, &local, remote, 8, 0)) {
+                Err(Error::Post(PostError::Invalid(_))) => {}
+                other => panic!("{what}: got {other:?}, expected PostError::Invalid"),
+            }
+            assert_eq!(pair.a.qp.state(), QpState::Rts, "{what}: requester state");
         }
     }
+    let what = format!("{}: aligned FetchAdd after the refused ones", p.name);
+    let current = u64_at(&before, 16);
+    pair.a
+        .qp
+        .post_send(request(FetchAdd, 2, &local, raddr(&target, 16), 8, current))
+        .unwrap_or_else(|e| panic!("{what}: post_send: {e}"));
+    let c = wait_one(&pair.a.scq, &what);
+    check_status(&c, 2, WcStatus::Success, pair.a.qp.qp_num(), &what);
+    assert_bytes(
+        &image(&local),
+        &before[16..24],
+        &format!("{what}: fetched value"),
+    );
+    let after = image(&target);
+    assert_bytes(
+        &after[..16],
+        &before[..16],
+        &format!("{what}: bytes before"),
+    );
+    assert_bytes(&after[24..], &before[24..], &format!("{what}: bytes after"));
+    assert_ne!(after[16..24], before[16..24], "{what}: the add landed");
 }
 
 #[track_caller]

@@ -496,40 +496,50 @@ fn remote_access_errors_leave_the_target_unchanged_and_fail_the_qp() {
 }
 
 #[test]
-fn misaligned_atomic_is_rem_inv_req_err() {
+fn misaligned_atomic_is_refused_at_post() {
+    // Refused on the spot, as Soft-RoCE does; the QP stays usable and nothing is sent.
+    // (A peer that sends one anyway gets a NAK: see flood.rs.)
     for off in [1u64, 4, 7, 12] {
         let mut p = Pair::new();
         let target = p.b.mem.register(64, ALL);
         p.b.mem.fill(target.addr, &pattern(50, 64));
         let local = p.a.mem.register(8, ALL);
-        p.a.post(wr(
-            1,
+        let misaligned = [
             SendOp::FetchAdd {
                 remote: target.remote(off),
+                add: 1,
+            },
+            SendOp::CompareSwap {
+                remote: target.remote(off),
+                compare: 0,
+                swap: 1,
+            },
+        ];
+        for op in misaligned {
+            assert!(
+                matches!(
+                    p.a.post(wr(1, op, vec![local.sge(0, 8)])),
+                    Err(PostError::Invalid(_))
+                ),
+                "offset {off}: {op:?}"
+            );
+        }
+        p.a.post(wr(
+            2,
+            SendOp::FetchAdd {
+                remote: target.remote(16),
                 add: 1,
             },
             vec![local.sge(0, 8)],
         ))
         .unwrap();
-        p.a.post(wr(
-            2,
-            SendOp::CompareSwap {
-                remote: target.remote(16),
-                compare: 0,
-                swap: 1,
-            },
-            vec![local.sge(0, 8)],
-        ))
-        .unwrap();
         p.drive();
-        assert_eq!(
-            p.a.sends(),
-            vec![(1, WcStatus::RemInvReqErr), (2, WcStatus::WrFlushErr)],
-            "offset {off}"
-        );
-        assert_eq!(p.b.mem.bytes(target.addr, 64), pattern(50, 64));
-        assert_eq!(p.b.mem.atomics.get(), 0);
-        assert_eq!(p.a.qp.state(), QpState::Err);
+        assert_eq!(p.a.sends(), vec![(2, WcStatus::Success)], "offset {off}");
+        let mut want = pattern(50, 64);
+        let old = u64::from_le_bytes(want[16..24].try_into().unwrap());
+        want[16..24].copy_from_slice(&(old.wrapping_add(1)).to_le_bytes());
+        assert_eq!(p.b.mem.bytes(target.addr, 64), want, "offset {off}");
+        assert_eq!(p.a.qp.state(), QpState::Rts, "offset {off}");
     }
 }
 

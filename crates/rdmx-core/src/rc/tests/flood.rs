@@ -130,3 +130,40 @@ fn new_atomics_beyond_the_responder_resources_are_refused() {
         "{last}"
     );
 }
+
+#[test]
+fn misaligned_atomics_from_a_peer_are_invalid_requests() {
+    // The requester refuses them at post; a peer that sends one anyway gets a NAK
+    // (Invalid Request) and nothing in memory changes.
+    for (op, off) in [
+        (Op::FetchAdd, 4u64),
+        (Op::CompareSwap, 1),
+        (Op::FetchAdd, 12),
+    ] {
+        let mut p = Pair::new();
+        let target = p.b.mem.register(64, ALL);
+        p.b.hold = true;
+        let e = p.cfg.sq_psn_a;
+        let bad = packet(op, e, |h| {
+            h.atomic = Some((target.addr + off, target.rkey, 1, 0))
+        });
+        p.b.qp.handle_packet(p.now, &p.b.mem, &bad);
+        assert_eq!(
+            p.b.mem.bytes(target.addr, 64),
+            vec![0; 64],
+            "{op:?} at {off}"
+        );
+        assert_eq!(p.b.mem.atomics.get(), 0, "{op:?} at {off}");
+        let answers = drain(&mut p);
+        let last =
+            rdmx_wire::RcRepr::parse_bytes(answers.last().expect("answers")).expect("parses");
+        assert_eq!(last.bth.psn, e);
+        assert!(
+            matches!(
+                last.aeth.map(|a| a.syndrome),
+                Some(rdmx_wire::Syndrome::Nak(rdmx_wire::NakCode::InvalidRequest))
+            ),
+            "{op:?} at {off}: {last}"
+        );
+    }
+}

@@ -25,8 +25,6 @@ done
 # departs from the verbs contract the suite checks; each with what rxe does.
 RXE_DEVIATIONS=(
     "deregistered_keys: a SEND with a stale lkey completes WR_FLUSH_ERR, not LOC_PROT_ERR (the requester moves the QP to ERR and the completer flushes the failed WQE too)"
-    "error_flushes_outstanding: a request posted to a QP already in ERR never completes (nothing runs the completer to flush it)"
-    "misaligned_atomic: ibv_post_send refuses an atomic to a misaligned address with EINVAL instead of the responder NAKing it (REM_INV_REQ_ERR)"
     "qp_without_remote_access: a responder QP without the access flag NAKs with Invalid Request (REM_INV_REQ_ERR), not Remote Access Error"
     "send_longer_than_receive: the receiver completes LOC_QP_OP_ERR, not LOC_LEN_ERR"
 )

@@ -328,6 +328,16 @@ impl Qp {
             }
             .into());
         }
+        if let SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } = wr.op {
+            // The contract every provider keeps (a device would say EINVAL, or fail the
+            // request later with a remote error).
+            if remote.addr % 8 != 0 {
+                return Err(PostError::Invalid(
+                    "an atomic's remote address must be 8-byte aligned",
+                )
+                .into());
+            }
+        }
         let mut flags = 0;
         for (f, bit) in [
             (SendFlags::SIGNALED, sys::consts::SEND_SIGNALED),
@@ -389,7 +399,27 @@ impl Qp {
             _refs: refs,
         });
         drop(inline);
+        drop(q);
+        if state == QpState::Err {
+            self.kick_flush();
+        }
         Ok(())
+    }
+
+    /// After a post to a QP in ERR: moves it to ERR again, which makes the device run its
+    /// flush over the queues. The verbs contract flushes such a request; Soft-RoCE queues
+    /// it and flushes it only when something schedules its completer, which a modify to
+    /// ERR does. A failure here leaves the request queued as the device chose.
+    fn kick_flush(&self) {
+        let attr = QpAttr {
+            qp_state: QpState::Err,
+            ..QpAttr::default()
+        };
+        if let Ok((mut hw_attr, hw_mask)) = self.hw_attr(&attr, QpAttrMask::STATE) {
+            if let Err(e) = self.hw.modify(&mut hw_attr, hw_mask) {
+                tracing::debug!(error = %e, "ibv_modify_qp(ERR) after a post in ERR");
+            }
+        }
     }
 
     /// `ibv_post_recv` of one request.
@@ -432,6 +462,10 @@ impl Qp {
             opcode: WcOpcode::Recv,
             _refs: refs,
         });
+        drop(q);
+        if state == QpState::Err {
+            self.kick_flush();
+        }
         Ok(())
     }
 }

@@ -6,7 +6,8 @@
 #     RDMX_REQUIRE_VERBS=1 so that "no RDMA device" fails instead of skipping; the tests
 #     listed in RXE_DEVIATIONS below run in a step of their own that reports them but does
 #     not fail (and says so if one starts passing);
-#   - `rdmx devices` and `rdmx bench` smoke runs on rxe0, if the rdmx CLI binary was built.
+#   - `rdmx devices` and `rdmx bench` smoke runs on rxe0, if the rdmx CLI binary was built,
+#     and every transfer test between two VMs (server in one, client in the other).
 # Exits non-zero if any of them fails. The rootfs (cached, see rxe-vm.sh) is built in
 # parallel with the crates on the first run.
 #
@@ -144,5 +145,33 @@ export RDMX_REQUIRE_VERBS=1
 scripts/rxe-vm.sh run --timeout "$timeout" --env RDMX_REQUIRE_VERBS -- bash -c "$guest" rxe-test \
     "$rdmx" "$(cat "$tmp/tests")" "$(cat "$tmp/deviations" 2>/dev/null)" ||
     rc=$?
+
+# Two hosts: `rdmx bench --server` in one VM and the client in the other, over rxe0 on a
+# link between them: the facade's connection setup across hosts, real GIDs, --verify
+# checking the data that crossed. Each test has its own port; the client retries only
+# while nobody listens there yet.
+if [ -n "$rdmx" ] && [ $rc -eq 0 ]; then
+    tests="write_bw read_bw send_bw write_lat read_lat send_lat atomic_bw atomic_lat"
+    bench="bench \$t --provider verbs -d \$RXE_DEV -n 100 --verify -p \$((18515 + i))"
+    # shellcheck disable=SC2016 # expanded inside the VMs
+    client='connect() {
+        local n out
+        for n in $(seq 60); do
+            out=$("$@" 2>&1) && { echo "$out"; return 0; }
+            case $out in *"connect to the peer failed"*) sleep 1 ;; *) echo "$out"; return 1 ;; esac
+        done
+        echo "$out"; return 1
+    }'
+    echo "== two hosts: rdmx bench {${tests// /,}} --server in VM a, client in VM b"
+    t2=$SECONDS
+    if scripts/rxe-vm.sh run2 --timeout "$timeout" \
+        --a "set -e; i=0; for t in $tests; do $rdmx $bench --server; i=\$((i + 1)); done" \
+        --b "set -e; $client; i=0; for t in $tests; do connect $rdmx $bench \$RXE_PEER; i=\$((i + 1)); done"; then
+        echo "== two hosts: ok ($((SECONDS - t2)) s)"
+    else
+        rc=1
+        echo "== two hosts: FAILED ($((SECONDS - t2)) s)"
+    fi
+fi
 echo "== rxe-test: status $rc after $((SECONDS - start)) s"
 exit "$rc"

@@ -214,6 +214,7 @@ fi
 ip addr add "$RXE_IP/24" dev eth0
 ip link set eth0 up
 modprobe rdma_rxe
+modprobe rdma_ucm # rdma_cm for user space (/dev/infiniband/rdma_cm)
 dmesg -n 1 # keep rxe's per-QP error messages off the console
 rdma link add rxe0 type rxe netdev eth0 || fail "rdma link add rxe0 failed"
 port=/sys/class/infiniband/rxe0/ports/1

@@ -64,6 +64,24 @@ pub enum Error {
     #[error("timed out: {0}")]
     Timeout(&'static str),
 
+    /// The operation is not available for these objects (provider or build).
+    #[error("unsupported: {0}")]
+    Unsupported(&'static str),
+
+    /// The RDMA connection manager (rdma_cm) reported an event other than the one the
+    /// step waited for, or a failure status: e.g. `RDMA_CM_EVENT_REJECTED` (status 8:
+    /// nobody listens on that port), `RDMA_CM_EVENT_UNREACHABLE`, `RDMA_CM_EVENT_ADDR_ERROR`,
+    /// `RDMA_CM_EVENT_ROUTE_ERROR`, `RDMA_CM_EVENT_CONNECT_ERROR`.
+    #[error("{during}: {event} (status {status}){}", rdma_cm_hint(.event, *.status))]
+    RdmaCm {
+        /// The `rdma_cm_event_type` that came, by name.
+        event: &'static str,
+        /// The event's status (for REJECTED, the IB CM reject reason).
+        status: i32,
+        /// What the step was doing.
+        during: &'static str,
+    },
+
     /// A peer broke the connection-setup protocol.
     #[error("connection setup: {0}")]
     Protocol(&'static str),
@@ -71,6 +89,15 @@ pub enum Error {
     /// The operating system's random source failed while opening a context.
     #[error("open context: no random seed for memory keys: {0}")]
     Seed(String),
+}
+
+fn rdma_cm_hint(event: &str, status: i32) -> &'static str {
+    match (event, status) {
+        ("RDMA_CM_EVENT_REJECTED", 8) => ": nobody listens on that port",
+        ("RDMA_CM_EVENT_REJECTED", 28) => ": the peer rejected the connection",
+        ("RDMA_CM_EVENT_UNREACHABLE", _) => ": the peer did not answer",
+        _ => "",
+    }
 }
 
 /// Result of an rdmx verb.

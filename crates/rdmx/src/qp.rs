@@ -89,7 +89,7 @@ enum Imp {
     Loopback,
     Tcp(Arc<TcpQp>),
     #[cfg(feature = "verbs")]
-    Verbs(crate::verbs::Qp),
+    Verbs(Box<crate::verbs::Qp>),
 }
 
 /// A scatter/gather element in a registered region, checked against the region's bounds.
@@ -312,7 +312,7 @@ impl ProtectionDomain {
             return Ok(QueuePair {
                 qpn: qp.qp_num(),
                 pd: self.clone(),
-                imp: Imp::Verbs(qp),
+                imp: Imp::Verbs(Box::new(qp)),
             });
         }
         match (&ctx.backend, srq.map(|s| &s.imp)) {
@@ -490,6 +490,15 @@ impl QueuePair {
     /// The protection domain.
     pub fn pd(&self) -> &ProtectionDomain {
         &self.pd
+    }
+
+    /// The verbs QP behind it, if it is one.
+    #[cfg(feature = "verbs")]
+    pub(crate) fn verbs(&self) -> Option<&crate::verbs::Qp> {
+        match &self.imp {
+            Imp::Verbs(qp) => Some(qp.as_ref()),
+            _ => None,
+        }
     }
 
     /// Runs `f` on the engine and its memory, then makes progress.

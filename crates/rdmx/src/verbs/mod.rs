@@ -22,6 +22,7 @@
 //! [`ContextOptions::gid_index`](crate::ContextOptions::gid_index) picks one explicitly.
 
 mod qp;
+pub(crate) mod rdmacm;
 mod sys;
 
 use std::collections::HashMap;

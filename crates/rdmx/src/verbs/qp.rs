@@ -108,6 +108,11 @@ pub(crate) struct Qp {
     machine: Mutex<QpStateMachine>,
     caps: crate::QpCaps,
     peer: Mutex<Option<QpEndpoint>>,
+    /// The address vector rdma_cm resolved; the move to RTR takes it instead of the GID
+    /// named by `bind_peer`.
+    cm_path: Mutex<Option<Box<sys::AhAttr>>>,
+    /// The rdma_cm connection, kept while the QP lives (destroying it disconnects).
+    cm: Mutex<Option<super::rdmacm::Conn>>,
 }
 
 impl std::fmt::Debug for Qp {
@@ -186,6 +191,8 @@ impl Qp {
             machine: Mutex::new(QpStateMachine::new()),
             caps,
             peer: Mutex::new(None),
+            cm_path: Mutex::new(None),
+            cm: Mutex::new(None),
         })
     }
 
@@ -209,6 +216,26 @@ impl Qp {
     /// Names the peer for the address vector of the move to RTR.
     pub(crate) fn bind_peer(&self, peer: &QpEndpoint) {
         *self.peer.lock() = Some(*peer);
+    }
+
+    /// The device the QP is on.
+    pub(crate) fn device(&self) -> &Arc<Device> {
+        &self.dev
+    }
+
+    /// Whether the QP takes its receives from an SRQ.
+    pub(crate) fn has_srq(&self) -> bool {
+        self.shared.srq.is_some()
+    }
+
+    /// Sets the address vector rdma_cm resolved, for the move to RTR.
+    pub(super) fn set_cm_path(&self, av: sys::AhAttr) {
+        *self.cm_path.lock() = Some(Box::new(av));
+    }
+
+    /// Keeps the rdma_cm connection until the QP is dropped.
+    pub(super) fn keep_cm(&self, conn: super::rdmacm::Conn) {
+        *self.cm.lock() = Some(conn);
     }
 
     /// The current state. While the QP runs, the adapter may have moved it to ERR; the
@@ -287,7 +314,9 @@ impl Qp {
         a.timeout = attr.timeout;
         a.retry_cnt = attr.retry_cnt;
         a.rnr_retry = attr.rnr_retry;
-        if mask.contains(QpAttrMask::AV) {
+        if let (true, Some(av)) = (mask.contains(QpAttrMask::AV), &*self.cm_path.lock()) {
+            a.ah_attr = **av;
+        } else if mask.contains(QpAttrMask::AV) {
             let peer = (*self.peer.lock()).ok_or(Error::InvalidArgument(
                 "the move to RTR needs the peer's address: call bind_peer or connect",
             ))?;

@@ -337,6 +337,8 @@ impl Cq {
 pub(crate) type QpCap = ffi::ibv_qp_cap;
 /// `ibv_qp_attr`.
 pub(crate) type QpAttr = ffi::ibv_qp_attr;
+/// `ibv_ah_attr`: an address vector.
+pub(crate) type AhAttr = ffi::ibv_ah_attr;
 
 /// A new all-zero `ibv_qp_attr`.
 pub(crate) fn qp_attr() -> QpAttr {

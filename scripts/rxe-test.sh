@@ -151,10 +151,13 @@ scripts/rxe-vm.sh run --timeout "$timeout" --env RDMX_REQUIRE_VERBS -- bash -c "
 
 # Two hosts: `rdmx bench --server` in one VM and the client in the other, over rxe0 on a
 # link between them: the facade's connection setup across hosts, real GIDs, --verify
-# checking the data that crossed. Each test has its own port; the client retries only
+# checking the data that crossed; then two of them again with --rdma-cm, their queue
+# pairs connected through rdma_cm. Each test has its own port; the client retries only
 # while nobody listens there yet.
 if [ -n "$rdmx" ] && [ $rc -eq 0 ]; then
     tests="write_bw read_bw send_bw write_lat read_lat send_lat atomic_bw atomic_lat"
+    # Then these again with their queue pairs connected through rdma_cm (--rdma-cm).
+    cm_tests="write_bw read_lat"
     bench="bench \$t --provider verbs -d \$RXE_DEV -n 100 --verify -p \$((18515 + i))"
     # shellcheck disable=SC2016 # expanded inside the VMs
     client='connect() {
@@ -165,11 +168,14 @@ if [ -n "$rdmx" ] && [ $rc -eq 0 ]; then
         done
         echo "$out"; return 1
     }'
-    echo "== two hosts: rdmx bench {${tests// /,}} --server in VM a, client in VM b"
+    echo "== two hosts: rdmx bench {${tests// /,}} --server in VM a, client in VM b," \
+        "then {${cm_tests// /,}} with --rdma-cm"
     t2=$SECONDS
     if scripts/rxe-vm.sh run2 --timeout "$timeout" \
-        --a "set -e; i=0; for t in $tests; do $rdmx $bench --server; i=\$((i + 1)); done" \
-        --b "set -e; $client; i=0; for t in $tests; do connect $rdmx $bench \$RXE_PEER; i=\$((i + 1)); done"; then
+        --a "set -e; i=0; for t in $tests; do $rdmx $bench --server; i=\$((i + 1)); done; \
+             for t in $cm_tests; do $rdmx $bench --rdma-cm --server; i=\$((i + 1)); done" \
+        --b "set -e; $client; i=0; for t in $tests; do connect $rdmx $bench \$RXE_PEER; i=\$((i + 1)); done; \
+             for t in $cm_tests; do connect $rdmx $bench --rdma-cm \$RXE_PEER; i=\$((i + 1)); done"; then
         echo "== two hosts: ok ($((SECONDS - t2)) s)"
     else
         rc=1

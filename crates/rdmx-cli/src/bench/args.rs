@@ -164,6 +164,10 @@ pub(crate) struct Args {
     /// Port of the connection setup (--server listens on it, HOST is reached on it).
     #[arg(short = 'p', long, default_value_t = 18515)]
     pub(crate) port: u16,
+    /// verbs: connect the queue pairs through rdma_cm (librdmacm), as perftest's -R; the
+    /// regions are still traded over the TCP control connection on --port.
+    #[arg(short = 'R', long = "rdma-cm")]
+    pub(crate) rdma_cm: bool,
     /// Path MTU in bytes [default: the device's active MTU].
     #[arg(long)]
     pub(crate) mtu: Option<u32>,
@@ -210,6 +214,9 @@ pub(crate) struct Params {
     pub(crate) post_list: usize,
     pub(crate) verify: bool,
     pub(crate) mtu: Option<u32>,
+    /// Queue pairs connect through rdma_cm (--rdma-cm).
+    #[serde(default)]
+    pub(crate) rdma_cm: bool,
 }
 
 impl Params {
@@ -376,6 +383,19 @@ impl Args {
         if peer != PeerMode::Local && providers.len() > 1 {
             return Err("a run with a peer (--server or HOST) takes one provider".into());
         }
+        if self.rdma_cm && peer == PeerMode::Local {
+            return Err(
+                "--rdma-cm connects to a peer: give it to both --server and the client".into(),
+            );
+        }
+        if self.rdma_cm && providers.iter().any(|p| p != "verbs") {
+            return Err(format!(
+                "--rdma-cm needs the verbs provider (rdma_cm connects verbs queue pairs), \
+                 not --provider {}",
+                providers.join(",")
+            )
+            .into());
+        }
         if matches!(peer, PeerMode::Listen(_)) && self.plot.is_some() {
             return Err("--plot draws what the client measures: give it to the client".into());
         }
@@ -393,6 +413,7 @@ impl Args {
                 post_list,
                 verify: self.verify,
                 mtu: self.mtu,
+                rdma_cm: self.rdma_cm,
             },
             providers,
             device: self.ib_dev.clone(),
@@ -476,6 +497,17 @@ mod tests {
         assert_eq!(p.cq_mod, 16, "clamped to the depth");
         let p = resolve(&["write_bw", "-l", "8"]).unwrap().params;
         assert_eq!((p.post_list, p.cq_mod), (8, 8));
+    }
+
+    #[test]
+    fn rdma_cm_needs_verbs_and_a_peer() {
+        let e = resolve(&["write_bw", "--rdma-cm", "--provider", "tcp", "--server"]).unwrap_err();
+        assert!(e.contains("needs the verbs provider"), "{e}");
+        let e = resolve(&["write_bw", "-R"]).unwrap_err();
+        assert!(e.contains("connects to a peer"), "{e}");
+        let c = resolve(&["write_bw", "-R", "--provider", "verbs", "--server"]).unwrap();
+        assert!(c.params.rdma_cm);
+        assert!(!resolve(&["write_bw", "--server"]).unwrap().params.rdma_cm);
     }
 
     #[test]

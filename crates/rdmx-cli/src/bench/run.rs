@@ -310,7 +310,10 @@ fn run_provider(cfg: &Config, name: &str, out: &Out) -> Result<(RunInfo, Vec<Row
                 &side,
                 &side.hello(p),
                 &peer,
-                "a client (rdmx::cm)".into(),
+                match p.rdma_cm {
+                    true => "a client (rdmx::cm, queue pairs through rdma_cm)".into(),
+                    false => "a client (rdmx::cm)".into(),
+                },
             );
             out.print(&info.header());
             out.print(" (the client measures and reports)");

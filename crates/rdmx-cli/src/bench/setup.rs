@@ -523,7 +523,8 @@ fn check_terms(mine: &Hello, theirs: &Hello) -> Result<(), BoxError> {
     let on = |v: bool| if v { "on" } else { "off" }.to_string();
     differs("--verify", on(a.verify), on(b.verify))?;
     let mtu = |m: Option<u32>| m.map_or("the device's".to_string(), |m| m.to_string());
-    differs("--mtu", mtu(a.mtu), mtu(b.mtu))
+    differs("--mtu", mtu(a.mtu), mtu(b.mtu))?;
+    differs("--rdma-cm", on(a.rdma_cm), on(b.rdma_cm))
 }
 
 /// `-s N`, or the sweep.
@@ -579,6 +580,12 @@ pub(crate) fn connect_local(a: &Side, b: &Side, p: &Params) -> Result<(Hello, He
 /// provider, [`Params`]), so that two sides started with different options both stop
 /// with an error naming the option and both values, before any queue pair is connected;
 /// the second connects the queue pairs and trades the regions.
+///
+/// With --rdma-cm the second exchange trades only the regions (they do not fit in
+/// rdma_cm's private data for every QP count), and then each queue pair connects through
+/// rdma_cm on the same port number (rdma_cm's port space on InfiniBand and RoCE is not the
+/// kernel's TCP one), in order: the server, which bound its rdma_cm listener before the
+/// first exchange, accepts `qps[i]` while the client connects its `qps[i]`.
 pub(crate) fn connect_remote(
     side: &Side,
     p: &Params,
@@ -608,27 +615,63 @@ pub(crate) fn connect_remote(
         }
         Ok(theirs)
     };
+    if p.rdma_cm && side.ctx.provider() != rdmx::ProviderKind::Verbs {
+        return Err(format!(
+            "--rdma-cm connects verbs queue pairs only, not {} ones (use --provider verbs)",
+            side.ctx.provider().name()
+        )
+        .into());
+    }
+    // The queue pairs the control connection connects (none with --rdma-cm).
+    let control_qps: &[QueuePair] = if p.rdma_cm { &[] } else { &side.qps };
     let theirs = match peer {
         PeerMode::Listen(port) => {
+            let rdma_cm = match p.rdma_cm {
+                true => Some(
+                    rdmx::cm::RdmaCmListener::bind(("0.0.0.0", *port))
+                        .map_err(|e| format!("rdma_cm: listen on port {port}: {e}"))?,
+                ),
+                false => None,
+            };
             let l = rdmx::cm::Listener::bind(("0.0.0.0", *port))
                 .map_err(|e| format!("listen on port {port}: {e}"))?;
             on_listen(l.local_addr()?);
             let first = l.accept(&[], &opts, &serde_json::to_vec(&terms)?, ACCEPT_TIMEOUT)?;
             check(first, false)?;
             let second = l.accept(
-                &side.qps,
+                control_qps,
                 &opts,
                 &serde_json::to_vec(&mine)?,
                 CONNECT_TIMEOUT,
             )?;
-            check(second, true)?
+            let theirs = check(second, true)?;
+            if let Some(l) = rdma_cm {
+                for qp in &side.qps {
+                    l.accept(std::slice::from_ref(qp), &opts, &[], CONNECT_TIMEOUT)
+                        .map_err(|e| format!("rdma_cm: accept on port {port}: {e}"))?;
+                }
+            }
+            theirs
         }
         PeerMode::Connect(host, port) => {
             let first = connect_retrying(host, *port, &[], &opts, &serde_json::to_vec(&terms)?)?;
             check(first, false)?;
             let second =
-                connect_retrying(host, *port, &side.qps, &opts, &serde_json::to_vec(&mine)?)?;
-            check(second, true)?
+                connect_retrying(host, *port, control_qps, &opts, &serde_json::to_vec(&mine)?)?;
+            let theirs = check(second, true)?;
+            if p.rdma_cm {
+                for qp in &side.qps {
+                    rdmx::cm::rdma_connect(
+                        (host.as_str(), *port),
+                        std::slice::from_ref(qp),
+                        &opts,
+                        &[],
+                        CONNECT_TIMEOUT,
+                    )
+                    .map_err(|e| format!("rdma_cm: connect to {host}:{port}: {e}"))?;
+                }
+            }
+            theirs
         }
         PeerMode::Local => unreachable!("a local run connects with connect_local"),
     };
@@ -674,6 +717,7 @@ mod tests {
             post_list: 1,
             verify,
             mtu: None,
+            rdma_cm: false,
         }
     }
 

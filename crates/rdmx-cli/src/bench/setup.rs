@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use rdmx::{
     Access, Completion, CompletionQueue, ConnectOptions, Context, ContextOptions, LocalSge,
-    Mapping, MemoryRegion, Mtu, Pinning, QpCaps, QueuePair, RecvRequest, RemoteAddr, SendRequest,
-    WcOpcode, WcStatus,
+    Mapping, MemoryRegion, Mtu, Pinning, QpCaps, QpState, QueuePair, RecvRequest, RemoteAddr,
+    SendRequest, WcOpcode, WcStatus,
 };
 use serde::{Deserialize, Serialize};
 
@@ -264,7 +264,11 @@ impl Side {
                 .iter()
                 .map(|q| {
                     let e = q.endpoint();
-                    (e.qp_num, e.psn)
+                    // Once connected, the PSN the QP really started at (rdma_cm picks it).
+                    match q.state() {
+                        QpState::Rts => (e.qp_num, q.attrs().sq_psn),
+                        _ => (e.qp_num, e.psn),
+                    }
                 })
                 .collect(),
             regions: self
@@ -644,12 +648,13 @@ pub(crate) fn connect_remote(
                 &serde_json::to_vec(&mine)?,
                 CONNECT_TIMEOUT,
             )?;
-            let theirs = check(second, true)?;
+            let mut theirs = check(second, true)?;
             if let Some(l) = rdma_cm {
                 for qp in &side.qps {
                     l.accept(std::slice::from_ref(qp), &opts, &[], CONNECT_TIMEOUT)
                         .map_err(|e| format!("rdma_cm: accept on port {port}: {e}"))?;
                 }
+                rdma_cm_peers(side, &mut theirs);
             }
             theirs
         }
@@ -658,7 +663,7 @@ pub(crate) fn connect_remote(
             check(first, false)?;
             let second =
                 connect_retrying(host, *port, control_qps, &opts, &serde_json::to_vec(&mine)?)?;
-            let theirs = check(second, true)?;
+            let mut theirs = check(second, true)?;
             if p.rdma_cm {
                 for qp in &side.qps {
                     rdmx::cm::rdma_connect(
@@ -670,12 +675,22 @@ pub(crate) fn connect_remote(
                     )
                     .map_err(|e| format!("rdma_cm: connect to {host}:{port}: {e}"))?;
                 }
+                rdma_cm_peers(side, &mut theirs);
             }
             theirs
         }
         PeerMode::Local => unreachable!("a local run connects with connect_local"),
     };
     Ok(theirs)
+}
+
+/// After rdma_cm connected the queue pairs: the peer's QP numbers and first PSNs as
+/// rdma_cm set them (its hello, sent before, has the ones rdmx would have used).
+fn rdma_cm_peers(side: &Side, theirs: &mut Hello) {
+    for (qp, ep) in side.qps.iter().zip(&mut theirs.endpoints) {
+        let a = qp.attrs();
+        *ep = (a.dest_qp_num, a.rq_psn);
+    }
 }
 
 /// `rdmx::cm::connect`, retried while the peer refuses: the server may still be starting.

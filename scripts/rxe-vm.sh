@@ -340,11 +340,15 @@ rxe_prepare() { # RUNDIR ROLE IP PEER CMDTEXT
 rxe_qemu_args() { # RUNDIR PIDFILE NETDEV MAC
     local cache i
     cache=$(rxe_cache_dir)
+    # tsc=reliable: under TCG the clocksource watchdog sometimes finds the TSC skewed and
+    # marks it unstable; the kernel then patches its sched_clock static key on a running
+    # SMP guest, and multi-threaded TCG can catch a vCPU on the half-patched int3 (an
+    # "Oops: int3" in sched_clock_cpu, then a panic).
     # shellcheck disable=SC2054 # the commas are qemu's
     local args=(timeout --foreground -k 10 "$RXE_OPT_TIMEOUT"
         qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 2 -m 2048 -nographic -no-reboot
         -kernel "$cache/vmlinuz" -initrd "$cache/initrd"
-        -append "console=ttyS0 boot=rxe9p init=/rxe/init net.ifnames=0 quiet panic=-1${RXE_VM_KERNEL_ARGS:+ $RXE_VM_KERNEL_ARGS}"
+        -append "console=ttyS0 boot=rxe9p init=/rxe/init net.ifnames=0 quiet panic=-1 tsc=reliable${RXE_VM_KERNEL_ARGS:+ $RXE_VM_KERNEL_ARGS}"
         -virtfs "local,path=$cache/rootfs,mount_tag=rootfs,security_model=none,readonly=on"
         -virtfs "local,path=$1,mount_tag=rxerun,security_model=none"
         -device isa-debug-exit,iobase=0xf4,iosize=0x04 -fw_cfg name=etc/sercon-port,string=0

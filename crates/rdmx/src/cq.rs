@@ -203,6 +203,46 @@ impl CompletionQueue {
         self.read_event()
     }
 
+    /// Waits up to `timeout` for the notification [`req_notify`](Self::req_notify) armed,
+    /// and consumes it as [`get_event`](Self::get_event) does; returns whether there was
+    /// one. The usual order is: poll until empty, arm, poll once more (a completion that
+    /// came before arming does not notify), then wait. Where completions only move when
+    /// someone polls (loopback, busy-polled contexts) the wait polls in short slices
+    /// itself, taking no completions.
+    pub fn wait_event(&self, timeout: std::time::Duration) -> Result<bool> {
+        let start = std::time::Instant::now();
+        let slice = match &self.inner.progress {
+            Progress::Loopback | Progress::Tcp(_) => Some(std::time::Duration::from_millis(1)),
+            _ => None,
+        };
+        loop {
+            if self.get_event() {
+                return Ok(true);
+            }
+            let left = timeout.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            let wait = slice.map_or(left, |s| s.min(left));
+            let ms = i32::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
+            let mut pfd = libc::pollfd {
+                fd: self.fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: `pfd` is one valid pollfd for the duration of the call.
+            if unsafe { libc::poll(&mut pfd, 1, ms) } < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(Error::Io("poll", e));
+                }
+            }
+            if slice.is_some() {
+                self.poll(&mut [])?;
+            }
+        }
+    }
+
     fn read_event(&self) -> bool {
         let mut v = 0u64;
         // SAFETY: reads 8 bytes into `v` from our own non-blocking eventfd.

@@ -396,6 +396,41 @@ pub(crate) fn notify_any_completion(p: &Provider) {
     );
 }
 
+/// `wait_event`: returns false at its timeout while nothing completes, true (consuming
+/// the event) once an armed CQ gets a completion, and false again until re-armed.
+pub(crate) fn wait_event_blocks_until_a_completion(p: &Provider) {
+    let pair = p.pair();
+    let qb = pair.b.qp.qp_num();
+    let src = register(&pair.a.pd, 64, LOCAL);
+    let inbox = register(&pair.b.pd, 64, ALL);
+    let what = format!("{}: wait_event", p.name);
+    let short = std::time::Duration::from_millis(20);
+
+    pair.b.rcq.req_notify(false);
+    assert!(
+        !pair.b.rcq.wait_event(short).unwrap(),
+        "{what}: an event with nothing completed"
+    );
+    pair.b
+        .qp
+        .post_recv(RecvRequest::new(1).sge(sge(&inbox, 0, 64)))
+        .unwrap();
+    pair.a
+        .qp
+        .post_send(SendRequest::send(1).sge(sge(&src, 0, 8)))
+        .unwrap();
+    assert!(
+        pair.b.rcq.wait_event(DEADLINE).unwrap(),
+        "{what}: no event within {DEADLINE:?} of a completion on an armed CQ"
+    );
+    check_ok(&wait_one(&pair.b.rcq, &what), 1, WcOpcode::Recv, qb, &what);
+    wait_one(&pair.a.scq, &what);
+    assert!(
+        !pair.b.rcq.wait_event(short).unwrap(),
+        "{what}: the event was consumed and the CQ not re-armed"
+    );
+}
+
 /// `req_notify(true)`: an unsolicited successful completion does not notify (and leaves the
 /// CQ armed); a SEND with the solicited flag does, and so does an error completion.
 pub(crate) fn notify_solicited_only(p: &Provider) {

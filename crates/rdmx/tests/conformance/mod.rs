@@ -78,6 +78,7 @@ macro_rules! conformance_suite {
             flow::rnr_retries_exhausted,
             flow::notify_any_completion,
             flow::notify_solicited_only,
+            flow::wait_event_blocks_until_a_completion,
             errors::invalid_rkey,
             errors::out_of_bounds,
             errors::region_without_remote_access,

@@ -124,6 +124,7 @@ fn serve(
     let mut stamp = [0u8; 8];
     let mut wc = [EMPTY; 64];
     let mut idle = 0u32;
+    let mut armed = false;
     while counts.iter().any(Option::is_none) {
         let n = poll(&side.cq, &mut wc)?;
         for c in &wc[..n] {
@@ -169,10 +170,17 @@ fn serve(
             } else if op == Op::Send {
                 // Receives must be reposted promptly.
                 std::thread::yield_now();
+            } else if armed {
+                // One-sided: nothing to do here but notice DONE; sleep until a completion
+                // (bounded, to look at `abort`), leaving the cores to the transfer.
+                if !side.cq.wait_event(Duration::from_millis(10))? {
+                    abort.check()?;
+                }
+                armed = false;
             } else {
-                // One-sided: nothing to do here but notice DONE; leave the cores to the
-                // progress threads.
-                std::thread::sleep(Duration::from_micros(50));
+                // Armed, then polled once more before waiting: nothing is missed.
+                side.cq.req_notify(false);
+                armed = true;
             }
         }
     }

@@ -140,7 +140,7 @@ pub(crate) struct Args {
     /// Run every size from 2 B to 8 MiB, powers of two (atomics: 8 B only).
     #[arg(short = 'a', long)]
     pub(crate) all: bool,
-    /// Iterations per QP (and per size) [default: 5000 for bandwidth, 1000 for latency].
+    /// Iterations per QP (and per size) [default: 5000 for write_bw, 1000 for the rest].
     #[arg(short = 'n', long, conflicts_with = "duration")]
     pub(crate) iters: Option<u64>,
     /// Run each size for this many seconds instead of a number of iterations.
@@ -315,7 +315,8 @@ impl Args {
                 return Err("-D/--duration must be a number of seconds above 0".into())
             }
             (None, Some(d)) => Budget::Seconds(d),
-            (None, None) => Budget::Iters(if test.is_bw() { 5000 } else { 1000 }),
+            // perftest's: DEF_ITERS_WB for write_bw, DEF_ITERS otherwise.
+            (None, None) => Budget::Iters(if test == Test::WriteBw { 5000 } else { 1000 }),
         };
         let qps = at_least_one(self.qps, "-q/--qp")?;
         let tx_depth = at_least_one(self.tx_depth, "-t/--tx-depth")?;
@@ -454,6 +455,9 @@ mod tests {
         let c = resolve(&["send_lat"]).unwrap();
         assert_eq!(c.params.sizes, [2]);
         assert_eq!(c.params.budget, Budget::Iters(1000));
+        for bw in ["read_bw", "send_bw", "atomic_bw"] {
+            assert_eq!(resolve(&[bw]).unwrap().params.budget, Budget::Iters(1000));
+        }
         assert_eq!(resolve(&["atomic_lat"]).unwrap().params.sizes, [8]);
         assert_eq!(c.peer, PeerMode::Local);
     }

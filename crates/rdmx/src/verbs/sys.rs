@@ -7,6 +7,7 @@
 
 use std::ffi::CStr;
 use std::io;
+use std::mem::MaybeUninit;
 use std::os::fd::RawFd;
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
@@ -298,12 +299,16 @@ impl Cq {
         }
     }
 
-    /// `ibv_poll_cq` into `out`; returns how many were written.
-    pub(crate) fn poll(&self, out: &mut [Wc]) -> io::Result<usize> {
+    /// `ibv_poll_cq` into `out`; returns the completions written, a prefix of `out`.
+    /// `out` needs no initialising: the device writes whole entries, and only those are
+    /// returned.
+    pub(crate) fn poll<'a>(&self, out: &'a mut [MaybeUninit<Wc>]) -> io::Result<&'a [Wc]> {
         let n = out.len().min(i32::MAX as usize) as i32;
-        // SAFETY: `out` has room for `n` work completions.
-        let rc = unsafe { ffi::ibv_poll_cq(self.cq.as_ptr(), n, out.as_mut_ptr()) };
-        usize::try_from(rc).map_err(|_| io::Error::from_raw_os_error(rc.abs()))
+        // SAFETY: `out` has room for `n` work completions; ibv_poll_cq only writes.
+        let rc = unsafe { ffi::ibv_poll_cq(self.cq.as_ptr(), n, out.as_mut_ptr().cast()) };
+        let got = usize::try_from(rc).map_err(|_| io::Error::from_raw_os_error(rc.abs()))?;
+        // SAFETY: ibv_poll_cq initialised the first `got` (≤ n) entries.
+        Ok(unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<Wc>(), got.min(out.len())) })
     }
 
     /// `ibv_req_notify_cq`.

@@ -165,22 +165,25 @@ fn serve(
             if idle % 1024 == 0 {
                 abort.check()?;
             }
-            if side.busy {
+            if op != Op::Send && !side.polls_move_data() {
+                // One-sided, and nothing here moves the data: nothing to do but notice
+                // DONE. Sleep until a completion (bounded, to look at `abort`), leaving
+                // the cores to the transfer, as perftest's passive side does. The CQ is
+                // armed, then polled once more before the wait: nothing is missed.
+                if !armed {
+                    side.cq.req_notify(false);
+                    armed = true;
+                } else {
+                    armed = false;
+                    if !side.cq.wait_event(Duration::from_millis(10))? {
+                        abort.check()?;
+                    }
+                }
+            } else if side.busy {
                 std::hint::spin_loop();
-            } else if op == Op::Send {
+            } else {
                 // Receives must be reposted promptly.
                 std::thread::yield_now();
-            } else if armed {
-                // One-sided: nothing to do here but notice DONE; sleep until a completion
-                // (bounded, to look at `abort`), leaving the cores to the transfer.
-                if !side.cq.wait_event(Duration::from_millis(10))? {
-                    abort.check()?;
-                }
-                armed = false;
-            } else {
-                // Armed, then polled once more before waiting: nothing is missed.
-                side.cq.req_notify(false);
-                armed = true;
             }
         }
     }

@@ -148,6 +148,13 @@ pub(crate) struct Side {
 }
 
 impl Side {
+    /// Whether this side's polls are what moves its data: busy-polled software providers.
+    /// An adapter (verbs) moves data without being polled, and progress threads do the
+    /// rest.
+    pub(crate) fn polls_move_data(&self) -> bool {
+        self.busy && self.ctx.provider() != rdmx::ProviderKind::Verbs
+    }
+
     /// Opens `provider` (on the device and GID `cfg` asks for) and creates what the run
     /// needs for `role`, registering its regions with `pinning` (the verbs provider's
     /// memory is pinned by the kernel either way).

@@ -4,24 +4,29 @@
 # and client in the same VM over eth0's address and its IPv4-mapped GID, then the same tests
 # through `rdmx bench TEST --provider verbs -d rxe0`. If the rdmx verbs provider cannot run
 # (`rdmx bench write_bw --provider verbs` fails), the rdmx side is skipped with a message.
-# Prints a table (bandwidth: BW average in MiB/s; latency: t_typical in usec) and, as its
-# last line, the rdmx/perftest ratios:
+# Both tools run as two processes, a server and a client over eth0's address. The tests
+# run in ROUNDS interleaved rounds (perftest, then rdmx, test by test): emulation is
+# noisy, and a neighbour's load hits both tools alike. Prints each round's figures
+# (bandwidth: BW average in MiB/s; latency: t_typical in usec), their medians, and, as
+# its last line, the ratios of the medians (rdmx/perftest):
 #   ratio write_bw=X read_bw=Y write_lat=Z        (n/a where rdmx could not run)
 # Figures are from TCG emulation: compare them with each other, not with hardware.
 #
-# Usage: scripts/rxe-bench.sh [-n ITERS] [--mtu N] [--timeout SECS]
-#   -n ITERS   iterations for every test, both tools (default: perftest's own defaults)
+# Usage: scripts/rxe-bench.sh [-n ITERS] [--rounds N] [--mtu N] [--timeout SECS]
+#   -n ITERS    iterations for every test, both tools (default: perftest's own defaults)
+#   --rounds N  rounds (default 5)
 #   --mtu N    eth0 MTU in the VM (default 9000: rxe active_mtu 4096; 1500 gives 1024)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
-iters='' timeout=900 mtu=9000
+iters='' timeout=1800 mtu=9000 rounds=5
 while [ $# -gt 0 ]; do
     case $1 in
     -n) iters=$2; shift 2 ;;
     --mtu) mtu=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
-    *) echo "usage: scripts/rxe-bench.sh [-n ITERS] [--mtu N] [--timeout SECS]" >&2; exit 2 ;;
+    *) echo "usage: scripts/rxe-bench.sh [-n ITERS] [--rounds N] [--mtu N] [--timeout SECS]" >&2; exit 2 ;;
     esac
 done
 if ! command -v python3 >/dev/null; then
@@ -47,11 +52,12 @@ build_pid=''
 target=${CARGO_TARGET_DIR:-target}
 rdmx=$(cd "$target" && pwd)/release/rdmx
 
-# Inside the VM: $1 the rdmx binary, $2 the iterations (or empty). Each run's output is
+# Inside the VM: $1 the rdmx binary, $2 the iterations (or empty), $3 the rounds. Each
+# run's output is
 # framed by "@@rxe-bench begin TOOL TEST" / "@@rxe-bench end TOOL TEST status N".
 # shellcheck disable=SC2016 # expanded inside the VM
 guest='
-rdmx_bin=$1 n=${2:+-n $2}
+rdmx_bin=$1 n=${2:+-n $2} rounds=$3
 perftest() { # TEST TOOL ARGS...
     local test=$1 tool=$2 srv rc=0
     shift 2
@@ -70,41 +76,57 @@ perftest() { # TEST TOOL ARGS...
     echo "@@rxe-bench end perftest $test status $rc"
 }
 rdmx() { # TEST ARGS...
-    local rc=0
+    local rc=0 srv
+    # shellcheck disable=SC2086
+    "$rdmx_bin" bench "$1" --provider verbs -d "$RXE_DEV" "${@:2}" $n --server -p 18516 \
+        >/tmp/server.out 2>&1 &
+    srv=$!
     echo "@@rxe-bench begin rdmx $1"
-    "$rdmx_bin" bench "$1" --provider verbs -d "$RXE_DEV" "${@:2}" $n --json 2>&1 || rc=$?
+    if rxe-wait-listen 18516 20; then
+        # shellcheck disable=SC2086
+        "$rdmx_bin" bench "$1" --provider verbs -d "$RXE_DEV" "${@:2}" $n -p 18516 --json \
+            "$RXE_IP" 2>&1 || rc=$?
+    else
+        kill $srv
+        rc=1
+    fi
+    wait $srv || rc=$?
+    [ $rc -eq 0 ] || { echo "-- rdmx server output:"; cat /tmp/server.out; }
     echo "@@rxe-bench end rdmx $1 status $rc"
     return $rc
 }
 rdmx_ok=1
-for t in "write_bw ib_write_bw -s 65536" "read_bw ib_read_bw -s 65536" "write_lat ib_write_lat -s 2"; do
-    set -- $t
-    perftest "$1" "${@:2}"
-    if [ $rdmx_ok = 1 ] && ! rdmx "$1" "${@:3}"; then
-        rdmx_ok=0
-        echo "rxe-bench: rdmx bench $1 --provider verbs -d $RXE_DEV failed (no verbs provider in this build?); skipping the rdmx side"
-    fi
+for r in $(seq "$rounds"); do
+    for t in "write_bw ib_write_bw -s 65536" "read_bw ib_read_bw -s 65536" "write_lat ib_write_lat -s 2"; do
+        set -- $t
+        perftest "$1" "${@:2}"
+        if [ $rdmx_ok = 1 ] && ! rdmx "$1" "${@:3}"; then
+            rdmx_ok=0
+            echo "rxe-bench: rdmx bench $1 --provider verbs -d $RXE_DEV failed (no verbs provider in this build?); skipping the rdmx side"
+        fi
+    done
 done
 '
 rc=0
-scripts/rxe-vm.sh run --timeout "$timeout" --mtu "$mtu" -- bash -c "$guest" rxe-bench "$rdmx" "$iters" |
+scripts/rxe-vm.sh run --timeout "$timeout" --mtu "$mtu" -- bash -c "$guest" rxe-bench "$rdmx" "$iters" "$rounds" |
     tee "$tmp/log" || rc=$?
 [ "$rc" -eq 0 ] || echo "rxe-bench: the VM run failed (status $rc)" >&2
 
 python3 - "$tmp/log" <<'PY' || rc=$?
-import json, re, sys
+import json, re, statistics, sys
 
+# (tool, test) -> one {"lines", "status"} per round, in order.
 sections, cur = {}, None
 for line in open(sys.argv[1], errors="replace"):
     m = re.match(r"@@rxe-bench (begin|end) (\S+) (\S+)(?: status (\d+))?", line)
     if m and m[1] == "begin":
-        cur = (m[2], m[3])
-        sections[cur] = {"lines": [], "status": None}
+        cur = {"lines": [], "status": None}
+        sections.setdefault((m[2], m[3]), []).append(cur)
     elif m and cur:
-        sections[cur]["status"] = int(m[4])
+        cur["status"] = int(m[4])
         cur = None
     elif cur:
-        sections[cur]["lines"].append(line.rstrip("\n"))
+        cur["lines"].append(line.rstrip("\n"))
 
 def perftest_figure(lines, want):
     """The `want` column ('BW average' or 't_typical') of perftest's result row, in MiB/s
@@ -145,19 +167,28 @@ def rdmx_figure(lines, key):
 tests = [("write_bw", "BW average", "bw_avg_mib_s", "MiB/s"),
          ("read_bw", "BW average", "bw_avg_mib_s", "MiB/s"),
          ("write_lat", "t_typical", "t_typical_us", "usec")]
+def figures(tool, name, parse, key):
+    """The figure of every round that ran and parsed."""
+    runs = sections.get((tool, name), [])
+    vals = [parse(r["lines"], key) for r in runs if r["status"] == 0]
+    return [v for v in vals if v is not None]
+
+def median(vals):
+    return statistics.median(vals) if vals else None
+
+fmt = lambda v: "n/a" if v is None else f"{v:.2f}"
 bad, ratios = [], []
 print()
-print(f"{'test':<10} {'perftest':>10} {'rdmx':>10}  unit (rxe0 in a TCG VM)")
+print(f"{'test':<10} {'tool':<9} {'median':>9}  rounds (MiB/s or usec; rxe0 in a TCG VM)")
 for name, col, key, unit in tests:
-    p = sections.get(("perftest", name))
-    r = sections.get(("rdmx", name))
-    pv = perftest_figure(p["lines"], col) if p and p["status"] == 0 else None
-    rv = rdmx_figure(r["lines"], key) if r and r["status"] == 0 else None
-    if pv is None:
+    pv = figures("perftest", name, perftest_figure, col)
+    rv = figures("rdmx", name, rdmx_figure, key)
+    if not pv:
         bad.append(name)
-    fmt = lambda v: "n/a" if v is None else f"{v:.2f}"
-    print(f"{name:<10} {fmt(pv):>10} {fmt(rv):>10}  {unit}")
-    ratios.append(f"{name}=" + ("n/a" if pv is None or rv is None or pv == 0 else f"{rv / pv:.2f}"))
+    for tool, vals in (("perftest", pv), ("rdmx", rv)):
+        print(f"{name:<10} {tool:<9} {fmt(median(vals)):>9}  " + " ".join(fmt(v) for v in vals))
+    pm, rm = median(pv), median(rv)
+    ratios.append(f"{name}=" + ("n/a" if pm is None or rm is None or pm == 0 else f"{rm / pm:.2f}"))
 if bad:
     print("rxe-bench: no perftest figure for " + ", ".join(bad))
 print("ratio " + " ".join(ratios))

@@ -4,12 +4,13 @@
 use std::time::Instant;
 
 use rdmx::{
-    Error, PostError, QpState, RecvRequest, SendFlags, SendOp, SendRequest, WcOpcode, WcStatus,
+    Error, MemoryRegion, PostError, QpState, RecvRequest, SendFlags, SendOp, SendRequest, WcOpcode,
+    WcStatus,
 };
 
 use super::{
     assert_bytes, assert_drained, assert_quiet, check_ok, check_status, fill, image, raddr,
-    register, sge, wait_n, wait_one, wait_readable, Provider, ALL, DEADLINE, LOCAL,
+    register, sge, wait_n, wait_one, wait_readable, Pair, Provider, ALL, DEADLINE, LOCAL,
 };
 
 /// Only signaled WRs complete; waiting for the last signaled WR of each batch frees the SQ,
@@ -331,6 +332,19 @@ pub(crate) fn rnr_retries_exhausted(p: &Provider) {
     }
 }
 
+/// Posts receive `id` (64 bytes of `inbox`) on side b and SEND `id` (8 bytes of `src`)
+/// on side a.
+fn send_8_bytes(pair: &Pair, id: u64, src: &MemoryRegion, inbox: &MemoryRegion) {
+    pair.b
+        .qp
+        .post_recv(RecvRequest::new(id).sge(sge(inbox, 0, 64)))
+        .unwrap();
+    pair.a
+        .qp
+        .post_send(SendRequest::send(id).sge(sge(src, 0, 8)))
+        .unwrap();
+}
+
 /// `req_notify(false)`: the next completion makes the descriptor readable once; the
 /// notification is consumed by `get_event` and not repeated until re-armed.
 pub(crate) fn notify_any_completion(p: &Provider) {
@@ -346,14 +360,7 @@ pub(crate) fn notify_any_completion(p: &Provider) {
         !pair.b.rcq.get_event(),
         "{what}: an event before any completion"
     );
-    pair.b
-        .qp
-        .post_recv(RecvRequest::new(1).sge(sge(&inbox, 0, 64)))
-        .unwrap();
-    pair.a
-        .qp
-        .post_send(SendRequest::send(1).sge(sge(&src, 0, 8)))
-        .unwrap();
+    send_8_bytes(&pair, 1, &src, &inbox);
     wait_readable(&pair.b.rcq, &format!("{what}: armed receive CQ"));
     assert!(
         pair.b.rcq.get_event(),
@@ -364,14 +371,7 @@ pub(crate) fn notify_any_completion(p: &Provider) {
     check_ok(&wait_one(&pair.a.scq, &what), 1, WcOpcode::Send, qa, &what);
 
     // Not re-armed: the next completion is not notified.
-    pair.b
-        .qp
-        .post_recv(RecvRequest::new(2).sge(sge(&inbox, 0, 64)))
-        .unwrap();
-    pair.a
-        .qp
-        .post_send(SendRequest::send(2).sge(sge(&src, 0, 8)))
-        .unwrap();
+    send_8_bytes(&pair, 2, &src, &inbox);
     check_ok(&wait_one(&pair.b.rcq, &what), 2, WcOpcode::Recv, qb, &what);
     check_ok(&wait_one(&pair.a.scq, &what), 2, WcOpcode::Send, qa, &what);
     assert!(
@@ -411,14 +411,7 @@ pub(crate) fn wait_event_blocks_until_a_completion(p: &Provider) {
         !pair.b.rcq.wait_event(short).unwrap(),
         "{what}: an event with nothing completed"
     );
-    pair.b
-        .qp
-        .post_recv(RecvRequest::new(1).sge(sge(&inbox, 0, 64)))
-        .unwrap();
-    pair.a
-        .qp
-        .post_send(SendRequest::send(1).sge(sge(&src, 0, 8)))
-        .unwrap();
+    send_8_bytes(&pair, 1, &src, &inbox);
     assert!(
         pair.b.rcq.wait_event(DEADLINE).unwrap(),
         "{what}: no event within {DEADLINE:?} of a completion on an armed CQ"
@@ -442,14 +435,7 @@ pub(crate) fn notify_solicited_only(p: &Provider) {
     let what = format!("{}: solicited-only notification", p.name);
 
     pair.b.rcq.req_notify(true);
-    pair.b
-        .qp
-        .post_recv(RecvRequest::new(1).sge(sge(&inbox, 0, 64)))
-        .unwrap();
-    pair.a
-        .qp
-        .post_send(SendRequest::send(1).sge(sge(&src, 0, 8)))
-        .unwrap();
+    send_8_bytes(&pair, 1, &src, &inbox);
     check_ok(&wait_one(&pair.b.rcq, &what), 1, WcOpcode::Recv, qb, &what);
     check_ok(&wait_one(&pair.a.scq, &what), 1, WcOpcode::Send, qa, &what);
     assert!(

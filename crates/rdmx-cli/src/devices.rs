@@ -18,7 +18,7 @@ pub(crate) fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             .map(|d| {
                 let c = &d.capabilities;
                 json!({
-                    "provider": d.provider.name(),
+                    "provider": d.provider,
                     "device": d.name,
                     "max_qp": c.max_qp,
                     "max_qp_wr": c.max_qp_wr,
@@ -44,7 +44,7 @@ pub(crate) fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     for d in &devices {
         let c = &d.capabilities;
-        println!("device: {} (provider {})", d.name, d.provider.name());
+        println!("device: {} (provider {})", d.name, d.provider);
         println!("\tmax_qp:\t\t\t{}", c.max_qp);
         println!("\tmax_qp_wr:\t\t{}", c.max_qp_wr);
         println!("\tmax_sge:\t\t{}", c.max_sge);

@@ -81,10 +81,12 @@ fn noise(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// The tcp provider's hello, with a secret a stranger cannot know.
 fn hello(to: u32, from: u32) -> Vec<u8> {
-    let mut h = b"RDMXTCP1".to_vec();
+    let mut h = b"RDMXTCP2".to_vec();
     h.extend_from_slice(&to.to_be_bytes());
     h.extend_from_slice(&from.to_be_bytes());
+    h.extend_from_slice(&0u64.to_be_bytes());
     h
 }
 

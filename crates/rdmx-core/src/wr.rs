@@ -224,6 +224,20 @@ pub struct Completion {
     pub qp_num: u32,
 }
 
+impl Default for Completion {
+    /// A successful SEND completion of `wr_id` 0 on QP 0: storage to poll into.
+    fn default() -> Self {
+        Completion {
+            wr_id: 0,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            byte_len: 0,
+            imm_data: None,
+            qp_num: 0,
+        }
+    }
+}
+
 /// A post was refused on the spot; nothing was queued.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -10,8 +10,7 @@
 //! interface) is given the IP the control connection reached it at.
 //!
 //! For verbs queue pairs the RDMA connection manager does the same job the way ibverbs
-//! users know it (perftest's `-R`): [`RdmaCmListener`] and [`rdma_connect`] connect one
-//! queue pair per rdma_cm connection, with rdma_cm's small private data.
+//! users know it (perftest's `-R`): see the verbs provider's `cm` module.
 //!
 //! ```no_run
 //! # fn main() -> rdmx::Result<()> {
@@ -34,10 +33,11 @@
 //! ```
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use crate::qp::{ConnectOptions, QpEndpoint, QueuePair};
+use crate::endpoint::{ConnectOptions, PeerAddr, QpEndpoint};
+use crate::qp::QueuePair;
 use crate::{Error, Result};
 
 /// Most bytes of private data each side may send.
@@ -45,9 +45,9 @@ pub const MAX_PRIVATE: usize = 1 << 20;
 /// Most queue pairs one exchange connects.
 pub const MAX_QPS: usize = 1 << 16;
 
-const MAGIC: &[u8; 8] = b"RDMXCM01";
-/// Bytes per endpoint: QP number, PSN, address family, IP, port.
-const EP_LEN: usize = 4 + 4 + 1 + 16 + 2;
+const MAGIC: &[u8; 8] = b"RDMXCM02";
+/// Bytes per endpoint ([`QpEndpoint::to_bytes`]).
+const EP_LEN: usize = QpEndpoint::LEN;
 
 /// A control-connection listener (the passive side of `rdma_cm`).
 #[derive(Debug)]
@@ -156,7 +156,7 @@ fn exchange(
     msg.extend_from_slice(&(qps.len() as u32).to_be_bytes());
     msg.extend_from_slice(&(private.len() as u32).to_be_bytes());
     for qp in qps {
-        encode(&qp.endpoint(), &mut msg);
+        msg.extend_from_slice(&qp.endpoint().to_bytes());
     }
     msg.extend_from_slice(private);
     s.write_all(&msg).map_err(io)?;
@@ -181,8 +181,8 @@ fn exchange(
     let mut body = vec![0u8; n * EP_LEN + plen];
     s.read_exact(&mut body).map_err(io)?;
     for (qp, raw) in qps.iter().zip(body.chunks_exact(EP_LEN)) {
-        let mut ep = decode(raw)?;
-        if let Some(a) = ep.addr.as_mut() {
+        let mut ep = QpEndpoint::from_bytes(raw)?;
+        if let PeerAddr::Ip(a) = &mut ep.addr {
             if a.ip().is_unspecified() {
                 a.set_ip(peer_ip.to_canonical());
             }
@@ -198,207 +198,4 @@ fn exchange(
         return Err(Error::Protocol("the peer did not confirm the connection"));
     }
     Ok(body.split_off(n * EP_LEN))
-}
-
-fn encode(ep: &QpEndpoint, out: &mut Vec<u8>) {
-    out.extend_from_slice(&ep.qp_num.to_be_bytes());
-    out.extend_from_slice(&ep.psn.to_be_bytes());
-    let (family, ip, port) = match ep.addr {
-        None => (0u8, [0u8; 16], 0u16),
-        Some(SocketAddr::V4(a)) => (4, a.ip().to_ipv6_mapped().octets(), a.port()),
-        Some(SocketAddr::V6(a)) => (6, a.ip().octets(), a.port()),
-    };
-    out.push(family);
-    out.extend_from_slice(&ip);
-    out.extend_from_slice(&port.to_be_bytes());
-}
-
-fn decode(raw: &[u8]) -> Result<QpEndpoint> {
-    let u32_at = |i: usize| u32::from_be_bytes(raw[i..i + 4].try_into().expect("4 bytes"));
-    let ip: [u8; 16] = raw[9..25].try_into().expect("16 bytes");
-    let port = u16::from_be_bytes([raw[25], raw[26]]);
-    let v6 = std::net::Ipv6Addr::from(ip);
-    let addr = match raw[8] {
-        0 => None,
-        4 => Some(SocketAddr::new(IpAddr::V6(v6).to_canonical(), port)),
-        6 => Some(SocketAddr::new(IpAddr::V6(v6), port)),
-        _ => return Err(Error::Protocol("bad address family in a peer's endpoint")),
-    };
-    Ok(QpEndpoint {
-        qp_num: u32_at(0) & 0xff_ffff,
-        psn: u32_at(4) & 0xff_ffff,
-        addr,
-    })
-}
-
-/// Most bytes of private data an rdma_cm connect request carries (IB CM REQ, after the
-/// rdma_cm header).
-pub const MAX_RDMA_CM_CONNECT_PRIVATE: usize = 56;
-/// Most bytes of private data an rdma_cm accept reply carries (IB CM REP).
-pub const MAX_RDMA_CM_ACCEPT_PRIVATE: usize = 196;
-
-/// The one verbs QP of an rdma_cm call, after the checks every provider shares.
-#[cfg(feature = "verbs")]
-fn rdma_cm_qp<'a>(
-    qps: &'a [QueuePair],
-    private: &[u8],
-    max: usize,
-) -> Result<&'a crate::verbs::Qp> {
-    let qp = rdma_cm_check(qps, private, max)?;
-    qp.verbs().ok_or(Error::Unsupported(
-        "rdma_cm connects verbs queue pairs only; use cm::Listener/cm::connect on other providers",
-    ))
-}
-
-fn rdma_cm_check<'a>(qps: &'a [QueuePair], private: &[u8], max: usize) -> Result<&'a QueuePair> {
-    let [qp] = qps else {
-        return Err(Error::InvalidArgument(
-            "rdma_cm connects one queue pair per connection: pass exactly one (for several, \
-             one connection each)",
-        ));
-    };
-    if private.len() > max {
-        return Err(Error::InvalidArgument(
-            if max == MAX_RDMA_CM_CONNECT_PRIVATE {
-                "rdma_cm carries at most 56 bytes of private data in a connect request"
-            } else {
-                "rdma_cm carries at most 196 bytes of private data in an accept reply"
-            },
-        ));
-    }
-    Ok(qp)
-}
-
-fn first_addr(addr: impl ToSocketAddrs) -> Result<SocketAddr> {
-    addr.to_socket_addrs()
-        .map_err(|e| Error::Io("resolve the address", e))?
-        .next()
-        .ok_or_else(|| {
-            Error::Io(
-                "resolve the address",
-                std::io::Error::other("the address resolved to nothing"),
-            )
-        })
-}
-
-/// A listener of the RDMA connection manager (`rdma_bind_addr` + `rdma_listen`): the
-/// passive side of [`rdma_connect`], for verbs queue pairs.
-///
-/// It connects one queue pair per accepted connection, moved through RTR and RTS with the
-/// attributes rdma_cm negotiated (peer QP number, PSNs, path, MTU, READ depths); the
-/// access flags, RNR timer and ACK timeout come from [`ConnectOptions`], whose MTU and
-/// READ depths bound what rdma_cm picks. The connection (its `rdma_cm_id`) is kept by
-/// the queue pair and ends when the queue pair is dropped.
-///
-/// Private data is what rdma_cm carries: at most [`MAX_RDMA_CM_CONNECT_PRIVATE`] bytes
-/// from the connecting side, [`MAX_RDMA_CM_ACCEPT_PRIVATE`] from the accepting one. On
-/// InfiniBand and RoCE the peer receives it zero-padded to those sizes (the CM messages
-/// have fixed-size fields), so applications send fixed-size records.
-///
-/// ```no_run
-/// # fn main() -> rdmx::Result<()> {
-/// use std::time::Duration;
-/// use rdmx::{cm, ConnectOptions, Context, QpCaps};
-///
-/// let ctx = Context::open_provider("verbs")?;
-/// let pd = ctx.alloc_pd();
-/// let cq = ctx.create_cq(256)?;
-/// let qp = pd.create_qp(&cq, &cq, QpCaps::default())?;
-/// let listener = cm::RdmaCmListener::bind("0.0.0.0:18515")?;
-/// let theirs = listener.accept(
-///     std::slice::from_ref(&qp),
-///     &ConnectOptions::default(),
-///     b"my region",
-///     Duration::from_secs(10),
-/// )?;
-/// # let _ = theirs; Ok(()) }
-/// ```
-#[derive(Debug)]
-pub struct RdmaCmListener {
-    #[cfg(feature = "verbs")]
-    inner: crate::verbs::rdmacm::Listener,
-}
-
-impl RdmaCmListener {
-    /// Listens on `addr` (an IP address of an RDMA device, or the unspecified address for
-    /// every device; port 0 picks one).
-    pub fn bind(addr: impl ToSocketAddrs) -> Result<RdmaCmListener> {
-        let addr = first_addr(addr)?;
-        #[cfg(feature = "verbs")]
-        return Ok(RdmaCmListener {
-            inner: crate::verbs::rdmacm::Listener::bind(addr)?,
-        });
-        #[cfg(not(feature = "verbs"))]
-        {
-            let _ = addr;
-            Err(Error::Unsupported("rdma_cm needs rdmx's verbs feature"))
-        }
-    }
-
-    /// The address it listens on.
-    pub fn local_addr(&self) -> Result<SocketAddr> {
-        #[cfg(feature = "verbs")]
-        return self.inner.local_addr();
-        #[cfg(not(feature = "verbs"))]
-        Err(Error::Unsupported("rdma_cm needs rdmx's verbs feature"))
-    }
-
-    /// Waits up to `timeout` for one connect request, connects `qps` (exactly one verbs
-    /// queue pair, in RESET) to the requester, sends it `private` (at most
-    /// [`MAX_RDMA_CM_ACCEPT_PRIVATE`] bytes) and returns the requester's private data once
-    /// the connection is established. On error the queue pair may be left part-way
-    /// (INIT or RTR) and the request is rejected.
-    pub fn accept(
-        &self,
-        qps: &[QueuePair],
-        opts: &ConnectOptions,
-        private: &[u8],
-        timeout: Duration,
-    ) -> Result<Vec<u8>> {
-        let deadline = Instant::now() + timeout;
-        #[cfg(feature = "verbs")]
-        {
-            let qp = rdma_cm_qp(qps, private, MAX_RDMA_CM_ACCEPT_PRIVATE)?;
-            self.inner.accept(qp, opts, private, deadline)
-        }
-        #[cfg(not(feature = "verbs"))]
-        {
-            let _ = (opts, deadline);
-            rdma_cm_check(qps, private, MAX_RDMA_CM_ACCEPT_PRIVATE)?;
-            Err(Error::Unsupported("rdma_cm needs rdmx's verbs feature"))
-        }
-    }
-}
-
-/// Connects `qps` (exactly one verbs queue pair, in RESET) through the RDMA connection
-/// manager to an [`RdmaCmListener`] (or any rdma_cm server) at `addr`, within `timeout`:
-/// address and route resolution, the connect request carrying `private` (at most
-/// [`MAX_RDMA_CM_CONNECT_PRIVATE`] bytes), the moves to RTR and RTS, `rdma_establish`.
-/// Returns the peer's private data (see [`RdmaCmListener`] for its padding).
-///
-/// Errors name what happened: [`Error::RdmaCm`] for an rdma_cm event such as
-/// `RDMA_CM_EVENT_REJECTED` (status 8 when nobody listens on that port),
-/// `RDMA_CM_EVENT_UNREACHABLE` or `RDMA_CM_EVENT_ADDR_ERROR`; [`Error::Timeout`] when a
-/// step did not finish in time; [`Error::Unsupported`] for a queue pair of another
-/// provider; [`Error::NoDevice`] when the address is reached through another device than
-/// the queue pair's.
-pub fn rdma_connect(
-    addr: impl ToSocketAddrs,
-    qps: &[QueuePair],
-    opts: &ConnectOptions,
-    private: &[u8],
-    timeout: Duration,
-) -> Result<Vec<u8>> {
-    let deadline = Instant::now() + timeout;
-    #[cfg(feature = "verbs")]
-    {
-        let qp = rdma_cm_qp(qps, private, MAX_RDMA_CM_CONNECT_PRIVATE)?;
-        crate::verbs::rdmacm::connect(qp, first_addr(addr)?, opts, private, deadline)
-    }
-    #[cfg(not(feature = "verbs"))]
-    {
-        let _ = (addr, opts, deadline);
-        rdma_cm_check(qps, private, MAX_RDMA_CM_CONNECT_PRIVATE)?;
-        Err(Error::Unsupported("rdma_cm needs rdmx's verbs feature"))
-    }
 }

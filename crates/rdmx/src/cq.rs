@@ -1,5 +1,5 @@
-//! Completion queues: fixed capacity, batch polling, and notification through a file
-//! descriptor.
+//! Completion queues: fixed capacity, batch polling, blocking waits, and notification
+//! through a file descriptor.
 //!
 //! A CQ holds at most its capacity of completions. A completion that finds the CQ full is
 //! lost and the CQ is *overrun*, as on an adapter (`IBV_EVENT_CQ_ERR`): from then on
@@ -9,198 +9,100 @@
 //! Notification follows verbs: [`req_notify`](CompletionQueue::req_notify) arms the CQ
 //! (for any completion, or for solicited ones and errors only); the next matching
 //! completion makes [`fd`](CompletionQueue::fd) readable once, and disarms. The descriptor
-//! is an eventfd that epoll, mio or tokio's `AsyncFd` can wait on;
+//! can be waited on with epoll, mio or tokio's `AsyncFd`;
 //! [`get_event`](CompletionQueue::get_event) consumes the notification.
+//! [`wait`](CompletionQueue::wait) does all of it: poll, arm, poll again, sleep.
 
-use std::collections::VecDeque;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
-use rdmx_core::{Completion, WcStatus};
+use rdmx_core::Completion;
 
+use crate::provider::{CqCore, CqParts, Device};
 use crate::{Error, Result};
 
 /// A completion queue (`ibv_cq`). Cloning shares the queue.
 #[derive(Clone, Debug)]
 pub struct CompletionQueue {
-    pub(crate) inner: Arc<CqInner>,
-}
-
-#[derive(Debug)]
-pub(crate) struct CqInner {
-    state: Mutex<CqState>,
-    capacity: usize,
-    event: OwnedFd,
-    progress: Progress,
-}
-
-/// What polling the CQ does besides taking completions.
-#[derive(Debug)]
-pub(crate) enum Progress {
-    /// Pump the loopback fabric.
-    Loopback,
-    /// Run a busy-polled tcp driver once.
-    Tcp(std::sync::Arc<crate::tcp::Driver>),
-    /// Nothing: a progress thread makes progress.
-    Background,
-    /// Move the adapter CQ's completions in.
-    #[cfg(feature = "verbs")]
-    Verbs(crate::verbs::Cq),
-}
-
-/// Moves an engine's completions to its CQs; an overrun CQ puts the QP in error.
-/// Returns whether any completion moved.
-pub(crate) fn route_completions<M: rdmx_core::rc::MemAccess>(
-    engine: &mut rdmx_core::rc::RcQp<M>,
-    send_cq: &CompletionQueue,
-    recv_cq: &CompletionQueue,
-) -> bool {
-    let mut moved = false;
-    while let Some((side, c, solicited)) = engine.poll_completion() {
-        moved = true;
-        let cq = match side {
-            rdmx_core::rc::CqSide::Send => send_cq,
-            rdmx_core::rc::CqSide::Recv => recv_cq,
-        };
-        if !cq.inner.push(c, solicited) && engine.state() != rdmx_core::QpState::Err {
-            let attr = rdmx_core::QpAttr {
-                qp_state: rdmx_core::QpState::Err,
-                ..rdmx_core::QpAttr::default()
-            };
-            let _ = engine.modify(&attr, rdmx_core::QpAttrMask::STATE);
-        }
-    }
-    moved
-}
-
-#[derive(Debug)]
-struct CqState {
-    entries: VecDeque<Completion>,
-    overrun: bool,
-    armed: Option<bool>,
+    pub(crate) parts: Arc<CqParts>,
 }
 
 impl CompletionQueue {
-    pub(crate) fn new(capacity: usize, progress: Progress) -> Result<CompletionQueue> {
-        if capacity == 0 {
-            return Err(Error::InvalidArgument(
-                "a completion queue needs capacity ≥ 1",
-            ));
-        }
-        // SAFETY: eventfd takes an initial value and flags and returns a new descriptor.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(Error::Io("eventfd", std::io::Error::last_os_error()));
-        }
-        // SAFETY: `fd` is a new descriptor that nothing else owns.
-        let event = unsafe { OwnedFd::from_raw_fd(fd) };
+    pub(crate) fn new(device: &dyn Device, capacity: usize) -> Result<CompletionQueue> {
+        let core = Arc::new(CqCore::new(capacity)?);
+        let imp = device.create_cq(&core)?;
         Ok(CompletionQueue {
-            inner: Arc::new(CqInner {
-                state: Mutex::new(CqState {
-                    entries: VecDeque::with_capacity(capacity.min(4096)),
-                    overrun: false,
-                    armed: None,
-                }),
-                capacity,
-                event,
-                progress,
-            }),
+            parts: Arc::new(CqParts { core, imp }),
         })
     }
 
-    /// A CQ over an adapter CQ of `dev`.
-    #[cfg(feature = "verbs")]
-    pub(crate) fn new_verbs(
-        capacity: usize,
-        dev: &Arc<crate::verbs::Device>,
-    ) -> Result<CompletionQueue> {
-        let mut cq = Self::new(capacity, Progress::Background)?;
-        let hw = crate::verbs::Cq::create(dev, capacity, cq.inner.event.as_raw_fd())?;
-        Arc::get_mut(&mut cq.inner).expect("a new CQ").progress = Progress::Verbs(hw);
-        Ok(cq)
-    }
-
-    /// verbs: the adapter CQ.
-    #[cfg(feature = "verbs")]
-    pub(crate) fn verbs(&self) -> Option<&crate::verbs::Cq> {
-        match &self.inner.progress {
-            Progress::Verbs(hw) => Some(hw),
-            _ => None,
-        }
+    pub(crate) fn core(&self) -> &Arc<CqCore> {
+        &self.parts.core
     }
 
     /// Most completions the queue holds.
     pub fn capacity(&self) -> usize {
-        self.inner.capacity
+        self.parts.core.capacity()
     }
 
     /// Moves up to `out.len()` completions into `out` (`ibv_poll_cq`); returns how many.
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
-        match &self.inner.progress {
-            Progress::Loopback => crate::loopback::progress(),
-            Progress::Tcp(d) => d.progress(Some(std::time::Duration::ZERO)),
-            Progress::Background => {}
-            #[cfg(feature = "verbs")]
-            Progress::Verbs(hw) => hw.drain(|c| {
-                self.inner.push(c, false);
-            })?,
-        }
-        let mut st = self.inner.state.lock();
-        if st.overrun {
-            return Err(Error::CqOverrun);
-        }
-        let n = out.len().min(st.entries.len());
-        for (slot, c) in out.iter_mut().zip(st.entries.drain(..n)) {
-            *slot = c;
-        }
-        Ok(n)
+        self.parts.imp.progress(&self.parts.core)?;
+        self.parts.core.take(out)
     }
 
     /// Polls one completion.
     pub fn poll_one(&self) -> Result<Option<Completion>> {
-        let mut one = [EMPTY];
+        let mut one = [Completion::default()];
         Ok((self.poll(&mut one)? == 1).then_some(one[0]))
+    }
+
+    /// Waits up to `timeout` for completions and moves up to `out.len()` of them into
+    /// `out`; returns how many (0 when the time ran out). Polls first, then arms the CQ,
+    /// polls again (a completion that came before arming does not notify) and sleeps on
+    /// the notification, so a waiting thread uses no CPU where the provider makes progress
+    /// by itself.
+    pub fn wait(&self, out: &mut [Completion], timeout: Duration) -> Result<usize> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let n = self.poll(out)?;
+            if n > 0 || out.is_empty() {
+                return Ok(n);
+            }
+            self.req_notify(false);
+            let n = self.poll(out)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || !self.wait_event(left)? {
+                return self.poll(out);
+            }
+        }
     }
 
     /// Arms notification (`ibv_req_notify_cq`): the next completion (or, with
     /// `solicited_only`, the next solicited or error completion) makes the descriptor
     /// readable.
     pub fn req_notify(&self, solicited_only: bool) {
-        #[cfg(feature = "verbs")]
-        if let Progress::Verbs(hw) = &self.inner.progress {
-            // The adapter notifies; the rdmx side only adds error completions in
-            // solicited-only mode, which not every adapter reports (rxe does not).
-            self.inner.state.lock().armed = solicited_only.then_some(true);
-            if let Err(e) = hw.req_notify(solicited_only) {
-                tracing::warn!(error = %e, "verbs: arming the CQ failed");
-            }
-            return;
-        }
-        self.inner.state.lock().armed = Some(solicited_only);
+        self.parts.imp.req_notify(&self.parts.core, solicited_only);
     }
 
     /// The notification descriptor.
     pub fn fd(&self) -> BorrowedFd<'_> {
-        #[cfg(feature = "verbs")]
-        if let Progress::Verbs(hw) = &self.inner.progress {
-            // SAFETY: the epoll descriptor lives as long as the CQ, which `self` borrows.
-            return unsafe { BorrowedFd::borrow_raw(hw.fd()) };
-        }
-        self.inner.event.as_fd()
+        let fd = self
+            .parts
+            .imp
+            .fd()
+            .unwrap_or_else(|| self.parts.core.event_fd());
+        // SAFETY: both candidate descriptors live as long as the CQ, which `self` borrows.
+        unsafe { BorrowedFd::borrow_raw(fd) }
     }
 
     /// Consumes a notification (`ibv_get_cq_event`); returns whether there was one.
     pub fn get_event(&self) -> bool {
-        #[cfg(feature = "verbs")]
-        if let Progress::Verbs(hw) = &self.inner.progress {
-            let adapter = hw.take_events();
-            if adapter {
-                self.inner.state.lock().armed = None;
-            }
-            return self.read_event() | adapter;
-        }
-        self.read_event()
+        self.parts.imp.get_event(&self.parts.core)
     }
 
     /// Waits up to `timeout` for the notification [`req_notify`](Self::req_notify) armed,
@@ -209,12 +111,13 @@ impl CompletionQueue {
     /// came before arming does not notify), then wait. Where completions only move when
     /// someone polls (loopback, busy-polled contexts) the wait polls in short slices
     /// itself, taking no completions.
-    pub fn wait_event(&self, timeout: std::time::Duration) -> Result<bool> {
-        let start = std::time::Instant::now();
-        let slice = match &self.inner.progress {
-            Progress::Loopback | Progress::Tcp(_) => Some(std::time::Duration::from_millis(1)),
-            _ => None,
-        };
+    pub fn wait_event(&self, timeout: Duration) -> Result<bool> {
+        let start = Instant::now();
+        let slice = self
+            .parts
+            .imp
+            .needs_polling()
+            .then_some(Duration::from_millis(1));
         loop {
             if self.get_event() {
                 return Ok(true);
@@ -238,57 +141,8 @@ impl CompletionQueue {
                 }
             }
             if slice.is_some() {
-                self.poll(&mut [])?;
+                self.parts.imp.progress(&self.parts.core)?;
             }
         }
     }
-
-    fn read_event(&self) -> bool {
-        let mut v = 0u64;
-        // SAFETY: reads 8 bytes into `v` from our own non-blocking eventfd.
-        let n = unsafe {
-            libc::read(
-                self.inner.event.as_raw_fd(),
-                (&mut v as *mut u64).cast(),
-                std::mem::size_of::<u64>(),
-            )
-        };
-        n == 8
-    }
 }
-
-impl CqInner {
-    /// Adds a completion; returns false when the queue was full (now overrun).
-    pub(crate) fn push(&self, c: Completion, solicited: bool) -> bool {
-        let mut st = self.state.lock();
-        if st.overrun || st.entries.len() >= self.capacity {
-            st.overrun = true;
-            return false;
-        }
-        st.entries.push_back(c);
-        if let Some(only_solicited) = st.armed {
-            if !only_solicited || solicited || c.status != WcStatus::Success {
-                st.armed = None;
-                let one = 1u64;
-                // SAFETY: writes 8 bytes from `one` to our own eventfd.
-                let _ = unsafe {
-                    libc::write(
-                        self.event.as_raw_fd(),
-                        (&one as *const u64).cast(),
-                        std::mem::size_of::<u64>(),
-                    )
-                };
-            }
-        }
-        true
-    }
-}
-
-const EMPTY: Completion = Completion {
-    wr_id: 0,
-    status: WcStatus::Success,
-    opcode: rdmx_core::WcOpcode::Send,
-    byte_len: 0,
-    imm_data: None,
-    qp_num: 0,
-};

@@ -3,20 +3,34 @@
 //! rdmx gives one verbs-shaped, safe API over several providers. It is built in layers,
 //! each its own crate, top-down:
 //!
-//! - **rdmx** (this crate): the facade users program against: [`Context`],
-//!   [`ProtectionDomain`], [`MemoryRegion`], the registration cache ([`RegCache`]) and
-//!   registered-buffer pools ([`BufferPool`]).
-//! - **rdmx-core**: the sans-IO core. Memory-region keys and the checks every provider
-//!   runs before touching memory ([`rdmx_core::MrTable`]).
-//! - **rdmx-mem**: the memory layer. Pinning with `RLIMIT_MEMLOCK` diagnostics, the
-//!   registration cache and its `munmap` monitor, buffer pools, hugepage mappings.
+//! - **rdmx** (this crate): the facade users program against — [`Context`],
+//!   [`ProtectionDomain`], [`MemoryRegion`], [`CompletionQueue`], [`QueuePair`],
+//!   [`SharedReceiveQueue`], connection setup ([`cm`]), the registration cache
+//!   ([`RegCache`]) and registered-buffer pools ([`BufferPool`]) — over a provider seam.
+//! - **providers**, each one folder behind the seam, listed once (`PROVIDERS` in this
+//!   file):
+//!   - [`loopback`] (the default): queue pairs of this process, packets passed in memory;
+//!   - [`tcp`]: between processes and hosts, one TCP stream per queue pair, payloads moved
+//!     straight between the socket and registered memory;
+//!   - `verbs` (cargo feature `verbs`, on by default): rdma-core, for InfiniBand, RoCE and
+//!     iWARP adapters and Soft-RoCE, with its own rdma_cm connection setup.
+//!
+//!   The software providers share one host for the RC engine (the `soft` module) and
+//!   bring only their packet transport.
+//! - **rdmx-mem**: pinning with `RLIMIT_MEMLOCK` diagnostics, the registration cache and
+//!   its `munmap` monitor, buffer pools, hugepage and shareable mappings.
+//! - **rdmx-core**: the sans-IO core — memory-region keys and the checks every provider
+//!   runs, the QP state machine, and the RC engine (requester, responder, retransmission,
+//!   RNR, credits) — with no IO, threads or clock reads.
+//! - **rdmx-wire**: IBTA headers as packet views and representations (BTH, RETH, AETH,
+//!   AtomicETH, ImmDt, IETH, ...).
 //!
 //! ## Quick start
 //!
 //! ```
 //! use rdmx::{Access, Context};
 //!
-//! let ctx = Context::open()?;
+//! let ctx = Context::open_default()?;
 //! let pd = ctx.alloc_pd();
 //! let mr = pd.register(vec![0u8; 4096], Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
 //! mr.write_at(0, b"hello")?;
@@ -27,40 +41,71 @@
 //! # Ok::<(), rdmx::Error>(())
 //! ```
 //!
+//! Choosing a provider and its options is typed:
+//! `Context::open(rdmx::tcp::Options::default().busy_poll(true))`; by name (as the CLI's
+//! `--provider`) it is [`Context::open_provider`].
+//!
 //! ## Memory safety
 //!
 //! - A region's keys die the moment it is deregistered; its memory lives until nothing
-//!   uses it ([`MrRef`]).
+//!   uses it ([`MrRef`]): a posted request holds its regions until it completes.
 //! - Memory that the adapter or a peer may write is reached through copying accessors or
 //!   owned pool buffers, never through long-lived slices.
 //! - Registering memory the caller keeps owning is `unsafe`
 //!   ([`ProtectionDomain::register_raw`]); owned memory ([`Memory`]) is safe.
+//!
+//! ## Cargo features
+//!
+//! - `verbs` (default): the rdma-core provider (loaded at run time).
+//! - `serde`: `Serialize`/`Deserialize` for [`QpEndpoint`], [`PeerAddr`] and
+//!   [`RemoteRegion`] (each also has a compact byte form).
+//! - `testing`: test tools — the loopback provider's fault injection and seeded keys.
 
 pub mod cm;
 mod context;
 mod cq;
+mod endpoint;
 mod error;
-pub mod faults;
-mod loopback;
-mod mem;
 mod mr;
+mod owned;
 mod pd;
 mod provider;
 mod qp;
-mod tcp;
-#[cfg(feature = "verbs")]
-mod verbs;
+mod soft;
+mod srq;
 
-pub use context::{Context, ContextOptions};
+pub mod loopback;
+pub mod tcp;
+#[cfg(feature = "verbs")]
+pub mod verbs;
+
+/// Every provider this build has: one line each.
+pub(crate) const PROVIDERS: &[provider::Entry] = &[
+    loopback::ENTRY,
+    tcp::ENTRY,
+    #[cfg(feature = "verbs")]
+    verbs::ENTRY,
+];
+
+/// The names of the providers this build has (`loopback`, `tcp`, `verbs`).
+pub fn provider_names() -> impl Iterator<Item = &'static str> {
+    PROVIDERS.iter().map(|p| p.name)
+}
+
+/// Every device available on this machine: one per software provider, and each RDMA
+/// device rdma-core offers.
+pub fn devices() -> Vec<DeviceInfo> {
+    PROVIDERS.iter().flat_map(|p| (p.devices)()).collect()
+}
+
+pub use context::Context;
 pub use cq::CompletionQueue;
+pub use endpoint::{ConnectOptions, PeerAddr, QpEndpoint, RemoteRegion};
 pub use error::{Error, Result};
-pub use mr::{MemoryRegion, MrRef, RemoteRegion};
-pub use pd::ProtectionDomain;
-pub use provider::{devices, AtomicCap, Capabilities, DeviceInfo, ProviderKind};
-pub use qp::{
-    ConnectOptions, LocalSge, QpCaps, QpEndpoint, QueuePair, RecvRequest, SendRequest,
-    SharedReceiveQueue,
-};
+pub use mr::MemoryRegion;
+pub use owned::{CachedBuf, OwnedBuf};
+pub use provider::{AtomicCap, Capabilities, DeviceInfo, MrRef, ProviderConfig, QpCaps};
+pub use qp::{LocalSge, QueuePair, RecvRequest, SendRequest};
 pub use rdmx_core::{
     Completion, KeyError, KeyUse, ModifyError, Mtu, PdId, PostError, QpAttr, QpAttrMask, QpState,
     RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus,
@@ -69,6 +114,7 @@ pub use rdmx_mem::{
     Access, Backing, CacheConfig, CacheStats, HugePages, Invalidation, Mapping, MemlockLimit,
     Memory, Monitoring, Pinning, PoolConfig, PoolStats,
 };
+pub use srq::SharedReceiveQueue;
 
 /// A registration cache over a protection domain.
 pub type RegCache = rdmx_mem::RegCache<ProtectionDomain>;
@@ -78,6 +124,8 @@ pub type CacheHandle = rdmx_mem::CacheHandle<ProtectionDomain>;
 pub type BufferPool = rdmx_mem::BufferPool<ProtectionDomain>;
 /// An owned buffer from a [`BufferPool`].
 pub type PoolBuf = rdmx_mem::PoolBuf<ProtectionDomain>;
+
+pub use pd::ProtectionDomain;
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

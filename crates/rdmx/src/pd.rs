@@ -1,11 +1,10 @@
 //! Protection domains: the scope of memory keys, and the registrar for the cache and pools.
 
-use std::sync::Arc;
-
 use rdmx_core::{KeyError, KeyUse, PdId};
 use rdmx_mem::{Access, Memory, Pinning};
 
-use crate::mr::{MemoryRegion, MrRef, MrShared};
+use crate::mr::MemoryRegion;
+use crate::provider::{MrRef, Registration};
 use crate::{Context, Error, Result};
 
 /// A protection domain (`ibv_pd`).
@@ -93,65 +92,18 @@ impl ProtectionDomain {
         owner: Option<Box<dyn Memory>>,
     ) -> Result<MemoryRegion> {
         access.validate().map_err(rdmx_mem::Error::from)?;
-        #[cfg(feature = "verbs")]
-        if let crate::context::Backend::Verbs(dev) = &self.ctx.inner.backend {
-            return self.register_verbs(dev, addr, len, access, owner);
-        }
-        let pin = rdmx_mem::pin::pin(addr as usize, len, pinning)?;
-        let shared = {
-            let mut table = self.ctx.inner.mrs.write();
-            let entry =
-                table.insert_with(self.id, addr as u64, len as u64, access, |lkey, rkey| {
-                    Arc::new(MrShared {
-                        pin,
-                        _owner: owner,
-                        addr,
-                        len,
-                        access,
-                        lkey,
-                        rkey,
-                        pd: self.id,
-                    })
-                })?;
-            entry.payload.clone()
-        };
-        Ok(MemoryRegion::new(shared, self.ctx.clone()))
-    }
-
-    /// verbs: `ibv_reg_mr`, which pins the pages itself.
-    #[cfg(feature = "verbs")]
-    fn register_verbs(
-        &self,
-        dev: &Arc<crate::verbs::Device>,
-        addr: *mut u8,
-        len: usize,
-        access: Access,
-        owner: Option<Box<dyn Memory>>,
-    ) -> Result<MemoryRegion> {
-        if len == 0 {
-            return Err(rdmx_mem::Error::InvalidRange {
-                addr: addr as usize,
-                len,
-            }
-            .into());
-        }
-        let pd = dev.pd(self.id)?;
-        // SAFETY: the memory stays mapped while the region lives: `owner` owns it, or the
-        // register_raw caller promised so; the MR is dropped before `owner` (MemoryRegion's
-        // Drop deregisters first).
-        let (hw, lkey, rkey) = unsafe { dev.register(&pd, addr, len, access)? };
-        let shared = Arc::new(MrShared {
-            pin: None,
-            _owner: owner,
+        let reg = Registration {
+            pd: self.id,
             addr,
             len,
             access,
-            lkey,
-            rkey,
-            pd: self.id,
-        });
-        dev.insert_mr(&shared);
-        Ok(MemoryRegion::new_verbs(shared, self.ctx.clone(), hw))
+            pinning,
+            owner,
+        };
+        // SAFETY: the memory stays mapped while the region lives: `owner` owns it, or the
+        // register_raw caller promised so.
+        let shared = unsafe { self.ctx.device().register(reg)? };
+        Ok(MemoryRegion::new(shared, self.ctx.clone()))
     }
 
     /// Resolves a key as a queue pair of this domain would before touching memory:
@@ -165,13 +117,9 @@ impl ProtectionDomain {
         len: u64,
         need: Access,
     ) -> Result<MrRef, KeyError> {
-        #[cfg(feature = "verbs")]
-        if let crate::context::Backend::Verbs(dev) = &self.ctx.inner.backend {
-            return dev.check(key, key_use, self.id, addr, len, need);
-        }
-        let table = self.ctx.inner.mrs.read();
-        let entry = table.check(key, key_use, self.id, addr, len, need)?;
-        Ok(MrRef::new(entry.payload.clone()))
+        self.ctx
+            .device()
+            .check(self.id, key, key_use, addr, len, need)
     }
 }
 

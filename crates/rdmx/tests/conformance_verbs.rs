@@ -12,10 +12,7 @@ mod conformance;
 /// The verbs provider, or `None` (after saying why) when no RDMA device exists here.
 fn verbs_provider() -> Option<conformance::Provider> {
     let devices = rdmx::devices();
-    if devices
-        .iter()
-        .any(|d| d.provider == rdmx::ProviderKind::Verbs)
-    {
+    if devices.iter().any(|d| d.provider == "verbs") {
         return Some(conformance_verbs::VERBS);
     }
     let why = match rdmx::Context::open_provider("verbs") {
@@ -41,7 +38,7 @@ macro_rules! verbs_or_skip {
 }
 
 mod conformance_verbs {
-    use rdmx::{Context, ContextOptions, Mtu};
+    use rdmx::{Context, Mtu};
 
     use crate::conformance::Provider;
 
@@ -50,7 +47,7 @@ mod conformance_verbs {
     pub(crate) const VERBS: Provider = Provider {
         name: "verbs",
         open: || match std::env::var("RDMX_VERBS_DEVICE") {
-            Ok(dev) => Context::open_with("verbs", &ContextOptions::default().device(&dev)),
+            Ok(dev) => Context::open(rdmx::verbs::Options::default().device(&dev)),
             Err(_) => Context::open_provider("verbs"),
         },
         mtu: Mtu::Mtu1024,

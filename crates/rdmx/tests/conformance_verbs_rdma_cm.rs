@@ -1,4 +1,4 @@
-//! Connection setup through rdma_cm (`rdmx::cm::RdmaCmListener`, `rdmx::cm::rdma_connect`)
+//! Connection setup through rdma_cm (`rdmx::verbs::cm::Listener`, `rdmx::verbs::cm::connect`)
 //! on the verbs provider: two queue pairs of this process, each on its own context,
 //! connected over the device's IPv4 address (`RXE_IP` when set, as in the Soft-RoCE VM of
 //! `scripts/rxe-test.sh`, else the IPv4 address the device's GID maps), then a WRITE, a
@@ -11,11 +11,13 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
-use rdmx::cm::{self, RdmaCmListener, MAX_RDMA_CM_ACCEPT_PRIVATE, MAX_RDMA_CM_CONNECT_PRIVATE};
+use rdmx::verbs::cm::{
+    self, Listener as RdmaCmListener, MAX_ACCEPT_PRIVATE as MAX_RDMA_CM_ACCEPT_PRIVATE,
+    MAX_CONNECT_PRIVATE as MAX_RDMA_CM_CONNECT_PRIVATE,
+};
 use rdmx::{
-    Access, Completion, CompletionQueue, ConnectOptions, Context, ContextOptions, Error, LocalSge,
-    MemoryRegion, QpCaps, QpState, QueuePair, RecvRequest, RemoteAddr, SendRequest, WcOpcode,
-    WcStatus,
+    Access, Completion, CompletionQueue, ConnectOptions, Context, Error, LocalSge, MemoryRegion,
+    QpCaps, QpState, QueuePair, RecvRequest, RemoteAddr, SendRequest, WcOpcode, WcStatus,
 };
 
 const LEN: usize = 64 * 1024;
@@ -27,9 +29,9 @@ fn device() -> Option<(String, Ipv4Addr)> {
     let want = std::env::var("RDMX_VERBS_DEVICE")
         .or_else(|_| std::env::var("RXE_DEV"))
         .ok();
-    let dev = rdmx::devices().into_iter().find(|d| {
-        d.provider == rdmx::ProviderKind::Verbs && want.as_ref().map_or(true, |w| *w == d.name)
-    });
+    let dev = rdmx::devices()
+        .into_iter()
+        .find(|d| d.provider == "verbs" && want.as_ref().map_or(true, |w| *w == d.name));
     let why = match dev {
         Some(d) => {
             let ip = std::env::var("RXE_IP")
@@ -60,7 +62,7 @@ struct Side {
 
 impl Side {
     fn open(dev: &str, fill: u8) -> Side {
-        let ctx = Context::open_with("verbs", &ContextOptions::default().device(dev)).unwrap();
+        let ctx = Context::open(rdmx::verbs::Options::default().device(dev)).unwrap();
         let pd = ctx.alloc_pd();
         let cq = ctx.create_cq(64).unwrap();
         let qp = pd.create_qp(&cq, &cq, QpCaps::default()).unwrap();
@@ -124,7 +126,7 @@ fn connected(dev: &str, ip: Ipv4Addr) -> (Side, Side, Vec<u8>, Vec<u8>) {
     let (from_server, from_client) = std::thread::scope(|s| {
         let accepted =
             s.spawn(|| listener.accept(std::slice::from_ref(&server.qp), &opts, &s_priv, TIMEOUT));
-        let from_server = cm::rdma_connect(
+        let from_server = cm::connect(
             addr,
             std::slice::from_ref(&client.qp),
             &opts,
@@ -210,7 +212,7 @@ fn connect_to_a_port_nobody_listens_on_fails_in_time() {
         .unwrap()
         .port();
     let start = Instant::now();
-    let e = cm::rdma_connect(
+    let e = cm::connect(
         (ip, port),
         std::slice::from_ref(&side.qp),
         &ConnectOptions::default(),
@@ -259,7 +261,7 @@ fn oversize_private_data_is_refused_on_verbs() {
     let addr = listener.local_addr().unwrap();
     let qps = std::slice::from_ref(&side.qp);
     let opts = ConnectOptions::default();
-    let e = cm::rdma_connect(
+    let e = cm::connect(
         addr,
         qps,
         &opts,
@@ -306,7 +308,7 @@ fn non_verbs_queue_pairs_are_unsupported() {
     let addr: SocketAddr = tcp.local_addr().unwrap();
     for (ctx, qp) in software_qps() {
         let start = Instant::now();
-        let e = cm::rdma_connect(
+        let e = cm::connect(
             addr,
             std::slice::from_ref(&qp),
             &ConnectOptions::default(),
@@ -317,7 +319,7 @@ fn non_verbs_queue_pairs_are_unsupported() {
         assert!(
             matches!(e, Error::Unsupported(_)),
             "{}: {e:?}",
-            ctx.provider().name()
+            ctx.provider()
         );
         assert!(e.to_string().contains("verbs"), "{e}");
         assert!(start.elapsed() < Duration::from_secs(1));
@@ -335,18 +337,18 @@ fn rdma_cm_takes_exactly_one_queue_pair_and_bounded_private_data() {
         .collect();
     let opts = ConnectOptions::default();
     for qps in [&two[..0], &two[..]] {
-        let e = cm::rdma_connect("127.0.0.1:1", qps, &opts, b"", TIMEOUT).unwrap_err();
+        let e = cm::connect("127.0.0.1:1", qps, &opts, b"", TIMEOUT).unwrap_err();
         assert!(
             matches!(e, Error::InvalidArgument(m) if m.contains("exactly one")),
             "{e:?}"
         );
     }
-    let e = cm::rdma_connect("127.0.0.1:1", &two[..1], &opts, &[7; 57], TIMEOUT).unwrap_err();
+    let e = cm::connect("127.0.0.1:1", &two[..1], &opts, &[7; 57], TIMEOUT).unwrap_err();
     assert!(
         matches!(e, Error::InvalidArgument(m) if m.contains("56 bytes")),
         "{e:?}"
     );
     // At the limit the size is fine; the loopback queue pair is what is refused.
-    let e = cm::rdma_connect("127.0.0.1:1", &two[..1], &opts, &[7; 56], TIMEOUT).unwrap_err();
+    let e = cm::connect("127.0.0.1:1", &two[..1], &opts, &[7; 56], TIMEOUT).unwrap_err();
     assert!(matches!(e, Error::Unsupported(_)), "{e:?}");
 }

@@ -1,4 +1,4 @@
-//! The RC engine under injected faults, on the loopback provider ([`rdmx::faults`]).
+//! The RC engine under injected faults, on the loopback provider ([`rdmx::loopback::faults`]).
 //!
 //! Each test opens two loopback contexts whose packets are dropped, duplicated,
 //! reordered, delayed, corrupted (bit flips caught by the CRC check) or mangled (headers
@@ -13,11 +13,11 @@
 
 use std::time::{Duration, Instant};
 
-use rdmx::faults::{FaultStats, Faults, PPM};
+use rdmx::loopback::fault_stats;
+use rdmx::loopback::faults::{FaultStats, Faults, PPM};
 use rdmx::{
-    Access, Completion, CompletionQueue, ConnectOptions, Context, ContextOptions, LocalSge,
-    Mapping, MemoryRegion, Mtu, QpCaps, QpState, QueuePair, RecvRequest, RemoteAddr, SendRequest,
-    WcOpcode, WcStatus,
+    Access, Completion, CompletionQueue, ConnectOptions, Context, LocalSge, Mapping, MemoryRegion,
+    Mtu, QpCaps, QpState, QueuePair, RecvRequest, RemoteAddr, SendRequest, WcOpcode, WcStatus,
 };
 
 /// Generous bound for a whole workload on a loaded machine.
@@ -38,11 +38,11 @@ struct Side {
 }
 
 fn side(faults: Option<Faults>) -> Side {
-    let mut opts = ContextOptions::default();
+    let mut opts = rdmx::loopback::Options::default();
     if let Some(f) = faults {
         opts = opts.faults(f);
     }
-    let ctx = Context::open_with("loopback", &opts).expect("open a loopback context");
+    let ctx = Context::open(opts).expect("open a loopback context");
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(1024).expect("create a CQ");
     let qp = pd
@@ -189,8 +189,8 @@ fn run(f: Faults) -> (FaultStats, FaultStats) {
     fb.seed ^= 0xB;
     let (a, b) = pair(Some(f), Some(fb));
     workload(&a, &b);
-    let sa = a.ctx.fault_stats().expect("A has faults");
-    let sb = b.ctx.fault_stats().expect("B has faults");
+    let sa = fault_stats(&a.ctx).expect("A has faults");
+    let sb = fault_stats(&b.ctx).expect("B has faults");
     assert!(sa.packets > 0 && sb.packets > 0);
     eprintln!("fault counts: A {sa:?}, B {sb:?}");
     (sa, sb)
@@ -200,7 +200,7 @@ fn run(f: Faults) -> (FaultStats, FaultStats) {
 fn workload_without_faults() {
     let (a, b) = pair(None, None);
     workload(&a, &b);
-    assert_eq!(a.ctx.fault_stats(), None);
+    assert_eq!(fault_stats(&a.ctx), None);
 }
 
 #[test]
@@ -305,7 +305,7 @@ fn total_loss(a_faults: Faults, b_faults: Option<Faults>) {
     }
     assert_eq!(a.qp.state(), QpState::Err);
     // Whatever B saw (nothing, or requests whose acks were lost), it stays consistent.
-    if b.ctx.fault_stats().is_none() {
+    if fault_stats(&b.ctx).is_none() {
         assert_bytes(
             &image(&b.mr, 0, REGION),
             &before,
@@ -333,11 +333,4 @@ fn lost_acknowledgements_fail_every_request() {
     // A's requests arrive and execute, but every response B sends is lost.
     let (a, b) = (Faults::seeded(9), Faults::seeded(10).drop(PPM));
     total_loss(a, Some(b));
-}
-
-#[test]
-fn faults_are_a_loopback_option() {
-    let opts = ContextOptions::default().faults(Faults::seeded(1).drop(1));
-    let err = Context::open_with("tcp", &opts).expect_err("tcp refuses fault injection");
-    assert!(err.to_string().contains("loopback"), "{err}");
 }

@@ -28,7 +28,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use rdmx::{
-    Access, Completion, CompletionQueue, ConnectOptions, Context, LocalSge, MemoryRegion,
+    Access, Completion, CompletionQueue, ConnectOptions, Context, LocalSge, MemoryRegion, PeerAddr,
     ProtectionDomain, QpCaps, QpEndpoint, QpState, QueuePair, RecvRequest, RemoteAddr, SendRequest,
     WcStatus,
 };
@@ -139,7 +139,9 @@ impl Server {
         let fake = QpEndpoint {
             qp_num: FAKE_QPN,
             psn: FAKE_PSN,
-            addr: Some(SocketAddr::from(([127, 0, 0, 1], 9))),
+            mtu: 65536,
+            secret: 0,
+            addr: PeerAddr::Ip(SocketAddr::from(([127, 0, 0, 1], 9))),
         };
         qp.connect(fake, &ConnectOptions::default())
             .expect("connect the victim to the fake peer");
@@ -153,8 +155,12 @@ impl Server {
     /// Dials the listener and says hello as the fake peer of `victim`.
     fn dial(&self, victim: &Victim) -> TcpStream {
         let mut s = self.connect_raw();
-        s.write_all(&hello(victim.qp.qp_num(), FAKE_QPN))
-            .expect("send the hello");
+        s.write_all(&hello(
+            victim.qp.qp_num(),
+            FAKE_QPN,
+            victim.qp.endpoint().secret,
+        ))
+        .expect("send the hello");
         s
     }
 
@@ -233,11 +239,13 @@ impl Healthy {
     }
 }
 
-fn hello(to: u32, from: u32) -> [u8; 16] {
-    let mut h = [0u8; 16];
-    h[..8].copy_from_slice(b"RDMXTCP1");
+/// The tcp provider's hello: QP `to` is dialed by QP `from`, which presents `secret`.
+fn hello(to: u32, from: u32, secret: u64) -> [u8; 24] {
+    let mut h = [0u8; 24];
+    h[..8].copy_from_slice(b"RDMXTCP2");
     h[8..12].copy_from_slice(&to.to_be_bytes());
-    h[12..].copy_from_slice(&from.to_be_bytes());
+    h[12..16].copy_from_slice(&from.to_be_bytes());
+    h[16..].copy_from_slice(&secret.to_be_bytes());
     h
 }
 
@@ -638,7 +646,7 @@ fn bad_hellos_are_closed() {
     wait_logged("WARN", &["hello is not rdmx's"]);
 
     let mut s = srv.connect_raw();
-    s.write_all(&hello(0xAB_CDEF, 5)).expect("send");
+    s.write_all(&hello(0xAB_CDEF, 5, 0)).expect("send");
     wait_closed(&mut s);
     wait_logged("WARN", &["QP that does not exist", "to=11259375"]);
 
@@ -683,7 +691,7 @@ fn half_open_and_truncated_hellos_are_closed() {
     let mut srv = Server::new();
     for cut in [0usize, 1, 8, 15] {
         let mut s = srv.connect_raw();
-        s.write_all(&hello(1234, 5)[..cut]).expect("send");
+        s.write_all(&hello(1234, 5, 0)[..cut]).expect("send");
         s.shutdown(std::net::Shutdown::Write).expect("shutdown");
         wait_closed(&mut s);
     }
@@ -723,11 +731,14 @@ fn stalled_peer_fails_outstanding_requests_with_retry_exceeded() {
     let fake = QpEndpoint {
         qp_num: FAKE_QPN,
         psn: FAKE_PSN,
-        addr: Some(SocketAddr::from(([127, 0, 0, 1], 9))),
+        mtu: 65536,
+        secret: 0,
+        addr: PeerAddr::Ip(SocketAddr::from(([127, 0, 0, 1], 9))),
     };
     qp.connect(fake, &opts).expect("connect");
     let mut s = srv.connect_raw();
-    s.write_all(&hello(qp.qp_num(), FAKE_QPN)).expect("hello");
+    s.write_all(&hello(qp.qp_num(), FAKE_QPN, qp.endpoint().secret))
+        .expect("hello");
     let remote = RemoteAddr {
         addr: 0x1000,
         rkey: 0x1234,
@@ -772,7 +783,7 @@ fn connection_flood_keeps_memory_bounded() {
     let round = |n: u64| {
         for i in 0..n {
             let mut s = srv.connect_raw();
-            let mut bytes = hello(0x77_0000 + i as u32, 5).to_vec();
+            let mut bytes = hello(0x77_0000 + i as u32, 5, 0).to_vec();
             bytes.extend_from_slice(&noise(i, 512));
             let _ = s.write_all(&bytes);
             wait_closed(&mut s);

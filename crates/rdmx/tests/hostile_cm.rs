@@ -113,7 +113,7 @@ fn cm_attack(attack: impl FnOnce(&mut TcpStream) + Send + 'static, expect: &str)
 }
 
 fn cm_head(n: u32, plen: u32) -> Vec<u8> {
-    let mut h = b"RDMXCM01".to_vec();
+    let mut h = b"RDMXCM02".to_vec();
     h.extend_from_slice(&n.to_be_bytes());
     h.extend_from_slice(&plen.to_be_bytes());
     h
@@ -154,12 +154,13 @@ fn cm_bad_address_family() {
     cm_attack(
         |s| {
             let mut m = cm_head(1, 0);
-            let mut ep = [0u8; 27];
-            ep[8] = 9;
+            let mut ep = [0u8; rdmx::QpEndpoint::LEN];
+            ep[0] = 1;
+            ep[21] = 9;
             m.extend_from_slice(&ep);
             let _ = s.write_all(&m);
         },
-        "bad address family",
+        "unknown kind",
     );
 }
 

@@ -13,8 +13,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use rdmx::{
-    Access, CompletionQueue, ConnectOptions, Context, LocalSge, MemoryRegion, ProtectionDomain,
-    QpCaps, QpEndpoint, QpState, QueuePair, RemoteAddr, SendRequest, WcStatus,
+    Access, CompletionQueue, ConnectOptions, Context, LocalSge, MemoryRegion, PeerAddr,
+    ProtectionDomain, QpCaps, QpEndpoint, QpState, QueuePair, RemoteAddr, SendRequest, WcStatus,
 };
 use rdmx_wire::{BthRepr, Opcode, RcRepr, RethRepr};
 
@@ -98,7 +98,9 @@ fn requests_from_a_peer_that_never_reads_keep_memory_bounded() {
     let fake = QpEndpoint {
         qp_num: FAKE_QPN,
         psn: FAKE_PSN,
-        addr: Some(SocketAddr::from(([127, 0, 0, 1], 9))),
+        mtu: 65536,
+        secret: 0,
+        addr: PeerAddr::Ip(SocketAddr::from(([127, 0, 0, 1], 9))),
     };
     victim
         .connect(fake, &ConnectOptions::default())
@@ -108,9 +110,10 @@ fn requests_from_a_peer_that_never_reads_keep_memory_bounded() {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("dial");
     s.set_write_timeout(Some(Duration::from_millis(200)))
         .expect("SO_SNDTIMEO");
-    let mut hello = b"RDMXTCP1".to_vec();
+    let mut hello = b"RDMXTCP2".to_vec();
     hello.extend_from_slice(&victim.qp_num().to_be_bytes());
     hello.extend_from_slice(&FAKE_QPN.to_be_bytes());
+    hello.extend_from_slice(&victim.endpoint().secret.to_be_bytes());
     s.write_all(&hello).expect("hello");
     let reth = |len: usize| RethRepr {
         va: target.addr() as u64,

@@ -7,7 +7,7 @@ use rdmx::{
 
 #[test]
 fn every_opcode_once_over_loopback() {
-    let ctx = Context::open().unwrap();
+    let ctx = Context::open_default().unwrap();
     let pd = ctx.alloc_pd();
     let cq_a = ctx.create_cq(64).unwrap();
     let cq_b = ctx.create_cq(64).unwrap();

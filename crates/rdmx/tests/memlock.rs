@@ -27,7 +27,7 @@ fn exceeding_memlock_names_limit_request_and_fix() {
     )
     .unwrap();
 
-    let pd = Context::open().unwrap().alloc_pd();
+    let pd = Context::open_default().unwrap().alloc_pd();
     let err = pd
         .register(Mapping::new(4 << 20).unwrap(), Access::LOCAL_WRITE)
         .unwrap_err();

@@ -1,6 +1,6 @@
 //! Provider selection and device listing.
 
-use rdmx::{devices, Context, Error, ProviderKind};
+use rdmx::{devices, Context, Error};
 
 #[test]
 fn unknown_provider_is_an_error_that_lists_the_available_ones() {
@@ -15,12 +15,12 @@ fn unknown_provider_is_an_error_that_lists_the_available_ones() {
 
 #[test]
 fn default_context_is_loopback_and_listed() {
-    let ctx = Context::open().unwrap();
-    assert_eq!(ctx.provider(), ProviderKind::Loopback);
+    let ctx = Context::open_default().unwrap();
+    assert_eq!(ctx.provider(), "loopback");
     let devs = devices();
     let lo = devs
         .iter()
-        .find(|d| d.provider == ProviderKind::Loopback)
+        .find(|d| d.provider == "loopback")
         .expect("loopback device listed");
     assert_eq!(&lo.capabilities, ctx.capabilities());
     assert_eq!(lo.capabilities.atomics, rdmx::AtomicCap::Global);
@@ -28,7 +28,7 @@ fn default_context_is_loopback_and_listed() {
 
 #[test]
 fn queue_pair_caps_above_the_device_are_refused() {
-    let ctx = Context::open().unwrap();
+    let ctx = Context::open_default().unwrap();
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(8).unwrap();
     let too_deep = rdmx::QpCaps::default().max_send_wr(ctx.capabilities().max_qp_wr as usize + 1);

@@ -10,7 +10,7 @@ const RW: Access = Access::LOCAL_WRITE
 
 #[test]
 fn register_gives_keys_and_copying_access() {
-    let ctx = Context::open().unwrap();
+    let ctx = Context::open_default().unwrap();
     let pd = ctx.alloc_pd();
     let mr = pd.register(vec![7u8; 8192], RW).unwrap();
     assert_ne!(mr.lkey(), 0);
@@ -35,7 +35,7 @@ fn register_gives_keys_and_copying_access() {
 
 #[test]
 fn remote_write_or_atomic_without_local_write_is_rejected() {
-    let ctx = Context::open().unwrap();
+    let ctx = Context::open_default().unwrap();
     let pd = ctx.alloc_pd();
     for access in [
         Access::REMOTE_WRITE,
@@ -52,7 +52,7 @@ fn remote_write_or_atomic_without_local_write_is_rejected() {
 
 #[test]
 fn empty_registration_is_rejected() {
-    let pd = Context::open().unwrap().alloc_pd();
+    let pd = Context::open_default().unwrap().alloc_pd();
     let err = pd.register(Vec::new(), RW).unwrap_err();
     assert!(matches!(
         err,
@@ -62,7 +62,7 @@ fn empty_registration_is_rejected() {
 
 #[test]
 fn check_names_pd_bounds_and_access_failures() {
-    let ctx = Context::open().unwrap();
+    let ctx = Context::open_default().unwrap();
     let pd = ctx.alloc_pd();
     let other = ctx.alloc_pd();
     let mr = pd
@@ -92,7 +92,7 @@ fn check_names_pd_bounds_and_access_failures() {
 
 #[test]
 fn deregistration_kills_keys_at_once_but_in_use_memory_lives() {
-    let ctx = Context::open().unwrap();
+    let ctx = Context::open_default().unwrap();
     let pd = ctx.alloc_pd();
     let mr = pd.register(vec![9u8; 4096], RW).unwrap();
     let (a, k) = (mr.addr() as u64, mr.rkey());
@@ -128,7 +128,7 @@ fn deregistration_kills_keys_at_once_but_in_use_memory_lives() {
 #[test]
 fn keys_are_not_predictable_across_contexts() {
     let keys = || {
-        let ctx = Context::open().unwrap();
+        let ctx = Context::open_default().unwrap();
         let pd = ctx.alloc_pd();
         let mrs: Vec<_> = (0..16)
             .map(|_| pd.register(vec![0u8; 64], RW).unwrap())
@@ -141,7 +141,7 @@ fn keys_are_not_predictable_across_contexts() {
 
 #[test]
 fn overlapping_registrations_keep_shared_pages_locked() {
-    let pd = Context::open().unwrap().alloc_pd();
+    let pd = Context::open_default().unwrap().alloc_pd();
     let page = rdmx_mem::sys::page_size();
     let map = Mapping::new(4 * page).unwrap();
     let base = map.as_ptr() as usize;
@@ -169,7 +169,7 @@ fn overlapping_registrations_keep_shared_pages_locked() {
 
 #[test]
 fn unpinned_registration_is_explicit_and_locks_nothing() {
-    let pd = Context::open().unwrap().alloc_pd();
+    let pd = Context::open_default().unwrap().alloc_pd();
     let map = Mapping::new(1 << 16).unwrap();
     let base = map.as_ptr() as usize;
     let mr = pd.register_with(map, RW, Pinning::Unpinned).unwrap();
@@ -188,7 +188,7 @@ fn key_variants_spread_over_contexts_and_slots() {
     // variants give about 57 distinct ones; a fixed or clock-derived start gives a few).
     let firsts: std::collections::HashSet<u32> = (0..64)
         .map(|_| {
-            let pd = Context::open().unwrap().alloc_pd();
+            let pd = Context::open_default().unwrap().alloc_pd();
             pd.register(vec![0u8; 64], RW).unwrap().rkey() & VARIANT
         })
         .collect();
@@ -200,7 +200,7 @@ fn key_variants_spread_over_contexts_and_slots() {
     // Within a context: knowing one key does not give the next. The step between
     // consecutive regions' variants takes many values (about 162 of 256 at random; one
     // for a counter or any fixed stride).
-    let pd = Context::open().unwrap().alloc_pd();
+    let pd = Context::open_default().unwrap().alloc_pd();
     let mrs: Vec<_> = (0..257)
         .map(|_| pd.register(vec![0u8; 64], RW).unwrap())
         .collect();

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rdmx::{
-    cm, Access, Completion, CompletionQueue, ConnectOptions, Context, ContextOptions, LocalSge,
-    MemoryRegion, QpCaps, QueuePair, RecvRequest, SendRequest, WcOpcode, WcStatus,
+    cm, Access, Completion, CompletionQueue, ConnectOptions, Context, LocalSge, MemoryRegion,
+    QpCaps, QueuePair, RecvRequest, SendRequest, WcOpcode, WcStatus,
 };
 
 const REGION: usize = 16 << 20;
@@ -26,7 +26,7 @@ struct Side {
 }
 
 fn side() -> Side {
-    let ctx = Context::open_with("tcp", &ContextOptions::default().busy_poll(true)).unwrap();
+    let ctx = Context::open(rdmx::tcp::Options::default().busy_poll(true)).unwrap();
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(1024).unwrap();
     let caps = QpCaps::default()

@@ -10,7 +10,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use rdmx::{
-    Access, CompletionQueue, ConnectOptions, Context, LocalSge, ProtectionDomain, QpCaps,
+    Access, CompletionQueue, ConnectOptions, Context, LocalSge, PeerAddr, ProtectionDomain, QpCaps,
     QpEndpoint, QpState, QueuePair, RecvRequest, WcStatus,
 };
 
@@ -19,8 +19,19 @@ const DEADLINE: Duration = Duration::from_secs(10);
 /// that dials.
 const FAKE_QPN: u32 = 1;
 
-fn hello(to: u32, from: u32) -> Vec<u8> {
-    [&b"RDMXTCP1"[..], &to.to_be_bytes(), &from.to_be_bytes()].concat()
+/// The tcp provider's hello from QP `from` to `qp`, presenting `qp`'s secret.
+fn hello(qp: &QueuePair, from: u32) -> Vec<u8> {
+    hello_with(qp, from, qp.endpoint().secret)
+}
+
+fn hello_with(qp: &QueuePair, from: u32, secret: u64) -> Vec<u8> {
+    [
+        &b"RDMXTCP2"[..],
+        &qp.qp_num().to_be_bytes(),
+        &from.to_be_bytes(),
+        &secret.to_be_bytes(),
+    ]
+    .concat()
 }
 
 /// A QP expecting the fake peer, with a receive posted.
@@ -30,7 +41,9 @@ fn victim(pd: &ProtectionDomain) -> (QueuePair, CompletionQueue) {
     let fake = QpEndpoint {
         qp_num: FAKE_QPN,
         psn: 0,
-        addr: Some(SocketAddr::from(([127, 0, 0, 1], 9))),
+        mtu: 65536,
+        secret: 0,
+        addr: PeerAddr::Ip(SocketAddr::from(([127, 0, 0, 1], 9))),
     };
     qp.connect(fake, &ConnectOptions::default()).unwrap();
     let mr = pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
@@ -107,7 +120,7 @@ fn last_bytes_and_end_of_stream_together_are_noticed() {
         let tail = tails[round % tails.len()];
         let (qp, cq) = victim(&pd);
         let mut s = dial(&ctx);
-        s.write_all(&hello(qp.qp_num(), FAKE_QPN)).unwrap();
+        s.write_all(&hello(&qp, FAKE_QPN)).unwrap();
         // Once the QP has its stream (its readiness then comes from events), the tail
         // and the end of the stream, together.
         std::thread::sleep(Duration::from_millis(20));
@@ -126,11 +139,11 @@ fn a_stream_from_another_qp_is_closed_at_once() {
     let pd = ctx.alloc_pd();
     let (qp, _cq) = victim(&pd);
     let mut s = dial(&ctx);
-    s.write_all(&hello(qp.qp_num(), FAKE_QPN + 1)).unwrap();
+    s.write_all(&hello(&qp, FAKE_QPN + 1)).unwrap();
     closed_by_server(&mut s, "a hello from an unexpected QP");
     // The QP still waits for the peer it expects, which can then connect.
     let mut s = dial(&ctx);
-    s.write_all(&hello(qp.qp_num(), FAKE_QPN)).unwrap();
+    s.write_all(&hello(&qp, FAKE_QPN)).unwrap();
     s.set_read_timeout(Some(Duration::from_millis(200)))
         .unwrap();
     let mut buf = [0u8; 1];
@@ -145,4 +158,37 @@ fn a_stream_from_another_qp_is_closed_at_once() {
         "{err}"
     );
     assert_eq!(qp.state(), QpState::Rts);
+}
+
+#[test]
+fn a_hello_without_the_secret_is_closed_and_the_qp_waits_on() {
+    // A hijacker who knows both QP numbers (they are small and easy to guess) but not
+    // the victim's secret is refused; the real peer, which has it, then connects.
+    let ctx = Context::open_provider("tcp").unwrap();
+    let pd = ctx.alloc_pd();
+    let (qp, _cq) = victim(&pd);
+    let secret = qp.endpoint().secret;
+    for guess in [0, 1, secret ^ 1, !secret, secret.rotate_left(32)] {
+        let mut s = dial(&ctx);
+        s.write_all(&hello_with(&qp, FAKE_QPN, guess)).unwrap();
+        closed_by_server(&mut s, "a hello with the wrong secret");
+    }
+    assert_eq!(
+        qp.state(),
+        QpState::Rts,
+        "the hijack attempts left the QP alone"
+    );
+    let mut s = dial(&ctx);
+    s.write_all(&hello(&qp, FAKE_QPN)).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut buf = [0u8; 1];
+    match s.read(&mut buf) {
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) => {}
+        other => panic!("the real peer's stream was not kept: {other:?}"),
+    }
 }

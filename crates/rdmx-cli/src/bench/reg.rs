@@ -37,7 +37,7 @@ pub(crate) struct Args {
 }
 
 pub(crate) fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let ctx = Context::open()?;
+    let ctx = Context::open_default()?;
     let pd = ctx.alloc_pd();
     let runs = args.runs.max(1);
     let rw = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;

@@ -9,7 +9,7 @@ use std::io::IsTerminal;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use rdmx::{Context, Pinning, ProviderKind};
+use rdmx::{Context, Pinning};
 
 use super::args::{Args, Budget, Config, Params, PeerMode};
 use super::bw;
@@ -63,19 +63,18 @@ fn providers(cfg: &Config) -> Result<Vec<String>, BoxError> {
     let list = || {
         devices
             .iter()
-            .map(|d| format!("{} (provider {})", d.name, d.provider.name()))
+            .map(|d| format!("{} (provider {})", d.name, d.provider))
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let mut here: Vec<ProviderKind> = Vec::new();
+    let mut here: Vec<&str> = Vec::new();
     for d in &devices {
         if !here.contains(&d.provider) {
             here.push(d.provider);
         }
     }
-    let names_of = |kinds: &mut dyn Iterator<Item = &ProviderKind>| {
-        kinds.map(|k| k.name()).collect::<Vec<_>>().join(", ")
-    };
+    let names_of =
+        |kinds: &mut dyn Iterator<Item = &&str>| kinds.copied().collect::<Vec<_>>().join(", ");
     let remote = cfg.peer != PeerMode::Local;
     let mut names = cfg.providers.clone();
     if names.is_empty() {
@@ -83,24 +82,25 @@ fn providers(cfg: &Config) -> Result<Vec<String>, BoxError> {
             Some(dev) => devices
                 .iter()
                 .find(|d| d.name == *dev)
-                .map(|d| d.provider.name().to_string())
+                .map(|d| d.provider.to_string())
                 .ok_or_else(|| format!("-d {dev}: no such device; available: {}", list()))?,
             // A peer in another process: the software provider that crosses processes.
-            None if remote => ProviderKind::Tcp.name().to_string(),
-            // The default provider, as Context::open() picks it.
-            None => Context::open()?.provider().name().to_string(),
+            None if remote => rdmx::tcp::NAME.to_string(),
+            // The default provider, as Context::open_default() picks it.
+            None => Context::open_default()?.provider().to_string(),
         });
     }
     for name in &names {
-        let kind = ProviderKind::from_name(name).map_err(|_| {
-            format!(
+        let Some(kind) = rdmx::provider_names().find(|k| k == name) else {
+            return Err(format!(
                 "--provider {name}: no such provider; available here: {}",
                 names_of(&mut here.iter())
             )
-        })?;
+            .into());
+        };
         if !here.contains(&kind) {
             let why = match kind {
-                ProviderKind::Verbs => "rdma-core found no RDMA device (see `rdmx devices`)",
+                "verbs" => "rdma-core found no RDMA device (see `rdmx devices`)",
                 _ => "it has no device",
             };
             return Err(format!(
@@ -131,8 +131,8 @@ fn providers(cfg: &Config) -> Result<Vec<String>, BoxError> {
 }
 
 /// Whether `kind` connects queue pairs of different processes.
-fn crosses_processes(kind: ProviderKind) -> bool {
-    kind != ProviderKind::Loopback
+fn crosses_processes(kind: &str) -> bool {
+    kind != rdmx::loopback::NAME
 }
 
 /// Text output, kept clear of the progress bar.
@@ -210,7 +210,7 @@ fn info(cfg: &Config, side: &Side, mine: &Hello, peer: &Hello, where_: String) -
     }
     RunInfo {
         test: p.test,
-        provider: kind.name().to_string(),
+        provider: kind.to_string(),
         device: side.ctx.device_name().to_string(),
         mtu,
         busy: side.busy,
@@ -244,7 +244,7 @@ fn open_sides<const N: usize>(
             .unwrap_or_else(|_| unreachable!("a side per role")))
     };
     match open(Pinning::Pinned) {
-        Err(e) if is_memlock_limit(&*e) && name != ProviderKind::Verbs.name() => {
+        Err(e) if is_memlock_limit(&*e) && name != "verbs" => {
             eprintln!(
                 "rdmx: {name}: RLIMIT_MEMLOCK is too low to pin this run's memory, so it runs \
                  unpinned (a software provider needs no pinning); `ulimit -l unlimited` pins it"

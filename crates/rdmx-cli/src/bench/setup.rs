@@ -22,9 +22,9 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use rdmx::{
-    Access, Completion, CompletionQueue, ConnectOptions, Context, ContextOptions, LocalSge,
-    Mapping, MemoryRegion, Mtu, Pinning, QpCaps, QpState, QueuePair, RecvRequest, RemoteAddr,
-    SendRequest, WcOpcode, WcStatus,
+    Access, Completion, CompletionQueue, ConnectOptions, Context, LocalSge, Mapping, MemoryRegion,
+    Mtu, Pinning, QpCaps, QpState, QueuePair, RecvRequest, RemoteAddr, SendRequest, WcOpcode,
+    WcStatus,
 };
 use serde::{Deserialize, Serialize};
 
@@ -147,12 +147,35 @@ pub(crate) struct Side {
     pub(crate) pinned: bool,
 }
 
+/// Opens `provider` with the options the command line gives: `-d`, `--gid-index` and
+/// the progress mode.
+fn open_context(provider: &str, cfg: &Config, busy: bool) -> Result<Context, BoxError> {
+    if cfg.gid_index.is_some() && provider != "verbs" {
+        return Err("--gid-index is a verbs option".into());
+    }
+    Ok(match provider {
+        rdmx::tcp::NAME => {
+            if let Some(dev) = cfg.device.as_deref().filter(|&d| d != "tcp0") {
+                return Err(format!("provider tcp has no device {dev}; its device is tcp0").into());
+            }
+            Context::open(rdmx::tcp::Options::default().busy_poll(busy))?
+        }
+        "verbs" => {
+            let mut opts = rdmx::verbs::Options::default();
+            opts.device = cfg.device.clone();
+            opts.gid_index = cfg.gid_index;
+            Context::open(opts)?
+        }
+        other => Context::open_device(other, cfg.device.as_deref())?,
+    })
+}
+
 impl Side {
     /// Whether this side's polls are what moves its data: busy-polled software providers.
     /// An adapter (verbs) moves data without being polled, and progress threads do the
     /// rest.
     pub(crate) fn polls_move_data(&self) -> bool {
-        self.busy && self.ctx.provider() != rdmx::ProviderKind::Verbs
+        self.busy && self.ctx.provider() != "verbs"
     }
 
     /// Opens `provider` (on the device and GID `cfg` asks for) and creates what the run
@@ -166,14 +189,7 @@ impl Side {
         pinning: Pinning,
     ) -> Result<Side, BoxError> {
         let p = &cfg.params;
-        let mut opts = ContextOptions::default().busy_poll(busy);
-        if let Some(dev) = &cfg.device {
-            opts = opts.device(dev);
-        }
-        if let Some(i) = cfg.gid_index {
-            opts = opts.gid_index(i);
-        }
-        let ctx = Context::open_with(provider, &opts)?;
+        let ctx = open_context(provider, cfg, busy)?;
         let layout = Layout::new(p, role);
         let pd = ctx.alloc_pd();
         let per_qp = layout.window + layout.rx_depth + 8;
@@ -264,7 +280,7 @@ impl Side {
         Hello {
             magic: MAGIC.to_string(),
             role: self.role,
-            provider: self.ctx.provider().name().to_string(),
+            provider: self.ctx.provider().to_string(),
             params: p.clone(),
             endpoints: self
                 .qps
@@ -603,11 +619,15 @@ pub(crate) fn connect_remote(
     peer: &PeerMode,
     on_listen: impl FnOnce(std::net::SocketAddr),
 ) -> Result<Hello, BoxError> {
-    if side.qps.iter().any(|q| q.endpoint().addr.is_none()) {
+    if side
+        .qps
+        .iter()
+        .any(|q| q.endpoint().addr == rdmx::PeerAddr::Local)
+    {
         return Err(format!(
             "two-process runs need a provider with connection setup: {} connects queue \
              pairs of one process only (try --provider tcp)",
-            side.ctx.provider().name()
+            side.ctx.provider()
         )
         .into());
     }
@@ -626,10 +646,10 @@ pub(crate) fn connect_remote(
         }
         Ok(theirs)
     };
-    if p.rdma_cm && side.ctx.provider() != rdmx::ProviderKind::Verbs {
+    if p.rdma_cm && side.ctx.provider() != "verbs" {
         return Err(format!(
             "--rdma-cm connects verbs queue pairs only, not {} ones (use --provider verbs)",
-            side.ctx.provider().name()
+            side.ctx.provider()
         )
         .into());
     }
@@ -639,7 +659,7 @@ pub(crate) fn connect_remote(
         PeerMode::Listen(port) => {
             let rdma_cm = match p.rdma_cm {
                 true => Some(
-                    rdmx::cm::RdmaCmListener::bind(("0.0.0.0", *port))
+                    rdmx::verbs::cm::Listener::bind(("0.0.0.0", *port))
                         .map_err(|e| format!("rdma_cm: listen on port {port}: {e}"))?,
                 ),
                 false => None,
@@ -673,7 +693,7 @@ pub(crate) fn connect_remote(
             let mut theirs = check(second, true)?;
             if p.rdma_cm {
                 for qp in &side.qps {
-                    rdmx::cm::rdma_connect(
+                    rdmx::verbs::cm::connect(
                         (host.as_str(), *port),
                         std::slice::from_ref(qp),
                         &opts,

@@ -3,13 +3,13 @@
 //! Each queue pair has its own stream to its peer QP (a stream per QP keeps each QP's
 //! packets in order and lets the receive side read a payload straight into place without
 //! holding other QPs back). Frames are IBTA RC packets behind a 4-byte length
-//! ([`stream`]); payloads move between the socket and registered memory with vectored
+//! (`stream`); payloads move between the socket and registered memory with vectored
 //! I/O and no intermediate copy. Sends are plain `writev`s of up to 256 KiB of packets:
 //! `MSG_ZEROCOPY` was measured at about half the bandwidth on loopback (the kernel copies
 //! every looped-back zero-copy packet anyway and adds a completion notification per send),
 //! and it pays off only for large sends between hosts.
 //!
-//! A context has one [`Driver`]: a listening socket that peers' QPs dial, an epoll
+//! A context has one `Driver`: a listening socket that peers' QPs dial, an epoll
 //! instance (mio) watching every stream, and the timers of every QP. By default a progress
 //! thread runs the driver, so one-sided operations complete while the target application
 //! does nothing; in busy-poll mode no thread is started and polling any of the context's
@@ -18,15 +18,18 @@
 //! ## Connection setup
 //!
 //! [`QueuePair::endpoint`](crate::QueuePair::endpoint) carries the address of the
-//! context's listener. Of two QPs being connected, the one with the smaller (address, QP
-//! number) dials the other's listener and sends a hello naming both QP numbers; the other
-//! side's driver hands the stream to the QP it names once that QP expects this peer.
-//! Neither side blocks waiting for the other, so both ends can be connected from one
-//! thread.
+//! context's listener and the QP's random secret. Of two QPs being connected, the one with
+//! the smaller (QP number, PSN, port) dials the other's listener and sends a hello naming
+//! both QP numbers and presenting the secret of the QP it dials; the other side's driver
+//! hands the stream to the QP it names once that QP expects this peer, and closes (and
+//! logs) a stream whose hello is not rdmx's, names no QP, or lacks the secret, so nobody
+//! who only knows QP numbers can take a queue pair over. Neither side blocks waiting for
+//! the other, so both ends can be connected from one thread.
 
 mod qp;
 mod stream;
 
+use std::any::Any;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::io::{self, Read, Write};
@@ -40,9 +43,250 @@ use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use parking_lot::Mutex;
 use slab::Slab;
 
-pub(crate) use qp::TcpQp;
+use qp::TcpQp;
+use rdmx_core::{KeyError, KeyUse, Mtu, PdId};
+use rdmx_mem::Access;
 
+use crate::endpoint::{PeerAddr, QpEndpoint};
+use crate::provider::{self, Capabilities, CqCore, MrRef, MrShared, ProviderConfig, Registration};
+use crate::soft::{self, Engine, Keys, SoftQp, SoftSrq, Transport};
 use crate::{Error, Result};
+
+/// The provider's name.
+pub const NAME: &str = "tcp";
+const DEVICE: &str = "tcp0";
+
+/// How to open a tcp context.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Options {
+    /// The address the context listens on for peers' queue pairs (default: every
+    /// interface, a port the kernel picks).
+    pub bind: Option<SocketAddr>,
+    /// No progress thread: polling any of the context's CQs makes progress instead. One-
+    /// sided operations aimed at this context then complete only while the application
+    /// polls.
+    pub busy_poll: bool,
+}
+
+impl Options {
+    /// Sets [`bind`](Self::bind).
+    pub fn bind(mut self, addr: SocketAddr) -> Self {
+        self.bind = Some(addr);
+        self
+    }
+    /// Sets [`busy_poll`](Self::busy_poll).
+    pub fn busy_poll(mut self, on: bool) -> Self {
+        self.busy_poll = on;
+        self
+    }
+}
+
+impl From<Options> for ProviderConfig {
+    fn from(opts: Options) -> ProviderConfig {
+        ProviderConfig::new(NAME, move || {
+            Ok(Arc::new(Device::open(&opts)?) as Arc<dyn provider::Device>)
+        })
+    }
+}
+
+/// The provider as the registry lists it.
+pub(crate) const ENTRY: provider::Entry = provider::Entry {
+    name: NAME,
+    devices: || {
+        vec![provider::DeviceInfo {
+            provider: NAME,
+            name: DEVICE.to_string(),
+            capabilities: caps(),
+            gid: None,
+        }]
+    },
+    open: |device| {
+        if let Some(d) = device.filter(|&d| d != DEVICE) {
+            return Err(Error::NoDevice(format!(
+                "provider {NAME} has no device {d}; its device is {DEVICE}"
+            )));
+        }
+        ProviderConfig::from(Options::default()).open()
+    },
+};
+
+fn limits() -> rdmx_core::QpLimits {
+    soft::limits(Mtu::Bytes(MAX_MTU))
+}
+
+fn caps() -> Capabilities {
+    soft::capabilities(&limits(), Mtu::Bytes(ACTIVE_MTU))
+}
+
+/// A tcp device: a key table and a driver.
+#[derive(Debug)]
+struct Device {
+    keys: Arc<Keys>,
+    caps: Capabilities,
+    driver: Arc<Driver>,
+}
+
+impl Device {
+    fn open(opts: &Options) -> Result<Device> {
+        let seed = soft::seed()?;
+        let bind = opts
+            .bind
+            .unwrap_or_else(|| SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 0)));
+        Ok(Device {
+            keys: Arc::new(Keys::new(seed)),
+            caps: caps(),
+            driver: Driver::start(bind, opts.busy_poll, (seed >> 32) as u32)?,
+        })
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        self.driver.shutdown();
+    }
+}
+
+impl provider::Device for Device {
+    fn provider(&self) -> &'static str {
+        NAME
+    }
+    fn name(&self) -> &str {
+        DEVICE
+    }
+    fn caps(&self) -> &Capabilities {
+        &self.caps
+    }
+    fn address(&self) -> PeerAddr {
+        PeerAddr::Ip(self.driver.local_addr())
+    }
+    unsafe fn register(&self, reg: Registration) -> Result<Arc<MrShared>> {
+        // SAFETY: forwarded; the caller upholds the contract.
+        unsafe { self.keys.register(reg) }
+    }
+    fn deregister(&self, mr: &MrShared) {
+        self.keys.deregister(mr);
+    }
+    fn check(
+        &self,
+        pd: PdId,
+        key: u32,
+        key_use: KeyUse,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> std::result::Result<MrRef, KeyError> {
+        soft::check(&self.keys, pd, key, key_use, addr, len, need)
+    }
+    fn registered_regions(&self) -> usize {
+        self.keys.len()
+    }
+    fn create_cq(&self, _core: &Arc<CqCore>) -> Result<Box<dyn provider::Cq>> {
+        Ok(Box::new(Cq {
+            busy: self.driver.busy_poll().then(|| self.driver.clone()),
+        }))
+    }
+    fn create_qp(&self, init: provider::QpInit<'_>) -> Result<Box<dyn provider::Qp>> {
+        let srq = SoftSrq::of(init.srq)?;
+        let qpn = self.driver.alloc_qpn();
+        let mut cfg = soft::config(&init, qpn);
+        // TCP delivers every packet once and in order, or breaks the stream.
+        cfg.reliable_link = true;
+        let engine = Engine::new(cfg, limits());
+        let qp = self.driver.add_qp(|token| {
+            TcpQp::new(
+                qpn,
+                init.secret,
+                token,
+                self.driver.clone(),
+                engine,
+                self.keys.clone(),
+                (init.send_cq.core.clone(), init.recv_cq.core.clone()),
+                srq,
+            )
+        });
+        qp.inner.lock().my_psn = init.psn;
+        Ok(Box::new(SoftQp {
+            qpn,
+            transport: Link { qp },
+        }))
+    }
+    fn create_srq(
+        &self,
+        pd: PdId,
+        max_wr: usize,
+        max_sge: usize,
+    ) -> Result<Box<dyn provider::Srq>> {
+        Ok(Box::new(SoftSrq::new(
+            self.keys.clone(),
+            pd,
+            max_wr,
+            max_sge,
+            || {},
+        )))
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A tcp CQ: busy-polled contexts run the driver from every poll.
+#[derive(Debug)]
+struct Cq {
+    busy: Option<Arc<Driver>>,
+}
+
+impl provider::Cq for Cq {
+    fn progress(&self, _core: &CqCore) -> Result<()> {
+        if let Some(d) = &self.busy {
+            d.progress(Some(Duration::ZERO));
+        }
+        Ok(())
+    }
+    fn needs_polling(&self) -> bool {
+        self.busy.is_some()
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A tcp QP as the software host sees it.
+#[derive(Debug)]
+struct Link {
+    qp: Arc<TcpQp>,
+}
+
+impl Transport for Link {
+    fn with<T>(&self, f: impl FnOnce(&mut Engine, &Keys) -> T) -> T {
+        self.qp.with(|i| f(&mut i.engine, &i.keys))
+    }
+    fn post_with<T>(&self, f: impl FnOnce(&mut Engine, &Keys) -> T) -> T {
+        self.qp.post(|i| f(&mut i.engine, &i.keys))
+    }
+    fn entered_rtr(&self) -> Result<()> {
+        self.qp.driver.establish(&self.qp)
+    }
+    fn address(&self) -> PeerAddr {
+        PeerAddr::Ip(self.qp.driver.local_addr())
+    }
+    fn bind_peer(&self, peer: &QpEndpoint, timeout: Duration) -> Result<()> {
+        let PeerAddr::Ip(addr) = peer.addr else {
+            return Err(Error::InvalidArgument(
+                "a tcp peer endpoint needs the address of its context",
+            ));
+        };
+        self.qp
+            .bind_peer((addr, peer.qp_num, peer.psn, peer.secret), timeout);
+        Ok(())
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.qp.driver.remove_qp(&self.qp);
+    }
+}
 
 const WAKER: Token = Token(0);
 const LISTENER: Token = Token(1);
@@ -54,9 +298,10 @@ const EPOLL_EVERY: u32 = 16;
 const PARKED_TIMEOUT: Duration = Duration::from_secs(60);
 /// Handshakes older than this are dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// The hello a dialing QP sends: magic, the QP it wants, the QP it is.
-const HELLO_MAGIC: &[u8; 8] = b"RDMXTCP1";
-const HELLO_LEN: usize = 16;
+/// The hello a dialing QP sends: magic, the QP it wants, the QP it is, and the secret of
+/// the QP it wants.
+const HELLO_MAGIC: &[u8; 8] = b"RDMXTCP2";
+const HELLO_LEN: usize = 24;
 
 /// Largest path MTU on tcp.
 pub(crate) const MAX_MTU: u32 = 1 << 20;
@@ -257,7 +502,8 @@ impl Driver {
             let g = qp.inner.lock();
             (g.peer, g.my_psn, g.connect_timeout, g.engine.dest_qpn())
         };
-        let Some((peer_addr, peer_qpn, peer_psn)) = peer.filter(|p| p.1 == dest) else {
+        let Some((peer_addr, peer_qpn, peer_psn, peer_secret)) = peer.filter(|p| p.1 == dest)
+        else {
             return self.expect(qp, dest);
         };
         // An unspecified address (a listener on every interface) means this host.
@@ -281,7 +527,8 @@ impl Driver {
             let mut hello = [0u8; HELLO_LEN];
             hello[..8].copy_from_slice(HELLO_MAGIC);
             hello[8..12].copy_from_slice(&peer_qpn.to_be_bytes());
-            hello[12..].copy_from_slice(&qp.qpn.to_be_bytes());
+            hello[12..16].copy_from_slice(&qp.qpn.to_be_bytes());
+            hello[16..].copy_from_slice(&peer_secret.to_be_bytes());
             s.set_write_timeout(Some(timeout))
                 .map_err(|e| Error::Io("SO_SNDTIMEO", e))?;
             s.write_all(&hello)
@@ -478,6 +725,11 @@ impl Driver {
                 Ok(0) => break Err("closed before its hello".to_string()),
                 Ok(n) => {
                     h.have += n;
+                    // A stranger (an HTTP request, a scan) is told apart by the magic
+                    // alone: no need to wait for a whole hello.
+                    if h.have >= HELLO_MAGIC.len() && &h.buf[..HELLO_MAGIC.len()] != HELLO_MAGIC {
+                        break Ok(());
+                    }
                     if h.have == HELLO_LEN {
                         break Ok(());
                     }
@@ -500,6 +752,7 @@ impl Driver {
         }
         let to = u32::from_be_bytes(h.buf[8..12].try_into().expect("4 bytes"));
         let from = u32::from_be_bytes(h.buf[12..16].try_into().expect("4 bytes"));
+        let secret = u64::from_be_bytes(h.buf[16..24].try_into().expect("8 bytes"));
         let token = self.by_qpn.lock().get(&to).copied();
         let qp = token.and_then(|t| self.qps.lock().get(t).and_then(Weak::upgrade));
         let Some(qp) = qp else {
@@ -510,6 +763,14 @@ impl Driver {
             );
             return;
         };
+        if secret != qp.secret {
+            tracing::warn!(
+                to,
+                from,
+                "closing a connection that did not present the QP's secret"
+            );
+            return;
+        }
         let mut g = qp.inner.lock();
         if TcpQp::attached(&g) {
             tracing::warn!(to, from, "closing a second connection for a connected QP");

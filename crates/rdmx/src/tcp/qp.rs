@@ -4,21 +4,22 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use rdmx_core::rc::{Placement, RcQp, Srq, Transmit};
+use rdmx_core::rc::{Placement, Srq, Transmit};
 use rdmx_core::{QpAttr, QpAttrMask, QpState};
 
 use super::stream::{self, Rx, RxEvent, StreamError, TxQueue};
 use super::Driver;
-use crate::context::ContextInner;
-use crate::cq::{self, CompletionQueue};
-use crate::mr::MrRef;
+use crate::provider::{CqCore, MrRef};
+use crate::soft::{self, Engine, Keys};
 
 /// Bytes of packets gathered for one writev before it is issued.
 const TX_BATCH: usize = 256 * 1024;
 
-/// A tcp queue pair, shared by its [`QueuePair`](crate::QueuePair) handle and the driver.
+/// A tcp queue pair, shared by its handle and the driver.
 pub(crate) struct TcpQp {
     pub(crate) qpn: u32,
+    /// The secret a peer dialing this QP must present.
+    pub(crate) secret: u64,
     pub(crate) token: usize,
     pub(crate) driver: Arc<Driver>,
     pub(crate) inner: Mutex<Inner>,
@@ -31,10 +32,10 @@ impl std::fmt::Debug for TcpQp {
 }
 
 pub(crate) struct Inner {
-    pub(crate) engine: RcQp<ContextInner>,
-    ctx: Arc<ContextInner>,
-    send_cq: CompletionQueue,
-    recv_cq: CompletionQueue,
+    pub(crate) engine: Engine,
+    pub(crate) keys: Arc<Keys>,
+    send_cq: Arc<CqCore>,
+    recv_cq: Arc<CqCore>,
     srq: Option<Arc<Mutex<Srq<MrRef>>>>,
     sock: Option<mio::net::TcpStream>,
     rx: Rx,
@@ -43,8 +44,8 @@ pub(crate) struct Inner {
     place: Vec<Placement<MrRef>>,
     /// Waiting for the peer QP with this number to dial in.
     pub(crate) expect_peer: Option<u32>,
-    /// The peer, when known: its context's listener, QP number and first PSN.
-    pub(crate) peer: Option<(std::net::SocketAddr, u32, u32)>,
+    /// The peer, when known: its context's listener, QP number, first PSN and secret.
+    pub(crate) peer: Option<(std::net::SocketAddr, u32, u32, u64)>,
     /// This QP's first PSN, as its endpoint gives it.
     pub(crate) my_psn: u32,
     pub(crate) connect_timeout: std::time::Duration,
@@ -56,22 +57,25 @@ pub(crate) struct Inner {
 }
 
 impl TcpQp {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         qpn: u32,
+        secret: u64,
         token: usize,
         driver: Arc<Driver>,
-        engine: RcQp<ContextInner>,
-        ctx: Arc<ContextInner>,
-        cqs: (CompletionQueue, CompletionQueue),
+        engine: Engine,
+        keys: Arc<Keys>,
+        cqs: (Arc<CqCore>, Arc<CqCore>),
         srq: Option<Arc<Mutex<Srq<MrRef>>>>,
     ) -> TcpQp {
         TcpQp {
             qpn,
+            secret,
             token,
             driver,
             inner: Mutex::new(Inner {
                 engine,
-                ctx,
+                keys,
                 send_cq: cqs.0,
                 recv_cq: cqs.1,
                 srq,
@@ -113,7 +117,7 @@ impl TcpQp {
         } else if self.driver.busy_poll() {
             self.defer(g);
         } else if g.engine.poll_timeout().is_some() {
-            cq::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
+            soft::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
         } else {
             self.pump(g, Instant::now());
         }
@@ -126,7 +130,7 @@ impl TcpQp {
         // A receive completes when its last packet's headers are read; while that packet's
         // payload is still coming, its completion must wait (as in `pump`).
         if !g.rx.mid_payload() {
-            cq::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
+            soft::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
         }
         if !g.owed {
             g.owed = true;
@@ -137,13 +141,11 @@ impl TcpQp {
     /// Records the peer to dial when the QP enters RTR.
     pub(crate) fn bind_peer(
         &self,
-        peer: (std::net::SocketAddr, u32, u32),
-        my_psn: u32,
+        peer: (std::net::SocketAddr, u32, u32, u64),
         timeout: std::time::Duration,
     ) {
         let mut g = self.inner.lock();
         g.peer = Some(peer);
-        g.my_psn = my_psn;
         g.connect_timeout = timeout;
     }
 
@@ -188,7 +190,7 @@ impl TcpQp {
                     let mut srq_guard = srq.as_ref().map(|s| s.lock());
                     let handled = g.engine.handle_header(
                         now,
-                        &g.ctx,
+                        &*g.keys,
                         srq_guard.as_deref_mut(),
                         h,
                         rest,
@@ -300,7 +302,7 @@ impl TcpQp {
                 Err(e) => g.fail(self.qpn, &e),
             }
         }
-        cq::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
+        soft::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
         // Only a deadline earlier than the one the driver holds is handed over: a later one
         // (the ACK timer restarted by a send) is found when the earlier fires, so the
         // driver's heap holds about one entry per QP rather than one per request.

@@ -15,7 +15,7 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use rdmx_core::rc::{Placement, Span, Transmit};
 
-use crate::mr::MrRef;
+use crate::provider::MrRef;
 
 /// Bytes asked of the socket when looking for headers: enough for a whole small frame, so
 /// an 8-byte WRITE takes one read, and little enough that a large payload is mostly read

@@ -19,11 +19,16 @@
 //!
 //! The GID a context uses is chosen when it opens: the RoCEv2 GID that maps an IPv4
 //! address if the port has one, else another RoCEv2 GID, else index 0 (InfiniBand);
-//! [`ContextOptions::gid_index`](crate::ContextOptions::gid_index) picks one explicitly.
+//! [`Options::gid_index`] picks one explicitly.
 
+pub mod cm;
+mod glue;
 mod qp;
-pub(crate) mod rdmacm;
+mod rdmacm;
 mod sys;
+
+pub use glue::Options;
+pub(crate) use glue::ENTRY;
 
 use std::collections::HashMap;
 use std::net::Ipv6Addr;
@@ -36,8 +41,7 @@ use rdmx_mem::Access;
 
 pub(crate) use qp::{Qp, Srq};
 
-use crate::mr::{MrRef, MrShared};
-use crate::provider::{AtomicCap, Capabilities, ProviderKind};
+use crate::provider::{AtomicCap, Capabilities, MrRef, MrShared};
 use crate::{Error, Result};
 
 /// The port every context uses.
@@ -55,7 +59,7 @@ pub(crate) fn devices() -> Vec<crate::DeviceInfo> {
         .filter_map(|name| {
             let dev = Device::open(Some(&name), None).ok()?;
             Some(crate::DeviceInfo {
-                provider: ProviderKind::Verbs,
+                provider: glue::NAME,
                 name,
                 capabilities: dev.caps.clone(),
                 gid: Some((dev.gid_index, dev.gid())),
@@ -75,6 +79,10 @@ pub(crate) struct Device {
     pub(crate) limits: QpLimits,
     /// Registered regions by lkey, for posted requests to hold.
     mrs: RwLock<HashMap<u32, Arc<MrShared>>>,
+    /// The lkey of each region with remote access, by rkey.
+    rkeys: RwLock<HashMap<u32, u32>>,
+    /// The adapter's registrations, by lkey; removing one deregisters it.
+    hw_mrs: Mutex<HashMap<u32, Mr>>,
     /// Live QPs by number, to map their completions back.
     qps: RwLock<HashMap<u32, Weak<qp::Shared>>>,
     /// Live SRQs by address, for their limit events.
@@ -166,6 +174,8 @@ impl Device {
             caps,
             limits,
             mrs: RwLock::new(HashMap::new()),
+            rkeys: RwLock::new(HashMap::new()),
+            hw_mrs: Mutex::new(HashMap::new()),
             qps: RwLock::new(HashMap::new()),
             srqs: Mutex::new(HashMap::new()),
             pds: Mutex::new(HashMap::new()),
@@ -223,14 +233,25 @@ impl Device {
         Ok((Mr { mr }, lkey, rkey))
     }
 
-    /// Makes a registered region findable by its lkey.
-    pub(crate) fn insert_mr(&self, shared: &Arc<MrShared>) {
+    /// Makes a registered region findable by its keys, and keeps the adapter's MR.
+    pub(crate) fn insert_mr(&self, shared: &Arc<MrShared>, hw: Mr) {
+        self.hw_mrs.lock().insert(shared.lkey, hw);
+        if shared.rkey != 0 {
+            self.rkeys.write().insert(shared.rkey, shared.lkey);
+        }
         self.mrs.write().insert(shared.lkey, shared.clone());
     }
 
-    /// Forgets a region (it is being deregistered).
-    pub(crate) fn remove_mr(&self, lkey: u32) -> Option<Arc<MrShared>> {
-        self.mrs.write().remove(&lkey)
+    /// Deregisters a region: the adapter's MR first (its keys die), then the maps.
+    pub(crate) fn remove_mr(&self, mr: &MrShared) {
+        let hw = self.hw_mrs.lock().remove(&mr.lkey);
+        drop(hw);
+        if mr.rkey != 0 {
+            self.rkeys.write().remove(&mr.rkey);
+        }
+        let shared = self.mrs.write().remove(&mr.lkey);
+        // The region's memory lives on while posted requests hold it.
+        drop(shared);
     }
 
     /// Regions registered now.
@@ -243,7 +264,8 @@ impl Device {
         self.mrs.read().get(&lkey).map(|s| MrRef::new(s.clone()))
     }
 
-    /// [`ProtectionDomain::check`](crate::ProtectionDomain::check) on this device's regions.
+    /// [`ProtectionDomain::check`](crate::ProtectionDomain::check) on this device's regions:
+    /// a hash lookup by lkey or rkey, then the checks every provider runs.
     pub(crate) fn check(
         &self,
         key: u32,
@@ -253,12 +275,14 @@ impl Device {
         len: u64,
         need: Access,
     ) -> Result<MrRef, KeyError> {
+        let lkey = match key_use {
+            KeyUse::Local => Some(key),
+            _ => self.rkeys.read().get(&key).copied(),
+        };
         let mrs = self.mrs.read();
-        let shared = match key_use {
-            KeyUse::Local => mrs.get(&key),
-            _ => mrs.values().find(|s| s.rkey == key && key != 0),
-        }
-        .ok_or(KeyError::InvalidKey { key })?;
+        let shared = lkey
+            .and_then(|l| mrs.get(&l))
+            .ok_or(KeyError::InvalidKey { key })?;
         if shared.pd != pd {
             return Err(KeyError::PdMismatch {
                 key,

@@ -2,7 +2,6 @@
 //! adapter's, exact queue depths, and the references posted requests hold.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -13,8 +12,8 @@ use rdmx_core::{
 };
 
 use super::{sys, verb, Device};
-use crate::mr::MrRef;
-use crate::qp::QpEndpoint;
+use crate::endpoint::{PeerAddr, QpEndpoint};
+use crate::provider::{MrRef, QpCaps};
 use crate::{Error, Result};
 
 /// The bit that marks the `wr_id` the adapter sees as a receive's.
@@ -106,7 +105,7 @@ pub(crate) struct Qp {
     dev: Arc<Device>,
     shared: Arc<Shared>,
     machine: Mutex<QpStateMachine>,
-    caps: crate::QpCaps,
+    caps: QpCaps,
     peer: Mutex<Option<QpEndpoint>>,
     /// The address vector rdma_cm resolved; the move to RTR takes it instead of the GID
     /// named by `bind_peer`.
@@ -155,12 +154,12 @@ impl Qp {
     /// Creates an RC QP in RESET (`ibv_create_qp`).
     pub(crate) fn create(
         dev: &Arc<Device>,
-        pd: &crate::ProtectionDomain,
+        pd: rdmx_core::PdId,
         cqs: (&super::Cq, &super::Cq),
         srq: Option<&Srq>,
-        caps: crate::QpCaps,
+        caps: QpCaps,
     ) -> Result<Qp> {
-        let hw_pd = dev.pd(pd.id())?;
+        let hw_pd = dev.pd(pd)?;
         let mut cap = sys::QpCap {
             max_send_wr: caps.max_send_wr as u32,
             max_recv_wr: if srq.is_some() {
@@ -199,18 +198,6 @@ impl Qp {
     /// The QP number.
     pub(crate) fn qp_num(&self) -> u32 {
         self.hw.qp_num()
-    }
-
-    /// This side's endpoint: the GID as an IPv6 address, the active MTU in the port field.
-    pub(crate) fn endpoint(&self, psn: u32) -> QpEndpoint {
-        QpEndpoint {
-            qp_num: self.qp_num(),
-            psn,
-            addr: Some(SocketAddr::new(
-                IpAddr::V6(self.dev.gid()),
-                self.dev.caps.active_mtu.bytes() as u16,
-            )),
-        }
     }
 
     /// Names the peer for the address vector of the move to RTR.
@@ -321,9 +308,8 @@ impl Qp {
                 "the move to RTR needs the peer's address: call bind_peer or connect",
             ))?;
             let gid = match peer.addr {
-                Some(SocketAddr::V6(a)) => a.ip().octets(),
-                Some(SocketAddr::V4(a)) => a.ip().to_ipv6_mapped().octets(),
-                None => {
+                PeerAddr::Gid(g) => g.octets(),
+                _ => {
                     return Err(Error::InvalidArgument(
                         "a verbs peer endpoint needs the GID of its port",
                     ))
@@ -344,7 +330,7 @@ impl Qp {
     ///
     /// # Safety
     ///
-    /// As [`QueuePair::post_send_raw`](crate::QueuePair::post_send_raw).
+    /// As [`provider::Qp::post_send`](crate::provider::Qp::post_send).
     pub(crate) unsafe fn post_send(&self, wr: SendWr, inline: Option<Vec<u8>>) -> Result<()> {
         let state = self.machine.lock().state();
         if !state.post_send_allowed() {
@@ -455,7 +441,7 @@ impl Qp {
     ///
     /// # Safety
     ///
-    /// As [`QueuePair::post_recv_raw`](crate::QueuePair::post_recv_raw).
+    /// As [`provider::Qp::post_recv`](crate::provider::Qp::post_recv).
     pub(crate) unsafe fn post_recv(&self, wr: RecvWr) -> Result<()> {
         if self.shared.srq.is_some() {
             return Err(PostError::Invalid(
@@ -545,11 +531,11 @@ impl Srq {
     /// `ibv_create_srq`.
     pub(crate) fn create(
         dev: &Arc<Device>,
-        pd: &crate::ProtectionDomain,
+        pd: rdmx_core::PdId,
         max_wr: usize,
         max_sge: usize,
     ) -> Result<Srq> {
-        let hw_pd = dev.pd(pd.id())?;
+        let hw_pd = dev.pd(pd)?;
         let hw = Arc::new(
             sys::Srq::create(&hw_pd, max_wr as u32, max_sge.max(1) as u32)
                 .map_err(verb("ibv_create_srq"))?,
@@ -572,7 +558,7 @@ impl Srq {
     ///
     /// # Safety
     ///
-    /// As [`QueuePair::post_recv_raw`](crate::QueuePair::post_recv_raw).
+    /// As [`provider::Qp::post_recv`](crate::provider::Qp::post_recv).
     pub(crate) unsafe fn post_recv(&self, wr: RecvWr) -> Result<()> {
         if wr.sges.len() > self.max_sge {
             return Err(PostError::TooManySges {

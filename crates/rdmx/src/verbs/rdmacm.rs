@@ -34,7 +34,7 @@ use rdmx_core::{ConnectParams, Mtu, QpState};
 
 use super::qp::Qp;
 use super::sys;
-use crate::qp::ConnectOptions;
+use crate::ConnectOptions;
 use crate::{Error, Result};
 
 use ffi::rdma_cm_event_type as ev;
@@ -476,7 +476,7 @@ fn conn_param(
 }
 
 /// The active side: resolves `addr`, connects `qp` to the listener there and returns the
-/// peer's private data. `private` is at most [`crate::cm::MAX_RDMA_CM_CONNECT_PRIVATE`]
+/// peer's private data. `private` is at most [`super::cm::MAX_CONNECT_PRIVATE`]
 /// bytes (checked by the caller).
 pub(crate) fn connect(
     qp: &Qp,
@@ -569,7 +569,7 @@ impl Listener {
 
     /// Waits until `deadline` for a connect request, connects `qp` to it and returns the
     /// peer's private data. `private` is at most
-    /// [`crate::cm::MAX_RDMA_CM_ACCEPT_PRIVATE`] bytes (checked by the caller).
+    /// [`super::cm::MAX_ACCEPT_PRIVATE`] bytes (checked by the caller).
     pub(crate) fn accept(
         &self,
         qp: &Qp,

@@ -390,7 +390,8 @@ pub(crate) fn post_in_wrong_state(p: &Provider) {
 
     let peer = b.qp.endpoint();
     // The address vector: where the peer is (needed by providers with real addresses).
-    a.qp.bind_peer(&peer);
+    a.qp.bind_peer(&peer)
+        .unwrap_or_else(|e| panic!("{what}: bind_peer: {e}"));
     let rtr = QpAttr {
         qp_state: QpState::Rtr,
         path_mtu: opts.mtu.expect("the suite sets the MTU"),

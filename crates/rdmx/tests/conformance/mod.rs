@@ -129,7 +129,7 @@ impl Provider {
     /// provider asked for and supports the MTU the suite connects with.
     pub(crate) fn open(&self) -> Context {
         let ctx = (self.open)().unwrap_or_else(|e| panic!("{}: open a context: {e}", self.name));
-        assert_eq!(ctx.provider().name(), self.name, "the context's provider");
+        assert_eq!(ctx.provider(), self.name, "the context's provider");
         assert!(
             ctx.capabilities().max_mtu >= self.mtu,
             "{}: the device's max MTU {:?} is below the suite's {:?}",

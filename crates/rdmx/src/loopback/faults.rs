@@ -2,11 +2,11 @@
 //! reordered or corrupted between the RC engines, so tests drive the engine through
 //! retransmission, duplicate detection, sequence-error recovery and error completion.
 //!
-//! A context opened with [`ContextOptions::faults`](crate::ContextOptions::faults) applies
-//! [`Faults`] to every packet its queue pairs send. Each queue pair draws from its own
+//! A context opened with [`Options::faults`](super::Options::faults) applies [`Faults`]
+//! to every packet its queue pairs send. Each queue pair draws from its own
 //! deterministic generator (seeded from [`Faults::seed`] and its QP number), so a failing
 //! run can be repeated. What happened is counted in [`FaultStats`]
-//! ([`Context::fault_stats`]).
+//! ([`fault_stats`](super::fault_stats)).
 //!
 //! The loopback path carries whole IBTA RC packets, which have no integrity check of their
 //! own (on RoCE the ICRC provides it, on tcp the stream does). Two kinds of corruption are
@@ -24,8 +24,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-
-use crate::Context;
 
 /// Parts per million: the unit of every rate in [`Faults`].
 pub const PPM: u32 = 1_000_000;
@@ -113,14 +111,6 @@ pub struct FaultStats {
     pub mangled: u64,
 }
 
-impl Context {
-    /// What fault injection did to this context's packets; `None` when the context was
-    /// opened without [`ContextOptions::faults`](crate::ContextOptions::faults).
-    pub fn fault_stats(&self) -> Option<FaultStats> {
-        self.inner.faults.as_ref().map(|i| i.stats())
-    }
-}
-
 /// A context's fault configuration and counters.
 #[derive(Debug)]
 pub(crate) struct Injector {
@@ -148,7 +138,7 @@ impl Injector {
         self.counts[what].fetch_add(1, Ordering::Relaxed);
     }
 
-    fn stats(&self) -> FaultStats {
+    pub(crate) fn stats(&self) -> FaultStats {
         let c = |i: usize| self.counts[i].load(Ordering::Relaxed);
         FaultStats {
             packets: c(PACKETS),

@@ -1,0 +1,464 @@
+//! The loopback provider: queue pairs of this process connected through the RC engine,
+//! with packets passed in memory.
+//!
+//! Every loopback queue pair lives in one process-wide fabric, addressed by its QP
+//! number. Progress is made from the calling thread: each verb that can change a queue
+//! pair (post, modify, poll) pumps the fabric until nothing moves, delivering packets,
+//! routing completions to their CQs and firing due timers, so one-sided operations
+//! complete as soon as either side calls in. The fabric is serialised by one lock; it is
+//! the reference for semantics, not for speed.
+//!
+//! With the `testing` feature, a context opened with `Options::faults` has the packets
+//! its queue pairs send dropped, delayed, duplicated, reordered or corrupted on their way
+//! (`faults`); delayed packets wait in the fabric until they are due.
+
+#[cfg(feature = "testing")]
+pub mod faults;
+#[cfg(not(feature = "testing"))]
+#[allow(dead_code, unreachable_pub)]
+mod faults;
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use rdmx_core::rc::{RcQp, Srq};
+use rdmx_core::{KeyError, KeyUse, PdId};
+use rdmx_mem::Access;
+
+#[cfg(feature = "testing")]
+pub use faults::{FaultStats, Faults};
+
+use self::faults::{Injector, Rng, Wire};
+use crate::endpoint::PeerAddr;
+use crate::provider::{self, Capabilities, CqCore, MrRef, MrShared, ProviderConfig, Registration};
+use crate::soft::{self, Engine, Keys, SoftQp, SoftSrq, Transport};
+use crate::Result;
+
+/// The provider's name.
+pub const NAME: &str = "loopback";
+const DEVICE: &str = "loopback0";
+
+/// How to open a loopback context.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct Options {
+    #[cfg(feature = "testing")]
+    faults: Option<Faults>,
+    #[cfg(feature = "testing")]
+    seed: Option<u64>,
+}
+
+impl Options {
+    /// Drops, delays, duplicates, reorders or corrupts the packets this context's queue
+    /// pairs send, to test recovery.
+    #[cfg(feature = "testing")]
+    pub fn faults(mut self, faults: Faults) -> Self {
+        self.faults = Some(faults);
+        self
+    }
+
+    /// Key variants derived from `seed` instead of drawn at random: keys are then
+    /// predictable, for reproducible tests only.
+    #[cfg(feature = "testing")]
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+}
+
+impl From<Options> for ProviderConfig {
+    fn from(opts: Options) -> ProviderConfig {
+        ProviderConfig::new(NAME, move || {
+            #[cfg(feature = "testing")]
+            let (seed, faults) = (opts.seed, opts.faults.map(|f| Arc::new(Injector::new(f))));
+            #[cfg(not(feature = "testing"))]
+            let (seed, faults) = {
+                let _ = opts;
+                (None, None)
+            };
+            let seed = match seed {
+                Some(s) => s,
+                None => soft::seed()?,
+            };
+            Ok(Arc::new(Device::new(seed, faults)) as Arc<dyn provider::Device>)
+        })
+    }
+}
+
+/// The provider as the registry lists it.
+pub(crate) const ENTRY: provider::Entry = provider::Entry {
+    name: NAME,
+    devices: || {
+        vec![provider::DeviceInfo {
+            provider: NAME,
+            name: DEVICE.to_string(),
+            capabilities: caps(),
+            gid: None,
+        }]
+    },
+    open: |device| {
+        if let Some(d) = device.filter(|&d| d != DEVICE) {
+            return Err(crate::Error::NoDevice(format!(
+                "provider {NAME} has no device {d}; its device is {DEVICE}"
+            )));
+        }
+        ProviderConfig::from(Options::default()).open()
+    },
+};
+
+fn caps() -> Capabilities {
+    let limits = limits();
+    soft::capabilities(&limits, limits.max_mtu)
+}
+
+/// What fault injection did to this context's packets; `None` for a context of another
+/// provider or one opened without [`Options::faults`].
+#[cfg(feature = "testing")]
+pub fn fault_stats(ctx: &crate::Context) -> Option<FaultStats> {
+    ctx.device()
+        .as_any()
+        .downcast_ref::<Device>()?
+        .faults
+        .as_ref()
+        .map(|i| i.stats())
+}
+
+/// A loopback device: a key table, and the faults its packets meet.
+#[derive(Debug)]
+struct Device {
+    keys: Arc<Keys>,
+    caps: Capabilities,
+    faults: Option<Arc<Injector>>,
+}
+
+impl Device {
+    fn new(seed: u64, faults: Option<Arc<Injector>>) -> Device {
+        start_progress_thread();
+        Device {
+            keys: Arc::new(Keys::new(seed)),
+            caps: caps(),
+            faults,
+        }
+    }
+}
+
+impl provider::Device for Device {
+    fn provider(&self) -> &'static str {
+        NAME
+    }
+    fn name(&self) -> &str {
+        DEVICE
+    }
+    fn caps(&self) -> &Capabilities {
+        &self.caps
+    }
+    fn address(&self) -> PeerAddr {
+        PeerAddr::Local
+    }
+    unsafe fn register(&self, reg: Registration) -> Result<Arc<MrShared>> {
+        // SAFETY: forwarded; the caller upholds the contract.
+        unsafe { self.keys.register(reg) }
+    }
+    fn deregister(&self, mr: &MrShared) {
+        self.keys.deregister(mr);
+    }
+    fn check(
+        &self,
+        pd: PdId,
+        key: u32,
+        key_use: KeyUse,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> std::result::Result<MrRef, KeyError> {
+        soft::check(&self.keys, pd, key, key_use, addr, len, need)
+    }
+    fn registered_regions(&self) -> usize {
+        self.keys.len()
+    }
+    fn create_cq(&self, _core: &Arc<CqCore>) -> Result<Box<dyn provider::Cq>> {
+        Ok(Box::new(Cq))
+    }
+    fn create_qp(&self, init: provider::QpInit<'_>) -> Result<Box<dyn provider::Qp>> {
+        let srq = SoftSrq::of(init.srq)?;
+        let mut fab = fabric().lock();
+        let qpn = fab.next_qpn;
+        fab.next_qpn = (fab.next_qpn + 1) & 0xff_ffff;
+        let faults = self.faults.as_ref().map(|i| (i.clone(), i.rng(qpn), None));
+        fab.qps.insert(
+            qpn,
+            Entry {
+                engine: RcQp::new(soft::config(&init, qpn), limits()),
+                keys: self.keys.clone(),
+                send_cq: init.send_cq.core.clone(),
+                recv_cq: init.recv_cq.core.clone(),
+                srq,
+                faults,
+            },
+        );
+        Ok(Box::new(SoftQp {
+            qpn,
+            transport: Link { qpn },
+        }))
+    }
+    fn create_srq(
+        &self,
+        pd: PdId,
+        max_wr: usize,
+        max_sge: usize,
+    ) -> Result<Box<dyn provider::Srq>> {
+        Ok(Box::new(SoftSrq::new(
+            self.keys.clone(),
+            pd,
+            max_wr,
+            max_sge,
+            progress,
+        )))
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A loopback CQ: polling it pumps the fabric.
+#[derive(Debug)]
+struct Cq;
+
+impl provider::Cq for Cq {
+    fn progress(&self, _core: &CqCore) -> Result<()> {
+        progress();
+        Ok(())
+    }
+    fn needs_polling(&self) -> bool {
+        true
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A loopback QP's place in the fabric.
+#[derive(Debug)]
+struct Link {
+    qpn: u32,
+}
+
+impl Transport for Link {
+    fn with<T>(&self, f: impl FnOnce(&mut Engine, &Keys) -> T) -> T {
+        let mut fab = fabric().lock();
+        let e = fab
+            .qps
+            .get_mut(&self.qpn)
+            .expect("a live queue pair is in the fabric");
+        let out = f(&mut e.engine, &e.keys);
+        fab.pump();
+        out
+    }
+    fn address(&self) -> PeerAddr {
+        PeerAddr::Local
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        let entry = fabric().lock().qps.remove(&self.qpn);
+        // Completion queues and regions the QP held are released outside the lock.
+        drop(entry);
+    }
+}
+
+struct Entry {
+    engine: Engine,
+    keys: Arc<Keys>,
+    send_cq: Arc<CqCore>,
+    recv_cq: Arc<CqCore>,
+    /// The shared receive queue the QP takes its receives from.
+    srq: Option<Arc<Mutex<Srq<MrRef>>>>,
+    /// With fault injection: the context's injector, the QP's generator, and a packet held
+    /// back for reordering.
+    faults: Option<(Arc<Injector>, Rng, Option<Wire>)>,
+}
+
+struct Fabric {
+    qps: HashMap<u32, Entry>,
+    next_qpn: u32,
+    /// Delayed packets: when each is due, and who sent it.
+    delayed: Vec<(Instant, u32, Wire)>,
+}
+
+fn fabric() -> &'static Mutex<Fabric> {
+    static FABRIC: OnceLock<Mutex<Fabric>> = OnceLock::new();
+    FABRIC.get_or_init(|| {
+        Mutex::new(Fabric {
+            qps: HashMap::new(),
+            // QP numbers 0 and 1 are special in InfiniBand.
+            next_qpn: 0x11,
+            delayed: Vec::new(),
+        })
+    })
+}
+
+impl Fabric {
+    /// Runs every queue pair until no packet, completion or due timer is left.
+    fn pump(&mut self) {
+        let now = Instant::now();
+        loop {
+            let mut moved = self.deliver_due(now);
+            let qpns: Vec<u32> = self.qps.keys().copied().collect();
+            for qpn in qpns {
+                let mut packets = Vec::new();
+                if let Some(e) = self.qps.get_mut(&qpn) {
+                    if e.engine.poll_timeout().is_some_and(|t| t <= now) {
+                        e.engine.handle_timeout(now);
+                    }
+                    while let Some(p) = e.engine.poll_transmit(now, &*e.keys) {
+                        packets.push(Wire::plain(e.engine.dest_qpn(), p));
+                    }
+                    moved |= route_completions(e);
+                }
+                for w in packets {
+                    moved = true;
+                    self.send(qpn, w, now);
+                }
+            }
+            if !moved {
+                // Packets held back for reordering go once nothing overtakes them.
+                moved = self.release_held(now);
+            }
+            if !moved {
+                break;
+            }
+        }
+    }
+
+    /// The earliest instant a delayed packet is due.
+    fn next_delayed(&self) -> Option<Instant> {
+        self.delayed.iter().map(|(t, _, _)| *t).min()
+    }
+
+    /// Sends `w` from QP `from`, through its context's faults if it has any.
+    fn send(&mut self, from: u32, w: Wire, now: Instant) {
+        let Some(e) = self.qps.get_mut(&from) else {
+            return;
+        };
+        let Some((inj, rng, held)) = e.faults.as_mut() else {
+            self.deliver(None, w, now);
+            return;
+        };
+        let inj = inj.clone();
+        let fate = faults::apply(&inj, rng, now, w.dest, w.bytes);
+        let overtaken = match fate.hold {
+            Some(h) => held.replace(h),
+            None => held.take(),
+        };
+        if let Some((at, w)) = fate.later {
+            self.delayed.push((at, from, w));
+        }
+        for w in fate.now {
+            self.deliver(Some(&inj), w, now);
+        }
+        // A packet held back goes after the one that overtook it.
+        if let Some(w) = overtaken {
+            self.deliver(Some(&inj), w, now);
+        }
+    }
+
+    fn deliver_due(&mut self, now: Instant) -> bool {
+        let mut due = Vec::new();
+        let mut i = 0;
+        while i < self.delayed.len() {
+            if self.delayed[i].0 <= now {
+                due.push(self.delayed.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        due.sort_by_key(|(t, _, _)| *t);
+        let moved = !due.is_empty();
+        for (_, from, w) in due {
+            let inj = self
+                .qps
+                .get(&from)
+                .and_then(|e| e.faults.as_ref().map(|f| f.0.clone()));
+            self.deliver(inj.as_deref(), w, now);
+        }
+        moved
+    }
+
+    fn release_held(&mut self, now: Instant) -> bool {
+        let mut held = Vec::new();
+        for e in self.qps.values_mut() {
+            if let Some((inj, _, h)) = e.faults.as_mut() {
+                if let Some(w) = h.take() {
+                    held.push((Some(inj.clone()), w));
+                }
+            }
+        }
+        let moved = !held.is_empty();
+        for (inj, w) in held {
+            self.deliver(inj.as_deref(), w, now);
+        }
+        moved
+    }
+
+    /// Hands `w` to its destination QP, unless it fails its CRC check.
+    fn deliver(&mut self, inj: Option<&Injector>, w: Wire, now: Instant) {
+        if !w.intact(inj) {
+            return;
+        }
+        if let Some(peer) = self.qps.get_mut(&w.dest) {
+            let mut srq = peer.srq.as_ref().map(|s| s.lock());
+            peer.engine
+                .handle_packet_srq(now, &*peer.keys, srq.as_deref_mut(), &w.bytes);
+        }
+    }
+}
+
+fn route_completions(e: &mut Entry) -> bool {
+    soft::route_completions(&mut e.engine, &e.send_cq, &e.recv_cq)
+}
+
+/// Pumps the fabric from a verb that does not otherwise touch it (polling a CQ).
+fn progress() {
+    fabric().lock().pump();
+}
+
+/// Starts, once per process, the thread that fires timers (retransmission, the end of an
+/// RNR wait) when no application thread calls in, so a request completes even while the
+/// application only waits on a CQ's descriptor.
+fn start_progress_thread() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        let spawned = std::thread::Builder::new()
+            .name("rdmx-loopback".into())
+            .spawn(|| loop {
+                let next = {
+                    let mut fab = fabric().lock();
+                    fab.pump();
+                    fab.qps
+                        .values()
+                        .filter_map(|e| e.engine.poll_timeout())
+                        .chain(fab.next_delayed())
+                        .min()
+                };
+                let now = Instant::now();
+                let idle = std::time::Duration::from_millis(50);
+                let wait = next.map_or(idle, |t| t.saturating_duration_since(now).min(idle));
+                std::thread::sleep(wait.max(std::time::Duration::from_micros(20)));
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(
+                "cannot start the loopback progress thread ({e}); progress is made only \
+                 when the application calls in"
+            );
+        }
+    });
+}
+
+/// Limits of loopback queue pairs.
+fn limits() -> rdmx_core::QpLimits {
+    soft::limits(rdmx_core::QpLimits::default().max_mtu)
+}

@@ -1,0 +1,180 @@
+//! The provider-independent part of every completion queue: a bounded queue of
+//! completions, overrun detection, and notification through an eventfd.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use parking_lot::Mutex;
+use rdmx_core::{Completion, WcStatus};
+
+use crate::{Error, Result};
+
+/// Completions waiting to be polled, shared by a CQ and the queue pairs that complete to it.
+#[derive(Debug)]
+pub(crate) struct CqCore {
+    state: Mutex<CqState>,
+    capacity: usize,
+    event: OwnedFd,
+}
+
+#[derive(Debug)]
+struct CqState {
+    entries: VecDeque<Completion>,
+    overrun: bool,
+    /// Armed: `Some(solicited_only)`.
+    armed: Option<bool>,
+    /// Owned-buffer requests whose completions are watched for, and those seen.
+    watched: Vec<(u32, u64, bool)>,
+}
+
+impl CqCore {
+    pub(crate) fn new(capacity: usize) -> Result<CqCore> {
+        if capacity == 0 {
+            return Err(Error::InvalidArgument(
+                "a completion queue needs capacity ≥ 1",
+            ));
+        }
+        // SAFETY: eventfd takes an initial value and flags and returns a new descriptor.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(Error::Io("eventfd", std::io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` is a new descriptor that nothing else owns.
+        let event = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(CqCore {
+            state: Mutex::new(CqState {
+                entries: VecDeque::with_capacity(capacity.min(4096)),
+                overrun: false,
+                armed: None,
+                watched: Vec::new(),
+            }),
+            capacity,
+            event,
+        })
+    }
+
+    /// Most completions the queue holds.
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Adds a completion; returns false when the queue was full (now overrun).
+    pub(crate) fn push(&self, c: Completion, solicited: bool) -> bool {
+        let mut st = self.state.lock();
+        if st.overrun || st.entries.len() >= self.capacity {
+            st.overrun = true;
+            return false;
+        }
+        st.entries.push_back(c);
+        if !st.watched.is_empty() {
+            if let Some(w) = st
+                .watched
+                .iter_mut()
+                .find(|w| w.0 == c.qp_num && w.1 == c.wr_id && !w.2)
+            {
+                w.2 = true;
+            }
+        }
+        if let Some(only_solicited) = st.armed {
+            if !only_solicited || solicited || c.status != WcStatus::Success {
+                st.armed = None;
+                self.notify();
+            }
+        }
+        true
+    }
+
+    fn notify(&self) {
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from `one` to our own eventfd.
+        let _ = unsafe {
+            libc::write(
+                self.event.as_raw_fd(),
+                (&one as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+    }
+
+    /// Moves up to `out.len()` completions into `out`.
+    pub(crate) fn take(&self, out: &mut [Completion]) -> Result<usize> {
+        let mut st = self.state.lock();
+        if st.overrun {
+            return Err(Error::CqOverrun);
+        }
+        let n = out.len().min(st.entries.len());
+        for (slot, c) in out.iter_mut().zip(st.entries.drain(..n)) {
+            *slot = c;
+        }
+        Ok(n)
+    }
+
+    /// Arms notification for the next completion (or solicited/error one).
+    pub(crate) fn arm(&self, solicited_only: bool) {
+        self.state.lock().armed = Some(solicited_only);
+    }
+
+    /// Arms for error completions only: the adapter notifies the rest itself.
+    pub(crate) fn arm_errors_only(&self, on: bool) {
+        self.state.lock().armed = on.then_some(true);
+    }
+
+    /// Disarms.
+    pub(crate) fn disarm(&self) {
+        self.state.lock().armed = None;
+    }
+
+    /// The eventfd.
+    pub(crate) fn event_fd(&self) -> RawFd {
+        self.event.as_raw_fd()
+    }
+
+    /// Consumes an eventfd notification; returns whether there was one.
+    pub(crate) fn read_event(&self) -> bool {
+        let mut v = 0u64;
+        // SAFETY: reads 8 bytes into `v` from our own non-blocking eventfd.
+        let n = unsafe {
+            libc::read(
+                self.event.as_raw_fd(),
+                (&mut v as *mut u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+        n == 8
+    }
+
+    /// Watches for the completion of request `wr_id` on QP `qpn` (an owned-buffer post).
+    pub(crate) fn watch(&self, qpn: u32, wr_id: u64) {
+        self.state.lock().watched.push((qpn, wr_id, false));
+    }
+
+    /// Stops watching `wr_id` on `qpn` (its post failed).
+    pub(crate) fn unwatch(&self, qpn: u32, wr_id: u64) {
+        let mut st = self.state.lock();
+        if let Some(i) = st.watched.iter().position(|w| w.0 == qpn && w.1 == wr_id) {
+            st.watched.swap_remove(i);
+        }
+    }
+
+    /// Watches again for a completion that was already seen.
+    pub(crate) fn rewatch_seen(&self, qpn: u32, wr_id: u64) {
+        self.state.lock().watched.push((qpn, wr_id, true));
+    }
+
+    /// If the completion of watched request `wr_id` on `qpn` has arrived, stops watching it
+    /// and returns true.
+    pub(crate) fn take_watched(&self, qpn: u32, wr_id: u64) -> bool {
+        let mut st = self.state.lock();
+        match st
+            .watched
+            .iter()
+            .position(|w| w.0 == qpn && w.1 == wr_id && w.2)
+        {
+            Some(i) => {
+                st.watched.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+}

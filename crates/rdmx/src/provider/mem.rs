@@ -1,0 +1,189 @@
+//! Registered memory as it crosses the seam: what a region is ([`MrShared`]) and the
+//! references that keep it alive while requests use it ([`MrRef`]).
+//!
+//! Registered memory may be written by the adapter or by a peer at any time, so it is
+//! reached only through raw copies and atomics here, never through Rust references.
+
+use std::sync::Arc;
+
+use rdmx_core::PdId;
+use rdmx_mem::{Access, Memory, PinGuard};
+
+use crate::{Error, Result};
+
+/// The part of a region that outlives deregistration while in use.
+pub(crate) struct MrShared {
+    // Field order is drop order: unpin before the owned memory is freed.
+    pub(crate) pin: Option<PinGuard>,
+    pub(crate) _owner: Option<Box<dyn Memory>>,
+    pub(crate) addr: *mut u8,
+    pub(crate) len: usize,
+    pub(crate) access: Access,
+    pub(crate) lkey: u32,
+    pub(crate) rkey: u32,
+    pub(crate) pd: PdId,
+}
+
+// SAFETY: the raw pointer is an address of memory kept valid by `owner` or by the
+// register_raw contract; MrShared never hands out references into it, only copies.
+unsafe impl Send for MrShared {}
+// SAFETY: as above; all access to the bytes goes through copying accessors.
+unsafe impl Sync for MrShared {}
+
+impl std::fmt::Debug for MrShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("addr", &self.addr)
+            .field("len", &self.len)
+            .field("access", &self.access)
+            .field("lkey", &format_args!("{:#010x}", self.lkey))
+            .field("rkey", &format_args!("{:#010x}", self.rkey))
+            .field("pd", &self.pd)
+            .field("pinned", &self.pin.is_some())
+            .finish()
+    }
+}
+
+impl MrShared {
+    fn bounds(&self, offset: usize, len: usize) -> Result<*mut u8> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(self.addr.wrapping_add(offset)),
+            _ => Err(Error::OutOfBounds {
+                offset,
+                len,
+                region_len: self.len,
+            }),
+        }
+    }
+
+    pub(crate) fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
+        let src = self.bounds(offset, buf.len())?;
+        // SAFETY: bounds() keeps [src, src + buf.len()) inside the registered memory, which
+        // stays valid while self lives; buf is a distinct Rust allocation.
+        unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) };
+        Ok(())
+    }
+
+    fn atomic(&self, offset: usize) -> Result<&std::sync::atomic::AtomicU64> {
+        let p = self.bounds(offset, 8)?;
+        if p as usize % 8 != 0 {
+            return Err(Error::Misaligned { offset });
+        }
+        // SAFETY: the 8 bytes at `p` are inside the registered memory, which stays valid
+        // while self lives, and `p` is 8-aligned. Registered memory is shared memory: every
+        // access to it goes through raw copies or these atomics, never Rust references.
+        Ok(unsafe { std::sync::atomic::AtomicU64::from_ptr(p.cast()) })
+    }
+
+    pub(crate) fn compare_swap(&self, offset: usize, compare: u64, swap: u64) -> Result<u64> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let a = self.atomic(offset)?;
+        Ok(match a.compare_exchange(compare, swap, SeqCst, SeqCst) {
+            Ok(v) | Err(v) => v,
+        })
+    }
+
+    pub(crate) fn fetch_add(&self, offset: usize, add: u64) -> Result<u64> {
+        Ok(self
+            .atomic(offset)?
+            .fetch_add(add, std::sync::atomic::Ordering::SeqCst))
+    }
+
+    pub(crate) fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+        let dst = self.bounds(offset, data.len())?;
+        // SAFETY: as in read_at; registered memory is writable through this pointer
+        // (Memory::as_raw and register_raw both promise it).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+        Ok(())
+    }
+}
+
+macro_rules! region_getters {
+    () => {
+        /// Address of the first registered byte.
+        pub fn addr(&self) -> usize {
+            self.shared.addr as usize
+        }
+        /// Registered length in bytes.
+        pub fn len(&self) -> usize {
+            self.shared.len
+        }
+        /// Always false: empty regions cannot be registered.
+        pub fn is_empty(&self) -> bool {
+            self.shared.len == 0
+        }
+        /// Local key.
+        pub fn lkey(&self) -> u32 {
+            self.shared.lkey
+        }
+        /// Remote key (0 when the region grants no remote access).
+        pub fn rkey(&self) -> u32 {
+            self.shared.rkey
+        }
+        /// Access flags.
+        pub fn access(&self) -> Access {
+            self.shared.access
+        }
+        /// The protection domain the region belongs to.
+        pub fn pd(&self) -> PdId {
+            self.shared.pd
+        }
+        /// Whether the region owns its memory (registered with `register`, not
+        /// `register_raw`).
+        pub fn owns_memory(&self) -> bool {
+            self.shared._owner.is_some()
+        }
+        /// Whether the pages are locked in memory.
+        pub fn is_pinned(&self) -> bool {
+            self.shared.pin.is_some()
+        }
+        /// Copies `buf.len()` bytes starting at `offset` out of the region.
+        pub fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
+            self.shared.read_at(offset, buf)
+        }
+        /// Copies `data` into the region at `offset`.
+        pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+            self.shared.write_at(offset, data)
+        }
+        /// Atomically loads the 8-aligned `u64` at `offset`.
+        pub fn load_u64(&self, offset: usize) -> Result<u64> {
+            self.shared.fetch_add(offset, 0)
+        }
+        /// Atomically adds to the 8-aligned `u64` at `offset`, returning the old value;
+        /// atomic against remote FETCH_ADD and COMPARE_SWAP on the same address.
+        pub fn fetch_add_u64(&self, offset: usize, add: u64) -> Result<u64> {
+            self.shared.fetch_add(offset, add)
+        }
+        /// Atomically replaces the 8-aligned `u64` at `offset` with `swap` if it equals
+        /// `compare`, returning the old value.
+        pub fn compare_swap_u64(&self, offset: usize, compare: u64, swap: u64) -> Result<u64> {
+            self.shared.compare_swap(offset, compare, swap)
+        }
+    };
+}
+
+pub(crate) use region_getters;
+
+/// A reference to registered memory that keeps it alive, even past deregistration.
+///
+/// Keys may already be invalid when an `MrRef` is used; the memory is not.
+#[derive(Clone, Debug)]
+pub struct MrRef {
+    shared: Arc<MrShared>,
+}
+
+impl MrRef {
+    pub(crate) fn new(shared: Arc<MrShared>) -> Self {
+        MrRef { shared }
+    }
+
+    /// The address of `len` bytes at virtual address `addr`, if they lie inside the
+    /// region: for transports that move bytes between a socket and registered memory
+    /// with vectored I/O. The pointer is valid while this `MrRef` (or a clone) lives.
+    pub(crate) fn raw_range(&self, addr: u64, len: usize) -> Option<*mut u8> {
+        let offset = (addr as usize).checked_sub(self.shared.addr as usize)?;
+        self.shared.bounds(offset, len).ok()
+    }
+
+    region_getters!();
+}

@@ -1,0 +1,246 @@
+//! The provider seam: what a provider implements, and the few types both sides share.
+//!
+//! The facade's public objects ([`Context`](crate::Context),
+//! [`CompletionQueue`](crate::CompletionQueue), [`QueuePair`](crate::QueuePair), ...) hold
+//! trait objects from this module and never name a provider's own types. A provider lives
+//! in one folder, implements [`Device`], [`Cq`], [`Qp`] and [`Srq`], and is listed once
+//! in [`crate::PROVIDERS`]. Providers use this module, the error type and rdmx-core; they
+//! never reach into the facade's objects.
+//!
+//! ```text
+//!   Context ─ ProtectionDomain ─ MemoryRegion ─ CompletionQueue ─ QueuePair   (facade)
+//!        │                │                 │                 │
+//!        ▼                ▼                 ▼                 ▼
+//!     Device::register / create_cq / create_qp / create_srq      (this seam)
+//!        ▲
+//!   loopback/  tcp/  (software: the RC engine, soft/)    verbs/ (rdma-core)
+//! ```
+//!
+//! Registered memory crosses the seam as [`MrShared`] (what a region is, kept alive by
+//! [`MrRef`]s while requests use it); completions as pushes into a [`CqCore`], the
+//! provider-independent part of every CQ.
+
+use std::any::Any;
+use std::fmt;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdmx_core::{KeyError, KeyUse, PdId, QpAttr, QpAttrMask, QpState, RecvWr, SendWr};
+use rdmx_mem::{Access, Memory, Pinning};
+
+use crate::endpoint::{PeerAddr, QpEndpoint};
+use crate::Result;
+
+pub(crate) mod caps;
+pub(crate) mod cq;
+pub(crate) mod mem;
+
+pub use caps::{AtomicCap, Capabilities, DeviceInfo, QpCaps};
+pub(crate) use cq::CqCore;
+pub use mem::MrRef;
+pub(crate) use mem::MrShared;
+
+/// One provider, as [`crate::PROVIDERS`] lists it.
+#[derive(Clone, Copy)]
+pub(crate) struct Entry {
+    /// The name `--provider` and [`Context::open_provider`](crate::Context::open_provider)
+    /// take.
+    pub(crate) name: &'static str,
+    /// Its devices on this machine, with their capabilities.
+    pub(crate) devices: fn() -> Vec<DeviceInfo>,
+    /// Opens a device with default options (`device`: a device name, `None` for the first).
+    pub(crate) open: fn(device: Option<&str>) -> Result<Arc<dyn Device>>,
+}
+
+/// A provider with its options, ready to open a device: what
+/// [`Context::open`](crate::Context::open) takes. Each provider's `Options` converts into
+/// one (`rdmx::tcp::Options::default().busy_poll(true)`, ...).
+pub struct ProviderConfig {
+    name: &'static str,
+    open: Box<dyn FnOnce() -> Result<Arc<dyn Device>> + Send>,
+}
+
+impl ProviderConfig {
+    pub(crate) fn new(
+        name: &'static str,
+        open: impl FnOnce() -> Result<Arc<dyn Device>> + Send + 'static,
+    ) -> Self {
+        ProviderConfig {
+            name,
+            open: Box::new(open),
+        }
+    }
+
+    /// The provider's name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    pub(crate) fn open(self) -> Result<Arc<dyn Device>> {
+        (self.open)()
+    }
+}
+
+impl fmt::Debug for ProviderConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProviderConfig")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Memory handed to [`Device::register`].
+pub(crate) struct Registration {
+    pub(crate) pd: PdId,
+    pub(crate) addr: *mut u8,
+    pub(crate) len: usize,
+    pub(crate) access: Access,
+    pub(crate) pinning: Pinning,
+    /// The owner of the memory, if the region owns it; dropped after the keys die and the
+    /// last [`MrRef`] goes.
+    pub(crate) owner: Option<Box<dyn Memory>>,
+}
+
+/// An open device: the provider's half of a [`Context`](crate::Context).
+pub(crate) trait Device: Send + Sync + fmt::Debug {
+    /// The provider's name.
+    fn provider(&self) -> &'static str;
+    /// The device's name.
+    fn name(&self) -> &str;
+    /// What it can do.
+    fn caps(&self) -> &Capabilities;
+    /// Where peers reach this device's queue pairs, if it has one address for all of them
+    /// (tcp: its listener; verbs: its GID).
+    fn address(&self) -> PeerAddr;
+    /// The GID index and GID in use (verbs).
+    fn gid(&self) -> Option<(u32, std::net::Ipv6Addr)> {
+        None
+    }
+
+    /// Registers memory (`ibv_reg_mr`).
+    ///
+    /// # Safety
+    ///
+    /// `[addr, addr + len)` stays mapped until the returned region and every [`MrRef`] to
+    /// it are dropped.
+    unsafe fn register(&self, reg: Registration) -> Result<Arc<MrShared>>;
+    /// Deregisters: the region's keys stop working now.
+    fn deregister(&self, mr: &MrShared);
+    /// Resolves a key as a QP of `pd` would before touching memory.
+    fn check(
+        &self,
+        pd: PdId,
+        key: u32,
+        key_use: KeyUse,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> std::result::Result<MrRef, KeyError>;
+    /// Regions registered now.
+    fn registered_regions(&self) -> usize;
+
+    /// Creates the provider half of a CQ whose completions go to `core`.
+    fn create_cq(&self, core: &Arc<CqCore>) -> Result<Box<dyn Cq>>;
+    /// Creates an RC queue pair in RESET.
+    fn create_qp(&self, init: QpInit<'_>) -> Result<Box<dyn Qp>>;
+    /// Creates a shared receive queue.
+    fn create_srq(&self, pd: PdId, max_wr: usize, max_sge: usize) -> Result<Box<dyn Srq>>;
+    /// As `Any`, for the provider's own downcasts.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A CQ as [`Device::create_qp`] sees it: the shared core and the provider's half.
+#[derive(Debug)]
+pub(crate) struct CqParts {
+    pub(crate) core: Arc<CqCore>,
+    pub(crate) imp: Box<dyn Cq>,
+}
+
+/// What a new queue pair is made of.
+pub(crate) struct QpInit<'a> {
+    pub(crate) pd: PdId,
+    pub(crate) send_cq: &'a Arc<CqParts>,
+    pub(crate) recv_cq: &'a Arc<CqParts>,
+    pub(crate) srq: Option<&'a dyn Srq>,
+    pub(crate) caps: QpCaps,
+    /// The QP's first PSN, drawn at random by the facade.
+    pub(crate) psn: u32,
+    /// The QP's connection secret, drawn at random by the facade; a provider whose
+    /// transport lets strangers in (tcp) refuses a peer that cannot present it.
+    pub(crate) secret: u64,
+}
+
+/// The provider half of a completion queue.
+pub(crate) trait Cq: Send + Sync + fmt::Debug + Any {
+    /// Called by every poll before completions are taken: move the provider's completions
+    /// into `core`, or make progress where polling is what makes it.
+    fn progress(&self, core: &CqCore) -> Result<()>;
+    /// Arms notification.
+    fn req_notify(&self, core: &CqCore, solicited_only: bool) {
+        core.arm(solicited_only);
+    }
+    /// The descriptor that becomes readable on a notification, if not the core's.
+    fn fd(&self) -> Option<RawFd> {
+        None
+    }
+    /// Consumes a notification; returns whether there was one.
+    fn get_event(&self, core: &CqCore) -> bool {
+        core.read_event()
+    }
+    /// Whether completions move only when someone polls (waiters must poll in slices).
+    fn needs_polling(&self) -> bool {
+        false
+    }
+    /// As `Any`, for the provider's own downcasts.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// The provider half of a queue pair.
+pub(crate) trait Qp: Send + Sync + fmt::Debug + Any {
+    /// The QP number.
+    fn qp_num(&self) -> u32;
+    /// Current state.
+    fn state(&self) -> QpState;
+    /// Current attributes.
+    fn attrs(&self) -> QpAttr;
+    /// `ibv_modify_qp`.
+    fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()>;
+    /// Where the peer reaches this QP.
+    fn address(&self) -> PeerAddr;
+    /// Names the peer before the move to RTR (the address vector).
+    fn bind_peer(&self, peer: &QpEndpoint, connect_timeout: Duration) -> Result<()>;
+    /// `ibv_post_send`.
+    ///
+    /// # Safety
+    ///
+    /// The caller must not hold Rust references to the memory the elements name while the
+    /// request is outstanding.
+    unsafe fn post_send(&self, wr: &SendWr, inline: Option<&[u8]>) -> Result<()>;
+    /// `ibv_post_recv`.
+    ///
+    /// # Safety
+    ///
+    /// As [`post_send`](Self::post_send).
+    unsafe fn post_recv(&self, wr: &RecvWr) -> Result<()>;
+    /// As `Any`, for the provider's own downcasts.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// The provider half of a shared receive queue.
+pub(crate) trait Srq: Send + Sync + fmt::Debug + Any {
+    /// `ibv_post_srq_recv`.
+    ///
+    /// # Safety
+    ///
+    /// As [`Qp::post_send`].
+    unsafe fn post_recv(&self, wr: &RecvWr) -> Result<()>;
+    /// Receives posted and not consumed.
+    fn len(&self) -> usize;
+    /// Arms the limit event.
+    fn arm_limit(&self, limit: usize);
+    /// Takes the limit event.
+    fn limit_reached(&self) -> bool;
+    /// As `Any`, for the provider's own downcasts.
+    fn as_any(&self) -> &dyn Any;
+}

@@ -1,0 +1,115 @@
+//! The software providers' key table, and the engine's view of registered memory
+//! ([`MemAccess`]) over it.
+
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use rdmx_core::rc::MemAccess;
+use rdmx_core::{KeyError, KeyUse, MrTable, PdId};
+use rdmx_mem::Access;
+
+use crate::provider::{MrRef, MrShared, Registration};
+use crate::Result;
+
+/// A software device's memory regions, by key.
+#[derive(Debug)]
+pub(crate) struct Keys {
+    table: RwLock<MrTable<Arc<MrShared>>>,
+}
+
+impl Keys {
+    /// An empty table whose key variants start from `seed`.
+    pub(crate) fn new(seed: u64) -> Keys {
+        Keys {
+            table: RwLock::new(MrTable::new(seed)),
+        }
+    }
+
+    /// Pins and registers memory.
+    ///
+    /// # Safety
+    ///
+    /// As [`Device::register`](crate::provider::Device::register).
+    pub(crate) unsafe fn register(&self, reg: Registration) -> Result<Arc<MrShared>> {
+        let Registration {
+            pd,
+            addr,
+            len,
+            access,
+            pinning,
+            owner,
+        } = reg;
+        let pin = rdmx_mem::pin::pin(addr as usize, len, pinning)?;
+        let mut table = self.table.write();
+        let entry = table.insert_with(pd, addr as u64, len as u64, access, |lkey, rkey| {
+            Arc::new(MrShared {
+                pin,
+                _owner: owner,
+                addr,
+                len,
+                access,
+                lkey,
+                rkey,
+                pd,
+            })
+        })?;
+        Ok(entry.payload.clone())
+    }
+
+    /// Removes a region: its keys stop working now.
+    pub(crate) fn deregister(&self, mr: &MrShared) {
+        let removed = self.table.write().remove(mr.lkey);
+        debug_assert!(removed.is_some(), "region missing from its key table");
+        // `removed` holds a clone of the region; it is dropped outside the table lock.
+        drop(removed);
+    }
+
+    /// Regions registered now.
+    pub(crate) fn len(&self) -> usize {
+        self.table.read().len()
+    }
+}
+
+impl MemAccess for Keys {
+    type Mr = MrRef;
+
+    fn resolve(
+        &self,
+        key: u32,
+        key_use: KeyUse,
+        pd: PdId,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<MrRef, KeyError> {
+        let table = self.table.read();
+        let entry = table.check(key, key_use, pd, addr, len, need)?;
+        Ok(MrRef::new(entry.payload.clone()))
+    }
+
+    fn read(&self, mr: &MrRef, addr: u64, out: &mut [u8]) {
+        let res = mr.read_at(offset(mr, addr), out);
+        debug_assert!(res.is_ok(), "engine read outside a resolved region");
+    }
+
+    fn write(&self, mr: &MrRef, addr: u64, data: &[u8]) {
+        let res = mr.write_at(offset(mr, addr), data);
+        debug_assert!(res.is_ok(), "engine write outside a resolved region");
+    }
+
+    fn compare_swap(&self, mr: &MrRef, addr: u64, compare: u64, swap: u64) -> u64 {
+        mr.compare_swap_u64(offset(mr, addr), compare, swap)
+            .expect("resolved, 8-aligned atomic target")
+    }
+
+    fn fetch_add(&self, mr: &MrRef, addr: u64, add: u64) -> u64 {
+        mr.fetch_add_u64(offset(mr, addr), add)
+            .expect("resolved, 8-aligned atomic target")
+    }
+}
+
+/// Offset of `addr` in a region it was resolved in (bounds were checked by `resolve`;
+/// an address below the region becomes a huge offset that the accessors refuse).
+fn offset(mr: &MrRef, addr: u64) -> usize {
+    (addr as usize).wrapping_sub(mr.addr())
+}

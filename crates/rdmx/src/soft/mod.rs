@@ -1,0 +1,238 @@
+//! The software host of the sans-IO RC engine, shared by the software providers
+//! (loopback, tcp): the key table ([`Keys`]), software capabilities, shared receive
+//! queues, and [`SoftQp`], a queue pair that runs the engine over a pluggable packet
+//! [`Transport`]. A software provider brings only its transport: how packets move, how
+//! progress is made, and where the peer is.
+
+mod mem;
+
+use std::any::Any;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rdmx_core::rc::{RcQp, Srq};
+use rdmx_core::{
+    KeyError, KeyUse, Mtu, PdId, QpAttr, QpAttrMask, QpLimits, QpState, RecvWr, SendWr,
+};
+use rdmx_mem::Access;
+
+pub(crate) use mem::Keys;
+
+use crate::endpoint::{PeerAddr, QpEndpoint};
+use crate::provider::{self, AtomicCap, Capabilities, CqCore, MrRef};
+use crate::Result;
+
+/// The engine as software providers run it.
+pub(crate) type Engine = RcQp<Keys>;
+
+/// Limits of software queue pairs whose path MTU goes up to `max_mtu`.
+pub(crate) fn limits(max_mtu: Mtu) -> QpLimits {
+    let mut l = QpLimits::default();
+    l.max_mtu = max_mtu;
+    l
+}
+
+/// Capabilities of a software device.
+pub(crate) fn capabilities(limits: &QpLimits, active_mtu: Mtu) -> Capabilities {
+    Capabilities {
+        max_qp: 1 << 16,
+        max_qp_wr: 1 << 14,
+        max_sge: 32,
+        max_cqe: 1 << 20,
+        max_mr: (1 << rdmx_core::mr::INDEX_BITS) - 1,
+        max_mr_size: u64::from(u32::MAX),
+        max_qp_rd_atom: limits.max_dest_rd_atomic,
+        max_qp_init_rd_atom: limits.max_rd_atomic,
+        max_mtu: limits.max_mtu,
+        active_mtu,
+        max_inline_data: 4096,
+        atomics: AtomicCap::Global,
+    }
+}
+
+/// A new random seed (key variants, QP numbers).
+pub(crate) fn seed() -> Result<u64> {
+    let mut seed = [0u8; 8];
+    getrandom::fill(&mut seed).map_err(|e| crate::Error::Seed(e.to_string()))?;
+    Ok(u64::from_ne_bytes(seed))
+}
+
+/// The engine configuration of a new queue pair.
+pub(crate) fn config(init: &provider::QpInit<'_>, qpn: u32) -> rdmx_core::rc::QpConfig {
+    let mut cfg = rdmx_core::rc::QpConfig::new(qpn, init.pd);
+    cfg.max_send_wr = init.caps.max_send_wr;
+    cfg.max_recv_wr = init.caps.max_recv_wr;
+    cfg.max_send_sge = init.caps.max_send_sge;
+    cfg.max_recv_sge = init.caps.max_recv_sge;
+    cfg.max_inline_data = init.caps.max_inline_data;
+    cfg.srq = init.srq.is_some();
+    cfg
+}
+
+/// Resolves a key in `keys` as a QP of `pd` would.
+pub(crate) fn check(
+    keys: &Keys,
+    pd: PdId,
+    key: u32,
+    key_use: KeyUse,
+    addr: u64,
+    len: u64,
+    need: Access,
+) -> std::result::Result<MrRef, KeyError> {
+    use rdmx_core::rc::MemAccess;
+    keys.resolve(key, key_use, pd, addr, len, need)
+}
+
+/// Moves an engine's completions to its CQs; an overrun CQ puts the QP in error.
+/// Returns whether any completion moved.
+pub(crate) fn route_completions(engine: &mut Engine, send_cq: &CqCore, recv_cq: &CqCore) -> bool {
+    let mut moved = false;
+    while let Some((side, c, solicited)) = engine.poll_completion() {
+        moved = true;
+        let cq = match side {
+            rdmx_core::rc::CqSide::Send => send_cq,
+            rdmx_core::rc::CqSide::Recv => recv_cq,
+        };
+        if !cq.push(c, solicited) && engine.state() != QpState::Err {
+            let attr = QpAttr {
+                qp_state: QpState::Err,
+                ..QpAttr::default()
+            };
+            let _ = engine.modify(&attr, QpAttrMask::STATE);
+        }
+    }
+    moved
+}
+
+/// A software shared receive queue: the engine's [`Srq`] behind a lock, which the QPs that
+/// use it take while they handle packets.
+#[derive(Debug)]
+pub(crate) struct SoftSrq {
+    pub(crate) srq: Arc<Mutex<Srq<MrRef>>>,
+    keys: Arc<Keys>,
+    /// Called after a receive is posted (loopback delivers what waited for it).
+    after_post: fn(),
+}
+
+impl SoftSrq {
+    pub(crate) fn new(
+        keys: Arc<Keys>,
+        pd: PdId,
+        max_wr: usize,
+        max_sge: usize,
+        after_post: fn(),
+    ) -> SoftSrq {
+        SoftSrq {
+            srq: Arc::new(Mutex::new(Srq::new(pd, max_wr, max_sge))),
+            keys,
+            after_post,
+        }
+    }
+
+    /// The SRQ behind a seam SRQ of a software provider, if it is one.
+    pub(crate) fn of(srq: Option<&dyn provider::Srq>) -> Result<Option<Arc<Mutex<Srq<MrRef>>>>> {
+        match srq {
+            None => Ok(None),
+            Some(s) => match s.as_any().downcast_ref::<SoftSrq>() {
+                Some(s) => Ok(Some(s.srq.clone())),
+                None => Err(crate::Error::InvalidArgument(
+                    "the shared receive queue belongs to another provider",
+                )),
+            },
+        }
+    }
+}
+
+impl provider::Srq for SoftSrq {
+    unsafe fn post_recv(&self, wr: &RecvWr) -> Result<()> {
+        self.srq.lock().post_recv(&*self.keys, wr.clone())?;
+        (self.after_post)();
+        Ok(())
+    }
+    fn len(&self) -> usize {
+        self.srq.lock().len()
+    }
+    fn arm_limit(&self, limit: usize) {
+        self.srq.lock().arm_limit(limit);
+    }
+    fn limit_reached(&self) -> bool {
+        self.srq.lock().take_limit_event()
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// How a software provider moves one queue pair's packets: the engine lives with the
+/// transport (which runs it from its own progress), and every verb reaches it through
+/// [`with`](Transport::with).
+pub(crate) trait Transport: Send + Sync + std::fmt::Debug + 'static {
+    /// Runs `f` on the engine and the key table, then makes progress (sends what the
+    /// engine produced, routes completions).
+    fn with<T>(&self, f: impl FnOnce(&mut Engine, &Keys) -> T) -> T;
+    /// As [`with`](Self::with), for posting: the transport may send later, when it next
+    /// makes progress anyway.
+    fn post_with<T>(&self, f: impl FnOnce(&mut Engine, &Keys) -> T) -> T {
+        self.with(f)
+    }
+    /// The QP just entered RTR.
+    fn entered_rtr(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Where the peer reaches this QP.
+    fn address(&self) -> PeerAddr;
+    /// Names the peer before the move to RTR.
+    fn bind_peer(&self, _peer: &QpEndpoint, _timeout: Duration) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A software queue pair: the RC engine over transport `T`.
+#[derive(Debug)]
+pub(crate) struct SoftQp<T: Transport> {
+    pub(crate) qpn: u32,
+    pub(crate) transport: T,
+}
+
+impl<T: Transport> provider::Qp for SoftQp<T> {
+    fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+    fn state(&self) -> QpState {
+        self.transport.with(|e, _| e.state())
+    }
+    fn attrs(&self) -> QpAttr {
+        self.transport.with(|e, _| e.attrs().clone())
+    }
+    fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        let entered_rtr = self.transport.with(|e, _| {
+            let before = e.state();
+            e.modify(attr, mask)
+                .map(|()| before != QpState::Rtr && e.state() == QpState::Rtr)
+        })?;
+        if entered_rtr {
+            self.transport.entered_rtr()?;
+        }
+        Ok(())
+    }
+    fn address(&self) -> PeerAddr {
+        self.transport.address()
+    }
+    fn bind_peer(&self, peer: &QpEndpoint, timeout: Duration) -> Result<()> {
+        self.transport.bind_peer(peer, timeout)
+    }
+    unsafe fn post_send(&self, wr: &SendWr, inline: Option<&[u8]>) -> Result<()> {
+        self.transport
+            .post_with(|e, keys| e.post_send(keys, wr.clone(), inline.map(<[u8]>::to_vec)))?;
+        Ok(())
+    }
+    unsafe fn post_recv(&self, wr: &RecvWr) -> Result<()> {
+        self.transport
+            .with(|e, keys| e.post_recv(keys, wr.clone()))?;
+        Ok(())
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

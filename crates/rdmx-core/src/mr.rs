@@ -26,7 +26,7 @@
 
 use std::collections::VecDeque;
 
-use rdmx_mem::Access;
+use crate::access::Access;
 
 /// Bits of a key that hold the table index.
 pub const INDEX_BITS: u32 = 24;

@@ -15,7 +15,9 @@
 //! - [`pool`]: registered-buffer pools in size classes, with per-thread caches so the hot
 //!   path takes no global lock.
 //!
-//! Access flags ([`Access`]) live here too, because every registration carries them.
+//! Access flags ([`Access`]) are defined in the sans-IO core (`rdmx-core`), which checks
+//! them on every key use, and re-exported here because every registration carries them.
+//! The layers, lowest first: `rdmx-wire`, `rdmx-core`, `rdmx-mem`, then the facade.
 
 pub mod access;
 pub mod cache;

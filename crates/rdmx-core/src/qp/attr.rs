@@ -6,9 +6,9 @@ use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
 use bitflags::bitflags;
-use rdmx_mem::Access;
 
 use super::QpState;
+use crate::access::Access;
 
 bitflags! {
     /// Which fields of a [`QpAttr`] a modify carries (`ibv_qp_attr_mask`).

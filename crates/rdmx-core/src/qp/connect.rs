@@ -1,8 +1,7 @@
 //! The three modifies that take an RC queue pair from RESET to RTS.
 
-use rdmx_mem::Access;
-
 use super::{Mtu, QpAttr, QpAttrMask, QpState};
+use crate::access::Access;
 
 /// What one side needs to bring an RC queue pair from RESET to RTS, the fields
 /// `ibv_rc_pingpong` sets (the peer's QPN and first PSN come from the peer).

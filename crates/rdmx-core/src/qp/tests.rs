@@ -1,8 +1,7 @@
 use std::time::Duration;
 
-use rdmx_mem::Access;
-
 use super::*;
+use crate::access::Access;
 use QpState::{Init, Reset, Rtr, Rts, Sqd, Sqe};
 
 /// The legal RC pairs, written out independently of `rc_rule`.

@@ -6,8 +6,7 @@
 //! the memory alive; the engine stores those handles in the requests it holds, so a posted
 //! request keeps what it uses alive until it completes.
 
-use rdmx_mem::Access;
-
+use crate::access::Access;
 use crate::mr::{KeyError, KeyUse, PdId};
 
 /// Registered memory as the engine sees it.

@@ -33,12 +33,11 @@ mod srq;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use rdmx_mem::Access;
-
 pub use io::{Placement, Span, Transmit};
 pub use mem::MemAccess;
 pub use srq::Srq;
 
+use crate::access::Access;
 use crate::mr::{KeyUse, PdId};
 use crate::qp::{ModifyError, QpAttr, QpAttrMask, QpLimits, QpState, QpStateMachine};
 use crate::wr::{Completion, PostError, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus};

@@ -12,13 +12,13 @@
 
 use std::collections::VecDeque;
 
-use rdmx_mem::Access;
 use rdmx_wire::psn_add;
 use rdmx_wire::psn_diff;
 
 use super::codec::{self, Hdr, Nak, Op, Syndrome};
 use super::io::{Payload, Span, Transmit};
 use super::{for_each_span, CqSide, MemAccess, RcQp, RecvWqe, Srq};
+use crate::access::Access;
 use crate::mr::KeyUse;
 use crate::qp::QpAttr;
 use crate::wr::{Completion, WcOpcode, WcStatus};

@@ -2,9 +2,8 @@
 
 use std::collections::VecDeque;
 
-use rdmx_mem::Access;
-
 use super::{resolve_sges, MemAccess, RecvWqe};
+use crate::access::Access;
 use crate::mr::PdId;
 use crate::wr::{PostError, RecvWr};
 

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use rdmx_mem::Access;
 use rdmx_wire::{NakCode, RnrTimer, Syndrome};
 
 use super::util::*;
+use crate::access::Access;
 use crate::qp::QpState;
 use crate::wr::{PostError, SendFlags, SendOp, WcOpcode, WcStatus};
 

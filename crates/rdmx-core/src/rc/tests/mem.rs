@@ -4,8 +4,7 @@
 use std::cell::{Cell, RefCell};
 use std::fmt;
 
-use rdmx_mem::Access;
-
+use crate::access::Access;
 use crate::mr::{KeyError, KeyUse, MrTable, PdId};
 use crate::rc::MemAccess;
 use crate::wr::{RemoteAddr, Sge};

@@ -9,9 +9,9 @@
 
 use std::time::{Duration, Instant};
 
-use rdmx_mem::Access;
 use rdmx_wire as wire;
 
+use crate::access::Access;
 use crate::qp::{Mtu, QpAttr, QpAttrMask, QpLimits, QpState};
 use crate::rc::{CqSide, MemAccess, QpConfig, RcQp};
 use crate::wr::{Completion, PostError, RecvWr, SendFlags, SendOp, SendWr, Sge};

@@ -418,8 +418,8 @@ impl<M: MemAccess> RcQp<M> {
         srq: Option<&mut Srq<M::Mr>>,
         bytes: &[u8],
     ) {
-        if let Some((hdr, payload)) = codec::decode(bytes) {
-            self.handle(now, mem, srq, &hdr, &mut Payload::Bytes(payload));
+        if let Some(hdr) = codec::decode(bytes) {
+            self.handle(now, mem, srq, &hdr, &mut Payload::Bytes(hdr.payload));
         }
     }
 
@@ -454,10 +454,10 @@ impl<M: MemAccess> RcQp<M> {
         now: Instant,
         mem: &M,
         srq: Option<&mut Srq<M::Mr>>,
-        hdr: &codec::Hdr,
+        hdr: &codec::RcRepr<'_>,
         payload: &mut Payload<'_, M::Mr>,
     ) {
-        if hdr.dest_qpn != self.cfg.qpn {
+        if hdr.bth.dest_qpn != self.cfg.qpn {
             return;
         }
         match self.sm.state() {
@@ -465,7 +465,7 @@ impl<M: MemAccess> RcQp<M> {
             // RESET, INIT, SQE and ERR drop incoming packets.
             _ => return,
         }
-        if hdr.op.is_response() {
+        if hdr.bth.opcode.is_response() {
             if self.sm.state() != QpState::Rtr {
                 requester::handle_response(self, now, mem, hdr, payload);
                 self.retire();

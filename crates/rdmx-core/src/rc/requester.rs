@@ -14,9 +14,9 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use rdmx_wire::{psn_add, psn_diff, RnrTimer};
+use rdmx_wire::{psn_add, psn_diff, AtomicEthRepr, RethRepr};
 
-use super::codec::{self, Hdr, Nak, Op, Syndrome};
+use super::codec::{self, NakCode, Opcode, RcRepr, Syndrome};
 use super::io::{Payload, Span, Transmit};
 use super::{ack_timeout, for_each_span, Local, MemAccess, RcQp};
 use crate::wr::{SendFlags, SendOp, SendWr, WcStatus};
@@ -331,17 +331,23 @@ pub(crate) fn transmit<M: MemAccess>(
                 _ => None,
             };
             let op = match w.op {
-                SendOp::Send | SendOp::SendWithImm(_) => Op::send(first, last, imm.is_some()),
-                _ => Op::write(first, last, imm.is_some()),
+                SendOp::Send | SendOp::SendWithImm(_) => {
+                    codec::send_opcode(first, last, imm.is_some())
+                }
+                _ => codec::write_opcode(first, last, imm.is_some()),
             };
-            hdr = Hdr::new(op, dest, psn);
+            hdr = codec::header(op, dest, psn);
             if let (true, SendOp::Write(r) | SendOp::WriteWithImm(r, _)) = (first, w.op) {
-                hdr.reth = Some((r.addr, r.rkey, w.len as u32));
+                hdr.reth = Some(RethRepr {
+                    va: r.addr,
+                    rkey: r.rkey,
+                    dma_len: w.len as u32,
+                });
             }
             if last {
-                hdr.imm = imm;
-                hdr.ack_req = true;
-                hdr.solicited = w.flags.contains(SendFlags::SOLICITED);
+                hdr.immdt = imm.map(|imm| rdmx_wire::ImmDtRepr { imm });
+                hdr.bth.ack_req = true;
+                hdr.bth.solicited = w.flags.contains(SendFlags::SOLICITED);
                 req.send_idx += 1;
                 req.send_off = 0;
             } else {
@@ -353,9 +359,13 @@ pub(crate) fn transmit<M: MemAccess>(
             w.first_psn = psn;
             w.npsn = w.len.div_ceil(mtu).max(1) as u32;
             w.next_resp = psn;
-            hdr = Hdr::new(Op::ReadRequest, dest, psn);
-            hdr.reth = Some((r.addr, r.rkey, w.len as u32));
-            hdr.ack_req = true;
+            hdr = codec::header(Opcode::RdmaReadRequest, dest, psn);
+            hdr.reth = Some(RethRepr {
+                va: r.addr,
+                rkey: r.rkey,
+                dma_len: w.len as u32,
+            });
+            hdr.bth.ack_req = true;
             req.next_psn = psn_add(psn, w.npsn);
             req.rd_atomic += 1;
             req.send_idx += 1;
@@ -367,9 +377,14 @@ pub(crate) fn transmit<M: MemAccess>(
         } => {
             w.first_psn = psn;
             w.npsn = 1;
-            hdr = Hdr::new(Op::CompareSwap, dest, psn);
-            hdr.atomic = Some((remote.addr, remote.rkey, swap, compare));
-            hdr.ack_req = true;
+            hdr = codec::header(Opcode::CompareSwap, dest, psn);
+            hdr.atomic_eth = Some(AtomicEthRepr {
+                va: remote.addr,
+                rkey: remote.rkey,
+                swap_add: swap,
+                compare,
+            });
+            hdr.bth.ack_req = true;
             req.next_psn = psn_add(psn, 1);
             req.rd_atomic += 1;
             req.send_idx += 1;
@@ -377,9 +392,14 @@ pub(crate) fn transmit<M: MemAccess>(
         SendOp::FetchAdd { remote, add } => {
             w.first_psn = psn;
             w.npsn = 1;
-            hdr = Hdr::new(Op::FetchAdd, dest, psn);
-            hdr.atomic = Some((remote.addr, remote.rkey, add, 0));
-            hdr.ack_req = true;
+            hdr = codec::header(Opcode::FetchAdd, dest, psn);
+            hdr.atomic_eth = Some(AtomicEthRepr {
+                va: remote.addr,
+                rkey: remote.rkey,
+                swap_add: add,
+                compare: 0,
+            });
+            hdr.bth.ack_req = true;
             req.next_psn = psn_add(psn, 1);
             req.rd_atomic += 1;
             req.send_idx += 1;
@@ -430,25 +450,26 @@ pub(crate) fn handle_response<M: MemAccess>(
     qp: &mut RcQp<M>,
     now: Instant,
     mem: &M,
-    hdr: &Hdr,
+    hdr: &RcRepr<'_>,
     payload: &mut Payload<'_, M::Mr>,
 ) {
-    let psn = hdr.psn;
+    let psn = hdr.bth.psn;
     // Responses for PSNs never sent are ghosts.
     if psn_diff(psn, qp.req.next_psn) >= 0 {
         return;
     }
-    if let Some((Syndrome::Ack { credits }, _)) = hdr.aeth {
-        qp.req.peer_credits = credits;
+    let syndrome = hdr.aeth.map(|a| a.syndrome);
+    if let Some(Syndrome::Ack { credits }) = syndrome {
+        qp.req.peer_credits = credits.count();
     }
-    match (hdr.op, hdr.aeth) {
-        (Op::Ack, Some((Syndrome::Ack { .. }, _))) => {
+    match (hdr.bth.opcode, syndrome) {
+        (Opcode::Acknowledge, Some(Syndrome::Ack { .. })) => {
             let next = psn_add(psn, 1);
             if qp.req.ack_before(next) {
                 progress(qp, now);
             }
         }
-        (Op::Ack, Some((Syndrome::Rnr { timer }, _))) => {
+        (Opcode::Acknowledge, Some(Syndrome::RnrNak { timer })) => {
             let progressed = qp.req.ack_before(psn);
             let Some(idx) = qp.req.find(psn) else { return };
             if qp.req.rnr_retry != 7 {
@@ -466,26 +487,26 @@ pub(crate) fn handle_response<M: MemAccess>(
                 qp.req.retry_left = qp.req.retry_cnt;
             }
             qp.req.rewind(idx);
-            let wait =
-                RnrTimer::from_code(timer & 0x1f).map_or(Duration::ZERO, RnrTimer::to_duration);
-            qp.req.rnr_until = Some(now + wait);
+            qp.req.rnr_until = Some(now + timer.to_duration());
             qp.req.timer = None;
         }
-        (Op::Ack, Some((Syndrome::Nak(nak), _))) => {
+        (Opcode::Acknowledge, Some(Syndrome::Nak(nak))) => {
             if qp.req.ack_before(psn) {
                 progress(qp, now);
             }
             let Some(idx) = qp.req.find(psn) else { return };
-            if nak != Nak::PsnSequence && !qp.req.is_oldest(idx) {
+            if nak != NakCode::PsnSequenceError && !qp.req.is_oldest(idx) {
                 // An earlier READ or atomic is unanswered, so its answer was lost; the
                 // timer resends from it, and this request is NAKed again in its turn.
                 return;
             }
             match nak {
-                Nak::PsnSequence => qp.req.rewind(idx),
-                Nak::InvalidRequest => qp.req.sq[idx].done = Some(WcStatus::RemInvReqErr),
-                Nak::RemoteAccess => qp.req.sq[idx].done = Some(WcStatus::RemAccessErr),
-                Nak::RemoteOperational => qp.req.sq[idx].done = Some(WcStatus::RemOpErr),
+                NakCode::PsnSequenceError => qp.req.rewind(idx),
+                NakCode::InvalidRequest | NakCode::InvalidRdRequest => {
+                    qp.req.sq[idx].done = Some(WcStatus::RemInvReqErr)
+                }
+                NakCode::RemoteAccessError => qp.req.sq[idx].done = Some(WcStatus::RemAccessErr),
+                NakCode::RemoteOperationalError => qp.req.sq[idx].done = Some(WcStatus::RemOpErr),
             }
         }
         (op, _) if op.is_read_response() => {
@@ -512,8 +533,8 @@ pub(crate) fn handle_response<M: MemAccess>(
             let last = psn == w.last_psn();
             let expect = if last { w.len - off } else { mtu };
             if payload.len() as u64 != expect
-                || op.starts() != (psn == w.first_psn)
-                || op.ends() != last
+                || op.starts_message() != (psn == w.first_psn)
+                || op.ends_message() != last
             {
                 w.done = Some(WcStatus::BadRespErr);
                 return;
@@ -526,7 +547,7 @@ pub(crate) fn handle_response<M: MemAccess>(
             }
             progress(qp, now);
         }
-        (Op::AtomicAck, _) => {
+        (Opcode::AtomicAcknowledge, _) => {
             let Some(idx) = qp.req.find(psn) else { return };
             if qp.req.ack_before(psn) {
                 progress(qp, now);
@@ -539,7 +560,9 @@ pub(crate) fn handle_response<M: MemAccess>(
             if !w.op.is_atomic() || w.done.is_some() {
                 return;
             }
-            let Some(orig) = hdr.atomic_ack else { return };
+            let Some(orig) = hdr.atomic_ack_eth.map(|a| a.orig_data) else {
+                return;
+            };
             // From the header, so at hand whatever the packet's payload is.
             scatter(mem, &w.local, 0, &mut Payload::Bytes(&orig.to_ne_bytes()));
             w.done = Some(WcStatus::Success);

@@ -12,10 +12,9 @@
 
 use std::collections::VecDeque;
 
-use rdmx_wire::psn_add;
-use rdmx_wire::psn_diff;
+use rdmx_wire::{psn_add, psn_diff, AtomicAckEthRepr, AtomicEthRepr, RethRepr};
 
-use super::codec::{self, Hdr, Nak, Op, Syndrome};
+use super::codec::{self, NakCode, Opcode, RcRepr, Syndrome};
 use super::io::{Payload, Span, Transmit};
 use super::{for_each_span, CqSide, MemAccess, RcQp, RecvWqe, Srq};
 use crate::access::Access;
@@ -106,18 +105,13 @@ impl<Mr> ReadJob<Mr> {
             }
         }
         let (first, last) = (i == 0, i + 1 == self.packets);
-        let mut h = Hdr::new(
-            Op::read_response(first, last),
+        let mut h = codec::header(
+            codec::read_response_opcode(first, last),
             self.dest,
             psn_add(self.psn, i as u32),
         );
         if first || last {
-            h.aeth = Some((
-                Syndrome::Ack {
-                    credits: self.credits,
-                },
-                self.msn,
-            ));
+            h.aeth = codec::aeth(codec::ack(self.credits), self.msn);
         }
         out.pad = codec::encode_header(&h, chunk, &mut out.header);
         true
@@ -212,8 +206,8 @@ impl<Mr> Responder<Mr> {
     /// The coalesced ACK, if one is due.
     fn ack_packet(&mut self, attrs: &QpAttr, credits: Option<u32>) -> Option<Vec<u8>> {
         let (psn, msn) = self.ack.take()?;
-        let mut h = Hdr::new(Op::Ack, attrs.dest_qp_num, psn);
-        h.aeth = Some((Syndrome::Ack { credits }, msn));
+        let mut h = codec::header(Opcode::Acknowledge, attrs.dest_qp_num, psn);
+        h.aeth = codec::aeth(codec::ack(credits), msn);
         let mut out = Vec::with_capacity(16);
         codec::encode(&h, &[], &mut out);
         Some(out)
@@ -251,7 +245,7 @@ impl<Mr> Responder<Mr> {
     }
 
     /// Queues an answer after any coalesced ACK (which acknowledges earlier packets).
-    fn queue(&mut self, attrs: &QpAttr, credits: Option<u32>, hdr: &Hdr, payload: &[u8]) {
+    fn queue(&mut self, attrs: &QpAttr, credits: Option<u32>, hdr: &RcRepr<'_>, payload: &[u8]) {
         let mut out = Vec::with_capacity(payload.len() + 32);
         codec::encode(hdr, payload, &mut out);
         self.push(attrs, credits, Answer::Packet(out));
@@ -265,8 +259,8 @@ impl<Mr> Responder<Mr> {
     }
 
     fn nak(&mut self, attrs: &QpAttr, credits: Option<u32>, psn: u32, syndrome: Syndrome) {
-        let mut h = Hdr::new(Op::Ack, attrs.dest_qp_num, psn);
-        h.aeth = Some((syndrome, self.msn));
+        let mut h = codec::header(Opcode::Acknowledge, attrs.dest_qp_num, psn);
+        h.aeth = codec::aeth(syndrome, self.msn);
         self.queue(attrs, credits, &h, &[]);
     }
 
@@ -283,7 +277,7 @@ pub(crate) fn handle_request<M: MemAccess>(
     qp: &mut RcQp<M>,
     mem: &M,
     srq: Option<&mut Srq<M::Mr>>,
-    hdr: &Hdr,
+    hdr: &RcRepr<'_>,
     payload: &mut Payload<'_, M::Mr>,
 ) {
     let attrs = qp.sm.attrs().clone();
@@ -291,13 +285,17 @@ pub(crate) fn handle_request<M: MemAccess>(
         return;
     }
     let credits = qp.credits();
-    let d = psn_diff(hdr.psn, qp.resp.epsn);
+    let d = psn_diff(hdr.bth.psn, qp.resp.epsn);
     if d > 0 {
         if !qp.resp.nak_sent {
             qp.resp.nak_sent = true;
             let epsn = qp.resp.epsn;
-            qp.resp
-                .nak(&attrs, credits, epsn, Syndrome::Nak(Nak::PsnSequence));
+            qp.resp.nak(
+                &attrs,
+                credits,
+                epsn,
+                Syndrome::Nak(NakCode::PsnSequenceError),
+            );
         }
         return;
     }
@@ -306,12 +304,12 @@ pub(crate) fn handle_request<M: MemAccess>(
         return;
     }
     qp.resp.nak_sent = false;
-    let op = hdr.op;
+    let op = hdr.bth.opcode;
     if op.is_send() {
         send(qp, mem, srq, &attrs, hdr, payload);
     } else if op.is_write() {
         write(qp, mem, srq, &attrs, hdr, payload);
-    } else if op == Op::ReadRequest {
+    } else if op.is_read_request() {
         read(qp, mem, &attrs, hdr, credits, false);
     } else if op.is_atomic() {
         atomic(qp, mem, &attrs, hdr, credits);
@@ -322,23 +320,24 @@ fn duplicate<M: MemAccess>(
     qp: &mut RcQp<M>,
     mem: &M,
     attrs: &QpAttr,
-    hdr: &Hdr,
+    hdr: &RcRepr<'_>,
     credits: Option<u32>,
 ) {
-    match hdr.op {
-        Op::ReadRequest => {
+    let psn = hdr.bth.psn;
+    match hdr.bth.opcode {
+        Opcode::RdmaReadRequest => {
             if qp
                 .resp
                 .replay
                 .iter()
-                .any(|r| matches!(r, Replay::Read { psn } if *psn == hdr.psn))
+                .any(|r| matches!(r, Replay::Read { psn: p } if *p == psn))
             {
                 read(qp, mem, attrs, hdr, credits, true);
             }
         }
-        Op::CompareSwap | Op::FetchAdd => {
+        Opcode::CompareSwap | Opcode::FetchAdd => {
             let saved = qp.resp.replay.iter().find_map(|r| match r {
-                Replay::Atomic { psn, orig } if *psn == hdr.psn => Some(*orig),
+                Replay::Atomic { psn: p, orig } if *p == psn => Some(*orig),
                 _ => None,
             });
             // An answer to this atomic still queued goes out in its place, with the same
@@ -347,15 +346,15 @@ fn duplicate<M: MemAccess>(
                 .resp
                 .out
                 .iter()
-                .any(|a| matches!(a, Answer::Atomic { psn, .. } if *psn == hdr.psn));
+                .any(|a| matches!(a, Answer::Atomic { psn: p, .. } if *p == psn));
             if let (Some(orig), false) = (saved, queued) {
-                let mut h = Hdr::new(Op::AtomicAck, attrs.dest_qp_num, hdr.psn);
-                h.aeth = Some((Syndrome::Ack { credits }, qp.resp.msn));
-                h.atomic_ack = Some(orig);
+                let mut h = codec::header(Opcode::AtomicAcknowledge, attrs.dest_qp_num, psn);
+                h.aeth = codec::aeth(codec::ack(credits), qp.resp.msn);
+                h.atomic_ack_eth = Some(AtomicAckEthRepr { orig_data: orig });
                 let mut packet = Vec::with_capacity(32);
                 codec::encode(&h, &[], &mut packet);
                 let answer = Answer::Atomic {
-                    psn: hdr.psn,
+                    psn,
                     again: true,
                     packet,
                 };
@@ -371,20 +370,21 @@ fn duplicate<M: MemAccess>(
 /// to ERR. These are IBTA's class C responder errors (invalid request, remote access,
 /// remote operational): the responder's QP fails too, as on rxe and adapters, rather
 /// than waiting at the refused PSN for a requester that has failed.
-fn refuse<M: MemAccess>(qp: &mut RcQp<M>, attrs: &QpAttr, psn: u32, nak: Nak) {
+fn refuse<M: MemAccess>(qp: &mut RcQp<M>, attrs: &QpAttr, psn: u32, nak: NakCode) {
     let credits = qp.credits();
     qp.resp.placing = None;
     qp.resp.nak(attrs, credits, psn, Syndrome::Nak(nak));
     qp.enter_error();
 }
 
-fn accept<M: MemAccess>(qp: &mut RcQp<M>, hdr: &Hdr) {
-    qp.resp.epsn = psn_add(hdr.psn, 1);
-    if hdr.op.ends() {
+fn accept<M: MemAccess>(qp: &mut RcQp<M>, hdr: &RcRepr<'_>) {
+    let (op, psn) = (hdr.bth.opcode, hdr.bth.psn);
+    qp.resp.epsn = psn_add(psn, 1);
+    if op.ends_message() {
         qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
     }
-    if hdr.op.ends() || hdr.ack_req {
-        qp.resp.ack = Some((hdr.psn, qp.resp.msn));
+    if op.ends_message() || hdr.bth.ack_req {
+        qp.resp.ack = Some((psn, qp.resp.msn));
     }
 }
 
@@ -413,13 +413,13 @@ fn send<M: MemAccess>(
     mem: &M,
     mut srq: Option<&mut Srq<M::Mr>>,
     attrs: &QpAttr,
-    hdr: &Hdr,
+    hdr: &RcRepr<'_>,
     payload: &mut Payload<'_, M::Mr>,
 ) {
-    if hdr.op.starts() {
+    if hdr.bth.opcode.starts_message() {
         if qp.resp.filling.is_some() {
             // A new message while one is half-way: the requester broke the protocol.
-            refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
+            refuse(qp, attrs, hdr.bth.psn, NakCode::InvalidRequest);
             return;
         }
         let Some(wqe) = take_recv(qp, &mut srq) else {
@@ -427,37 +427,42 @@ fn send<M: MemAccess>(
             qp.resp.nak(
                 attrs,
                 credits,
-                hdr.psn,
-                Syndrome::Rnr {
-                    timer: attrs.min_rnr_timer,
-                },
+                hdr.bth.psn,
+                codec::rnr_nak(attrs.min_rnr_timer),
             );
             return;
         };
         qp.resp.filling = Some(Filling { wqe, off: 0 });
     }
     let Some(f) = qp.resp.filling.as_mut() else {
-        refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
+        refuse(qp, attrs, hdr.bth.psn, NakCode::InvalidRequest);
         return;
     };
     if let Some(err) = f.wqe.error {
         let f = qp.resp.filling.take().expect("just seen");
         complete_recv(qp, f.wqe, err, 0, None, false);
-        refuse(qp, attrs, hdr.psn, Nak::RemoteOperational);
+        refuse(qp, attrs, hdr.bth.psn, NakCode::RemoteOperationalError);
         return;
     }
     if f.off + payload.len() as u64 > f.wqe.len {
         let f = qp.resp.filling.take().expect("just seen");
         complete_recv(qp, f.wqe, WcStatus::LocLenErr, 0, None, false);
-        refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
+        refuse(qp, attrs, hdr.bth.psn, NakCode::InvalidRequest);
         return;
     }
     place(mem, &f.wqe, f.off, payload);
     f.off += payload.len() as u64;
-    if hdr.op.ends() {
+    if hdr.bth.opcode.ends_message() {
         let f = qp.resp.filling.take().expect("just seen");
         let len = f.off as u32;
-        complete_recv(qp, f.wqe, WcStatus::Success, len, hdr.imm, hdr.solicited);
+        complete_recv(
+            qp,
+            f.wqe,
+            WcStatus::Success,
+            len,
+            hdr.immdt.map(|i| i.imm),
+            hdr.bth.solicited,
+        );
     }
     accept(qp, hdr);
 }
@@ -467,10 +472,10 @@ fn write<M: MemAccess>(
     mem: &M,
     mut srq: Option<&mut Srq<M::Mr>>,
     attrs: &QpAttr,
-    hdr: &Hdr,
+    hdr: &RcRepr<'_>,
     payload: &mut Payload<'_, M::Mr>,
 ) {
-    if hdr.op.starts() {
+    if hdr.bth.opcode.starts_message() {
         let Ok((va, len, mr)) = reth_target(qp, mem, attrs, hdr, Access::REMOTE_WRITE) else {
             return;
         };
@@ -483,24 +488,24 @@ fn write<M: MemAccess>(
     }
     let receive_ready = has_recv(qp, &srq);
     let Some(p) = qp.resp.placing.as_mut() else {
-        refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
+        refuse(qp, attrs, hdr.bth.psn, NakCode::InvalidRequest);
         return;
     };
-    if payload.len() as u64 > p.left || (hdr.op.ends() && payload.len() as u64 != p.left) {
-        refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
+    if payload.len() as u64 > p.left
+        || (hdr.bth.opcode.ends_message() && payload.len() as u64 != p.left)
+    {
+        refuse(qp, attrs, hdr.bth.psn, NakCode::InvalidRequest);
         return;
     }
-    if hdr.op.has_imm() && !receive_ready {
+    if hdr.bth.opcode.has_immdt() && !receive_ready {
         // The data may already be in place; the requester resends the message after the
         // RNR wait and it is placed again.
         let credits = qp.credits();
         qp.resp.nak(
             attrs,
             credits,
-            hdr.psn,
-            Syndrome::Rnr {
-                timer: attrs.min_rnr_timer,
-            },
+            hdr.bth.psn,
+            codec::rnr_nak(attrs.min_rnr_timer),
         );
         return;
     }
@@ -511,11 +516,11 @@ fn write<M: MemAccess>(
     }
     p.next += payload.len() as u64;
     p.left -= payload.len() as u64;
-    if hdr.op.ends() {
+    if hdr.bth.opcode.ends_message() {
         // Only the first packet carries the RETH: the length comes from the context.
         let len = p.total;
         qp.resp.placing = None;
-        if hdr.op.has_imm() {
+        if hdr.bth.opcode.has_immdt() {
             let Some(wqe) = take_recv(qp, &mut srq) else {
                 unreachable!("a receive was checked for above")
             };
@@ -525,10 +530,10 @@ fn write<M: MemAccess>(
                 status,
                 opcode: WcOpcode::RecvRdmaWithImm,
                 byte_len: if status == WcStatus::Success { len } else { 0 },
-                imm_data: hdr.imm,
+                imm_data: hdr.immdt.map(|i| i.imm),
                 qp_num: 0,
             };
-            qp.complete(CqSide::Recv, c, hdr.solicited);
+            qp.complete(CqSide::Recv, c, hdr.bth.solicited);
         }
     }
     accept(qp, hdr);
@@ -538,7 +543,7 @@ fn read<M: MemAccess>(
     qp: &mut RcQp<M>,
     mem: &M,
     attrs: &QpAttr,
-    hdr: &Hdr,
+    hdr: &RcRepr<'_>,
     credits: Option<u32>,
     again: bool,
 ) {
@@ -547,12 +552,12 @@ fn read<M: MemAccess>(
     };
     if again {
         // A retransmission, never a new use of the responder's resources.
-        qp.resp.forget_read(hdr.psn);
+        qp.resp.forget_read(hdr.bth.psn);
     } else if qp.resp.resources_in_use() >= usize::from(attrs.max_dest_rd_atomic.max(1)) {
         // The responder holds at most max_dest_rd_atomic READs and atomics being
         // answered, as an adapter's responder resources; a requester that exceeds them
         // broke the agreement.
-        refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
+        refuse(qp, attrs, hdr.bth.psn, NakCode::InvalidRequest);
         return;
     }
     let mtu = attrs.path_mtu.bytes() as u64;
@@ -564,7 +569,7 @@ fn read<M: MemAccess>(
         mr,
         va,
         len: u64::from(len),
-        psn: hdr.psn,
+        psn: hdr.bth.psn,
         next: 0,
         packets: n,
         mtu,
@@ -575,9 +580,9 @@ fn read<M: MemAccess>(
     };
     qp.resp.push(attrs, credits, Answer::Read(job));
     if !again {
-        qp.resp.epsn = psn_add(hdr.psn, n as u32);
+        qp.resp.epsn = psn_add(hdr.bth.psn, n as u32);
         qp.resp
-            .remember(Replay::Read { psn: hdr.psn }, attrs.max_dest_rd_atomic);
+            .remember(Replay::Read { psn: hdr.bth.psn }, attrs.max_dest_rd_atomic);
     }
 }
 
@@ -585,49 +590,58 @@ fn atomic<M: MemAccess>(
     qp: &mut RcQp<M>,
     mem: &M,
     attrs: &QpAttr,
-    hdr: &Hdr,
+    hdr: &RcRepr<'_>,
     credits: Option<u32>,
 ) {
-    let Some((va, rkey, swap_add, compare)) = hdr.atomic else {
-        refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
+    let Some(AtomicEthRepr {
+        va,
+        rkey,
+        swap_add,
+        compare,
+    }) = hdr.atomic_eth
+    else {
+        refuse(qp, attrs, hdr.bth.psn, NakCode::InvalidRequest);
         return;
     };
     if va % 8 != 0 {
-        refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
+        refuse(qp, attrs, hdr.bth.psn, NakCode::InvalidRequest);
         return;
     }
     if qp.resp.resources_in_use() >= usize::from(attrs.max_dest_rd_atomic.max(1)) {
         // As for READs: more atomics unanswered than the responder resources agreed.
-        refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
+        refuse(qp, attrs, hdr.bth.psn, NakCode::InvalidRequest);
         return;
     }
     let Ok(Some(mr)) = remote_target(
         qp,
         mem,
         attrs,
-        hdr.psn,
+        hdr.bth.psn,
         (rkey, va, 8),
         Access::REMOTE_ATOMIC,
     ) else {
         return;
     };
-    let orig = match hdr.op {
-        Op::CompareSwap => mem.compare_swap(&mr, va, compare, swap_add),
+    let orig = match hdr.bth.opcode {
+        Opcode::CompareSwap => mem.compare_swap(&mr, va, compare, swap_add),
         _ => mem.fetch_add(&mr, va, swap_add),
     };
     qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
-    qp.resp.epsn = psn_add(hdr.psn, 1);
+    qp.resp.epsn = psn_add(hdr.bth.psn, 1);
     qp.resp.remember(
-        Replay::Atomic { psn: hdr.psn, orig },
+        Replay::Atomic {
+            psn: hdr.bth.psn,
+            orig,
+        },
         attrs.max_dest_rd_atomic,
     );
-    let mut h = Hdr::new(Op::AtomicAck, attrs.dest_qp_num, hdr.psn);
-    h.aeth = Some((Syndrome::Ack { credits }, qp.resp.msn));
-    h.atomic_ack = Some(orig);
+    let mut h = codec::header(Opcode::AtomicAcknowledge, attrs.dest_qp_num, hdr.bth.psn);
+    h.aeth = codec::aeth(codec::ack(credits), qp.resp.msn);
+    h.atomic_ack_eth = Some(AtomicAckEthRepr { orig_data: orig });
     let mut packet = Vec::with_capacity(32);
     codec::encode(&h, &[], &mut packet);
     let answer = Answer::Atomic {
-        psn: hdr.psn,
+        psn: hdr.bth.psn,
         again: false,
         packet,
     };
@@ -640,14 +654,19 @@ fn reth_target<M: MemAccess>(
     qp: &mut RcQp<M>,
     mem: &M,
     attrs: &QpAttr,
-    hdr: &Hdr,
+    hdr: &RcRepr<'_>,
     need: Access,
 ) -> Result<(u64, u32, Option<M::Mr>), ()> {
-    let Some((va, rkey, len)) = hdr.reth else {
-        refuse(qp, attrs, hdr.psn, Nak::InvalidRequest);
+    let Some(RethRepr {
+        va,
+        rkey,
+        dma_len: len,
+    }) = hdr.reth
+    else {
+        refuse(qp, attrs, hdr.bth.psn, NakCode::InvalidRequest);
         return Err(());
     };
-    let mr = remote_target(qp, mem, attrs, hdr.psn, (rkey, va, len), need)?;
+    let mr = remote_target(qp, mem, attrs, hdr.bth.psn, (rkey, va, len), need)?;
     Ok((va, len, mr))
 }
 
@@ -669,7 +688,7 @@ fn remote_target<M: MemAccess>(
     match mem.resolve(rkey, KeyUse::Remote, qp.cfg.pd, va, u64::from(len), need) {
         Ok(mr) if granted => Ok(Some(mr)),
         _ => {
-            refuse(qp, attrs, psn, Nak::RemoteAccess);
+            refuse(qp, attrs, psn, NakCode::RemoteAccessError);
             Err(())
         }
     }

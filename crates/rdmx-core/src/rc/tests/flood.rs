@@ -4,23 +4,23 @@
 //! The harness holds B's transmissions (`hold`: a socket that is never read), and the
 //! "peer" feeds B's QP forged packets directly, as a hostile requester would.
 
-use rdmx_wire::psn_add;
+use rdmx_wire::{psn_add, AtomicEthRepr, RethRepr};
 
 use super::util::*;
 use crate::qp::QpState;
-use crate::rc::codec::{self, Hdr, Op};
+use crate::rc::codec::{self, Opcode, RcRepr};
 
 /// Answers B may hold: twice its responder resources and the slack the engine allows.
 fn bound(p: &Pair) -> usize {
     2 * usize::from(p.cfg.max_dest_rd_atomic) + 64
 }
 
-fn packet(op: Op, psn: u32, f: impl FnOnce(&mut Hdr)) -> Vec<u8> {
-    let mut h = Hdr::new(op, QPN_B, psn);
-    h.ack_req = true;
+fn packet(op: Opcode, psn: u32, f: impl FnOnce(&mut RcRepr<'static>)) -> Vec<u8> {
+    let mut h = codec::header(op, QPN_B, psn);
+    h.bth.ack_req = true;
     f(&mut h);
     let mut out = Vec::new();
-    let payload = if op == Op::WriteOnly {
+    let payload = if op == Opcode::RdmaWriteOnly {
         &[7u8; 8][..]
     } else {
         &[]
@@ -47,11 +47,19 @@ fn duplicate_reads_and_writes_from_a_peer_that_never_reads() {
     // A READ of the whole region (16 response packets at the default MTU), then its
     // duplicate and a duplicate WRITE, over and over: each duplicate READ is answered
     // again, and each duplicate WRITE asks for an ACK between them.
-    let read = packet(Op::ReadRequest, e, |h| {
-        h.reth = Some((region.addr, region.rkey, 4096))
+    let read = packet(Opcode::RdmaReadRequest, e, |h| {
+        h.reth = Some(RethRepr {
+            va: region.addr,
+            rkey: region.rkey,
+            dma_len: 4096,
+        })
     });
-    let dup_write = packet(Op::WriteOnly, psn_add(e, 0xff_ffff), |h| {
-        h.reth = Some((region.addr, region.rkey, 8))
+    let dup_write = packet(Opcode::RdmaWriteOnly, psn_add(e, 0xff_ffff), |h| {
+        h.reth = Some(RethRepr {
+            va: region.addr,
+            rkey: region.rkey,
+            dma_len: 8,
+        })
     });
     for _ in 0..20_000 {
         p.b.qp.handle_packet(p.now, &p.b.mem, &read);
@@ -69,8 +77,12 @@ fn duplicate_reads_and_writes_from_a_peer_that_never_reads() {
     assert!(p.b.mem.bytes(region.addr, 4096).iter().all(|&b| b == 0));
     // B still answers a new request at the PSN after the READ.
     let next = psn_add(e, 4096 / p.cfg.mtu.bytes());
-    let read2 = packet(Op::ReadRequest, next, |h| {
-        h.reth = Some((region.addr, region.rkey, 8))
+    let read2 = packet(Opcode::RdmaReadRequest, next, |h| {
+        h.reth = Some(RethRepr {
+            va: region.addr,
+            rkey: region.rkey,
+            dma_len: 8,
+        })
     });
     p.b.qp.handle_packet(p.now, &p.b.mem, &read2);
     let answers = drain(&mut p);
@@ -87,8 +99,13 @@ fn duplicate_atomics_from_a_peer_that_never_reads() {
     let target = p.b.mem.register(8, ALL);
     p.b.hold = true;
     let e = p.cfg.sq_psn_a;
-    let add = packet(Op::FetchAdd, e, |h| {
-        h.atomic = Some((target.addr, target.rkey, 1, 0))
+    let add = packet(Opcode::FetchAdd, e, |h| {
+        h.atomic_eth = Some(AtomicEthRepr {
+            va: target.addr,
+            rkey: target.rkey,
+            swap_add: 1,
+            compare: 0,
+        })
     });
     // The atomic once, then its duplicate many times: executed once, answered while no
     // answer to it is queued.
@@ -112,8 +129,13 @@ fn new_atomics_beyond_the_responder_resources_are_refused() {
     let e = p.cfg.sq_psn_a;
     let depth = u32::from(p.cfg.max_dest_rd_atomic);
     for i in 0..=depth {
-        let add = packet(Op::FetchAdd, psn_add(e, i), |h| {
-            h.atomic = Some((target.addr, target.rkey, 1, 0))
+        let add = packet(Opcode::FetchAdd, psn_add(e, i), |h| {
+            h.atomic_eth = Some(AtomicEthRepr {
+                va: target.addr,
+                rkey: target.rkey,
+                swap_add: 1,
+                compare: 0,
+            })
         });
         p.b.qp.handle_packet(p.now, &p.b.mem, &add);
     }
@@ -136,16 +158,21 @@ fn misaligned_atomics_from_a_peer_are_invalid_requests() {
     // The requester refuses them at post; a peer that sends one anyway gets a NAK
     // (Invalid Request) and nothing in memory changes.
     for (op, off) in [
-        (Op::FetchAdd, 4u64),
-        (Op::CompareSwap, 1),
-        (Op::FetchAdd, 12),
+        (Opcode::FetchAdd, 4u64),
+        (Opcode::CompareSwap, 1),
+        (Opcode::FetchAdd, 12),
     ] {
         let mut p = Pair::new();
         let target = p.b.mem.register(64, ALL);
         p.b.hold = true;
         let e = p.cfg.sq_psn_a;
         let bad = packet(op, e, |h| {
-            h.atomic = Some((target.addr + off, target.rkey, 1, 0))
+            h.atomic_eth = Some(AtomicEthRepr {
+                va: target.addr + off,
+                rkey: target.rkey,
+                swap_add: 1,
+                compare: 0,
+            })
         });
         p.b.qp.handle_packet(p.now, &p.b.mem, &bad);
         assert_eq!(

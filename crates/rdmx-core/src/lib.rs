@@ -50,5 +50,6 @@ pub use qp::{
     Transition,
 };
 pub use wr::{
-    Completion, PostError, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    Completion, PostError, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, SgeList,
+    SgeListFull, WcOpcode, WcStatus,
 };

@@ -18,6 +18,188 @@ pub struct Sge {
     pub lkey: u32,
 }
 
+/// The most scatter/gather elements one work request can carry in an [`SgeList`].
+///
+/// Queue pairs may allow fewer (`max_send_sge`, `max_recv_sge`); none allows more.
+pub const MAX_SGE: usize = 32;
+
+/// A scatter/gather list stored inline: up to [`MAX_SGE`] elements and no heap
+/// allocation, so a work request built from one costs no allocation to post.
+///
+/// ```
+/// use rdmx_core::wr::{Sge, SgeList, MAX_SGE};
+///
+/// let sge = Sge { addr: 0x1000, len: 64, lkey: 7 };
+/// let mut list = SgeList::new();
+/// list.push(sge);
+/// assert_eq!(list.as_slice(), &[sge]);
+/// assert!(SgeList::try_from(&[sge; MAX_SGE + 1][..]).is_err());
+/// ```
+#[derive(Clone, Copy)]
+pub struct SgeList {
+    len: u8,
+    sges: [Sge; MAX_SGE],
+}
+
+/// An [`SgeList`] already holds [`MAX_SGE`] elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("a scatter/gather list holds at most {MAX_SGE} elements")]
+pub struct SgeListFull;
+
+impl SgeList {
+    const EMPTY: Sge = Sge {
+        addr: 0,
+        len: 0,
+        lkey: 0,
+    };
+
+    /// An empty list.
+    pub const fn new() -> Self {
+        SgeList {
+            len: 0,
+            sges: [Self::EMPTY; MAX_SGE],
+        }
+    }
+
+    /// Appends `sge`, or gives [`SgeListFull`] when the list holds [`MAX_SGE`] elements.
+    pub fn try_push(&mut self, sge: Sge) -> Result<(), SgeListFull> {
+        let slot = self
+            .sges
+            .get_mut(usize::from(self.len))
+            .ok_or(SgeListFull)?;
+        *slot = sge;
+        self.len += 1;
+        Ok(())
+    }
+
+    /// Appends `sge`.
+    ///
+    /// # Panics
+    ///
+    /// When the list already holds [`MAX_SGE`] elements; see [`try_push`](Self::try_push).
+    pub fn push(&mut self, sge: Sge) {
+        if self.try_push(sge).is_err() {
+            panic!("a scatter/gather list holds at most {MAX_SGE} elements");
+        }
+    }
+
+    /// Removes every element.
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// The elements, in order.
+    pub fn as_slice(&self) -> &[Sge] {
+        &self.sges[..usize::from(self.len)]
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        usize::from(self.len)
+    }
+
+    /// Whether the list has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The elements, in order.
+    pub fn iter(&self) -> std::slice::Iter<'_, Sge> {
+        self.as_slice().iter()
+    }
+
+    /// Total bytes the elements cover.
+    pub fn total_len(&self) -> u64 {
+        self.iter().map(|s| u64::from(s.len)).sum()
+    }
+}
+
+impl Default for SgeList {
+    fn default() -> Self {
+        SgeList::new()
+    }
+}
+
+impl std::fmt::Debug for SgeList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.as_slice()).finish()
+    }
+}
+
+impl PartialEq for SgeList {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for SgeList {}
+
+impl std::ops::Deref for SgeList {
+    type Target = [Sge];
+
+    fn deref(&self) -> &[Sge] {
+        self.as_slice()
+    }
+}
+
+impl AsRef<[Sge]> for SgeList {
+    fn as_ref(&self) -> &[Sge] {
+        self.as_slice()
+    }
+}
+
+impl<'a> IntoIterator for &'a SgeList {
+    type Item = &'a Sge;
+    type IntoIter = std::slice::Iter<'a, Sge>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl From<Sge> for SgeList {
+    fn from(sge: Sge) -> Self {
+        let mut list = SgeList::new();
+        list.push(sge);
+        list
+    }
+}
+
+impl TryFrom<&[Sge]> for SgeList {
+    type Error = SgeListFull;
+
+    /// The elements of `sges`, or [`SgeListFull`] when there are more than [`MAX_SGE`].
+    fn try_from(sges: &[Sge]) -> Result<Self, SgeListFull> {
+        let mut list = SgeList::new();
+        for &sge in sges {
+            list.try_push(sge)?;
+        }
+        Ok(list)
+    }
+}
+
+impl<const N: usize> TryFrom<[Sge; N]> for SgeList {
+    type Error = SgeListFull;
+
+    /// The elements of `sges`, or [`SgeListFull`] when there are more than [`MAX_SGE`].
+    fn try_from(sges: [Sge; N]) -> Result<Self, SgeListFull> {
+        SgeList::try_from(&sges[..])
+    }
+}
+
+impl Extend<Sge> for SgeList {
+    /// Appends every element.
+    ///
+    /// # Panics
+    ///
+    /// When the list would exceed [`MAX_SGE`] elements.
+    fn extend<I: IntoIterator<Item = Sge>>(&mut self, iter: I) {
+        for sge in iter {
+            self.push(sge);
+        }
+    }
+}
+
 /// The remote side of a one-sided operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RemoteAddr {
@@ -270,4 +452,59 @@ pub enum PostError {
     /// A request that cannot be valid (e.g. an atomic whose local SGE is not 8 bytes).
     #[error("invalid work request: {0}")]
     Invalid(&'static str),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sge(i: u64) -> Sge {
+        Sge {
+            addr: 0x1000 * i,
+            len: i as u32,
+            lkey: 1,
+        }
+    }
+
+    #[test]
+    fn sge_list_holds_up_to_max_sge_inline() {
+        let mut list = SgeList::default();
+        assert!(list.is_empty());
+        for i in 0..MAX_SGE as u64 {
+            list.try_push(sge(i)).unwrap();
+        }
+        assert_eq!(list.len(), MAX_SGE);
+        assert_eq!(list.try_push(sge(99)), Err(SgeListFull));
+        assert_eq!(list.len(), MAX_SGE);
+        assert_eq!(list.iter().next_back().map(|s| s.addr), Some(0x1000 * 31));
+        assert_eq!(list.total_len(), (0..MAX_SGE as u64).sum::<u64>());
+        list.clear();
+        assert!(list.is_empty());
+    }
+
+    #[test]
+    #[should_panic(expected = "at most 32")]
+    fn sge_list_push_past_the_end_panics() {
+        let mut list = SgeList::try_from([sge(1); MAX_SGE]).unwrap();
+        list.push(sge(2));
+    }
+
+    #[test]
+    fn sge_lists_compare_by_their_elements() {
+        let a = SgeList::try_from(&[sge(1), sge(2)][..]).unwrap();
+        let mut b = SgeList::try_from(&[sge(1), sge(2), sge(3)][..]).unwrap();
+        assert_ne!(a, b);
+        // What a shorter list leaves behind in its storage is not part of it.
+        b.clear();
+        b.extend([sge(1), sge(2)]);
+        assert_eq!(a, b);
+        assert_eq!(a.clone(), a);
+        assert_eq!(SgeList::from(sge(4)).as_slice(), &[sge(4)]);
+        assert_eq!(&a[..], &[sge(1), sge(2)]);
+        assert_eq!(format!("{:?}", SgeList::new()), "[]");
+        assert_eq!(
+            SgeList::try_from(&[sge(0); MAX_SGE + 1][..]),
+            Err(SgeListFull)
+        );
+    }
 }

@@ -89,7 +89,8 @@ fn supported(op: Opcode) -> bool {
     !op.has_ieth()
 }
 
-/// Appends the packet for `hdr` and `payload` to `out`.
+/// Appends the packet for `hdr` and `payload` to `out` (tests forge packets with it).
+#[cfg(test)]
 pub(crate) fn encode(hdr: &RcRepr<'_>, payload: &[u8], out: &mut Vec<u8>) {
     let start = out.len();
     let pad = encode_header(hdr, payload.len(), out);

@@ -1,8 +1,9 @@
 //! Packets in and out without copying payloads.
 //!
 //! A datagram transport hands the engine whole packets ([`RcQp::handle_packet`]) and takes
-//! whole packets back ([`RcQp::poll_transmit`]); the engine copies payloads between them
-//! and registered memory. A stream transport can do better, and these types are how:
+//! whole packets back ([`RcQp::poll_transmit_into`] into a buffer it reuses, or
+//! [`RcQp::poll_transmit`] into a new one); the engine copies payloads between them and
+//! registered memory. A stream transport can do better, and these types are how:
 //!
 //! - **Out**: [`RcQp::poll_transmit_parts`] fills a [`Transmit`]: the headers (and any
 //!   inline payload) as bytes, then the payload as [`Span`]s of registered memory that the
@@ -20,8 +21,17 @@
 //! completion and no acknowledgement gets ahead of its data. A stream per queue pair gives
 //! that order for free.
 //!
+//! None of these calls allocates in the steady state: a [`Transmit`] and a placement
+//! vector the transport keeps and hands in again keep their room, and so do the engine's
+//! own queues. With posts through [`RcQp::post_send_ref`] and [`RcQp::post_recv_ref`], a
+//! queue pair that has warmed up sends, receives and completes without touching the heap
+//! ([`RcQp::poll_transmit`], which returns a new `Vec`, is the exception).
+//!
 //! [`RcQp::handle_packet`]: super::RcQp::handle_packet
 //! [`RcQp::poll_transmit`]: super::RcQp::poll_transmit
+//! [`RcQp::poll_transmit_into`]: super::RcQp::poll_transmit_into
+//! [`RcQp::post_send_ref`]: super::RcQp::post_send_ref
+//! [`RcQp::post_recv_ref`]: super::RcQp::post_recv_ref
 //! [`RcQp::poll_transmit_parts`]: super::RcQp::poll_transmit_parts
 //! [`RcQp::handle_header`]: super::RcQp::handle_header
 //! [`RcQp::poll_completion`]: super::RcQp::poll_completion
@@ -82,17 +92,17 @@ impl<Mr> Transmit<Mr> {
         self.pad = 0;
     }
 
-    /// Copies the packet into one buffer, reading the gathered spans through `mem`.
-    pub(crate) fn flatten<M: MemAccess<Mr = Mr>>(mut self, mem: &M) -> Vec<u8> {
-        let mut out = std::mem::take(&mut self.header);
+    /// Appends the packet to `out` as one run of bytes, reading the gathered spans through
+    /// `mem`.
+    pub(crate) fn flatten_into<M: MemAccess<Mr = Mr>>(&self, mem: &M, out: &mut Vec<u8>) {
         out.reserve(self.len());
+        out.extend_from_slice(&self.header);
         for s in &self.gather {
             let at = out.len();
             out.resize(at + s.len as usize, 0);
             mem.read(&s.mr, s.addr, &mut out[at..]);
         }
         out.resize(out.len() + usize::from(self.pad), 0);
-        out
     }
 }
 

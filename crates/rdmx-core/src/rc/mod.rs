@@ -22,6 +22,17 @@
 //!
 //! Memory is reached through [`MemAccess`]; local keys are resolved when a request is
 //! posted, and the resolved regions stay in the request until it completes.
+//!
+//! ## Allocation
+//!
+//! The engine keeps the room its requests need and reuses it, as an adapter keeps a ring
+//! of work-queue entries: once a queue pair has been as busy as it gets, posting with
+//! [`RcQp::post_send_ref`] and [`RcQp::post_recv_ref`] ([`Srq::post_recv_ref`] for a
+//! shared receive queue), moving packets with [`RcQp::poll_transmit_into`] and
+//! [`RcQp::handle_packet`] or with [`RcQp::poll_transmit_parts`] and
+//! [`RcQp::handle_header`], and reaping with [`RcQp::poll_completion`] allocate nothing.
+//! The by-value [`RcQp::post_send`], [`RcQp::post_recv`] and [`RcQp::poll_transmit`]
+//! remain for callers that hold owned requests or want a new buffer per packet.
 
 mod codec;
 pub mod io;
@@ -123,15 +134,82 @@ impl<Mr> Local<Mr> {
     }
 }
 
-/// Resolves local elements at post time; the first that fails its check makes the
-/// request complete with `LOC_PROT_ERR`.
+/// The buffers of finished requests, kept for the next ones.
+///
+/// A posted request needs room for its resolved segments (or its inline bytes); an adapter
+/// keeps that room in a ring of work-queue entries sized when the queue is created. The
+/// engine gets the same effect lazily: a request's vectors come from here and go back here
+/// when it completes, emptied (so no region is kept alive by a spare), and once the queues
+/// have been as full as they get, posting and completing allocate nothing.
+#[derive(Debug)]
+pub(crate) struct Spare<Mr> {
+    segs: Vec<Vec<Seg<Mr>>>,
+    bytes: Vec<Vec<u8>>,
+    /// Most vectors of each kind kept: the requests that can be outstanding at once.
+    max: usize,
+    /// Room a new segment vector gets: the most SGEs a request may have.
+    max_sge: usize,
+    /// Room a new byte vector gets: the largest inline payload.
+    max_inline: usize,
+}
+
+impl<Mr> Spare<Mr> {
+    pub(crate) fn new(max: usize, max_sge: usize, max_inline: usize) -> Self {
+        Spare {
+            segs: Vec::new(),
+            bytes: Vec::new(),
+            max,
+            max_sge,
+            max_inline,
+        }
+    }
+
+    /// An empty segment vector with room for any request's SGEs.
+    pub(crate) fn segs(&mut self) -> Vec<Seg<Mr>> {
+        self.segs
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(self.max_sge))
+    }
+
+    /// An empty byte vector with room for any inline payload.
+    pub(crate) fn bytes(&mut self) -> Vec<u8> {
+        self.bytes
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(self.max_inline))
+    }
+
+    /// Takes back a request's segment vector.
+    pub(crate) fn put_segs(&mut self, mut v: Vec<Seg<Mr>>) {
+        v.clear();
+        if v.capacity() > 0 && self.segs.len() < self.max {
+            self.segs.push(v);
+        }
+    }
+
+    /// Takes back a request's local data.
+    pub(crate) fn put_local(&mut self, local: Local<Mr>) {
+        match local {
+            Local::Segs(v) => self.put_segs(v),
+            Local::Inline(mut v) => {
+                v.clear();
+                if v.capacity() > 0 && self.bytes.len() < self.max {
+                    self.bytes.push(v);
+                }
+            }
+        }
+    }
+}
+
+/// Resolves local elements at post time into `segs` (emptied first); the first that fails
+/// its check makes the request complete with `LOC_PROT_ERR`, and leaves `segs` empty.
 pub(crate) fn resolve_sges<M: MemAccess>(
     mem: &M,
     pd: PdId,
     sges: &[crate::wr::Sge],
     need: Access,
-) -> (Vec<Seg<M::Mr>>, Option<WcStatus>) {
-    let mut segs = Vec::with_capacity(sges.len());
+    segs: &mut Vec<Seg<M::Mr>>,
+) -> Option<WcStatus> {
+    segs.clear();
     for s in sges {
         match mem.resolve(s.lkey, KeyUse::Local, pd, s.addr, u64::from(s.len), need) {
             Ok(mr) => segs.push(Seg {
@@ -139,10 +217,13 @@ pub(crate) fn resolve_sges<M: MemAccess>(
                 addr: s.addr,
                 len: s.len,
             }),
-            Err(_) => return (Vec::new(), Some(WcStatus::LocProtErr)),
+            Err(_) => {
+                segs.clear();
+                return Some(WcStatus::LocProtErr);
+            }
         }
     }
-    (segs, None)
+    None
 }
 
 /// Calls `f(segment, address, range)` for each piece of bytes `[off, off + len)` of the
@@ -191,6 +272,9 @@ pub struct RcQp<M: MemAccess> {
     pub(crate) resp: Responder<M::Mr>,
     pub(crate) rq: VecDeque<RecvWqe<M::Mr>>,
     pub(crate) completions: VecDeque<(CqSide, Completion, bool)>,
+    pub(crate) spare: Spare<M::Mr>,
+    /// The packet [`poll_transmit_into`](Self::poll_transmit_into) builds before copying.
+    scratch: Transmit<M::Mr>,
     sq_drained_event: bool,
 }
 
@@ -205,6 +289,12 @@ impl<M: MemAccess> RcQp<M> {
             resp: Responder::new(),
             rq: VecDeque::new(),
             completions: VecDeque::new(),
+            spare: Spare::new(
+                cfg.max_send_wr + cfg.max_recv_wr,
+                cfg.max_send_sge.max(cfg.max_recv_sge),
+                cfg.max_inline_data,
+            ),
+            scratch: Transmit::default(),
             sq_drained_event: false,
         }
     }
@@ -268,6 +358,17 @@ impl<M: MemAccess> RcQp<M> {
         Ok(())
     }
 
+    /// Posts a send request (`ibv_post_send`), taking the request and the inline payload
+    /// by value; see [`post_send_ref`](Self::post_send_ref), which this calls.
+    pub fn post_send(
+        &mut self,
+        mem: &M,
+        wr: SendWr,
+        inline: Option<Vec<u8>>,
+    ) -> Result<(), PostError> {
+        self.post_send_ref(mem, &wr, inline.as_deref())
+    }
+
     /// Posts a send request (`ibv_post_send`).
     ///
     /// Refused at once when the QP's state does not take sends, the send queue is full,
@@ -275,12 +376,15 @@ impl<M: MemAccess> RcQp<M> {
     /// 8-byte aligned, which rdma-core's Soft-RoCE refuses at post as well; the responder
     /// still answers such a request from a peer with a NAK). Local keys are resolved now; a key that fails its
     /// check makes the request complete with `LOC_PROT_ERR` (and the QP enter ERR) when
-    /// its turn comes, as verbs does.
-    pub fn post_send(
+    /// its turn comes, as verbs does. `inline` (with [`SendFlags::INLINE`]) is copied now.
+    ///
+    /// Once the queue has been as deep as it gets, a post allocates nothing: the room a
+    /// request needs is taken back when it completes and used for the next one.
+    pub fn post_send_ref(
         &mut self,
         mem: &M,
-        wr: SendWr,
-        inline: Option<Vec<u8>>,
+        wr: &SendWr,
+        inline: Option<&[u8]>,
     ) -> Result<(), PostError> {
         let state = self.sm.state();
         if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
@@ -317,7 +421,9 @@ impl<M: MemAccess> RcQp<M> {
                         max: self.cfg.max_inline_data,
                     });
                 }
-                (Local::Inline(data), None)
+                let mut bytes = self.spare.bytes();
+                bytes.extend_from_slice(data);
+                (Local::Inline(bytes), None)
             }
             None => {
                 let need = if wr.op.writes_local() {
@@ -325,7 +431,8 @@ impl<M: MemAccess> RcQp<M> {
                 } else {
                     Access::empty()
                 };
-                let (segs, error) = resolve_sges(mem, self.cfg.pd, &wr.sges, need);
+                let mut segs = self.spare.segs();
+                let error = resolve_sges(mem, self.cfg.pd, &wr.sges, need, &mut segs);
                 (Local::Segs(segs), error)
             }
         };
@@ -339,8 +446,16 @@ impl<M: MemAccess> RcQp<M> {
         Ok(())
     }
 
-    /// Posts a receive request (`ibv_post_recv`).
+    /// Posts a receive request (`ibv_post_recv`), taking the request by value; see
+    /// [`post_recv_ref`](Self::post_recv_ref), which this calls.
     pub fn post_recv(&mut self, mem: &M, wr: RecvWr) -> Result<(), PostError> {
+        self.post_recv_ref(mem, &wr)
+    }
+
+    /// Posts a receive request (`ibv_post_recv`). Like
+    /// [`post_send_ref`](Self::post_send_ref), it allocates nothing once the queue has been
+    /// as deep as it gets.
+    pub fn post_recv_ref(&mut self, mem: &M, wr: &RecvWr) -> Result<(), PostError> {
         if self.cfg.srq {
             return Err(PostError::Invalid(
                 "the queue pair takes its receives from a shared receive queue",
@@ -361,7 +476,8 @@ impl<M: MemAccess> RcQp<M> {
                 max: self.cfg.max_recv_sge,
             });
         }
-        let (segs, error) = resolve_sges(mem, self.cfg.pd, &wr.sges, Access::LOCAL_WRITE);
+        let mut segs = self.spare.segs();
+        let error = resolve_sges(mem, self.cfg.pd, &wr.sges, Access::LOCAL_WRITE, &mut segs);
         let len = segs.iter().map(|s| u64::from(s.len)).sum();
         self.rq.push_back(RecvWqe {
             wr_id: wr.wr_id,
@@ -375,11 +491,27 @@ impl<M: MemAccess> RcQp<M> {
         Ok(())
     }
 
-    /// The next packet to send to the peer QP, if any, copied into one buffer.
+    /// The next packet to send to the peer QP, if any, copied into one new buffer. See
+    /// [`poll_transmit_into`](Self::poll_transmit_into) for a buffer the caller reuses.
     pub fn poll_transmit(&mut self, now: Instant, mem: &M) -> Option<Vec<u8>> {
-        let mut out = Transmit::default();
-        self.poll_transmit_parts(now, &mut out)
-            .then(|| out.flatten(mem))
+        let mut out = Vec::new();
+        self.poll_transmit_into(now, mem, &mut out).then_some(out)
+    }
+
+    /// The next packet to send to the peer QP, copied into `out` (cleared first); `false`
+    /// when there is none. This is the whole-packet path of a datagram transport: with a
+    /// reused `out` it allocates nothing once `out` is as large as a packet gets.
+    pub fn poll_transmit_into(&mut self, now: Instant, mem: &M, out: &mut Vec<u8>) -> bool {
+        out.clear();
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let sent = self.poll_transmit_parts(now, &mut scratch);
+        if sent {
+            scratch.flatten_into(mem, out);
+        }
+        // The spans hold regions; a spare packet must not keep them alive.
+        scratch.clear();
+        self.scratch = scratch;
+        sent
     }
 
     /// The next packet to send to the peer QP into `out` (cleared first), its payload left
@@ -523,6 +655,7 @@ impl<M: MemAccess> RcQp<M> {
     fn flush(&mut self) {
         let qpn = self.cfg.qpn;
         for w in self.req.sq.drain(..) {
+            self.spare.put_local(w.local);
             self.completions.push_back((
                 CqSide::Send,
                 Completion {
@@ -541,6 +674,7 @@ impl<M: MemAccess> RcQp<M> {
             self.rq.push_front(cur);
         }
         for r in self.rq.drain(..) {
+            self.spare.put_segs(r.segs);
             self.completions.push_back((
                 CqSide::Recv,
                 Completion {
@@ -562,6 +696,7 @@ impl<M: MemAccess> RcQp<M> {
         while let Some(w) = self.req.sq.front() {
             let Some(status) = w.done else { break };
             let w = self.req.pop_front();
+            self.spare.put_local(w.local);
             if status != WcStatus::Success || w.flags.contains(SendFlags::SIGNALED) {
                 let c = Completion {
                     wr_id: w.wr_id,

@@ -106,7 +106,13 @@ impl<Mr> Requester<Mr> {
         self.rnr_left = rnr_retry;
     }
 
-    pub(crate) fn push(&mut self, wr: SendWr, local: Local<Mr>, len: u64, error: Option<WcStatus>) {
+    pub(crate) fn push(
+        &mut self,
+        wr: &SendWr,
+        local: Local<Mr>,
+        len: u64,
+        error: Option<WcStatus>,
+    ) {
         self.sq.push_back(SendWqe {
             wr_id: wr.wr_id,
             op: wr.op,

@@ -47,17 +47,18 @@ struct Placing<Mr> {
 /// to find its earlier answer.
 const EXTRA_ANSWERS: usize = 64;
 
-/// An answer waiting to go.
+/// An answer waiting to go. Packets wait as header values and are encoded into the
+/// transport's buffer as they go, so answering allocates nothing.
 #[derive(Debug)]
 enum Answer<Mr> {
-    /// An encoded packet (ACK, NAK).
-    Packet(Vec<u8>),
+    /// A packet of headers only (ACK, NAK).
+    Packet(RcRepr<'static>),
     /// The ATOMIC ACKNOWLEDGE of the atomic at `psn`; `again` when it answers a
     /// duplicate.
     Atomic {
         psn: u32,
         again: bool,
-        packet: Vec<u8>,
+        packet: RcRepr<'static>,
     },
     /// A READ whose response packets are made one at a time as they are sent, so a large
     /// READ never holds its whole response in memory.
@@ -183,7 +184,7 @@ impl<Mr> Responder<Mr> {
                         Some(Answer::Packet(p) | Answer::Atomic { packet: p, .. }) => p,
                         _ => unreachable!("front is a packet"),
                     };
-                    out.header = p;
+                    out.pad = codec::encode_header(&p, 0, &mut out.header);
                     return true;
                 }
                 Answer::Read(job) => {
@@ -196,7 +197,7 @@ impl<Mr> Responder<Mr> {
         }
         match self.ack_packet(attrs, credits) {
             Some(p) => {
-                out.header = p;
+                out.pad = codec::encode_header(&p, 0, &mut out.header);
                 true
             }
             None => false,
@@ -204,13 +205,11 @@ impl<Mr> Responder<Mr> {
     }
 
     /// The coalesced ACK, if one is due.
-    fn ack_packet(&mut self, attrs: &QpAttr, credits: Option<u32>) -> Option<Vec<u8>> {
+    fn ack_packet(&mut self, attrs: &QpAttr, credits: Option<u32>) -> Option<RcRepr<'static>> {
         let (psn, msn) = self.ack.take()?;
         let mut h = codec::header(Opcode::Acknowledge, attrs.dest_qp_num, psn);
         h.aeth = codec::aeth(codec::ack(credits), msn);
-        let mut out = Vec::with_capacity(16);
-        codec::encode(&h, &[], &mut out);
-        Some(out)
+        Some(h)
     }
 
     /// New READs and atomics answered but not fully sent (repeated answers to duplicates
@@ -244,13 +243,6 @@ impl<Mr> Responder<Mr> {
             .retain(|a| !matches!(a, Answer::Read(j) if j.psn == psn));
     }
 
-    /// Queues an answer after any coalesced ACK (which acknowledges earlier packets).
-    fn queue(&mut self, attrs: &QpAttr, credits: Option<u32>, hdr: &RcRepr<'_>, payload: &[u8]) {
-        let mut out = Vec::with_capacity(payload.len() + 32);
-        codec::encode(hdr, payload, &mut out);
-        self.push(attrs, credits, Answer::Packet(out));
-    }
-
     fn push(&mut self, attrs: &QpAttr, credits: Option<u32>, answer: Answer<Mr>) {
         if let Some(ack) = self.ack_packet(attrs, credits) {
             self.out.push_back(Answer::Packet(ack));
@@ -261,7 +253,7 @@ impl<Mr> Responder<Mr> {
     fn nak(&mut self, attrs: &QpAttr, credits: Option<u32>, psn: u32, syndrome: Syndrome) {
         let mut h = codec::header(Opcode::Acknowledge, attrs.dest_qp_num, psn);
         h.aeth = codec::aeth(syndrome, self.msn);
-        self.queue(attrs, credits, &h, &[]);
+        self.push(attrs, credits, Answer::Packet(h));
     }
 
     fn remember(&mut self, r: Replay, depth: u8) {
@@ -351,12 +343,10 @@ fn duplicate<M: MemAccess>(
                 let mut h = codec::header(Opcode::AtomicAcknowledge, attrs.dest_qp_num, psn);
                 h.aeth = codec::aeth(codec::ack(credits), qp.resp.msn);
                 h.atomic_ack_eth = Some(AtomicAckEthRepr { orig_data: orig });
-                let mut packet = Vec::with_capacity(32);
-                codec::encode(&h, &[], &mut packet);
                 let answer = Answer::Atomic {
                     psn,
                     again: true,
-                    packet,
+                    packet: h,
                 };
                 qp.resp.push(attrs, credits, answer);
             }
@@ -440,13 +430,13 @@ fn send<M: MemAccess>(
     };
     if let Some(err) = f.wqe.error {
         let f = qp.resp.filling.take().expect("just seen");
-        complete_recv(qp, f.wqe, err, 0, None, false);
+        complete_recv(qp, &mut srq, f.wqe, err, 0, None, false);
         refuse(qp, attrs, hdr.bth.psn, NakCode::RemoteOperationalError);
         return;
     }
     if f.off + payload.len() as u64 > f.wqe.len {
         let f = qp.resp.filling.take().expect("just seen");
-        complete_recv(qp, f.wqe, WcStatus::LocLenErr, 0, None, false);
+        complete_recv(qp, &mut srq, f.wqe, WcStatus::LocLenErr, 0, None, false);
         refuse(qp, attrs, hdr.bth.psn, NakCode::InvalidRequest);
         return;
     }
@@ -457,6 +447,7 @@ fn send<M: MemAccess>(
         let len = f.off as u32;
         complete_recv(
             qp,
+            &mut srq,
             f.wqe,
             WcStatus::Success,
             len,
@@ -533,6 +524,7 @@ fn write<M: MemAccess>(
                 imm_data: hdr.immdt.map(|i| i.imm),
                 qp_num: 0,
             };
+            recycle(qp, &mut srq, wqe);
             qp.complete(CqSide::Recv, c, hdr.bth.solicited);
         }
     }
@@ -638,12 +630,10 @@ fn atomic<M: MemAccess>(
     let mut h = codec::header(Opcode::AtomicAcknowledge, attrs.dest_qp_num, hdr.bth.psn);
     h.aeth = codec::aeth(codec::ack(credits), qp.resp.msn);
     h.atomic_ack_eth = Some(AtomicAckEthRepr { orig_data: orig });
-    let mut packet = Vec::with_capacity(32);
-    codec::encode(&h, &[], &mut packet);
     let answer = Answer::Atomic {
         psn: hdr.bth.psn,
         again: false,
-        packet,
+        packet: h,
     };
     qp.resp.push(attrs, credits, answer);
 }
@@ -704,6 +694,7 @@ fn place<M: MemAccess>(mem: &M, wqe: &RecvWqe<M::Mr>, off: u64, payload: &mut Pa
 
 fn complete_recv<M: MemAccess>(
     qp: &mut RcQp<M>,
+    srq: &mut Option<&mut Srq<M::Mr>>,
     wqe: RecvWqe<M::Mr>,
     status: WcStatus,
     byte_len: u32,
@@ -718,5 +709,14 @@ fn complete_recv<M: MemAccess>(
         imm_data: imm,
         qp_num: 0,
     };
+    recycle(qp, srq, wqe);
     qp.complete(CqSide::Recv, c, solicited);
+}
+
+/// Gives a consumed receive's room back to the queue it was posted to, for the next post.
+fn recycle<M: MemAccess>(qp: &mut RcQp<M>, srq: &mut Option<&mut Srq<M::Mr>>, wqe: RecvWqe<M::Mr>) {
+    match srq {
+        Some(srq) if qp.cfg.srq => srq.spare.put_segs(wqe.segs),
+        _ => qp.spare.put_segs(wqe.segs),
+    }
 }

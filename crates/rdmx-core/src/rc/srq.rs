@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 
-use super::{resolve_sges, MemAccess, RecvWqe};
+use super::{resolve_sges, MemAccess, RecvWqe, Spare};
 use crate::access::Access;
 use crate::mr::PdId;
 use crate::wr::{PostError, RecvWr};
@@ -19,6 +19,7 @@ pub struct Srq<Mr> {
     max_wr: usize,
     max_sge: usize,
     pub(crate) queue: VecDeque<RecvWqe<Mr>>,
+    pub(crate) spare: Spare<Mr>,
     limit: Option<usize>,
     limit_event: bool,
 }
@@ -31,16 +32,28 @@ impl<Mr> Srq<Mr> {
             max_wr,
             max_sge,
             queue: VecDeque::new(),
+            spare: Spare::new(max_wr, max_sge, 0),
             limit: None,
             limit_event: false,
         }
     }
 
-    /// Posts a receive (`ibv_post_srq_recv`).
+    /// Posts a receive (`ibv_post_srq_recv`), taking the request by value; see
+    /// [`post_recv_ref`](Self::post_recv_ref), which this calls.
     pub fn post_recv<M: MemAccess<Mr = Mr>>(
         &mut self,
         mem: &M,
         wr: RecvWr,
+    ) -> Result<(), PostError> {
+        self.post_recv_ref(mem, &wr)
+    }
+
+    /// Posts a receive (`ibv_post_srq_recv`). Once the queue has been as deep as it gets,
+    /// this allocates nothing: the queue pairs that consume receives give their room back.
+    pub fn post_recv_ref<M: MemAccess<Mr = Mr>>(
+        &mut self,
+        mem: &M,
+        wr: &RecvWr,
     ) -> Result<(), PostError> {
         if self.queue.len() >= self.max_wr {
             return Err(PostError::QueueFull { depth: self.max_wr });
@@ -51,7 +64,8 @@ impl<Mr> Srq<Mr> {
                 max: self.max_sge,
             });
         }
-        let (segs, error) = resolve_sges(mem, self.pd, &wr.sges, Access::LOCAL_WRITE);
+        let mut segs = self.spare.segs();
+        let error = resolve_sges(mem, self.pd, &wr.sges, Access::LOCAL_WRITE, &mut segs);
         let len = segs.iter().map(|s| u64::from(s.len)).sum();
         self.queue.push_back(RecvWqe {
             wr_id: wr.wr_id,

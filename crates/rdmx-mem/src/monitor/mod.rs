@@ -99,15 +99,15 @@ use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
-use libc::c_void;
 use parking_lot::{Condvar, Mutex};
-use userfaultfd::{Event, EventBuffer, FaultKind, RegisterMode, Uffd};
 
 use crate::sys;
 
 mod open;
+mod uffd;
 
-use open::{open_uffd, probe_write_protect, uffd_to_io};
+use open::{open_uffd, probe_write_protect};
+use uffd::{Event, EventBuffer, Uffd};
 
 /// Something that must forget about memory that went away, such as a registration cache.
 pub trait InvalidationSink: Send + Sync + 'static {
@@ -178,13 +178,8 @@ impl Monitor {
         };
         self.shared
             .uffd
-            .register_with_mode(
-                start as *mut c_void,
-                end - start,
-                RegisterMode::WRITE_PROTECT,
-            )
+            .register_write_protect(start, end - start)
             .map(drop)
-            .map_err(uffd_to_io)
     }
 
     /// Subscribes `sink` to every range that goes away from now on. Returns an id for
@@ -388,29 +383,30 @@ fn read_loop(shared: Arc<Shared>) {
                     for event in events {
                         read += 1;
                         match event {
-                            Ok(Event::Unmap { start, end } | Event::Remove { start, end }) => {
-                                batch.push(start as usize, end as usize);
+                            Event::Unmap { start, end } | Event::Remove { start, end } => {
+                                batch.push(start, end);
                             }
-                            Ok(Event::Remap { from, len, .. }) => {
-                                let from = from as usize;
+                            Event::Remap { from, len, .. } => {
                                 batch.push(from, from.saturating_add(len));
                             }
-                            Ok(Event::Pagefault { kind, addr, .. }) => {
+                            Event::Pagefault {
+                                addr,
+                                write_protect,
+                            } => {
                                 batch.faults += 1;
-                                release_fault(&shared.uffd, kind, addr as usize & !(page - 1));
+                                release_fault(&shared.uffd, write_protect, addr & !(page - 1));
                             }
                             // EVENT_FORK is never requested; dropping closes the descriptor.
-                            Ok(Event::Fork { uffd }) => {
+                            Event::Fork(fd) => {
                                 batch.faults += 1;
-                                drop(uffd);
+                                drop(fd);
                             }
-                            Err(_) => batch.faults += 1,
+                            Event::Unknown => batch.faults += 1,
                         }
                     }
                     Ok(read)
                 }
-                Err(userfaultfd::Error::SystemError(errno)) => Err(errno as i32),
-                Err(_) => Err(0),
+                Err(err) => Err(err.raw_os_error().unwrap_or(0)),
             };
             if batch.len > 0 || batch.faults > 0 || read.is_err() {
                 let mut q = shared.queue.lock();
@@ -478,11 +474,12 @@ impl Batch {
 /// A page fault can only come from a write-protected page, and this module never protects
 /// one. Should one arrive anyway, unprotect the page and wake the faulting thread so it
 /// does not hang.
-fn release_fault(uffd: &Uffd, kind: FaultKind, page: usize) {
+fn release_fault(uffd: &Uffd, write_protect: bool, page: usize) {
     let size = sys::page_size();
-    let _ = match kind {
-        FaultKind::WriteProtected => uffd.remove_write_protection(page as *mut c_void, size, true),
-        FaultKind::Missing => uffd.wake(page as *mut c_void, size),
+    let _ = if write_protect {
+        uffd.remove_write_protection(page, size)
+    } else {
+        uffd.wake(page, size)
     };
 }
 
@@ -585,6 +582,7 @@ impl Backoff {
 mod tests {
     use super::open::{features, open_by_syscall};
     use super::*;
+    use libc::c_void;
     use std::os::fd::RawFd;
 
     #[test]
@@ -647,7 +645,7 @@ mod tests {
         let uffd = open_by_syscall(features()).expect("userfaultfd(2) works here");
         let len = 2 * sys::page_size();
         let p = map_pages(2);
-        uffd.register_with_mode(p, len, RegisterMode::WRITE_PROTECT)
+        uffd.register_write_protect(p as usize, len)
             .expect("register");
         let addr = p as usize;
         // munmap blocks until the event is read, so unmap on another thread.
@@ -656,7 +654,7 @@ mod tests {
         });
         match read_one(&uffd) {
             Event::Unmap { start, end } => {
-                assert!(start as usize <= addr && end as usize >= addr + len);
+                assert!(start <= addr && end >= addr + len);
             }
             other => panic!("expected an unmap event, got {other:?}"),
         }
@@ -691,11 +689,11 @@ mod tests {
         let len = 2 * sys::page_size();
         let p = map_pages(2);
         other
-            .register_with_mode(p, len, RegisterMode::WRITE_PROTECT)
+            .register_write_protect(p as usize, len)
             .expect("register");
         let err = monitor.watch(p as usize, len).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EBUSY), "{err}");
-        other.unregister(p, len).expect("unregister");
+        other.unregister(p as usize, len).expect("unregister");
         monitor.watch(p as usize, len).expect("free to watch now");
         sys::syscall!(munmap(p, len)).expect("munmap");
     }

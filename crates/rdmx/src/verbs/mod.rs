@@ -22,6 +22,7 @@
 //! [`Options::gid_index`] picks one explicitly.
 
 pub mod cm;
+mod ffi;
 mod glue;
 mod qp;
 mod rdmacm;

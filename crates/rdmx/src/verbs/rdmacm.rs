@@ -1,5 +1,5 @@
-//! Connection setup through the RDMA connection manager (librdmacm, loaded at run time by
-//! the bindings crate like libibverbs), for queue pairs rdmx created on its own
+//! Connection setup through the RDMA connection manager (librdmacm, loaded at run time like
+//! libibverbs), for queue pairs rdmx created on its own
 //! `ibv_context`.
 //!
 //! The `rdma_cm_id`s carry no QP: `rdma_connect`/`rdma_accept` name rdmx's QP by number
@@ -29,9 +29,9 @@ use std::os::fd::RawFd;
 use std::ptr::{self, NonNull};
 use std::time::Instant;
 
-use rdma_mummy_sys as ffi;
 use rdmx_core::{ConnectParams, Mtu, QpState};
 
+use super::ffi;
 use super::qp::Qp;
 use super::sys;
 use crate::ConnectOptions;

@@ -2,8 +2,8 @@
 //! context, PD, MR, completion channel, CQ, QP, SRQ), each destroyed on drop, and the
 //! data-path calls on them. Everything above this module is safe code.
 //!
-//! libibverbs is loaded at run time by the bindings crate (`rdma-mummy-sys`), so a machine
-//! without rdma-core sees no devices instead of failing to start.
+//! libibverbs is loaded at run time (see [`ffi`](super::ffi)), so a machine without
+//! rdma-core sees no devices instead of failing to start.
 
 use std::ffi::CStr;
 use std::io;
@@ -12,7 +12,7 @@ use std::os::fd::RawFd;
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
 
-use rdma_mummy_sys as ffi;
+use super::ffi;
 
 /// The errno of a failed verb, or `fallback` when the call reported none.
 fn last_error(fallback: i32) -> io::Error {
@@ -119,12 +119,33 @@ impl Context {
         let mut gid = ffi::ibv_gid { raw: [0; 16] };
         // SAFETY: the context is open and `gid` is a valid out-pointer.
         check(unsafe { ffi::ibv_query_gid(self.ptr.as_ptr(), port, index as i32, &mut gid) })?;
-        let mut ty: ffi::ibv_gid_type_sysfs = 0;
-        // SAFETY: as above; a failure leaves `ty` at 0 (RoCEv1 / IB).
-        let _ = unsafe { ffi::ibv_query_gid_type(self.ptr.as_ptr(), port, index, &mut ty) };
         // SAFETY: both union fields are plain bytes.
         let raw = unsafe { gid.raw };
-        Ok((raw, ty == ffi::IBV_GID_TYPE_SYSFS_ROCE_V2))
+        Ok((raw, self.gid_is_roce_v2(port, index)))
+    }
+
+    /// Whether GID `index` of `port` is a RoCEv2 GID, as `ibv_query_gid_ex` (rdma-core 32
+    /// and later) or, before it, sysfs says. Not knowing counts as no (InfiniBand or RoCEv1).
+    fn gid_is_roce_v2(&self, port: u8, index: u32) -> bool {
+        // SAFETY: ibv_gid_entry is plain data; all-zero is a valid value.
+        let mut entry: ffi::ibv_gid_entry = unsafe { std::mem::zeroed() };
+        let size = std::mem::size_of_val(&entry);
+        // SAFETY: the context is open and `entry` a valid out-pointer of `size` bytes.
+        let rc = unsafe {
+            ffi::_ibv_query_gid_ex(self.ptr.as_ptr(), port.into(), index, &mut entry, 0, size)
+        };
+        if rc == 0 {
+            return entry.gid_type == ffi::ibv_gid_type::IBV_GID_TYPE_ROCE_V2;
+        }
+        // SAFETY: reading a field of the open context.
+        let dev = unsafe { (*self.ptr.as_ptr()).device };
+        // SAFETY: the device's name is a NUL-terminated string owned by libibverbs.
+        let name = unsafe { CStr::from_ptr(ffi::ibv_get_device_name(dev)) };
+        let path = format!(
+            "/sys/class/infiniband/{}/ports/{port}/gid_attrs/types/{index}",
+            name.to_string_lossy()
+        );
+        std::fs::read_to_string(path).is_ok_and(|ty| ty.trim() == "RoCE v2")
     }
 
     /// The descriptor that async events arrive on, made non-blocking.
@@ -144,9 +165,7 @@ impl Context {
         if unsafe { ffi::ibv_get_async_event(self.ptr.as_ptr(), &mut ev) } != 0 {
             return None;
         }
-        // SAFETY: read the event type as its raw value, not as a Rust enum, so a type this
-        // build does not know is not undefined behaviour.
-        let ty = unsafe { ptr::addr_of!(ev.event_type).cast::<u32>().read() };
+        let ty = ev.event_type;
         // SAFETY: every member of the element union is a pointer; read it as an address.
         let element = unsafe { ev.element.qp } as usize;
         // SAFETY: `ev` was filled by ibv_get_async_event and is acknowledged once.
@@ -437,7 +456,7 @@ impl Qp {
         let mut attr = qp_attr();
         // SAFETY: ibv_qp_init_attr is plain data; all-zero is a valid value.
         let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-        let mask = ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32;
+        let mask = ffi::ibv_qp_attr_mask::IBV_QP_STATE as i32;
         // SAFETY: the QP is live and both out-pointers are valid.
         check(unsafe { ffi::ibv_query_qp(self.ptr.as_ptr(), &mut attr, mask, &mut init) })?;
         Ok(attr.qp_state)
@@ -511,25 +530,25 @@ impl SendWr {
         wr.wr_id = wr_id;
         wr.send_flags = flags;
         use ffi::ibv_wr_opcode as op;
-        let rdma = |remote_addr, rkey| ffi::wr_t {
-            rdma: ffi::rdma_t { remote_addr, rkey },
+        let rdma = |remote_addr, rkey| ffi::ibv_send_wr_wr {
+            rdma: ffi::ibv_send_wr_rdma { remote_addr, rkey },
         };
-        let atomic = |remote_addr, rkey, compare_add, swap| ffi::wr_t {
-            atomic: ffi::atomic_t {
+        let atomic = |remote_addr, rkey, compare_add, swap| ffi::ibv_send_wr_wr {
+            atomic: ffi::ibv_send_wr_atomic {
                 remote_addr,
                 compare_add,
                 swap,
                 rkey,
             },
         };
-        let imm = |v: u32| ffi::imm_data_invalidated_rkey_union_t {
+        let imm = |v: u32| ffi::ibv_send_wr_imm {
             imm_data: v.to_be(),
         };
         match kind {
             SendKind::Send => wr.opcode = op::IBV_WR_SEND,
             SendKind::SendImm(v) => {
                 wr.opcode = op::IBV_WR_SEND_WITH_IMM;
-                wr.imm_data_invalidated_rkey_union = imm(v);
+                wr.__bindgen_anon_1 = imm(v);
             }
             SendKind::Write(a, k) => {
                 wr.opcode = op::IBV_WR_RDMA_WRITE;
@@ -538,7 +557,7 @@ impl SendWr {
             SendKind::WriteImm(a, k, v) => {
                 wr.opcode = op::IBV_WR_RDMA_WRITE_WITH_IMM;
                 wr.wr = rdma(a, k);
-                wr.imm_data_invalidated_rkey_union = imm(v);
+                wr.__bindgen_anon_1 = imm(v);
             }
             SendKind::Read(a, k) => {
                 wr.opcode = op::IBV_WR_RDMA_READ;
@@ -601,7 +620,7 @@ impl Srq {
             max_sge: 0,
             srq_limit: limit,
         };
-        let mask = ffi::ibv_srq_attr_mask::IBV_SRQ_LIMIT.0 as i32;
+        let mask = ffi::ibv_srq_attr_mask::IBV_SRQ_LIMIT as i32;
         // SAFETY: the SRQ is live and `attr` valid.
         check(unsafe { ffi::ibv_modify_srq(self.ptr.as_ptr(), &mut attr, mask) })
     }
@@ -635,36 +654,36 @@ pub(crate) mod consts {
     pub(crate) use ffi::ibv_wc_status as wc_status;
 
     /// IBV_WC_WITH_IMM.
-    pub(crate) const WC_WITH_IMM: u32 = ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0;
+    pub(crate) const WC_WITH_IMM: u32 = ffi::ibv_wc_flags::IBV_WC_WITH_IMM;
     /// IBV_EVENT_SRQ_LIMIT_REACHED.
     pub(crate) const EVENT_SRQ_LIMIT_REACHED: u32 =
-        ffi::ibv_event_type::IBV_EVENT_SRQ_LIMIT_REACHED as u32;
+        ffi::ibv_event_type::IBV_EVENT_SRQ_LIMIT_REACHED;
 
     /// IBV_SEND_*.
-    pub(crate) const SEND_FENCE: u32 = ffi::ibv_send_flags::IBV_SEND_FENCE.0;
-    pub(crate) const SEND_SIGNALED: u32 = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-    pub(crate) const SEND_SOLICITED: u32 = ffi::ibv_send_flags::IBV_SEND_SOLICITED.0;
-    pub(crate) const SEND_INLINE: u32 = ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+    pub(crate) const SEND_FENCE: u32 = ffi::ibv_send_flags::IBV_SEND_FENCE;
+    pub(crate) const SEND_SIGNALED: u32 = ffi::ibv_send_flags::IBV_SEND_SIGNALED;
+    pub(crate) const SEND_SOLICITED: u32 = ffi::ibv_send_flags::IBV_SEND_SOLICITED;
+    pub(crate) const SEND_INLINE: u32 = ffi::ibv_send_flags::IBV_SEND_INLINE;
 
     /// IBV_QP_*.
     pub(crate) mod mask {
         use super::ffi::ibv_qp_attr_mask as m;
-        pub(crate) const STATE: u32 = m::IBV_QP_STATE.0;
-        pub(crate) const CUR_STATE: u32 = m::IBV_QP_CUR_STATE.0;
-        pub(crate) const EN_SQD_ASYNC_NOTIFY: u32 = m::IBV_QP_EN_SQD_ASYNC_NOTIFY.0;
-        pub(crate) const ACCESS_FLAGS: u32 = m::IBV_QP_ACCESS_FLAGS.0;
-        pub(crate) const PKEY_INDEX: u32 = m::IBV_QP_PKEY_INDEX.0;
-        pub(crate) const PORT: u32 = m::IBV_QP_PORT.0;
-        pub(crate) const AV: u32 = m::IBV_QP_AV.0;
-        pub(crate) const PATH_MTU: u32 = m::IBV_QP_PATH_MTU.0;
-        pub(crate) const TIMEOUT: u32 = m::IBV_QP_TIMEOUT.0;
-        pub(crate) const RETRY_CNT: u32 = m::IBV_QP_RETRY_CNT.0;
-        pub(crate) const RNR_RETRY: u32 = m::IBV_QP_RNR_RETRY.0;
-        pub(crate) const RQ_PSN: u32 = m::IBV_QP_RQ_PSN.0;
-        pub(crate) const MAX_QP_RD_ATOMIC: u32 = m::IBV_QP_MAX_QP_RD_ATOMIC.0;
-        pub(crate) const MIN_RNR_TIMER: u32 = m::IBV_QP_MIN_RNR_TIMER.0;
-        pub(crate) const SQ_PSN: u32 = m::IBV_QP_SQ_PSN.0;
-        pub(crate) const MAX_DEST_RD_ATOMIC: u32 = m::IBV_QP_MAX_DEST_RD_ATOMIC.0;
-        pub(crate) const DEST_QPN: u32 = m::IBV_QP_DEST_QPN.0;
+        pub(crate) const STATE: u32 = m::IBV_QP_STATE;
+        pub(crate) const CUR_STATE: u32 = m::IBV_QP_CUR_STATE;
+        pub(crate) const EN_SQD_ASYNC_NOTIFY: u32 = m::IBV_QP_EN_SQD_ASYNC_NOTIFY;
+        pub(crate) const ACCESS_FLAGS: u32 = m::IBV_QP_ACCESS_FLAGS;
+        pub(crate) const PKEY_INDEX: u32 = m::IBV_QP_PKEY_INDEX;
+        pub(crate) const PORT: u32 = m::IBV_QP_PORT;
+        pub(crate) const AV: u32 = m::IBV_QP_AV;
+        pub(crate) const PATH_MTU: u32 = m::IBV_QP_PATH_MTU;
+        pub(crate) const TIMEOUT: u32 = m::IBV_QP_TIMEOUT;
+        pub(crate) const RETRY_CNT: u32 = m::IBV_QP_RETRY_CNT;
+        pub(crate) const RNR_RETRY: u32 = m::IBV_QP_RNR_RETRY;
+        pub(crate) const RQ_PSN: u32 = m::IBV_QP_RQ_PSN;
+        pub(crate) const MAX_QP_RD_ATOMIC: u32 = m::IBV_QP_MAX_QP_RD_ATOMIC;
+        pub(crate) const MIN_RNR_TIMER: u32 = m::IBV_QP_MIN_RNR_TIMER;
+        pub(crate) const SQ_PSN: u32 = m::IBV_QP_SQ_PSN;
+        pub(crate) const MAX_DEST_RD_ATOMIC: u32 = m::IBV_QP_MAX_DEST_RD_ATOMIC;
+        pub(crate) const DEST_QPN: u32 = m::IBV_QP_DEST_QPN;
     }
 }

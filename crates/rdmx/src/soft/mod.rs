@@ -146,7 +146,7 @@ impl SoftSrq {
 
 impl provider::Srq for SoftSrq {
     unsafe fn post_recv(&self, wr: &RecvWr) -> Result<()> {
-        self.srq.lock().post_recv(&*self.keys, wr.clone())?;
+        self.srq.lock().post_recv_ref(&*self.keys, wr)?;
         (self.after_post)();
         Ok(())
     }
@@ -224,7 +224,7 @@ impl<T: Transport> provider::Qp for SoftQp<T> {
     }
     unsafe fn post_send(&self, wr: &SendWr, inline: Option<&[u8]>) -> Result<()> {
         self.transport
-            .post_with(|e, keys| e.post_send(keys, wr.clone(), inline.map(<[u8]>::to_vec)))?;
+            .post_with(|e, keys| e.post_send_ref(keys, wr, inline))?;
         Ok(())
     }
     unsafe fn post_recv(&self, wr: &RecvWr) -> Result<()> {

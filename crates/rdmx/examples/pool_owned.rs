@@ -18,8 +18,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use rdmx::{
-    Access, BufferPool, Completion, CompletionQueue, ConnectOptions, Context, PoolBuf,
-    PoolConfig, QpCaps, QueuePair, SendRequest, WcStatus,
+    Access, BufferPool, Completion, CompletionQueue, ConnectOptions, Context, PoolBuf, PoolConfig,
+    QpCaps, QueuePair, SendRequest, WcStatus,
 };
 
 const USAGE: &str = "usage: pool_owned [-d PROVIDER] [-s SIZE] [-n MESSAGES]
@@ -131,7 +131,10 @@ fn run(a: Args) -> Result<(), BoxError> {
         // Sends, up to DEPTH in flight and never more than the receives posted.
         while sent < a.messages && sent - send_done < DEPTH && sent < next_recv {
             let mut buf = tx.pool.get(a.size)?;
-            fill(buf.as_mut_slice().ok_or("a pool buffer without a slice")?, sent);
+            fill(
+                buf.as_mut_slice().ok_or("a pool buffer without a slice")?,
+                sent,
+            );
             tx.qp
                 .post_send_buf(SendRequest::send(sent), buf)
                 .map_err(|(e, _buf)| e)?;
@@ -147,10 +150,13 @@ fn run(a: Args) -> Result<(), BoxError> {
         let m = rx.cq.poll(&mut wc)?;
         for c in &wc[..m] {
             check(c)?;
-            let buf: PoolBuf = rx.qp.take_buf(c).ok_or("a receive buffer did not come back")?;
+            let buf: PoolBuf = rx
+                .qp
+                .take_buf(c)
+                .ok_or("a receive buffer did not come back")?;
             // Read in place: the bytes the provider put in the buffer, no copy.
-            let got = &buf.as_slice().ok_or("a pool buffer without a slice")?
-                [..c.byte_len as usize];
+            let got =
+                &buf.as_slice().ok_or("a pool buffer without a slice")?[..c.byte_len as usize];
             let n = u64::from_le_bytes(got[..8].try_into()?);
             let mut want = vec![0u8; a.size];
             fill(&mut want, n);

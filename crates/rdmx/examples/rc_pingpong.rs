@@ -16,11 +16,12 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use rdmx::{
-    cm, Access, CompletionQueue, ConnectOptions, Context, LocalSge, MemoryRegion, QpAttr,
-    QpAttrMask, QpCaps, QpState, QueuePair, RecvRequest, SendRequest, WcOpcode, WcStatus,
+    cm, Access, Completion, CompletionQueue, ConnectOptions, Context, LocalSge, MemoryRegion,
+    QpAttr, QpAttrMask, QpCaps, QpState, QueuePair, RecvRequest, SendRequest, WcOpcode, WcStatus,
 };
 
-const USAGE: &str = "usage: rc_pingpong [-d PROVIDER_OR_DEVICE] [-p PORT] [-s SIZE] [-n ITERS] [HOST]
+const USAGE: &str =
+    "usage: rc_pingpong [-d PROVIDER_OR_DEVICE] [-p PORT] [-s SIZE] [-n ITERS] [HOST]
 
   -d  provider (tcp, verbs, loopback) or device name (default tcp)
   -p  TCP port of the connection setup (default 18515; 0 on the server picks one)
@@ -29,6 +30,8 @@ const USAGE: &str = "usage: rc_pingpong [-d PROVIDER_OR_DEVICE] [-p PORT] [-s SI
   HOST  the server to connect to; without it, this process is the server";
 
 const TIMEOUT: Duration = Duration::from_secs(60);
+/// How long one wait for a completion blocks before the deadlines are checked.
+const POLL: Duration = Duration::from_millis(100);
 const RECV_ID: u64 = 1;
 const SEND_ID: u64 = 2;
 
@@ -130,13 +133,14 @@ impl Side {
     ) -> Result<(), BoxError> {
         let since = Instant::now();
         loop {
-            let Some(c) = self.cq.poll_one()? else {
+            let mut wc = [Completion::default()];
+            if self.cq.wait(&mut wc, POLL)? == 0 {
                 if since.elapsed() > TIMEOUT {
                     return Err(format!("no message {iter} within {TIMEOUT:?}").into());
                 }
-                std::hint::spin_loop();
                 continue;
-            };
+            }
+            let c = wc[0];
             if c.status != WcStatus::Success {
                 return Err(format!("completion {} failed: {:?}", c.wr_id, c.status).into());
             }
@@ -229,13 +233,17 @@ fn run(a: Args) -> Result<(), BoxError> {
     // closes.
     let since = Instant::now();
     while sends < a.iters {
-        match side.cq.poll_one()? {
+        let mut wc = [Completion::default()];
+        let got = side.cq.wait(&mut wc, POLL)?;
+        match (got == 1).then_some(wc[0]) {
             Some(c) if c.status != WcStatus::Success => {
                 return Err(format!("completion {} failed: {:?}", c.wr_id, c.status).into())
             }
             Some(_) => sends += 1,
-            None if since.elapsed() > TIMEOUT => return Err("the last SENDs never completed".into()),
-            None => std::hint::spin_loop(),
+            None if since.elapsed() > TIMEOUT => {
+                return Err("the last SENDs never completed".into())
+            }
+            None => {}
         }
     }
     let secs = start.elapsed().as_secs_f64();

@@ -16,8 +16,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use rdmx::{
-    Access, Completion, CompletionQueue, ConnectOptions, Context, LocalSge, MemoryRegion,
-    QpCaps, QueuePair, RecvRequest, SendRequest, WcOpcode, WcStatus,
+    Access, Completion, CompletionQueue, ConnectOptions, Context, LocalSge, MemoryRegion, QpCaps,
+    QueuePair, RecvRequest, SendRequest, WcOpcode, WcStatus,
 };
 
 const USAGE: &str = "usage: write_stream [-d PROVIDER] [-s CHUNK_BYTES] [-n CHUNKS] [-r SLOTS]

@@ -11,6 +11,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 #[allow(dead_code)]
+#[allow(unreachable_pub)]
 #[path = "../examples/rc_pingpong.rs"]
 mod example;
 

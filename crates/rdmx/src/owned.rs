@@ -207,7 +207,7 @@ impl Parking {
         }
     }
 
-    /// Takes every parked buffer whose request `done` says has completed.
+    /// Takes every parked buffer (the queue pair is being destroyed).
     pub(crate) fn drain(&self) -> Vec<(u64, Side, Parked)> {
         std::mem::take(&mut *self.slots.lock())
     }
@@ -237,7 +237,7 @@ pub(crate) fn check_send(flags: SendFlags, sges: usize) -> Result<()> {
     Ok(())
 }
 
-/// Whether `c` could be the completion of a request of `side`.
+/// The queue whose request `c` completes.
 pub(crate) fn side_of(c: &Completion) -> Side {
     use rdmx_core::WcOpcode;
     match c.opcode {

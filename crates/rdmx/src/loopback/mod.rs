@@ -25,16 +25,14 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 use rdmx_core::rc::{RcQp, Srq};
-use rdmx_core::{KeyError, KeyUse, PdId};
-use rdmx_mem::Access;
 
 #[cfg(feature = "testing")]
 pub use faults::{FaultStats, Faults};
 
 use self::faults::{Injector, Rng, Wire};
 use crate::endpoint::PeerAddr;
-use crate::provider::{self, Capabilities, CqCore, MrRef, MrShared, ProviderConfig, Registration};
-use crate::soft::{self, Engine, Keys, SoftQp, SoftSrq, Transport};
+use crate::provider::{self, Capabilities, CqCore, MrRef, ProviderConfig};
+use crate::soft::{self, Engine, Keys, SoftDevice, SoftQp, SoftSrq, Transport};
 use crate::Result;
 
 /// The provider's name.
@@ -145,39 +143,18 @@ impl Device {
     }
 }
 
-impl provider::Device for Device {
-    fn provider(&self) -> &'static str {
-        NAME
-    }
-    fn name(&self) -> &str {
-        DEVICE
+impl SoftDevice for Device {
+    const PROVIDER: &'static str = NAME;
+    const DEVICE: &'static str = DEVICE;
+    const AFTER_SRQ_POST: fn() = progress;
+    fn keys(&self) -> &Arc<Keys> {
+        &self.keys
     }
     fn caps(&self) -> &Capabilities {
         &self.caps
     }
     fn address(&self) -> PeerAddr {
         PeerAddr::Local
-    }
-    unsafe fn register(&self, reg: Registration) -> Result<Arc<MrShared>> {
-        // SAFETY: forwarded; the caller upholds the contract.
-        unsafe { self.keys.register(reg) }
-    }
-    fn deregister(&self, mr: &MrShared) {
-        self.keys.deregister(mr);
-    }
-    fn check(
-        &self,
-        pd: PdId,
-        key: u32,
-        key_use: KeyUse,
-        addr: u64,
-        len: u64,
-        need: Access,
-    ) -> std::result::Result<MrRef, KeyError> {
-        soft::check(&self.keys, pd, key, key_use, addr, len, need)
-    }
-    fn registered_regions(&self) -> usize {
-        self.keys.len()
     }
     fn create_cq(&self, _core: &Arc<CqCore>) -> Result<Box<dyn provider::Cq>> {
         Ok(Box::new(Cq))
@@ -203,23 +180,6 @@ impl provider::Device for Device {
             qpn,
             transport: Link { qpn },
         }))
-    }
-    fn create_srq(
-        &self,
-        pd: PdId,
-        max_wr: usize,
-        max_sge: usize,
-    ) -> Result<Box<dyn provider::Srq>> {
-        Ok(Box::new(SoftSrq::new(
-            self.keys.clone(),
-            pd,
-            max_wr,
-            max_sge,
-            progress,
-        )))
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

@@ -146,7 +146,8 @@ pub(crate) trait Device: Send + Sync + fmt::Debug {
     fn create_qp(&self, init: QpInit<'_>) -> Result<Box<dyn Qp>>;
     /// Creates a shared receive queue.
     fn create_srq(&self, pd: PdId, max_wr: usize, max_sge: usize) -> Result<Box<dyn Srq>>;
-    /// As `Any`, for the provider's own downcasts.
+    /// As `Any`, for the provider's own downcasts (only test tools need it).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     fn as_any(&self) -> &dyn Any;
 }
 
@@ -192,7 +193,8 @@ pub(crate) trait Cq: Send + Sync + fmt::Debug + Any {
     fn needs_polling(&self) -> bool {
         false
     }
-    /// As `Any`, for the provider's own downcasts.
+    /// As `Any`, for the provider's own downcasts (the verbs provider's).
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     fn as_any(&self) -> &dyn Any;
 }
 
@@ -223,7 +225,8 @@ pub(crate) trait Qp: Send + Sync + fmt::Debug + Any {
     ///
     /// As [`post_send`](Self::post_send).
     unsafe fn post_recv(&self, wr: &RecvWr) -> Result<()>;
-    /// As `Any`, for the provider's own downcasts.
+    /// As `Any`, for the provider's own downcasts (the verbs provider's).
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     fn as_any(&self) -> &dyn Any;
 }
 

@@ -70,18 +70,86 @@ pub(crate) fn config(init: &provider::QpInit<'_>, qpn: u32) -> rdmx_core::rc::Qp
     cfg
 }
 
-/// Resolves a key in `keys` as a QP of `pd` would.
-pub(crate) fn check(
-    keys: &Keys,
-    pd: PdId,
-    key: u32,
-    key_use: KeyUse,
-    addr: u64,
-    len: u64,
-    need: Access,
-) -> std::result::Result<MrRef, KeyError> {
-    use rdmx_core::rc::MemAccess;
-    keys.resolve(key, key_use, pd, addr, len, need)
+/// A software device: what a software provider brings to the seam. Everything that
+/// depends only on the key table (registration, key checks, shared receive queues) is
+/// implemented once, for every software device, by the [`provider::Device`] impl below.
+pub(crate) trait SoftDevice: Send + Sync + std::fmt::Debug + 'static {
+    /// The provider's name.
+    const PROVIDER: &'static str;
+    /// The device's name.
+    const DEVICE: &'static str;
+    /// Called after a receive is posted to one of the device's SRQs.
+    const AFTER_SRQ_POST: fn();
+    /// The key table.
+    fn keys(&self) -> &Arc<Keys>;
+    /// What the device can do.
+    fn caps(&self) -> &Capabilities;
+    /// Where peers reach the device's queue pairs.
+    fn address(&self) -> PeerAddr;
+    /// The provider half of a new CQ.
+    fn create_cq(&self, core: &Arc<CqCore>) -> Result<Box<dyn provider::Cq>>;
+    /// A new queue pair.
+    fn create_qp(&self, init: provider::QpInit<'_>) -> Result<Box<dyn provider::Qp>>;
+}
+
+impl<D: SoftDevice> provider::Device for D {
+    fn provider(&self) -> &'static str {
+        D::PROVIDER
+    }
+    fn name(&self) -> &str {
+        D::DEVICE
+    }
+    fn caps(&self) -> &Capabilities {
+        SoftDevice::caps(self)
+    }
+    fn address(&self) -> PeerAddr {
+        SoftDevice::address(self)
+    }
+    unsafe fn register(&self, reg: provider::Registration) -> Result<Arc<provider::MrShared>> {
+        // SAFETY: forwarded; the caller upholds the contract.
+        unsafe { self.keys().register(reg) }
+    }
+    fn deregister(&self, mr: &provider::MrShared) {
+        self.keys().deregister(mr);
+    }
+    fn check(
+        &self,
+        pd: PdId,
+        key: u32,
+        key_use: KeyUse,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> std::result::Result<MrRef, KeyError> {
+        use rdmx_core::rc::MemAccess;
+        self.keys().resolve(key, key_use, pd, addr, len, need)
+    }
+    fn registered_regions(&self) -> usize {
+        self.keys().len()
+    }
+    fn create_cq(&self, core: &Arc<CqCore>) -> Result<Box<dyn provider::Cq>> {
+        SoftDevice::create_cq(self, core)
+    }
+    fn create_qp(&self, init: provider::QpInit<'_>) -> Result<Box<dyn provider::Qp>> {
+        SoftDevice::create_qp(self, init)
+    }
+    fn create_srq(
+        &self,
+        pd: PdId,
+        max_wr: usize,
+        max_sge: usize,
+    ) -> Result<Box<dyn provider::Srq>> {
+        Ok(Box::new(SoftSrq::new(
+            self.keys().clone(),
+            pd,
+            max_wr,
+            max_sge,
+            D::AFTER_SRQ_POST,
+        )))
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
 }
 
 /// Moves an engine's completions to its CQs; an overrun CQ puts the QP in error.

@@ -44,12 +44,11 @@ use parking_lot::Mutex;
 use slab::Slab;
 
 use qp::TcpQp;
-use rdmx_core::{KeyError, KeyUse, Mtu, PdId};
-use rdmx_mem::Access;
+use rdmx_core::Mtu;
 
 use crate::endpoint::{PeerAddr, QpEndpoint};
-use crate::provider::{self, Capabilities, CqCore, MrRef, MrShared, ProviderConfig, Registration};
-use crate::soft::{self, Engine, Keys, SoftQp, SoftSrq, Transport};
+use crate::provider::{self, Capabilities, CqCore, ProviderConfig};
+use crate::soft::{self, Engine, Keys, SoftDevice, SoftQp, SoftSrq, Transport};
 use crate::{Error, Result};
 
 /// The provider's name.
@@ -147,39 +146,18 @@ impl Drop for Device {
     }
 }
 
-impl provider::Device for Device {
-    fn provider(&self) -> &'static str {
-        NAME
-    }
-    fn name(&self) -> &str {
-        DEVICE
+impl SoftDevice for Device {
+    const PROVIDER: &'static str = NAME;
+    const DEVICE: &'static str = DEVICE;
+    const AFTER_SRQ_POST: fn() = || {};
+    fn keys(&self) -> &Arc<Keys> {
+        &self.keys
     }
     fn caps(&self) -> &Capabilities {
         &self.caps
     }
     fn address(&self) -> PeerAddr {
         PeerAddr::Ip(self.driver.local_addr())
-    }
-    unsafe fn register(&self, reg: Registration) -> Result<Arc<MrShared>> {
-        // SAFETY: forwarded; the caller upholds the contract.
-        unsafe { self.keys.register(reg) }
-    }
-    fn deregister(&self, mr: &MrShared) {
-        self.keys.deregister(mr);
-    }
-    fn check(
-        &self,
-        pd: PdId,
-        key: u32,
-        key_use: KeyUse,
-        addr: u64,
-        len: u64,
-        need: Access,
-    ) -> std::result::Result<MrRef, KeyError> {
-        soft::check(&self.keys, pd, key, key_use, addr, len, need)
-    }
-    fn registered_regions(&self) -> usize {
-        self.keys.len()
     }
     fn create_cq(&self, _core: &Arc<CqCore>) -> Result<Box<dyn provider::Cq>> {
         Ok(Box::new(Cq {
@@ -210,23 +188,6 @@ impl provider::Device for Device {
             qpn,
             transport: Link { qp },
         }))
-    }
-    fn create_srq(
-        &self,
-        pd: PdId,
-        max_wr: usize,
-        max_sge: usize,
-    ) -> Result<Box<dyn provider::Srq>> {
-        Ok(Box::new(SoftSrq::new(
-            self.keys.clone(),
-            pd,
-            max_wr,
-            max_sge,
-            || {},
-        )))
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use libfuzzer_sys::fuzz_target;
 use rdmx::{cm, ConnectOptions, Context, ProtectionDomain, QpCaps, QpState};
 
-/// Bytes per endpoint on the wire: QP number, PSN, address family, IP, port.
-const EP_LEN: usize = 4 + 4 + 1 + 16 + 2;
+/// Bytes per endpoint on the wire (`QpEndpoint::to_bytes`).
+const EP_LEN: usize = rdmx::QpEndpoint::LEN;
 const TIMEOUT: Duration = Duration::from_secs(5);
 
 struct Server {
@@ -31,7 +31,7 @@ struct Server {
 fn server() -> &'static Server {
     static S: OnceLock<Server> = OnceLock::new();
     S.get_or_init(|| {
-        let ctx = Context::open().expect("open loopback");
+        let ctx = Context::open_default().expect("open loopback");
         let pd = ctx.alloc_pd();
         let listener = cm::Listener::bind("127.0.0.1:0").expect("bind");
         Server { ctx, pd, listener }

@@ -39,8 +39,8 @@ use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
 use rdmx::{
-    Access, ConnectOptions, Context, LocalSge, MemoryRegion, ProtectionDomain, QpCaps, QpEndpoint,
-    QpState, RecvRequest,
+    Access, ConnectOptions, Context, LocalSge, MemoryRegion, PeerAddr, ProtectionDomain, QpCaps,
+    QpEndpoint, QpState, RecvRequest,
 };
 
 const DEADLINE: Duration = Duration::from_secs(8);
@@ -140,7 +140,9 @@ fuzz_target!(|data: &[u8]| {
     let fake = QpEndpoint {
         qp_num: FAKE_QPN,
         psn: FAKE_PSN,
-        addr: Some(SocketAddr::from(([127, 0, 0, 1], 9))),
+        mtu: 65536,
+        secret: 0,
+        addr: PeerAddr::Ip(SocketAddr::from(([127, 0, 0, 1], 9))),
     };
     qp.connect(fake, &ConnectOptions::default())
         .expect("connect");
@@ -151,10 +153,11 @@ fuzz_target!(|data: &[u8]| {
     sock.set_read_timeout(Some(DEADLINE)).expect("timeout");
     sock.set_nodelay(true).expect("TCP_NODELAY");
     let (pace, data) = data.split_first().map_or((0, data), |(p, d)| (*p, d));
-    let mut bytes = Vec::with_capacity(16 + data.len());
-    bytes.extend_from_slice(b"RDMXTCP1");
+    let mut bytes = Vec::with_capacity(24 + data.len());
+    bytes.extend_from_slice(b"RDMXTCP2");
     bytes.extend_from_slice(&qp.qp_num().to_be_bytes());
     bytes.extend_from_slice(&FAKE_QPN.to_be_bytes());
+    bytes.extend_from_slice(&qp.endpoint().secret.to_be_bytes());
     if pace & 1 != 0 {
         sock.write_all(&bytes).expect("send the hello");
         bytes.clear();

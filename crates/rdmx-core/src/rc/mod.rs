@@ -290,7 +290,7 @@ impl<M: MemAccess> RcQp<M> {
             rq: VecDeque::new(),
             completions: VecDeque::new(),
             spare: Spare::new(
-                cfg.max_send_wr + cfg.max_recv_wr,
+                cfg.max_send_wr.saturating_add(cfg.max_recv_wr),
                 cfg.max_send_sge.max(cfg.max_recv_sge),
                 cfg.max_inline_data,
             ),

@@ -53,13 +53,27 @@ const EP_LEN: usize = QpEndpoint::LEN;
 #[derive(Debug)]
 pub struct Listener {
     inner: TcpListener,
+    /// How long the exchange with one accepted peer may take (`None`: until the accept's
+    /// deadline).
+    exchange_timeout: Option<Duration>,
 }
 
 impl Listener {
     /// Listens on `addr` (IPv4 or IPv6; port 0 picks one).
     pub fn bind(addr: impl ToSocketAddrs) -> Result<Listener> {
         let inner = TcpListener::bind(addr).map_err(|e| Error::Io("bind", e))?;
-        Ok(Listener { inner })
+        Ok(Listener {
+            inner,
+            exchange_timeout: None,
+        })
+    }
+
+    /// Bounds the exchange with each accepted peer by `timeout`, however long the accept
+    /// waits in all: a peer that connects and stalls then costs a server that loops over
+    /// [`accept`](Self::accept) (skipping bad peers) at most this long.
+    pub fn with_exchange_timeout(mut self, timeout: Duration) -> Listener {
+        self.exchange_timeout = Some(timeout);
+        self
     }
 
     /// The address it listens on.
@@ -71,6 +85,11 @@ impl Listener {
 
     /// Waits up to `timeout` for one peer, exchanges endpoints and private data with it,
     /// connects every queue pair, and returns the peer's private data.
+    ///
+    /// A peer that is not an rdmx connection manager, or breaks off the exchange, is an
+    /// error ([`Error::Protocol`], [`Error::Io`]) returned before any queue pair is
+    /// connected; the listener stays usable, so a server can log it and accept again.
+    /// Waiting with no peer ends in [`Error::Timeout`].
     pub fn accept(
         &self,
         qps: &[QueuePair],
@@ -98,6 +117,10 @@ impl Listener {
         stream
             .set_nonblocking(false)
             .map_err(|e| Error::Io("O_NONBLOCK", e))?;
+        let deadline = match self.exchange_timeout {
+            Some(t) => Instant::now() + t,
+            None => deadline,
+        };
         exchange(stream, qps, opts, private, deadline)
     }
 }
@@ -180,13 +203,19 @@ fn exchange(
     }
     let mut body = vec![0u8; n * EP_LEN + plen];
     s.read_exact(&mut body).map_err(io)?;
-    for (qp, raw) in qps.iter().zip(body.chunks_exact(EP_LEN)) {
+    // Every endpoint parsed before the first queue pair is connected: a malformed one
+    // leaves them all as they were.
+    let mut eps = Vec::with_capacity(n);
+    for raw in body.chunks_exact(EP_LEN).take(n) {
         let mut ep = QpEndpoint::from_bytes(raw)?;
         if let PeerAddr::Ip(a) = &mut ep.addr {
             if a.ip().is_unspecified() {
                 a.set_ip(peer_ip.to_canonical());
             }
         }
+        eps.push(ep);
+    }
+    for (qp, ep) in qps.iter().zip(eps) {
         qp.connect(ep, opts)?;
     }
     // Both sides have connected their QPs before either returns, so the first request

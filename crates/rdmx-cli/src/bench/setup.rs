@@ -53,6 +53,9 @@ pub(crate) const STALL: Duration = Duration::from_secs(60);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the server waits for a peer.
 const ACCEPT_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long the server gives one connection on its setup port to exchange hellos, so that
+/// a stranger that connects and stalls holds up a valid client only this long.
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Which end of the test a side is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -665,17 +668,20 @@ pub(crate) fn connect_remote(
                 false => None,
             };
             let l = rdmx::cm::Listener::bind(("0.0.0.0", *port))
-                .map_err(|e| format!("listen on port {port}: {e}"))?;
+                .map_err(|e| format!("listen on port {port}: {e}"))?
+                .with_exchange_timeout(EXCHANGE_TIMEOUT);
             on_listen(l.local_addr()?);
-            let first = l.accept(&[], &opts, &serde_json::to_vec(&terms)?, ACCEPT_TIMEOUT)?;
-            check(first, false)?;
-            let second = l.accept(
+            let first = accept_valid(&l, &[], &opts, &serde_json::to_vec(&terms)?, ACCEPT_TIMEOUT)?;
+            check_terms(&mine, &first)?;
+            let second = accept_valid(
+                &l,
                 control_qps,
                 &opts,
                 &serde_json::to_vec(&mine)?,
                 CONNECT_TIMEOUT,
             )?;
-            let mut theirs = check(second, true)?;
+            check_peer(&mine, &second)?;
+            let mut theirs = second;
             if let Some(l) = rdma_cm {
                 for qp in &side.qps {
                     l.accept(std::slice::from_ref(qp), &opts, &[], CONNECT_TIMEOUT)
@@ -709,6 +715,43 @@ pub(crate) fn connect_remote(
         PeerMode::Local => unreachable!("a local run connects with connect_local"),
     };
     Ok(theirs)
+}
+
+/// Accepts on the connection-setup port until an rdmx bench (of this version) has
+/// exchanged its hello, within `timeout` in all. Anything else that connects (a port scan,
+/// an HTTP request, garbage, a truncated or oversized message, a stall) is logged on
+/// stderr with the reason and skipped, as long as it left the queue pairs unconnected.
+fn accept_valid(
+    l: &rdmx::cm::Listener,
+    qps: &[QueuePair],
+    opts: &ConnectOptions,
+    private: &[u8],
+    timeout: Duration,
+) -> Result<Hello, BoxError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!("no rdmx bench peer connected within {timeout:?}").into());
+        }
+        let reason = match l.accept(qps, opts, private, left) {
+            Ok(raw) => match serde_json::from_slice::<Hello>(&raw) {
+                // A bench of another version is told why (check_terms), not skipped.
+                Ok(h) => return Ok(h),
+                Err(e) => format!("not an rdmx bench of this version: {e}"),
+            },
+            Err(rdmx::Error::Timeout("no peer connected")) => {
+                return Err(format!("no rdmx bench peer connected within {timeout:?}").into())
+            }
+            Err(e) => e.to_string(),
+        };
+        if qps.iter().any(|q| q.state() != QpState::Reset) {
+            return Err(
+                format!("a peer connected the queue pairs and then failed: {reason}").into(),
+            );
+        }
+        eprintln!("rdmx: ignored a connection on the setup port: {reason}");
+    }
 }
 
 /// After rdma_cm connected the queue pairs: the peer's QP numbers and first PSNs as

@@ -126,6 +126,9 @@ impl CompletionQueue {
             if left.is_zero() {
                 return Ok(false);
             }
+            if slice.is_none() {
+                self.parts.imp.idle();
+            }
             let wait = slice.map_or(left, |s| s.min(left));
             let ms = i32::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
             let mut pfd = libc::pollfd {

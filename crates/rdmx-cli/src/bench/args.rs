@@ -108,9 +108,9 @@ impl Test {
 /// `--progress`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ProgressMode {
-    /// Busy polling for latency tests (as perftest polls), progress threads for bandwidth.
-    Auto,
-    /// A progress thread per context.
+    /// The library's default, for every test: polls drive progress, and a progress thread
+    /// per context takes over while nobody polls. (`auto` is the same.)
+    #[value(alias = "auto")]
     Thread,
     /// No progress thread: polling the CQs drives each side.
     Busy,
@@ -176,7 +176,7 @@ pub(crate) struct Args {
     #[arg(short = 'x', long = "gid-index")]
     pub(crate) gid_index: Option<u32>,
     /// How progress is made.
-    #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
+    #[arg(long, value_enum, default_value_t = ProgressMode::Thread)]
     pub(crate) progress: ProgressMode,
     /// Check the data on the receiving side; a mismatch fails the run.
     #[arg(long)]
@@ -273,11 +273,7 @@ pub(crate) struct Config {
 impl Config {
     /// Whether this side busy-polls.
     pub(crate) fn busy(&self) -> bool {
-        match self.progress {
-            ProgressMode::Busy => true,
-            ProgressMode::Thread => false,
-            ProgressMode::Auto => !self.params.test.is_bw(),
-        }
+        self.progress == ProgressMode::Busy
     }
 }
 

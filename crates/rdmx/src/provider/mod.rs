@@ -193,6 +193,9 @@ pub(crate) trait Cq: Send + Sync + fmt::Debug + Any {
     fn needs_polling(&self) -> bool {
         false
     }
+    /// A thread is about to sleep on the notification (it stops polling for now): where
+    /// polls make progress in place of a thread, the thread resumes.
+    fn idle(&self) {}
     /// As `Any`, for the provider's own downcasts (the verbs provider's).
     #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     fn as_any(&self) -> &dyn Any;

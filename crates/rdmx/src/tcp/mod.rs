@@ -10,10 +10,22 @@
 //! and it pays off only for large sends between hosts.
 //!
 //! A context has one `Driver`: a listening socket that peers' QPs dial, an epoll
-//! instance (mio) watching every stream, and the timers of every QP. By default a progress
-//! thread runs the driver, so one-sided operations complete while the target application
-//! does nothing; in busy-poll mode no thread is started and polling any of the context's
-//! CQs runs the driver instead, for the lowest latency.
+//! instance (mio) watching every stream, and the timers of every QP.
+//!
+//! ## Progress
+//!
+//! By default whoever polls makes progress: every poll of one of the context's CQs runs
+//! the driver once without waiting (reading a few QPs' streams directly, without
+//! `epoll_wait`), and a progress thread takes over only while nobody polls, so one-sided
+//! operations complete while the target application does nothing. While an application
+//! polled within the last [`HANDOVER`] the thread sleeps, away from the driver and the
+//! cores: on two cores a thread woken by every packet, competing with an application that
+//! spins on its CQ, costs a ping-pong a hundredfold. A poll that finds the thread asleep
+//! in `epoll_wait` (holding the driver) wakes it, once, so that it hands over; a thread
+//! about to sleep in [`CompletionQueue::wait`](crate::CompletionQueue::wait) says it no
+//! longer polls, and the progress thread resumes at once. In busy-poll mode
+//! ([`Options::busy_poll`]) no thread is started at all, and transmissions wait for the
+//! next poll so that an ACK and the next request leave in one `writev`.
 //!
 //! ## Connection setup
 //!
@@ -34,13 +46,13 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use slab::Slab;
 
 use qp::TcpQp;
@@ -64,7 +76,8 @@ pub struct Options {
     pub bind: Option<SocketAddr>,
     /// No progress thread: polling any of the context's CQs makes progress instead. One-
     /// sided operations aimed at this context then complete only while the application
-    /// polls.
+    /// polls. The default (a progress thread that hands over to polling applications) is
+    /// about as fast for a ping-pong; this mode also batches an ACK with the next request.
     pub busy_poll: bool,
 }
 
@@ -161,7 +174,7 @@ impl SoftDevice for Device {
     }
     fn create_cq(&self, _core: &Arc<CqCore>) -> Result<Box<dyn provider::Cq>> {
         Ok(Box::new(Cq {
-            busy: self.driver.busy_poll().then(|| self.driver.clone()),
+            driver: self.driver.clone(),
         }))
     }
     fn create_qp(&self, init: provider::QpInit<'_>) -> Result<Box<dyn provider::Qp>> {
@@ -191,21 +204,26 @@ impl SoftDevice for Device {
     }
 }
 
-/// A tcp CQ: busy-polled contexts run the driver from every poll.
+/// A tcp CQ: every poll runs the driver (see the module's "Progress").
 #[derive(Debug)]
 struct Cq {
-    busy: Option<Arc<Driver>>,
+    driver: Arc<Driver>,
 }
 
 impl provider::Cq for Cq {
     fn progress(&self, _core: &CqCore) -> Result<()> {
-        if let Some(d) = &self.busy {
-            d.progress(Some(Duration::ZERO));
+        if self.driver.busy_poll {
+            self.driver.progress(Some(Duration::ZERO));
+        } else {
+            self.driver.app_progress();
         }
         Ok(())
     }
+    fn idle(&self) {
+        self.driver.idle();
+    }
     fn needs_polling(&self) -> bool {
-        self.busy.is_some()
+        self.driver.busy_poll
     }
     fn as_any(&self) -> &dyn Any {
         self
@@ -251,10 +269,12 @@ impl Drop for Link {
 
 const WAKER: Token = Token(0);
 const LISTENER: Token = Token(1);
-/// Busy polling reads the streams of a context with at most this many QPs directly...
+/// Polling reads the streams of a context with at most this many QPs directly...
 const DIRECT_QPS: usize = 4;
 /// ... and runs epoll every this many rounds.
 const EPOLL_EVERY: u32 = 16;
+/// The progress thread leaves the driver to an application that polled this recently.
+const HANDOVER: Duration = Duration::from_millis(1);
 /// A stream parked for a QP that has not reached RTR yet is closed after this long.
 const PARKED_TIMEOUT: Duration = Duration::from_secs(60);
 /// Handshakes older than this are dropped.
@@ -311,8 +331,15 @@ pub(crate) struct Driver {
     timers: Mutex<BinaryHeap<Reverse<(Instant, usize)>>>,
     /// Busy-poll mode: QPs whose transmission waits for the next round.
     owed: Mutex<Vec<usize>>,
-    /// Busy-poll rounds with direct reads ([`Driver::direct`]).
+    /// Rounds with direct reads ([`Driver::direct`]).
     rounds: AtomicU32,
+    /// When an application last polled, in nanoseconds after `epoch` (0: not polling).
+    app_polled: AtomicU64,
+    epoch: Instant,
+    /// The progress thread sleeps in `epoll_wait`, holding `poll`, and nobody woke it yet.
+    in_epoll: AtomicBool,
+    /// Where the progress thread sleeps while applications poll.
+    nap: (Mutex<()>, Condvar),
     stop: AtomicBool,
     next_qpn: AtomicU32,
     busy_poll: bool,
@@ -357,6 +384,10 @@ impl Driver {
             timers: Mutex::new(BinaryHeap::new()),
             owed: Mutex::new(Vec::new()),
             rounds: AtomicU32::new(0),
+            app_polled: AtomicU64::new(0),
+            epoch: Instant::now(),
+            in_epoll: AtomicBool::new(false),
+            nap: (Mutex::new(()), Condvar::new()),
             stop: AtomicBool::new(false),
             // QP numbers 0 and 1 are special in InfiniBand.
             next_qpn: AtomicU32::new((qpn_seed & 0x7f_ffff) | 0x10),
@@ -366,11 +397,7 @@ impl Driver {
             let d = driver.clone();
             std::thread::Builder::new()
                 .name("rdmx-tcp".into())
-                .spawn(move || {
-                    while !d.stop.load(Ordering::Acquire) {
-                        d.progress(Some(Duration::from_millis(100)));
-                    }
-                })
+                .spawn(move || d.run_thread())
                 .map_err(|e| Error::Io("spawn the progress thread", e))?;
         }
         Ok(driver)
@@ -388,8 +415,71 @@ impl Driver {
 
     /// Stops the progress thread.
     pub(crate) fn shutdown(&self) {
-        self.stop.store(true, Ordering::Release);
+        self.stop.store(true, Ordering::SeqCst);
         let _ = self.waker.wake();
+        let _g = self.nap.0.lock();
+        self.nap.1.notify_all();
+    }
+
+    /// The progress thread: runs the driver while no application polls, and sleeps while
+    /// one does (until [`HANDOVER`] after its last poll, or until it stops polling).
+    fn run_thread(&self) {
+        while !self.stop.load(Ordering::SeqCst) {
+            if let Some(until) = self.app_polling_until() {
+                let mut g = self.nap.0.lock();
+                // Checked again under the lock: `idle` and `shutdown` notify under it.
+                if self.stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                if self.app_polling_until().is_some() {
+                    self.nap.1.wait_until(&mut g, until);
+                }
+                continue;
+            }
+            if !self.progress(Some(Duration::from_millis(100))) {
+                // An application runs the driver right now.
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Until when the progress thread leaves the driver to polling applications, if an
+    /// application polled within [`HANDOVER`].
+    fn app_polling_until(&self) -> Option<Instant> {
+        let at = self.app_polled.load(Ordering::SeqCst);
+        if at == 0 {
+            return None;
+        }
+        let until = self.epoch + Duration::from_nanos(at) + HANDOVER;
+        (Instant::now() < until).then_some(until)
+    }
+
+    /// An application polls (progress-thread mode): records it, then runs the driver once
+    /// without waiting if nobody else is; if the progress thread holds it asleep in
+    /// `epoll_wait`, wakes it (once) so that it hands over.
+    pub(crate) fn app_progress(&self) {
+        let now = self.epoch.elapsed().as_nanos() as u64 | 1;
+        if self.app_polled.load(Ordering::Relaxed) != now {
+            self.app_polled.store(now, Ordering::SeqCst);
+        }
+        match self.poll.try_lock() {
+            Some(guard) => self.round(guard, Some(Duration::ZERO)),
+            None => {
+                if self.in_epoll.swap(false, Ordering::SeqCst) {
+                    let _ = self.waker.wake();
+                }
+            }
+        }
+    }
+
+    /// An application stops polling (it is about to sleep on a CQ's notification): the
+    /// progress thread resumes at once.
+    pub(crate) fn idle(&self) {
+        if self.busy_poll || self.app_polled.swap(0, Ordering::SeqCst) == 0 {
+            return;
+        }
+        let _g = self.nap.0.lock();
+        self.nap.1.notify_all();
     }
 
     pub(crate) fn alloc_qpn(&self) -> u32 {
@@ -449,7 +539,9 @@ impl Driver {
         let earlier = t.peek().map_or(true, |Reverse((first, _))| at < *first);
         t.push(Reverse((at, token)));
         drop(t);
-        if earlier && !self.busy_poll {
+        // A thread in `epoll_wait` must wait less; a napping one computes its wait afresh
+        // when it wakes (and polling applications fire timers meanwhile).
+        if earlier && self.in_epoll.swap(false, Ordering::SeqCst) {
             let _ = self.waker.wake();
         }
     }
@@ -524,17 +616,33 @@ impl Driver {
     }
 
     /// Runs the driver once: waits up to `timeout` (or until the next timer) for socket
-    /// events, handles them, then fires due timers. Returns at once if another thread is
-    /// running it.
-    pub(crate) fn progress(&self, timeout: Option<Duration>) {
-        let Some(mut guard) = self.poll.try_lock() else {
-            return;
+    /// events, handles them, then fires due timers. Returns at once (and false) if
+    /// another thread is running it.
+    pub(crate) fn progress(&self, timeout: Option<Duration>) -> bool {
+        let Some(guard) = self.poll.try_lock() else {
+            return false;
         };
+        self.round(guard, timeout);
+        true
+    }
+
+    /// [`progress`](Self::progress) once `poll` is held.
+    fn round(
+        &self,
+        mut guard: parking_lot::MutexGuard<'_, (Poll, Events)>,
+        timeout: Option<Duration>,
+    ) {
         self.pay();
-        if self.busy_poll && timeout == Some(Duration::ZERO) && self.direct() {
+        let zero = timeout == Some(Duration::ZERO);
+        if zero && self.direct() {
             drop(guard);
             self.fire_timers();
             return;
+        }
+        if !zero {
+            // Before the timers are read: `schedule` either sees this or pushed a timer
+            // this round sees.
+            self.in_epoll.store(true, Ordering::SeqCst);
         }
         let now = Instant::now();
         let next_timer = self.timers.lock().peek().map(|Reverse((t, _))| *t);
@@ -544,7 +652,11 @@ impl Driver {
             (None, Some(n)) => Some(n.saturating_duration_since(now)),
         };
         let (poll, events) = &mut *guard;
-        if let Err(e) = poll.poll(events, wait) {
+        let res = poll.poll(events, wait);
+        if !zero {
+            self.in_epoll.store(false, Ordering::SeqCst);
+        }
+        if let Err(e) = res {
             if e.kind() != io::ErrorKind::Interrupted {
                 tracing::warn!("epoll_wait failed: {e}");
             }
@@ -573,7 +685,7 @@ impl Driver {
         self.fire_timers();
     }
 
-    /// Busy polling a context of at most [`DIRECT_QPS`] streams: reads them directly,
+    /// Polling a context of at most [`DIRECT_QPS`] streams: reads them directly,
     /// sparing the `epoll_wait` between a packet's arrival and its read (a ping-pong's
     /// critical path). Returns whether the round is done; every [`EPOLL_EVERY`]th round
     /// runs epoll too, for everything else it watches (new connections, hellos, room to

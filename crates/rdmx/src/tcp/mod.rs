@@ -338,6 +338,8 @@ pub(crate) struct Driver {
     epoch: Instant,
     /// The progress thread sleeps in `epoll_wait`, holding `poll`, and nobody woke it yet.
     in_epoll: AtomicBool,
+    /// An application's poll runs the driver right now (see [`Driver::defers`]).
+    app_round: AtomicBool,
     /// Where the progress thread sleeps while applications poll.
     nap: (Mutex<()>, Condvar),
     stop: AtomicBool,
@@ -387,6 +389,7 @@ impl Driver {
             app_polled: AtomicU64::new(0),
             epoch: Instant::now(),
             in_epoll: AtomicBool::new(false),
+            app_round: AtomicBool::new(false),
             nap: (Mutex::new(()), Condvar::new()),
             stop: AtomicBool::new(false),
             // QP numbers 0 and 1 are special in InfiniBand.
@@ -463,7 +466,11 @@ impl Driver {
             self.app_polled.store(now, Ordering::SeqCst);
         }
         match self.poll.try_lock() {
-            Some(guard) => self.round(guard, Some(Duration::ZERO)),
+            Some(guard) => {
+                self.app_round.store(true, Ordering::Relaxed);
+                self.round(guard, Some(Duration::ZERO));
+                self.app_round.store(false, Ordering::Relaxed);
+            }
             None => {
                 if self.in_epoll.swap(false, Ordering::SeqCst) {
                     let _ = self.waker.wake();
@@ -516,7 +523,15 @@ impl Driver {
         self.registry.reregister(s, qp_token(token), interest)
     }
 
-    /// Busy-poll mode: QP `token` has packets to send on the next round.
+    /// Whether what arriving packets cause (mostly ACKs) may wait for the next round or
+    /// the application's next post, to leave in one `writev` with it: when busy-polling,
+    /// and in rounds an application's poll runs (it polls again soon, or, if it stops, the
+    /// progress thread pays within [`HANDOVER`]).
+    pub(crate) fn defers(&self) -> bool {
+        self.busy_poll || self.app_round.load(Ordering::Relaxed)
+    }
+
+    /// QP `token` has packets to send on the next round.
     pub(crate) fn owe(&self, token: usize) {
         self.owed.lock().push(token);
     }

@@ -124,8 +124,8 @@ impl TcpQp {
         out
     }
 
-    /// Busy-polling: hands completions over now and leaves the sending to the driver's
-    /// next round ([`Driver::owe`]).
+    /// Hands completions over now and leaves the sending to the driver's next round
+    /// ([`Driver::owe`]).
     fn defer(&self, g: &mut Inner) {
         // A receive completes when its last packet's headers are read; while that packet's
         // payload is still coming, its completion must wait (as in `pump`).
@@ -217,7 +217,7 @@ impl TcpQp {
             self.pump(g, now);
         } else if !read {
             // Nothing arrived, so nothing changed.
-        } else if self.driver.busy_poll() && Self::attached(g) {
+        } else if self.driver.defers() && Self::attached(g) {
             // What the packets caused (mostly ACKs) goes out on the next round, or with
             // whatever the application posts first: an ACK then rides in the same writev
             // as the next request.

@@ -35,7 +35,7 @@ use libfuzzer_sys::fuzz_target;
 use rdmx_core::rc::{CqSide, MemAccess, QpConfig, RcQp, Transmit};
 use rdmx_core::{
     Access, ConnectParams, KeyUse, PdId, QpLimits, QpState, RemoteAddr, SendFlags, SendOp, SendWr,
-    Sge, WcStatus,
+    Sge, SgeList, WcStatus,
 };
 use rdmx_fuzz::*;
 use rdmx_wire::{
@@ -364,7 +364,7 @@ impl Harness {
         // Results land in L, sources are in S, unless the spec names a key.
         let home = if op.writes_local() { L } else { S };
         let mut scatter = Some(Vec::new());
-        let mut sges = Vec::new();
+        let mut sges = SgeList::new();
         let default_atomic = [SgeSpec {
             key: None,
             addr: None,

@@ -31,7 +31,8 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use rdmx_core::rc::{CqSide, MemAccess, QpConfig, RcQp, Srq, Transmit};
 use rdmx_core::{
-    Access, ConnectParams, KeyUse, PdId, QpLimits, QpState, RecvWr, Sge, WcOpcode, WcStatus,
+    Access, ConnectParams, KeyUse, PdId, QpLimits, QpState, RecvWr, Sge, SgeList, WcOpcode,
+    WcStatus,
 };
 use rdmx_fuzz::*;
 use rdmx_wire::{
@@ -277,6 +278,7 @@ impl Harness {
             .collect();
         let wr_id = self.next_wr;
         self.next_wr += 1;
+        let sges = SgeList::try_from(&sges[..]).expect("at most five elements");
         let wr = RecvWr { wr_id, sges };
         let posted = match self.srq.as_mut() {
             Some(srq) => srq.post_recv(&self.mem, wr),

@@ -298,7 +298,7 @@ pub struct SendWr {
     /// What to do.
     pub op: SendOp,
     /// Local memory: gathered for SEND/WRITE, scattered into for READ and atomics.
-    pub sges: Vec<Sge>,
+    pub sges: SgeList,
     /// Flags.
     pub flags: SendFlags,
 }
@@ -309,7 +309,62 @@ pub struct RecvWr {
     /// Returned in the completion.
     pub wr_id: u64,
     /// Where an incoming SEND is scattered.
-    pub sges: Vec<Sge>,
+    pub sges: SgeList,
+}
+
+impl SendWr {
+    /// The post-time checks every provider makes on a send request, whatever its queue
+    /// holds: at most `max_sge` elements, an atomic's remote address 8-byte aligned, and
+    /// `inline` bytes only with [`SendFlags::INLINE`] on a SEND or WRITE, at most
+    /// `max_inline` of them. A request that fails gives the error and is not queued.
+    pub fn check(
+        &self,
+        inline: Option<&[u8]>,
+        max_sge: usize,
+        max_inline: usize,
+    ) -> Result<(), PostError> {
+        if self.sges.len() > max_sge {
+            return Err(PostError::TooManySges {
+                count: self.sges.len(),
+                max: max_sge,
+            });
+        }
+        if let SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } = self.op {
+            if remote.addr % 8 != 0 {
+                return Err(PostError::Invalid(
+                    "an atomic's remote address must be 8-byte aligned",
+                ));
+            }
+        }
+        if let Some(data) = inline {
+            if !self.flags.contains(SendFlags::INLINE) || self.op.writes_local() {
+                return Err(PostError::Invalid(
+                    "inline data needs IBV_SEND_INLINE and a SEND or WRITE",
+                ));
+            }
+            if data.len() > max_inline {
+                return Err(PostError::InlineTooLarge {
+                    len: data.len(),
+                    max: max_inline,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl RecvWr {
+    /// The post-time check every provider makes on a receive request: at most `max_sge`
+    /// elements.
+    pub fn check(&self, max_sge: usize) -> Result<(), PostError> {
+        if self.sges.len() > max_sge {
+            return Err(PostError::TooManySges {
+                count: self.sges.len(),
+                max: max_sge,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Status of a work completion (`ibv_wc_status`).

@@ -354,7 +354,7 @@ impl Bench {
         let wr = |wr_id: u64, op: SendOp, sges: Vec<Sge>| SendWr {
             wr_id,
             op,
-            sges,
+            sges: sges.as_slice().try_into().unwrap(),
             flags: SendFlags::SIGNALED,
         };
         let sends = vec![
@@ -412,7 +412,9 @@ impl Bench {
         ];
         let recv = RecvWr {
             wr_id: 100,
-            sges: vec![sge(sink, 0, 1024), sge(sink, 1024, 1024)],
+            sges: [sge(sink, 0, 1024), sge(sink, 1024, 1024)]
+                .try_into()
+                .unwrap(),
         };
         Bench {
             a,

@@ -30,7 +30,7 @@ fn wr(wr_id: u64, op: SendOp, sges: Vec<Sge>) -> SendWr {
     SendWr {
         wr_id,
         op,
-        sges,
+        sges: sges.as_slice().try_into().unwrap(),
         flags: SendFlags::SIGNALED,
     }
 }
@@ -62,7 +62,7 @@ fn mixed_workload(pair: &mut Pair, n: u64) {
                         &pair.b.mem,
                         RecvWr {
                             wr_id: i,
-                            sges: vec![sge(rb, slot, 4096)],
+                            sges: [sge(rb, slot, 4096)].try_into().unwrap(),
                         },
                     )
                     .unwrap();
@@ -263,7 +263,7 @@ fn rnr_waits_then_succeeds_once_a_receive_is_posted() {
             &pair.b.mem,
             RecvWr {
                 wr_id: 7,
-                sges: vec![sge(rb, 0, 64)],
+                sges: [sge(rb, 0, 64)].try_into().unwrap(),
             },
         )
         .unwrap();
@@ -343,7 +343,7 @@ fn write_then_send_is_seen_in_order_and_fence_waits_for_read() {
             &pair.b.mem,
             RecvWr {
                 wr_id: 1,
-                sges: vec![sge(rb, 2048, 64)],
+                sges: [sge(rb, 2048, 64)].try_into().unwrap(),
             },
         )
         .unwrap();
@@ -542,7 +542,7 @@ fn acks_carry_receive_credits() {
                 &pair.b.mem,
                 RecvWr {
                     wr_id: i,
-                    sges: vec![sge(rb, 0, 64)],
+                    sges: [sge(rb, 0, 64)].try_into().unwrap(),
                 },
             )
             .unwrap();

@@ -108,7 +108,7 @@ pub use provider::{AtomicCap, Capabilities, DeviceInfo, MrRef, ProviderConfig, Q
 pub use qp::{LocalSge, QueuePair, RecvRequest, SendRequest};
 pub use rdmx_core::{
     Completion, KeyError, KeyUse, ModifyError, Mtu, PdId, PostError, QpAttr, QpAttrMask, QpState,
-    RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, SgeList, WcOpcode, WcStatus,
 };
 pub use rdmx_mem::{
     Access, Backing, CacheConfig, CacheStats, HugePages, Invalidation, Mapping, MemlockLimit,

@@ -38,7 +38,7 @@
 //! ```
 
 use parking_lot::Mutex;
-use rdmx_core::{Completion, RecvWr, SendFlags, Sge};
+use rdmx_core::{Completion, RecvWr, SendFlags, Sge, SgeList};
 use rdmx_mem::Access;
 
 use crate::{CacheHandle, Error, PoolBuf, RegCache, Result};
@@ -217,7 +217,7 @@ impl Parking {
 pub(crate) fn recv_wr(wr_id: u64, sge: Sge) -> RecvWr {
     RecvWr {
         wr_id,
-        sges: vec![sge],
+        sges: SgeList::from(sge),
     }
 }
 

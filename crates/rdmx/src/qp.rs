@@ -4,7 +4,8 @@ use std::borrow::Borrow;
 use std::sync::Arc;
 
 use rdmx_core::{
-    Completion, QpAttr, QpAttrMask, QpState, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge,
+    Completion, PostError, QpAttr, QpAttrMask, QpState, RecvWr, RemoteAddr, SendFlags, SendOp,
+    SendWr, Sge, SgeList,
 };
 
 use crate::cq::CompletionQueue;
@@ -69,23 +70,29 @@ impl LocalSge {
 }
 
 /// A send work request built from registered regions.
+///
+/// It holds its elements inline (up to [`MAX_SGE`](rdmx_core::wr::MAX_SGE)) and borrows
+/// any [inline](Self::inline) payload, so building and posting one allocates nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SendRequest {
+pub struct SendRequest<'a> {
     wr: SendWr,
-    inline: Option<Vec<u8>>,
+    inline: Option<&'a [u8]>,
+    /// Elements added beyond what the list holds: the post is refused with their count.
+    overflow: usize,
 }
 
-impl SendRequest {
+impl<'a> SendRequest<'a> {
     /// A request doing `op`, signaled by default.
     pub fn new(wr_id: u64, op: SendOp) -> Self {
         SendRequest {
             wr: SendWr {
                 wr_id,
                 op,
-                sges: Vec::new(),
+                sges: SgeList::new(),
                 flags: SendFlags::SIGNALED,
             },
             inline: None,
+            overflow: 0,
         }
     }
     /// SEND.
@@ -123,9 +130,12 @@ impl SendRequest {
     pub fn fetch_add(wr_id: u64, remote: RemoteAddr, add: u64) -> Self {
         Self::new(wr_id, SendOp::FetchAdd { remote, add })
     }
-    /// Adds a local element.
+    /// Adds a local element. More than the queue pair's `max_send_sge` are refused when
+    /// the request is posted.
     pub fn sge(mut self, sge: LocalSge) -> Self {
-        self.wr.sges.push(sge.0);
+        if self.wr.sges.try_push(sge.0).is_err() {
+            self.overflow += 1;
+        }
         self
     }
     /// No completion on success (selective signaling).
@@ -149,22 +159,41 @@ impl SendRequest {
         self
     }
     /// Sends `data` inline: copied at post time, no local key needed.
-    pub fn inline(mut self, data: &[u8]) -> Self {
+    pub fn inline(mut self, data: &'a [u8]) -> Self {
         self.wr.flags |= SendFlags::INLINE;
         self.wr.sges.clear();
-        self.inline = Some(data.to_vec());
+        self.overflow = 0;
+        self.inline = Some(data);
         self
     }
     /// The work request.
     pub fn wr(&self) -> &SendWr {
         &self.wr
     }
+    /// The inline payload, if any.
+    pub fn inline_data(&self) -> Option<&'a [u8]> {
+        self.inline
+    }
+    /// Refuses a request given more elements than any list holds.
+    fn check_overflow(&self) -> Result<()> {
+        if self.overflow == 0 {
+            return Ok(());
+        }
+        Err(PostError::TooManySges {
+            count: self.wr.sges.len() + self.overflow,
+            max: rdmx_core::wr::MAX_SGE,
+        }
+        .into())
+    }
 }
 
-/// A receive work request built from registered regions.
+/// A receive work request built from registered regions; like [`SendRequest`] it holds
+/// its elements inline.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecvRequest {
     wr: RecvWr,
+    /// Elements added beyond what the list holds: the post is refused with their count.
+    overflow: usize,
 }
 
 impl RecvRequest {
@@ -173,13 +202,17 @@ impl RecvRequest {
         RecvRequest {
             wr: RecvWr {
                 wr_id,
-                sges: Vec::new(),
+                sges: SgeList::new(),
             },
+            overflow: 0,
         }
     }
-    /// Adds a local element.
+    /// Adds a local element. More than the queue pair's `max_recv_sge` are refused when
+    /// the request is posted.
     pub fn sge(mut self, sge: LocalSge) -> Self {
-        self.wr.sges.push(sge.0);
+        if self.wr.sges.try_push(sge.0).is_err() {
+            self.overflow += 1;
+        }
         self
     }
     /// The work request.
@@ -355,17 +388,21 @@ impl QueuePair {
     }
 
     /// Posts a send request (`ibv_post_send`).
-    pub fn post_send(&self, req: impl Borrow<SendRequest>) -> Result<()> {
+    pub fn post_send<'a>(&self, req: impl Borrow<SendRequest<'a>>) -> Result<()> {
         let req = req.borrow();
+        req.check_overflow()?;
         // SAFETY: every element of a SendRequest was made by LocalSge::new from a
         // registered region that owns its memory, which safe code only reaches through
         // copies.
-        unsafe { self.imp.post_send(&req.wr, req.inline.as_deref()) }
+        unsafe { self.imp.post_send(&req.wr, req.inline) }
     }
 
     /// Posts several send requests in order, as `ibv_post_send` takes a list; stops at the
     /// first that is refused and returns how many were posted with the error.
-    pub fn post_send_list(&self, reqs: &[SendRequest]) -> std::result::Result<(), (usize, Error)> {
+    pub fn post_send_list(
+        &self,
+        reqs: &[SendRequest<'_>],
+    ) -> std::result::Result<(), (usize, Error)> {
         for (i, r) in reqs.iter().enumerate() {
             self.post_send(r).map_err(|e| (i, e))?;
         }
@@ -387,6 +424,13 @@ impl QueuePair {
     /// Posts a receive request (`ibv_post_recv`).
     pub fn post_recv(&self, req: impl Borrow<RecvRequest>) -> Result<()> {
         let req = req.borrow();
+        if req.overflow != 0 {
+            return Err(PostError::TooManySges {
+                count: req.wr.sges.len() + req.overflow,
+                max: rdmx_core::wr::MAX_SGE,
+            }
+            .into());
+        }
         // SAFETY: as in post_send.
         unsafe { self.imp.post_recv(&req.wr) }
     }
@@ -434,10 +478,10 @@ impl QueuePair {
     /// elements; the queue pair keeps the buffer until the completion has been polled.
     pub fn post_send_buf<B: OwnedBuf>(
         &self,
-        req: SendRequest,
+        req: SendRequest<'_>,
         buf: B,
     ) -> std::result::Result<(), (Error, B)> {
-        if let Err(e) = owned::check_send(req.wr.flags, req.wr.sges.len()) {
+        if let Err(e) = owned::check_send(req.wr.flags, req.wr.sges.len() + req.overflow) {
             return Err((e, buf));
         }
         let mut wr = req.wr;

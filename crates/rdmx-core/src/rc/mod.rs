@@ -51,7 +51,7 @@ pub use srq::Srq;
 use crate::access::Access;
 use crate::mr::{KeyUse, PdId};
 use crate::qp::{ModifyError, QpAttr, QpAttrMask, QpLimits, QpState, QpStateMachine};
-use crate::wr::{Completion, PostError, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus};
+use crate::wr::{Completion, PostError, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus};
 
 use io::Payload;
 use requester::Requester;
@@ -395,32 +395,9 @@ impl<M: MemAccess> RcQp<M> {
                 depth: self.cfg.max_send_wr,
             });
         }
-        if wr.sges.len() > self.cfg.max_send_sge {
-            return Err(PostError::TooManySges {
-                count: wr.sges.len(),
-                max: self.cfg.max_send_sge,
-            });
-        }
-        if let SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } = wr.op {
-            if remote.addr % 8 != 0 {
-                return Err(PostError::Invalid(
-                    "an atomic's remote address must be 8-byte aligned",
-                ));
-            }
-        }
+        wr.check(inline, self.cfg.max_send_sge, self.cfg.max_inline_data)?;
         let (local, error) = match inline {
             Some(data) => {
-                if !wr.flags.contains(SendFlags::INLINE) || wr.op.writes_local() {
-                    return Err(PostError::Invalid(
-                        "inline data needs IBV_SEND_INLINE and a SEND or WRITE",
-                    ));
-                }
-                if data.len() > self.cfg.max_inline_data {
-                    return Err(PostError::InlineTooLarge {
-                        len: data.len(),
-                        max: self.cfg.max_inline_data,
-                    });
-                }
                 let mut bytes = self.spare.bytes();
                 bytes.extend_from_slice(data);
                 (Local::Inline(bytes), None)
@@ -470,12 +447,7 @@ impl<M: MemAccess> RcQp<M> {
                 depth: self.cfg.max_recv_wr,
             });
         }
-        if wr.sges.len() > self.cfg.max_recv_sge {
-            return Err(PostError::TooManySges {
-                count: wr.sges.len(),
-                max: self.cfg.max_recv_sge,
-            });
-        }
+        wr.check(self.cfg.max_recv_sge)?;
         let mut segs = self.spare.segs();
         let error = resolve_sges(mem, self.cfg.pd, &wr.sges, Access::LOCAL_WRITE, &mut segs);
         let len = segs.iter().map(|s| u64::from(s.len)).sum();

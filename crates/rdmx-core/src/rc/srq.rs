@@ -58,12 +58,7 @@ impl<Mr> Srq<Mr> {
         if self.queue.len() >= self.max_wr {
             return Err(PostError::QueueFull { depth: self.max_wr });
         }
-        if wr.sges.len() > self.max_sge {
-            return Err(PostError::TooManySges {
-                count: wr.sges.len(),
-                max: self.max_sge,
-            });
-        }
+        wr.check(self.max_sge)?;
         let mut segs = self.spare.segs();
         let error = resolve_sges(mem, self.pd, &wr.sges, Access::LOCAL_WRITE, &mut segs);
         let len = segs.iter().map(|s| u64::from(s.len)).sum();

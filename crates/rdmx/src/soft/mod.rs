@@ -296,8 +296,7 @@ impl<T: Transport> provider::Qp for SoftQp<T> {
         Ok(())
     }
     unsafe fn post_recv(&self, wr: &RecvWr) -> Result<()> {
-        self.transport
-            .with(|e, keys| e.post_recv(keys, wr.clone()))?;
+        self.transport.with(|e, keys| e.post_recv_ref(keys, wr))?;
         Ok(())
     }
     fn as_any(&self) -> &dyn Any {

@@ -220,11 +220,11 @@ impl provider::Qp for Qp {
     }
     unsafe fn post_send(&self, wr: &SendWr, inline: Option<&[u8]>) -> Result<()> {
         // SAFETY: forwarded; the caller upholds the contract.
-        unsafe { Qp::post_send(self, wr.clone(), inline.map(<[u8]>::to_vec)) }
+        unsafe { Qp::post_send(self, wr, inline) }
     }
     unsafe fn post_recv(&self, wr: &RecvWr) -> Result<()> {
         // SAFETY: forwarded; the caller upholds the contract.
-        unsafe { Qp::post_recv(self, wr.clone()) }
+        unsafe { Qp::post_recv(self, wr) }
     }
     fn as_any(&self) -> &dyn Any {
         self
@@ -234,7 +234,7 @@ impl provider::Qp for Qp {
 impl provider::Srq for Srq {
     unsafe fn post_recv(&self, wr: &RecvWr) -> Result<()> {
         // SAFETY: forwarded; the caller upholds the contract.
-        unsafe { Srq::post_recv(self, wr.clone()) }
+        unsafe { Srq::post_recv(self, wr) }
     }
     fn len(&self) -> usize {
         Srq::len(self)

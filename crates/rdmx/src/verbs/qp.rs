@@ -52,7 +52,7 @@ struct Slot {
     seq: u64,
     wr_id: u64,
     opcode: WcOpcode,
-    _refs: Vec<MrRef>,
+    _refs: Refs,
 }
 
 #[derive(Default)]
@@ -129,17 +129,21 @@ impl Drop for Qp {
     }
 }
 
-fn lkey_refs(dev: &Device, sges: &[rdmx_core::Sge]) -> (Vec<MrRef>, Vec<sys::Sge>) {
-    let refs = sges.iter().filter_map(|s| dev.mr_by_lkey(s.lkey)).collect();
-    let hw = sges
-        .iter()
-        .map(|s| sys::Sge {
-            addr: s.addr,
-            length: s.len,
-            lkey: s.lkey,
-        })
-        .collect();
-    (refs, hw)
+/// The regions a posted request names, held until its completion is reaped; one region
+/// (the common case) costs no allocation.
+enum Refs {
+    None,
+    One(#[allow(dead_code)] MrRef),
+    Many(#[allow(dead_code)] Vec<MrRef>),
+}
+
+fn lkey_refs(dev: &Device, sges: &[rdmx_core::Sge]) -> (Refs, sys::SgeArray) {
+    let refs = match sges {
+        [] => Refs::None,
+        [one] => dev.mr_by_lkey(one.lkey).map_or(Refs::None, Refs::One),
+        many => Refs::Many(many.iter().filter_map(|s| dev.mr_by_lkey(s.lkey)).collect()),
+    };
+    (refs, sys::SgeArray::new(sges))
 }
 
 fn post_error(e: std::io::Error, depth: usize, what: &'static str) -> Error {
@@ -331,28 +335,14 @@ impl Qp {
     /// # Safety
     ///
     /// As [`provider::Qp::post_send`](crate::provider::Qp::post_send).
-    pub(crate) unsafe fn post_send(&self, wr: SendWr, inline: Option<Vec<u8>>) -> Result<()> {
+    pub(crate) unsafe fn post_send(&self, wr: &SendWr, inline: Option<&[u8]>) -> Result<()> {
         let state = self.machine.lock().state();
         if !state.post_send_allowed() {
             return Err(PostError::WrongState(state).into());
         }
-        if wr.sges.len() > self.caps.max_send_sge {
-            return Err(PostError::TooManySges {
-                count: wr.sges.len(),
-                max: self.caps.max_send_sge,
-            }
-            .into());
-        }
-        if let SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } = wr.op {
-            // The contract every provider keeps (a device would say EINVAL, or fail the
-            // request later with a remote error).
-            if remote.addr % 8 != 0 {
-                return Err(PostError::Invalid(
-                    "an atomic's remote address must be 8-byte aligned",
-                )
-                .into());
-            }
-        }
+        // The checks every provider makes (a device would say EINVAL, or fail an unaligned
+        // atomic later with a remote error).
+        wr.check(inline, self.caps.max_send_sge, self.caps.max_inline_data)?;
         let mut flags = 0;
         for (f, bit) in [
             (SendFlags::SIGNALED, sys::consts::SEND_SIGNALED),
@@ -365,20 +355,9 @@ impl Qp {
             }
         }
         let (refs, mut sges) = lkey_refs(&self.dev, &wr.sges);
-        if let Some(data) = &inline {
-            if data.len() > self.caps.max_inline_data {
-                return Err(PostError::InlineTooLarge {
-                    len: data.len(),
-                    max: self.caps.max_inline_data,
-                }
-                .into());
-            }
+        if let Some(data) = inline {
             flags |= sys::consts::SEND_INLINE;
-            sges = vec![sys::Sge {
-                addr: data.as_ptr() as u64,
-                length: data.len() as u32,
-                lkey: 0,
-            }];
+            sges = sys::SgeArray::inline(data);
         }
         use sys::SendKind as K;
         let kind = match wr.op {
@@ -413,7 +392,6 @@ impl Qp {
             opcode: wr.op.wc_opcode(),
             _refs: refs,
         });
-        drop(inline);
         drop(q);
         if state == QpState::Err {
             self.kick_flush();
@@ -442,7 +420,7 @@ impl Qp {
     /// # Safety
     ///
     /// As [`provider::Qp::post_recv`](crate::provider::Qp::post_recv).
-    pub(crate) unsafe fn post_recv(&self, wr: RecvWr) -> Result<()> {
+    pub(crate) unsafe fn post_recv(&self, wr: &RecvWr) -> Result<()> {
         if self.shared.srq.is_some() {
             return Err(PostError::Invalid(
                 "the queue pair takes its receives from a shared receive queue",
@@ -453,13 +431,7 @@ impl Qp {
         if !state.post_recv_allowed() {
             return Err(PostError::WrongState(state).into());
         }
-        if wr.sges.len() > self.caps.max_recv_sge {
-            return Err(PostError::TooManySges {
-                count: wr.sges.len(),
-                max: self.caps.max_recv_sge,
-            }
-            .into());
-        }
+        wr.check(self.caps.max_recv_sge)?;
         let (refs, mut sges) = lkey_refs(&self.dev, &wr.sges);
         let depth = self.caps.max_recv_wr;
         let mut q = self.shared.rq.lock();
@@ -468,7 +440,7 @@ impl Qp {
         }
         let seq = q.next_seq;
         // SAFETY: as in post_send.
-        unsafe { self.hw.post_recv(seq | RECV_BIT, &mut sges) }
+        unsafe { self.hw.post_recv(seq | RECV_BIT, sges.as_mut_slice()) }
             .map_err(|e| post_error(e, depth, "ibv_post_recv"))?;
         q.next_seq += 1;
         q.slots.push_back(Slot {
@@ -559,14 +531,8 @@ impl Srq {
     /// # Safety
     ///
     /// As [`provider::Qp::post_recv`](crate::provider::Qp::post_recv).
-    pub(crate) unsafe fn post_recv(&self, wr: RecvWr) -> Result<()> {
-        if wr.sges.len() > self.max_sge {
-            return Err(PostError::TooManySges {
-                count: wr.sges.len(),
-                max: self.max_sge,
-            }
-            .into());
-        }
+    pub(crate) unsafe fn post_recv(&self, wr: &RecvWr) -> Result<()> {
+        wr.check(self.max_sge)?;
         let (refs, mut sges) = lkey_refs(&self.dev, &wr.sges);
         let mut q = self.shared.slots.lock();
         if q.slots.len() >= self.max_wr {
@@ -574,7 +540,7 @@ impl Srq {
         }
         let seq = q.next_seq;
         // SAFETY: as in Qp::post_send.
-        unsafe { self.hw.post_recv(seq | RECV_BIT, &mut sges) }
+        unsafe { self.hw.post_recv(seq | RECV_BIT, sges.as_mut_slice()) }
             .map_err(|e| post_error(e, self.max_wr, "ibv_post_srq_recv"))?;
         q.next_seq += 1;
         q.slots.insert(

@@ -470,7 +470,7 @@ impl Qp {
     /// is reaped (or the QP is destroyed).
     pub(crate) unsafe fn post_send(&self, wr: &mut SendWr) -> io::Result<()> {
         wr.wr.sg_list = wr.sges.as_mut_ptr();
-        wr.wr.num_sge = wr.sges.len() as i32;
+        wr.wr.num_sge = wr.len as i32;
         let mut bad = ptr::null_mut();
         // SAFETY: `wr` is one well-formed request whose SGE list lives across the call; the
         // caller keeps the memory it names valid.
@@ -503,10 +503,57 @@ fn recv_wr(wr_id: u64, sges: &mut [ffi::ibv_sge]) -> ffi::ibv_recv_wr {
 /// A scatter/gather element.
 pub(crate) type Sge = ffi::ibv_sge;
 
-/// An `ibv_send_wr` with its SGE list.
+/// An `ibv_send_wr` with its SGE list, held inline.
 pub(crate) struct SendWr {
     wr: ffi::ibv_send_wr,
-    sges: Vec<Sge>,
+    sges: [Sge; rdmx_core::wr::MAX_SGE],
+    len: usize,
+}
+
+/// Up to [`MAX_SGE`](rdmx_core::wr::MAX_SGE) elements in `ibv_sge` form, without a heap
+/// allocation.
+pub(crate) struct SgeArray {
+    sges: [Sge; rdmx_core::wr::MAX_SGE],
+    len: usize,
+}
+
+impl SgeArray {
+    /// The elements of `list` (which holds at most `MAX_SGE`).
+    pub(crate) fn new(list: &[rdmx_core::Sge]) -> SgeArray {
+        let mut sges = [Sge {
+            addr: 0,
+            length: 0,
+            lkey: 0,
+        }; rdmx_core::wr::MAX_SGE];
+        for (hw, s) in sges.iter_mut().zip(list) {
+            *hw = Sge {
+                addr: s.addr,
+                length: s.len,
+                lkey: s.lkey,
+            };
+        }
+        SgeArray {
+            sges,
+            len: list.len().min(rdmx_core::wr::MAX_SGE),
+        }
+    }
+
+    /// One element naming `data` with no key (for an inline send).
+    pub(crate) fn inline(data: &[u8]) -> SgeArray {
+        let mut a = SgeArray::new(&[]);
+        a.sges[0] = Sge {
+            addr: data.as_ptr() as u64,
+            length: data.len() as u32,
+            lkey: 0,
+        };
+        a.len = 1;
+        a
+    }
+
+    /// The elements.
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [Sge] {
+        &mut self.sges[..self.len]
+    }
 }
 
 /// What a send request does, in `ibv_send_wr` terms.
@@ -523,7 +570,7 @@ pub(crate) enum SendKind {
 
 impl SendWr {
     /// A request of `kind` with IBV_SEND_* `flags` and `sges`.
-    pub(crate) fn new(wr_id: u64, kind: SendKind, flags: u32, sges: Vec<Sge>) -> SendWr {
+    pub(crate) fn new(wr_id: u64, kind: SendKind, flags: u32, sges: SgeArray) -> SendWr {
         // SAFETY: ibv_send_wr is plain data (pointers, integers, unions of them); all-zero
         // is a valid value.
         let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
@@ -572,7 +619,11 @@ impl SendWr {
                 wr.wr = atomic(a, k, add, 0);
             }
         }
-        SendWr { wr, sges }
+        SendWr {
+            wr,
+            sges: sges.sges,
+            len: sges.len,
+        }
     }
 }
 

@@ -37,7 +37,7 @@ fn request(
     remote: RemoteAddr,
     len: usize,
     current: u64,
-) -> SendRequest {
+) -> SendRequest<'static> {
     match op {
         Write => SendRequest::write(wr_id, remote).sge(sge(local, 0, len)),
         WriteWithImm => {

@@ -105,7 +105,13 @@ impl Endpoint {
 
     /// Posts a receive request.
     pub(super) fn recv(&mut self, wr_id: u64, sges: Vec<Sge>) -> Result<(), PostError> {
-        self.qp.post_recv(&self.mem, RecvWr { wr_id, sges })
+        self.qp.post_recv(
+            &self.mem,
+            RecvWr {
+                wr_id,
+                sges: sges.as_slice().try_into().unwrap(),
+            },
+        )
     }
 
     /// Moves the engine's completions to the CQs.
@@ -484,7 +490,7 @@ pub(super) fn wr(wr_id: u64, op: SendOp, sges: Vec<Sge>) -> SendWr {
     SendWr {
         wr_id,
         op,
-        sges,
+        sges: sges.as_slice().try_into().unwrap(),
         flags: SendFlags::SIGNALED,
     }
 }
@@ -494,7 +500,7 @@ pub(super) fn wr_flags(wr_id: u64, op: SendOp, sges: Vec<Sge>, flags: SendFlags)
     SendWr {
         wr_id,
         op,
-        sges,
+        sges: sges.as_slice().try_into().unwrap(),
         flags: flags | SendFlags::SIGNALED,
     }
 }
@@ -504,7 +510,7 @@ pub(super) fn wr_unsignaled(wr_id: u64, op: SendOp, sges: Vec<Sge>) -> SendWr {
     SendWr {
         wr_id,
         op,
-        sges,
+        sges: sges.as_slice().try_into().unwrap(),
         flags: SendFlags::empty(),
     }
 }

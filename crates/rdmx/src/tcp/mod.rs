@@ -18,7 +18,7 @@
 //! the driver once without waiting (reading a few QPs' streams directly, without
 //! `epoll_wait`), and a progress thread takes over only while nobody polls, so one-sided
 //! operations complete while the target application does nothing. While an application
-//! polled within the last [`HANDOVER`] the thread sleeps, away from the driver and the
+//! polled within the last millisecond the thread sleeps, away from the driver and the
 //! cores: on two cores a thread woken by every packet, competing with an application that
 //! spins on its CQ, costs a ping-pong a hundredfold. A poll that finds the thread asleep
 //! in `epoll_wait` (holding the driver) wakes it, once, so that it hands over; a thread
@@ -331,6 +331,8 @@ pub(crate) struct Driver {
     timers: Mutex<BinaryHeap<Reverse<(Instant, usize)>>>,
     /// Busy-poll mode: QPs whose transmission waits for the next round.
     owed: Mutex<Vec<usize>>,
+    /// The list [`Driver::pay`] works through, kept for its capacity.
+    paying: Mutex<Vec<usize>>,
     /// Rounds with direct reads ([`Driver::direct`]).
     rounds: AtomicU32,
     /// When an application last polled, in nanoseconds after `epoch` (0: not polling).
@@ -385,6 +387,7 @@ impl Driver {
             handshakes: Mutex::new(Slab::new()),
             timers: Mutex::new(BinaryHeap::new()),
             owed: Mutex::new(Vec::new()),
+            paying: Mutex::new(Vec::new()),
             rounds: AtomicU32::new(0),
             app_polled: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -538,14 +541,18 @@ impl Driver {
 
     /// Sends what [`Driver::owe`] deferred.
     fn pay(&self) {
-        let owed = std::mem::take(&mut *self.owed.lock());
-        for token in owed {
+        // No lock is held while pumping: a pump takes queue-pair locks, and another
+        // thread holding one of those may be paying too.
+        let mut paying = std::mem::take(&mut *self.paying.lock());
+        std::mem::swap(&mut paying, &mut *self.owed.lock());
+        for token in paying.drain(..) {
             let qp = self.qps.lock().get(token).and_then(Weak::upgrade);
             if let Some(qp) = qp {
                 let mut g = qp.inner.lock();
                 qp.pump(&mut g, Instant::now());
             }
         }
+        *self.paying.lock() = paying;
     }
 
     /// Asks for [`TcpQp::timeout`] on QP `token` at `at`.

@@ -41,6 +41,7 @@ pub(crate) struct Inner {
     rx: Rx,
     tx: TxQueue,
     scratch: Transmit<MrRef>,
+    /// The placements buffer the engine fills for the next payload.
     place: Vec<Placement<MrRef>>,
     /// Waiting for the peer QP with this number to dial in.
     pub(crate) expect_peer: Option<u32>,
@@ -82,8 +83,8 @@ impl TcpQp {
                 sock: None,
                 rx: Rx::new(super::MAX_FRAME),
                 tx: TxQueue::default(),
-                scratch: Transmit::default(),
                 place: Vec::new(),
+                scratch: Transmit::default(),
                 expect_peer: None,
                 peer: None,
                 my_psn: 0,
@@ -206,7 +207,7 @@ impl TcpQp {
                         }
                     }
                 }
-                Ok(RxEvent::PayloadDone) => {}
+                Ok(RxEvent::PayloadDone) => g.place = g.rx.take_place(),
                 Ok(RxEvent::Idle) => break Ok(()),
                 Err(e) => break Err(e),
             }

@@ -75,20 +75,60 @@ pub(crate) struct TxQueue {
     frames: VecDeque<Frame>,
     /// Head buffers of written frames, kept for reuse.
     spare: Vec<Vec<u8>>,
+    /// Gather lists of written frames, emptied and kept for reuse.
+    spare_gather: Vec<Vec<Span<MrRef>>>,
 }
 
 static ZEROS: [u8; 4] = [0; 4];
 
+/// Up to [`MAX_IOV`] `iovec`s for one `readv`/`writev`, on the stack.
+struct IoVecs {
+    v: [libc::iovec; MAX_IOV],
+    n: usize,
+}
+
+impl IoVecs {
+    fn new() -> IoVecs {
+        IoVecs {
+            v: [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; MAX_IOV],
+            n: 0,
+        }
+    }
+    fn clear(&mut self) {
+        self.n = 0;
+    }
+    fn len(&self) -> usize {
+        self.n
+    }
+    fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+    /// Appends one; the callers check the room first.
+    fn push(&mut self, v: libc::iovec) {
+        self.v[self.n] = v;
+        self.n += 1;
+    }
+    fn as_slice(&self) -> &[libc::iovec] {
+        &self.v[..self.n]
+    }
+}
+
 impl TxQueue {
-    /// Queues the packet in `t` (taking its contents) as one frame.
+    /// Queues the packet in `t` (taking its contents) as one frame; `t` gets an empty
+    /// gather list of a written frame back, so neither side allocates once warm.
     pub(crate) fn push(&mut self, t: &mut Transmit<MrRef>) {
         let mut head = self.spare.pop().unwrap_or_default();
         head.clear();
         head.extend_from_slice(&(t.len() as u32).to_be_bytes());
         head.extend_from_slice(&t.header);
+        let mut gather = self.spare_gather.pop().unwrap_or_default();
+        std::mem::swap(&mut gather, &mut t.gather);
         self.frames.push_back(Frame {
             head,
-            gather: std::mem::take(&mut t.gather),
+            gather,
             pad: t.pad,
             written: 0,
         });
@@ -101,7 +141,7 @@ impl TxQueue {
     /// Writes queued frames until the queue is empty or the socket is full; returns
     /// whether the queue is empty.
     pub(crate) fn flush(&mut self, fd: RawFd) -> Result<bool, StreamError> {
-        let mut iov: Vec<libc::iovec> = Vec::with_capacity(MAX_IOV);
+        let mut iov = IoVecs::new();
         while !self.frames.is_empty() {
             iov.clear();
             for f in self.frames.iter() {
@@ -136,7 +176,7 @@ impl TxQueue {
             // SAFETY: every iovec names memory that stays valid for the call: frame heads
             // owned by this queue, ZEROS, and registered memory kept alive by the spans'
             // MrRefs (raw_range checked the bounds). writev only reads it.
-            let n = unsafe { libc::writev(fd, iov.as_ptr(), iov.len() as libc::c_int) };
+            let n = unsafe { libc::writev(fd, iov.as_slice().as_ptr(), iov.len() as libc::c_int) };
             if n < 0 {
                 let e = io::Error::last_os_error();
                 return match e.kind() {
@@ -188,9 +228,13 @@ impl TxQueue {
                 return;
             }
             n -= left;
-            let f = self.frames.pop_front().expect("just seen");
+            let mut f = self.frames.pop_front().expect("just seen");
             if self.spare.len() < 64 {
                 self.spare.push(f.head);
+            }
+            if self.spare_gather.len() < 64 {
+                f.gather.clear();
+                self.spare_gather.push(f.gather);
             }
         }
     }
@@ -233,6 +277,8 @@ pub(crate) struct Rx {
     until_eof: bool,
     /// Bytes read from the socket so far.
     total: u64,
+    /// The placements buffer of the last payload, emptied for the next one.
+    spare_place: Vec<Placement<MrRef>>,
 }
 
 /// What [`Rx::next`] found.
@@ -258,6 +304,7 @@ impl Rx {
             drained: false,
             until_eof: false,
             total: 0,
+            spare_place: Vec::new(),
         }
     }
 
@@ -325,9 +372,16 @@ impl Rx {
         }
     }
 
-    /// Starts reading a payload of `rest` bytes (payload and pad) into `place`, after the
-    /// engine saw its headers. Returns the placements buffer of the previous payload for
-    /// reuse.
+    /// The emptied placements buffer of the last payload, for the next one (after
+    /// [`RxEvent::PayloadDone`]): a warm stream allocates none.
+    pub(crate) fn take_place(&mut self) -> Vec<Placement<MrRef>> {
+        let mut place = std::mem::take(&mut self.spare_place);
+        place.clear();
+        place
+    }
+
+    /// Starts reading a payload of `rest` bytes (payload and pad) into `place` (from
+    /// [`take_place`](Self::take_place)), after the engine saw its headers.
     pub(crate) fn start_payload(&mut self, place: Vec<Placement<MrRef>>, rest: usize) {
         self.state = RxState::Payload {
             place,
@@ -356,7 +410,7 @@ impl Rx {
             self.start += n;
             *off += n;
         }
-        let mut iov: Vec<libc::iovec> = Vec::with_capacity(MAX_IOV);
+        let mut iov = IoVecs::new();
         while *off < *rest {
             if self.drained {
                 return Ok(RxEvent::Idle);
@@ -404,7 +458,7 @@ impl Rx {
             // buffer owned by self, or registered memory kept alive by the placements'
             // MrRefs, inside the bounds raw_range checked. Nothing holds a Rust reference
             // into registered memory.
-            let n = unsafe { libc::readv(fd, iov.as_ptr(), iov.len() as libc::c_int) };
+            let n = unsafe { libc::readv(fd, iov.as_slice().as_ptr(), iov.len() as libc::c_int) };
             if n < 0 {
                 let e = io::Error::last_os_error();
                 return match e.kind() {
@@ -416,12 +470,18 @@ impl Rx {
             if n == 0 {
                 return Err(StreamError::Closed);
             }
-            let asked: usize = iov.iter().map(|v| v.iov_len).sum();
+            let asked: usize = iov.as_slice().iter().map(|v| v.iov_len).sum();
             self.drained = (n as usize) < asked && !self.until_eof;
             *off += n as usize;
             self.total += n as u64;
         }
-        self.state = RxState::Header;
+        if let RxState::Payload { mut place, .. } =
+            std::mem::replace(&mut self.state, RxState::Header)
+        {
+            // Drops the placements' region references now.
+            place.clear();
+            self.spare_place = place;
+        }
         Ok(RxEvent::PayloadDone)
     }
 }

@@ -216,6 +216,50 @@ impl Default for ConnectOptions {
     }
 }
 
+impl ConnectOptions {
+    /// Sets what the peer may do to this side's memory.
+    pub fn access(mut self, access: rdmx_mem::Access) -> Self {
+        self.access = access;
+        self
+    }
+    /// Sets the path MTU (`None`: the smaller of both sides').
+    pub fn mtu(mut self, mtu: Option<rdmx_core::Mtu>) -> Self {
+        self.mtu = mtu;
+        self
+    }
+    /// Sets the outstanding READs/atomics this side issues and accepts.
+    pub fn rd_atomic(mut self, issue: u8, accept: u8) -> Self {
+        self.max_rd_atomic = issue;
+        self.max_dest_rd_atomic = accept;
+        self
+    }
+    /// Sets the ack timeout code (4.096 µs × 2^timeout; 0 = none).
+    pub fn timeout(mut self, timeout: u8) -> Self {
+        self.timeout = timeout;
+        self
+    }
+    /// Sets the transport retries.
+    pub fn retry_cnt(mut self, n: u8) -> Self {
+        self.retry_cnt = n;
+        self
+    }
+    /// Sets the RNR retries (7 = forever).
+    pub fn rnr_retry(mut self, n: u8) -> Self {
+        self.rnr_retry = n;
+        self
+    }
+    /// Sets the RNR timer code this side asks peers to wait.
+    pub fn min_rnr_timer(mut self, code: u8) -> Self {
+        self.min_rnr_timer = code;
+        self
+    }
+    /// Sets how long establishing the stream to the peer may take (tcp).
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

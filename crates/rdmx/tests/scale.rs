@@ -110,6 +110,15 @@ fn payload(slot: usize, seq: u64) -> [u8; SLOT] {
     p
 }
 
+/// The default options, with an ACK timeout (`timeout` 18, about 1.07 s, so 8.6 s of
+/// silence before `RETRY_EXC_ERR`) sized for this test rather than the default's 0.54 s:
+/// a tcp queue pair never retransmits, so the timer only measures how long the peer takes
+/// to answer, and with 128 Ki requests in flight over 1,000 queue pairs, in a debug build
+/// on a shared two-core host, the busiest queue pair waits longer than half a second.
+fn connect_options() -> ConnectOptions {
+    ConnectOptions::default().timeout(18)
+}
+
 fn poll_one(cq: &CompletionQueue) -> Option<Completion> {
     cq.poll_one().expect("poll")
 }
@@ -166,7 +175,7 @@ fn target_process() {
     cm::connect(
         addr.as_str(),
         &qps,
-        &ConnectOptions::default(),
+        &connect_options(),
         &region_bytes(&region.remote()),
         TIMEOUT,
     )
@@ -420,7 +429,7 @@ fn many_qps_with_deep_queues_and_mixed_opcodes_between_two_processes() {
         .expect("spawn the target process");
     let setup = Instant::now();
     let theirs = listener
-        .accept(&qps, &ConnectOptions::default(), &[], TIMEOUT)
+        .accept(&qps, &connect_options(), &[], TIMEOUT)
         .expect("accept the target");
     let setup = setup.elapsed();
     assert_eq!(theirs.len(), 12, "target's private data");

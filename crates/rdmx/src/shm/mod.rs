@@ -689,7 +689,7 @@ impl Driver {
         let mut reply = [0u8; 8];
         let fds = sys::recv_with_fds(&s, &mut reply).map_err(|e| {
             Error::Io(
-                "the shm peer's answer (a refused secret or user closes the connection)",
+                "receiving the shm peer's answer (it closes the connection on a wrong secret)",
                 e,
             )
         })?;
@@ -872,5 +872,37 @@ impl Driver {
                 keep
             });
         }
+    }
+}
+
+/// Test tools: the rings as a broken or hostile peer could write them.
+#[cfg(feature = "testing")]
+pub mod testing {
+    use super::Link;
+    use crate::soft::SoftQp;
+    use crate::{Error, QueuePair, Result};
+
+    /// Writes `bytes` where the next record of the ring `qp` reads would start and moves
+    /// that ring's producer index `ahead` bytes past it, ignoring every rule of the ring:
+    /// what a peer that is broken, hostile, or killed mid-write leaves there. The QP reads
+    /// it on the next poll of its CQs. (The real peer may still write too: call this while
+    /// it has nothing to send.)
+    pub fn scribble_incoming(qp: &QueuePair, bytes: &[u8], ahead: u64) -> Result<()> {
+        let Some(link) = qp.provider_qp().as_any().downcast_ref::<SoftQp<Link>>() else {
+            return Err(Error::InvalidArgument("not an shm queue pair"));
+        };
+        let g = link.transport.qp.inner.lock();
+        let Some(conn) = g.conn.as_ref() else {
+            return Err(Error::InvalidArgument("the queue pair is not connected"));
+        };
+        let ring = 1 - conn.side;
+        let (tail_off, _, data) = conn.seg.layout(ring);
+        let head = g.cons.head();
+        let pos = (head % conn.seg.cap() as u64) as usize;
+        let n = bytes.len().min(conn.seg.cap() - pos);
+        conn.seg.scribble(data + pos, &bytes[..n]);
+        conn.seg
+            .scribble(tail_off, &head.wrapping_add(ahead).to_ne_bytes());
+        Ok(())
     }
 }

@@ -64,7 +64,7 @@ pub(crate) struct Inner {
     srq: Option<Arc<Mutex<Srq<MrRef>>>>,
     pub(crate) conn: Option<Conn>,
     prod: Producer,
-    cons: Consumer,
+    pub(crate) cons: Consumer,
     /// The packet being sent; `held`: it waits for room in the ring.
     scratch: Transmit<MrRef>,
     held: bool,

@@ -370,6 +370,14 @@ pub(crate) struct Consumer {
     head: u64,
 }
 
+impl Consumer {
+    /// Bytes consumed so far.
+    #[cfg(feature = "testing")]
+    pub(crate) fn head(&self) -> u64 {
+        self.head
+    }
+}
+
 /// A record found by [`Segment::peek`], checked to lie inside the ring.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Record {
@@ -391,9 +399,14 @@ impl Segment {
         // SAFETY: inside the mapping (checked above).
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(off), bytes.len()) };
     }
-    /// Byte offsets of ring `ring`'s tail, head and data.
-    pub(crate) fn layout(ring: usize) -> (usize, usize, usize, usize) {
-        (TAIL_OFF[ring], HEAD_OFF[ring], DATA_OFF, ring)
+    /// Byte offsets of ring `ring`'s tail, head and data in the segment.
+    pub(crate) fn layout(&self, ring: usize) -> (usize, usize, usize) {
+        (TAIL_OFF[ring], HEAD_OFF[ring], DATA_OFF + ring * self.cap)
+    }
+
+    /// Ring capacity in bytes.
+    pub(crate) fn cap(&self) -> usize {
+        self.cap
     }
 }
 
@@ -457,7 +470,7 @@ mod tests {
     #[test]
     fn hostile_indices_and_headers_are_errors() {
         let (seg, _fd) = Segment::create(1 << 12).unwrap();
-        let (tail, head, data, _) = Segment::layout(0);
+        let (tail, head, data) = seg.layout(0);
         let mut c = Consumer::default();
         seg.scribble(tail, &(1u64 << 40).to_ne_bytes());
         assert!(matches!(seg.peek(0, &mut c), Err(RingError::Index { .. })));

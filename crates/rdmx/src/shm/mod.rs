@@ -290,8 +290,11 @@ const EVENT: u64 = 0;
 const LISTENER: u64 = 1;
 /// The progress thread leaves the rings to an application that polled this recently.
 const HANDOVER: Duration = Duration::from_millis(1);
-/// The progress thread spins this long after the last work before it sleeps.
-const SPIN: Duration = Duration::from_micros(50);
+/// The progress thread spins this long after the last work before it sleeps. Waking it
+/// costs a peer a system call and the packet tens of microseconds, so it stays up through
+/// the gaps of a busy stream (measured: 8-byte WRITEs ran 7× faster with 2 ms than with
+/// 50 µs on two cores).
+const SPIN: Duration = Duration::from_millis(1);
 /// An application's poll looks at the sockets (peers gone, new connections) every this
 /// many rounds.
 const EPOLL_EVERY: u32 = 64;
@@ -340,6 +343,8 @@ pub(crate) struct Driver {
     timers: Mutex<BinaryHeap<Reverse<(Instant, usize)>>>,
     /// Held by whoever runs a round.
     running: Mutex<()>,
+    /// The progress thread sleeps in `epoll_wait`.
+    sleeping: AtomicBool,
     rounds: AtomicU32,
     /// When an application last polled, in nanoseconds after `epoch` (0: not polling).
     app_polled: AtomicU64,
@@ -397,6 +402,7 @@ impl Driver {
             handshakes: Mutex::new(Slab::new()),
             timers: Mutex::new(BinaryHeap::new()),
             running: Mutex::new(()),
+            sleeping: AtomicBool::new(false),
             rounds: AtomicU32::new(0),
             app_polled: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -469,8 +475,8 @@ impl Driver {
         let earlier = t.peek().map_or(true, |Reverse((first, _))| at < *first);
         t.push(Reverse((at, token)));
         drop(t);
-        if earlier {
-            // A sleeping thread must wait less.
+        if earlier && self.sleeping.load(Ordering::SeqCst) {
+            // The sleeping thread must wait less.
             sys::signal(self.event.as_raw_fd());
         }
     }
@@ -519,8 +525,10 @@ impl Driver {
             for q in &active {
                 q.inner.lock().set_asleep(true);
             }
+            d.sleeping.store(true, Ordering::SeqCst);
             let ready = active.iter().any(|q| q.inner.lock().ready());
             if !ready {
+                // Read after `sleeping` is raised: a timer scheduled later signals.
                 let next = d.timers.lock().peek().map(|Reverse((t, _))| *t);
                 let wait = next.map_or(Duration::from_millis(100), |t| {
                     t.saturating_duration_since(Instant::now())
@@ -529,12 +537,14 @@ impl Driver {
                 drop(guard);
                 events.clear();
                 d.epoll.wait(Some(wait), &mut events);
+                d.sleeping.store(false, Ordering::SeqCst);
                 for q in &active {
                     q.inner.lock().set_asleep(false);
                 }
                 let _guard = d.running.lock();
                 d.handle_events(&events);
             } else {
+                d.sleeping.store(false, Ordering::SeqCst);
                 for q in &active {
                     q.inner.lock().set_asleep(false);
                 }
@@ -602,9 +612,10 @@ impl Driver {
                             if let Some(c) = g.conn.as_ref() {
                                 self.epoll.remove(c.sock.as_raw_fd());
                             }
-                            g.fail(
+                            g.fail_as(
                                 qp.qpn,
                                 "the peer closed its connection (it exited or was killed)",
+                                tracing::Level::DEBUG,
                             );
                         }
                     }

@@ -353,8 +353,18 @@ impl Inner {
     /// The connection failed: drop it and move the QP to ERR, so every outstanding request
     /// completes with an error status.
     pub(crate) fn fail(&mut self, qpn: u32, why: &str) {
+        self.fail_as(qpn, why, tracing::Level::WARN);
+    }
+
+    /// [`fail`](Self::fail), logging at `level` (a peer that closed its side is no
+    /// anomaly: its application may just have destroyed the QP).
+    pub(crate) fn fail_as(&mut self, qpn: u32, why: &str, level: tracing::Level) {
         if self.conn.is_some() {
-            tracing::warn!(qpn, "closing the shared-memory connection: {why}");
+            if level == tracing::Level::WARN {
+                tracing::warn!(qpn, "closing the shared-memory connection: {why}");
+            } else {
+                tracing::debug!(qpn, "closing the shared-memory connection: {why}");
+            }
         }
         self.conn = None;
         self.held = false;

@@ -80,6 +80,7 @@ pub(crate) struct Inner {
 }
 
 impl ShmQp {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         qpn: u32,
         secret: u64,

@@ -113,7 +113,7 @@ impl Segment {
     /// Maps a segment the peer created, after checking its size and header.
     pub(crate) fn open(fd: &OwnedFd, cap: usize) -> std::io::Result<Segment> {
         let bad = |why| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
-        if !cap.is_power_of_two() || cap < 4096 || cap > 1 << 30 {
+        if !cap.is_power_of_two() || !(4096..=1 << 30).contains(&cap) {
             return Err(bad("a ring capacity out of range"));
         }
         if !sys::sealed(fd) {

@@ -92,8 +92,8 @@ impl Epoll {
     pub(crate) fn new() -> io::Result<Epoll> {
         // SAFETY: epoll_create1 returns a new descriptor.
         let fd = check(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
-        // SAFETY: `fd` is a new descriptor that nothing else owns.
         Ok(Epoll {
+            // SAFETY: `fd` is a new descriptor that nothing else owns.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
         })
     }

@@ -23,6 +23,14 @@ pub enum PeerAddr {
     /// An InfiniBand/RoCE port's GID (verbs); a RoCEv2 GID of an IPv4 address is
     /// IPv4-mapped.
     Gid(Ipv6Addr),
+    /// A context on this host, reached through a local socket named after its process
+    /// and a random number (shm).
+    Unix {
+        /// The process.
+        pid: u32,
+        /// The context's random number.
+        id: u32,
+    },
 }
 
 /// What a peer needs to connect to a queue pair (the fields `ibv_rc_pingpong` exchanges out
@@ -78,6 +86,12 @@ impl QpEndpoint {
             PeerAddr::Ip(SocketAddr::V4(a)) => (4, a.ip().to_ipv6_mapped(), a.port()),
             PeerAddr::Ip(SocketAddr::V6(a)) => (6, *a.ip(), a.port()),
             PeerAddr::Gid(g) => (1, g, 0),
+            PeerAddr::Unix { pid, id } => {
+                let mut o = [0u8; 16];
+                o[..4].copy_from_slice(&pid.to_be_bytes());
+                o[4..8].copy_from_slice(&id.to_be_bytes());
+                (2, Ipv6Addr::from(o), 0)
+            }
         };
         out[21] = kind;
         out[22..38].copy_from_slice(&ip.octets());
@@ -100,6 +114,13 @@ impl QpEndpoint {
         let addr = match raw[21] {
             0 => PeerAddr::Local,
             1 => PeerAddr::Gid(ip),
+            2 => {
+                let o = ip.octets();
+                PeerAddr::Unix {
+                    pid: u32::from_be_bytes([o[0], o[1], o[2], o[3]]),
+                    id: u32::from_be_bytes([o[4], o[5], o[6], o[7]]),
+                }
+            }
             4 => PeerAddr::Ip(SocketAddr::new(IpAddr::V6(ip).to_canonical(), port)),
             6 => PeerAddr::Ip(SocketAddr::new(IpAddr::V6(ip), port)),
             _ => return Err(Error::Protocol("a queue-pair endpoint of an unknown kind")),

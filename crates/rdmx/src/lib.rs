@@ -12,6 +12,8 @@
 //!   - [`loopback`] (the default): queue pairs of this process, packets passed in memory;
 //!   - [`tcp`]: between processes and hosts, one TCP stream per queue pair, payloads moved
 //!     straight between the socket and registered memory;
+//!   - [`shm`]: between processes of one host (or within one), a pair of shared-memory
+//!     rings per queue pair;
 //!   - `verbs` (cargo feature `verbs`, on by default): rdma-core, for InfiniBand, RoCE and
 //!     iWARP adapters and Soft-RoCE, with its own rdma_cm connection setup.
 //!
@@ -75,6 +77,7 @@ mod soft;
 mod srq;
 
 pub mod loopback;
+pub mod shm;
 pub mod tcp;
 #[cfg(feature = "verbs")]
 pub mod verbs;
@@ -83,11 +86,12 @@ pub mod verbs;
 pub(crate) const PROVIDERS: &[provider::Entry] = &[
     loopback::ENTRY,
     tcp::ENTRY,
+    shm::ENTRY,
     #[cfg(feature = "verbs")]
     verbs::ENTRY,
 ];
 
-/// The names of the providers this build has (`loopback`, `tcp`, `verbs`).
+/// The names of the providers this build has (`loopback`, `tcp`, `shm`, `verbs`).
 pub fn provider_names() -> impl Iterator<Item = &'static str> {
     PROVIDERS.iter().map(|p| p.name)
 }

@@ -1,5 +1,5 @@
-//! tcp between two processes: this test binary runs itself again as the peer, and the
-//! two connect through `rdmx::cm`.
+//! tcp and shm between two processes: this test binary runs itself again as the peer,
+//! and the two connect through `rdmx::cm`. Each test runs on both providers (`_shm`).
 //!
 //! - every opcode crosses the process boundary with its data checked on both sides;
 //! - a peer killed with SIGKILL while requests are outstanding makes every one of them
@@ -18,6 +18,7 @@ use rdmx::{
 
 const PEER_ENV: &str = "RDMX_TEST_PEER_ADDR";
 const MODE_ENV: &str = "RDMX_TEST_PEER_MODE";
+const PROVIDER_ENV: &str = "RDMX_TEST_PEER_PROVIDER";
 const REGION: usize = 1 << 20;
 const HALF: usize = REGION / 2;
 /// The 8-byte counter for atomics, at the end of the peer's region.
@@ -37,8 +38,8 @@ struct Side {
     qp: QueuePair,
 }
 
-fn side() -> Side {
-    let ctx = Context::open_provider("tcp").expect("open tcp");
+fn side(provider: &str) -> Side {
+    let ctx = Context::open_provider(provider).expect("open the provider");
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(4096).expect("cq");
     let caps = QpCaps::default().max_send_wr(256).max_recv_wr(64);
@@ -88,11 +89,12 @@ fn ok(cq: &CompletionQueue, wr_id: u64, what: &str) -> Completion {
     c
 }
 
-fn spawn_peer(addr: std::net::SocketAddr, mode: &str) -> Child {
+fn spawn_peer(addr: std::net::SocketAddr, mode: &str, provider: &str) -> Child {
     Command::new(std::env::current_exe().expect("test binary"))
         .args(["--exact", "peer_process", "--nocapture", "--test-threads=1"])
         .env(PEER_ENV, addr.to_string())
         .env(MODE_ENV, mode)
+        .env(PROVIDER_ENV, provider)
         .spawn()
         .expect("spawn the peer process")
 }
@@ -104,7 +106,8 @@ fn peer_process() {
         return;
     };
     let mode = std::env::var(MODE_ENV).unwrap_or_default();
-    let s = side();
+    let provider = std::env::var(PROVIDER_ENV).unwrap_or_else(|_| "tcp".into());
+    let s = side(&provider);
     let region = s.pd.register(vec![0u8; REGION], Access::ALL).unwrap();
     region.write_at(HALF, &pattern(2, HALF - 8)).unwrap();
     let inbox = s.pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
@@ -141,9 +144,18 @@ fn peer_process() {
 
 #[test]
 fn every_opcode_between_two_processes() {
+    every_opcode_between_two_processes_on("tcp");
+}
+
+#[test]
+fn every_opcode_between_two_processes_shm() {
+    every_opcode_between_two_processes_on("shm");
+}
+
+fn every_opcode_between_two_processes_on(provider: &str) {
     let listener = cm::Listener::bind("127.0.0.1:0").unwrap();
-    let mut child = spawn_peer(listener.local_addr().unwrap(), "check");
-    let s = side();
+    let mut child = spawn_peer(listener.local_addr().unwrap(), "check", provider);
+    let s = side(provider);
     let local = s.pd.register(vec![0u8; REGION], Access::ALL).unwrap();
     let reply = s.pd.register(vec![0u8; 8], Access::LOCAL_WRITE).unwrap();
     let theirs = listener
@@ -220,9 +232,18 @@ fn every_opcode_between_two_processes() {
 
 #[test]
 fn killed_peer_fails_every_outstanding_request() {
+    killed_peer_fails_every_outstanding_request_on("tcp");
+}
+
+#[test]
+fn killed_peer_fails_every_outstanding_request_shm() {
+    killed_peer_fails_every_outstanding_request_on("shm");
+}
+
+fn killed_peer_fails_every_outstanding_request_on(provider: &str) {
     let listener = cm::Listener::bind("127.0.0.1:0").unwrap();
-    let mut child = spawn_peer(listener.local_addr().unwrap(), "die");
-    let s = side();
+    let mut child = spawn_peer(listener.local_addr().unwrap(), "die", provider);
+    let s = side(provider);
     let local = s.pd.register(vec![7u8; REGION], Access::ALL).unwrap();
     let theirs = listener
         .accept(
@@ -285,17 +306,26 @@ fn mapped(addr: usize, len: usize) -> bool {
 
 #[test]
 fn peer_killed_mid_stream_fails_the_rest_and_leaks_nothing() {
+    peer_killed_mid_stream_fails_the_rest_and_leaks_nothing_on("tcp");
+}
+
+#[test]
+fn peer_killed_mid_stream_fails_the_rest_and_leaks_nothing_shm() {
+    peer_killed_mid_stream_fails_the_rest_and_leaks_nothing_on("shm");
+}
+
+fn peer_killed_mid_stream_fails_the_rest_and_leaks_nothing_on(provider: &str) {
     // WRITEs stream to the peer; it is killed once some have completed. Every request
     // completes exactly once, those after the kill with an error status, within the
     // deadline; then dropping the QP and the region deregisters and unmaps the memory.
     let listener = cm::Listener::bind("127.0.0.1:0").unwrap();
-    let mut child = spawn_peer(listener.local_addr().unwrap(), "die");
+    let mut child = spawn_peer(listener.local_addr().unwrap(), "die", provider);
     let Side {
         _ctx: ctx,
         pd,
         cq,
         qp,
-    } = side();
+    } = side(provider);
     let local = pd
         .register(rdmx::Mapping::new(REGION).unwrap(), Access::ALL)
         .unwrap();

@@ -284,6 +284,11 @@ pub(crate) struct RunInfo {
 }
 
 impl RunInfo {
+    /// How the provider moves payloads, for providers with more than one way (shm).
+    fn data_path(&self) -> Option<&'static str> {
+        (self.provider == rdmx::shm::NAME).then_some(rdmx::shm::DATA_PATH)
+    }
+
     fn progress(&self) -> &'static str {
         if self.busy {
             "busy-poll"
@@ -338,6 +343,9 @@ impl RunInfo {
             "unpinned (RLIMIT_MEMLOCK)"
         };
         s.push_str(&format!(" {:<15} : {memory}\n", "Memory"));
+        if let Some(path) = self.data_path() {
+            s.push_str(&format!(" {:<15} : {path}\n", "Data path"));
+        }
         s.push_str(&format!("{LINE}\n"));
         for a in &self.addresses {
             s.push_str(&format!(" {a}\n"));
@@ -361,6 +369,7 @@ impl RunInfo {
             "post_list": self.post_list,
             "verify": self.verify,
             "pinned": self.pinned,
+            "data_path": self.data_path(),
             "peer": self.peer,
             "results": rows.iter().map(Row::json).collect::<Vec<_>>(),
         })

@@ -1,0 +1,496 @@
+//! A connection's shared segment: two single-producer single-consumer byte rings, one per
+//! direction, in a memfd both processes map.
+//!
+//! ```text
+//! 0     magic, ring capacity                       (written by the creator, checked once)
+//! 64    side 0 asleep    128   side 1 asleep       (wake-up flags)
+//! 256   ring 0: tail     384   ring 0: head        (side 0 → side 1)
+//! 512   ring 1: tail     640   ring 1: head        (side 1 → side 0)
+//! 4096  ring 0 data, then ring 1 data              (capacity bytes each)
+//! ```
+//!
+//! Indices are byte counts that only grow; a position is the count modulo the capacity.
+//! A ring holds records, 16-aligned, never wrapping: a record that would not fit before
+//! the end is preceded by a wrap record that fills the rest. A record is a 16-byte header
+//! (kind, prefix length, payload offset, payload length), the packet's first bytes (its
+//! headers), then, at `payload offset`, the rest of the packet. Large payloads start at
+//! the same offset within a cache line as the memory they were copied from, so that copy
+//! runs at full speed.
+//!
+//! Everything in the segment is the peer's to change at any moment. The producer keeps
+//! its own tail and the consumer its own head (neither reads its own index back); each
+//! reads the other's index once per use with an atomic load and checks it; headers are
+//! copied out once and checked before anything is trusted; payload bytes are only ever
+//! copied, never referenced. A peer that breaks a rule gets a [`RingError`], and its queue
+//! pair goes to the error state: it cannot make this process read or write outside the
+//! segment.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+
+use super::copy::copy;
+use super::sys;
+
+const MAGIC: u64 = u64::from_be_bytes(*b"RDMXSHM1");
+const SLEEP_OFF: [usize; 2] = [64, 128];
+const TAIL_OFF: [usize; 2] = [256, 512];
+const HEAD_OFF: [usize; 2] = [384, 640];
+const DATA_OFF: usize = 4096;
+const REC_HDR: usize = 16;
+const KIND_PACKET: u32 = 1;
+const KIND_WRAP: u32 = 2;
+/// Payloads at least this long are placed at their source's offset in a cache line.
+const ALIGN_MIN: usize = 256;
+/// Most bytes of a record's prefix (the packet's headers, and inline payload).
+pub(crate) const MAX_PREFIX: usize = 8192;
+
+/// How a peer broke the ring's rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RingError {
+    /// The peer's index is beyond what the ring can hold.
+    Index { what: &'static str, value: u64 },
+    /// A record header that no producer writes.
+    Garbage(&'static str),
+}
+
+impl std::fmt::Display for RingError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RingError::Index { what, value } => {
+                write!(f, "the peer's {what} ({value}) lies beyond the ring")
+            }
+            RingError::Garbage(why) => write!(f, "garbage in the ring: {why}"),
+        }
+    }
+}
+
+fn round16(n: usize) -> usize {
+    (n + 15) & !15
+}
+
+/// A mapped segment.
+#[derive(Debug)]
+pub(crate) struct Segment {
+    base: *mut u8,
+    len: usize,
+    cap: usize,
+}
+
+// SAFETY: the mapping is process memory shared with a peer; the segment hands out no
+// references into it, only copies and atomics, so any thread may use it.
+unsafe impl Send for Segment {}
+// SAFETY: as above.
+unsafe impl Sync for Segment {}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: `base` and `len` are the mapping this segment made; nothing refers into
+        // it once the segment is gone.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+/// Bytes of a segment whose rings hold `cap` bytes each.
+pub(crate) fn segment_len(cap: usize) -> usize {
+    DATA_OFF + 2 * cap
+}
+
+impl Segment {
+    /// A new segment with rings of `cap` bytes (a power of two, at least 4 KiB), and the
+    /// memfd to pass to the peer.
+    pub(crate) fn create(cap: usize) -> std::io::Result<(Segment, OwnedFd)> {
+        assert!(cap.is_power_of_two() && cap >= 4096);
+        let fd = sys::memfd(segment_len(cap))?;
+        let seg = Self::map(&fd, cap)?;
+        // SAFETY: offsets 0 and 8 lie inside the new mapping, 8-aligned (page-aligned base).
+        unsafe {
+            AtomicU64::from_ptr(seg.base.cast()).store(MAGIC, Ordering::Relaxed);
+            AtomicU64::from_ptr(seg.base.add(8).cast()).store(cap as u64, Ordering::Relaxed);
+        }
+        Ok((seg, fd))
+    }
+
+    /// Maps a segment the peer created, after checking its size and header.
+    pub(crate) fn open(fd: &OwnedFd, cap: usize) -> std::io::Result<Segment> {
+        let bad = |why| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+        if !cap.is_power_of_two() || !(4096..=1 << 30).contains(&cap) {
+            return Err(bad("a ring capacity out of range"));
+        }
+        if !sys::sealed(fd) {
+            return Err(bad("a segment whose size is not sealed"));
+        }
+        if sys::file_size(fd)? < segment_len(cap) as u64 {
+            return Err(bad("a segment smaller than its rings"));
+        }
+        let seg = Self::map(fd, cap)?;
+        if seg.atomic64(0).load(Ordering::Relaxed) != MAGIC
+            || seg.atomic64(8).load(Ordering::Relaxed) != cap as u64
+        {
+            return Err(bad("a segment that is not an rdmx ring pair"));
+        }
+        Ok(seg)
+    }
+
+    fn map(fd: &OwnedFd, cap: usize) -> std::io::Result<Segment> {
+        let len = segment_len(cap);
+        // SAFETY: maps `len` bytes of the file shared; the kernel picks the address. The
+        // file is sealed against shrinking (checked by `open`, done by `sys::memfd`), so
+        // the mapping stays backed.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Segment {
+            base: p.cast(),
+            len,
+            cap,
+        })
+    }
+
+    fn atomic64(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off % 8 == 0 && off + 8 <= DATA_OFF);
+        // SAFETY: `off` is one of the 8-aligned control words inside the mapping, which
+        // lives as long as `self`; shared words are only accessed atomically.
+        unsafe { AtomicU64::from_ptr(self.base.add(off).cast()) }
+    }
+
+    fn atomic32(&self, off: usize) -> &AtomicU32 {
+        debug_assert!(off % 4 == 0 && off + 4 <= DATA_OFF);
+        // SAFETY: as in `atomic64`.
+        unsafe { AtomicU32::from_ptr(self.base.add(off).cast()) }
+    }
+
+    /// The first byte of ring `ring`'s data.
+    fn data(&self, ring: usize) -> *mut u8 {
+        self.base.wrapping_add(DATA_OFF + ring * self.cap)
+    }
+
+    /// Side `side` is about to sleep (or has woken): whoever changes a ring it cares
+    /// about wakes it if this is set.
+    pub(crate) fn set_asleep(&self, side: usize, on: bool) {
+        self.atomic32(SLEEP_OFF[side])
+            .store(u32::from(on), Ordering::SeqCst);
+    }
+
+    /// Whether side `side` sleeps and must be woken; clears the flag.
+    pub(crate) fn take_asleep(&self, side: usize) -> bool {
+        // Orders the ring update before this load (pairs with the sleeper's store of the
+        // flag before it checks the rings again).
+        fence(Ordering::SeqCst);
+        let flag = self.atomic32(SLEEP_OFF[side]);
+        flag.load(Ordering::Relaxed) != 0 && flag.swap(0, Ordering::SeqCst) != 0
+    }
+
+    /// Writes one record to ring `ring`: a prefix of `prefix_len` bytes and a payload of
+    /// `payload_len` bytes, which `fill` copies in given where each goes (`fill` may only
+    /// write those bytes). `align` is the payload source's address (its offset within a
+    /// cache line is kept). Returns false, writing nothing, when the ring lacks room.
+    pub(crate) fn push(
+        &self,
+        ring: usize,
+        p: &mut Producer,
+        prefix_len: usize,
+        payload_len: usize,
+        align: usize,
+        fill: impl FnOnce(*mut u8, *mut u8),
+    ) -> Result<bool, RingError> {
+        let cap = self.cap;
+        let base = REC_HDR + prefix_len;
+        let worst = round16(base + 63 + payload_len);
+        assert!(
+            worst <= cap / 2 && prefix_len <= MAX_PREFIX,
+            "record too large for the ring"
+        );
+        let mut pos = (p.tail % cap as u64) as usize;
+        let wrap = if cap - pos < worst { cap - pos } else { 0 };
+        if cap as u64 - (p.tail - p.head) < (wrap + worst) as u64 {
+            let head = self.atomic64(HEAD_OFF[ring]).load(Ordering::Acquire);
+            if head > p.tail || p.tail - head > cap as u64 || head < p.head {
+                return Err(RingError::Index {
+                    what: "consumer index",
+                    value: head,
+                });
+            }
+            p.head = head;
+            if cap as u64 - (p.tail - p.head) < (wrap + worst) as u64 {
+                return Ok(false);
+            }
+        }
+        let data = self.data(ring);
+        if wrap > 0 {
+            let hdr = [KIND_WRAP, 0, 0, 0];
+            // SAFETY: pos + 16 ≤ cap (positions are 16-aligned, cap a power of two ≥ 4096):
+            // the header lies inside this ring's data, in bytes the consumer has released.
+            unsafe { copy_hdr(data.add(pos), &hdr) };
+            p.tail += wrap as u64;
+            pos = 0;
+        }
+        let off = if payload_len >= ALIGN_MIN {
+            base + (align.wrapping_sub(pos + base) & 63)
+        } else {
+            (base + 7) & !7
+        };
+        let size = round16(off + payload_len);
+        debug_assert!(pos + size <= cap && size <= worst);
+        let hdr = [
+            KIND_PACKET,
+            prefix_len as u32,
+            off as u32,
+            payload_len as u32,
+        ];
+        // SAFETY: [pos, pos + size) lies inside this ring's data and was released by the
+        // consumer (room checked above); `fill` writes only the prefix and payload ranges.
+        unsafe {
+            let rec = data.add(pos);
+            copy_hdr(rec, &hdr);
+            fill(rec.add(REC_HDR), rec.add(off));
+        }
+        p.tail += size as u64;
+        self.atomic64(TAIL_OFF[ring])
+            .store(p.tail, Ordering::Release);
+        Ok(true)
+    }
+
+    /// The next record of ring `ring`, if one has arrived. Records the peer got wrong are
+    /// errors; wrap records are skipped.
+    pub(crate) fn peek(&self, ring: usize, c: &mut Consumer) -> Result<Option<Record>, RingError> {
+        let cap = self.cap as u64;
+        loop {
+            let tail = self.atomic64(TAIL_OFF[ring]).load(Ordering::Acquire);
+            let avail = tail.wrapping_sub(c.head);
+            if avail == 0 {
+                return Ok(None);
+            }
+            if avail > cap || tail % 16 != 0 {
+                return Err(RingError::Index {
+                    what: "producer index",
+                    value: tail,
+                });
+            }
+            let pos = (c.head % cap) as usize;
+            let mut hdr = [0u32; 4];
+            // SAFETY: pos + 16 ≤ cap (16-aligned positions), inside this ring's data;
+            // copied out once, then checked.
+            unsafe { copy(hdr.as_mut_ptr().cast(), self.data(ring).add(pos), REC_HDR) };
+            let room = (cap as usize - pos).min(avail as usize);
+            match hdr[0] {
+                KIND_WRAP => {
+                    if pos == 0 || (cap as usize - pos) as u64 > avail {
+                        return Err(RingError::Garbage("a wrap record in the wrong place"));
+                    }
+                    c.head += cap - pos as u64;
+                }
+                KIND_PACKET => {
+                    let (prefix, off, len) = (hdr[1] as usize, hdr[2] as usize, hdr[3] as usize);
+                    if prefix > MAX_PREFIX || off < REC_HDR + prefix || off > REC_HDR + prefix + 64
+                    {
+                        return Err(RingError::Garbage("a record with a bad layout"));
+                    }
+                    let size = round16(off + len);
+                    if len > room || size > room {
+                        return Err(RingError::Garbage("a record longer than the ring holds"));
+                    }
+                    return Ok(Some(Record {
+                        pos,
+                        prefix,
+                        off,
+                        len,
+                        size,
+                    }));
+                }
+                _ => return Err(RingError::Garbage("an unknown record kind")),
+            }
+        }
+    }
+
+    /// Copies `len` bytes at `at` of `rec`'s prefix (`payload: false`) or payload into
+    /// `dst`.
+    ///
+    /// # Safety
+    ///
+    /// `dst` is writable for `len` bytes and not inside the segment; `at + len` is within
+    /// the prefix or payload length `rec` names.
+    pub(crate) unsafe fn read(
+        &self,
+        ring: usize,
+        rec: &Record,
+        payload: bool,
+        at: usize,
+        dst: *mut u8,
+        len: usize,
+    ) {
+        let (start, max) = if payload {
+            (rec.off, rec.len)
+        } else {
+            (REC_HDR, rec.prefix)
+        };
+        assert!(at.checked_add(len).is_some_and(|e| e <= max));
+        // SAFETY: `peek` checked the record lies inside the ring's data; the caller
+        // vouches for `dst`.
+        unsafe { copy(dst, self.data(ring).add(rec.pos + start + at), len) };
+    }
+
+    /// Releases `rec` (and any wrap record before it) to the producer.
+    pub(crate) fn consume(&self, ring: usize, c: &mut Consumer, rec: &Record) {
+        c.head += rec.size as u64;
+        self.atomic64(HEAD_OFF[ring])
+            .store(c.head, Ordering::Release);
+    }
+}
+
+/// Copies a record header into the ring.
+///
+/// # Safety
+///
+/// `dst` is writable for 16 bytes.
+unsafe fn copy_hdr(dst: *mut u8, hdr: &[u32; 4]) {
+    // SAFETY: forwarded; `hdr` is 16 bytes.
+    unsafe { std::ptr::copy_nonoverlapping(hdr.as_ptr().cast::<u8>(), dst, REC_HDR) };
+}
+
+/// The producer's side of a ring: its own tail, and the consumer's head as last seen.
+#[derive(Debug, Default)]
+pub(crate) struct Producer {
+    tail: u64,
+    head: u64,
+}
+
+/// The consumer's side of a ring: its own head.
+#[derive(Debug, Default)]
+pub(crate) struct Consumer {
+    head: u64,
+}
+
+impl Consumer {
+    /// Bytes consumed so far.
+    #[cfg(feature = "testing")]
+    pub(crate) fn head(&self) -> u64 {
+        self.head
+    }
+}
+
+/// A record found by [`Segment::peek`], checked to lie inside the ring.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Record {
+    pos: usize,
+    /// Bytes of the prefix.
+    pub(crate) prefix: usize,
+    off: usize,
+    /// Bytes of the payload.
+    pub(crate) len: usize,
+    size: usize,
+}
+
+/// Raw access to a segment's bytes, for tests that play a hostile peer.
+#[cfg(any(test, feature = "testing"))]
+impl Segment {
+    /// Writes `bytes` at byte `off` of the segment, ignoring every rule.
+    pub(crate) fn scribble(&self, off: usize, bytes: &[u8]) {
+        assert!(off + bytes.len() <= self.len);
+        // SAFETY: inside the mapping (checked above).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(off), bytes.len()) };
+    }
+    /// Byte offsets of ring `ring`'s tail, head and data in the segment.
+    pub(crate) fn layout(&self, ring: usize) -> (usize, usize, usize) {
+        (TAIL_OFF[ring], HEAD_OFF[ring], DATA_OFF + ring * self.cap)
+    }
+
+    /// Ring capacity in bytes.
+    pub(crate) fn cap(&self) -> usize {
+        self.cap
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip(seg: &Segment, p: &mut Producer, c: &mut Consumer, prefix: &[u8], body: &[u8]) {
+        let pushed = seg
+            .push(
+                0,
+                p,
+                prefix.len(),
+                body.len(),
+                body.as_ptr() as usize,
+                |a, b| {
+                    // SAFETY: test buffers into the ranges push names.
+                    unsafe {
+                        copy(a, prefix.as_ptr(), prefix.len());
+                        copy(b, body.as_ptr(), body.len());
+                    }
+                },
+            )
+            .unwrap();
+        assert!(pushed);
+        let rec = seg.peek(0, c).unwrap().expect("a record");
+        assert_eq!((rec.prefix, rec.len), (prefix.len(), body.len()));
+        let mut a = vec![0u8; rec.prefix];
+        let mut b = vec![0u8; rec.len];
+        // SAFETY: local buffers of the record's lengths.
+        unsafe {
+            seg.read(0, &rec, false, 0, a.as_mut_ptr(), a.len());
+            seg.read(0, &rec, true, 0, b.as_mut_ptr(), b.len());
+        }
+        assert_eq!((&a[..], &b[..]), (prefix, body));
+        seg.consume(0, c, &rec);
+    }
+
+    #[test]
+    fn records_wrap_and_keep_their_bytes() {
+        let (seg, _fd) = Segment::create(1 << 14).unwrap();
+        let (mut p, mut c) = (Producer::default(), Consumer::default());
+        for i in 0..500usize {
+            let body: Vec<u8> = (0..(i * 37) % 3000).map(|j| (i + j) as u8).collect();
+            roundtrip(&seg, &mut p, &mut c, &[i as u8; 28], &body);
+        }
+        assert!(seg.peek(0, &mut c).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_full_ring_says_so() {
+        let (seg, _fd) = Segment::create(1 << 12).unwrap();
+        let mut p = Producer::default();
+        let mut n = 0;
+        while seg.push(0, &mut p, 12, 1000, 0, |_, _| {}).unwrap() {
+            n += 1;
+        }
+        assert!(n >= 2);
+    }
+
+    #[test]
+    fn hostile_indices_and_headers_are_errors() {
+        let (seg, _fd) = Segment::create(1 << 12).unwrap();
+        let (tail, head, data) = seg.layout(0);
+        let mut c = Consumer::default();
+        seg.scribble(tail, &(1u64 << 40).to_ne_bytes());
+        assert!(matches!(seg.peek(0, &mut c), Err(RingError::Index { .. })));
+        seg.scribble(tail, &64u64.to_ne_bytes());
+        seg.scribble(data, &[0xff; 16]);
+        assert!(matches!(seg.peek(0, &mut c), Err(RingError::Garbage(_))));
+        seg.scribble(
+            data,
+            &[1, 0, 0, 0, 0, 0, 0, 0, 16, 0, 0, 0, 0xff, 0xff, 0, 0],
+        );
+        assert!(matches!(seg.peek(0, &mut c), Err(RingError::Garbage(_))));
+        let mut p = Producer::default();
+        seg.scribble(head, &(1u64 << 50).to_ne_bytes());
+        let mut filled = Ok(true);
+        for _ in 0..10 {
+            filled = seg.push(0, &mut p, 12, 1000, 0, |_, _| {});
+            if filled != Ok(true) {
+                break;
+            }
+        }
+        assert!(matches!(filled, Err(RingError::Index { .. })));
+    }
+}

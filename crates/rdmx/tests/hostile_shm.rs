@@ -1,0 +1,173 @@
+//! A broken or hostile peer on the shm provider: garbage in the ring, producer indices
+//! beyond the ring, records that claim more than the ring holds, a connection without the
+//! secret. Each time the victim neither crashes nor hangs nor writes outside what its keys
+//! grant: its queue pair goes to ERR with a logged reason, and every outstanding request
+//! completes with an error status.
+
+#[path = "common/logs.rs"]
+mod logs;
+
+use std::time::{Duration, Instant};
+
+use rdmx::{
+    Access, Completion, CompletionQueue, ConnectOptions, Context, LocalSge, ProtectionDomain,
+    QpCaps, QpState, QueuePair, RecvRequest, SendRequest, WcStatus,
+};
+
+use logs::wait_logged;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+struct Side {
+    _ctx: Context,
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+    qp: QueuePair,
+}
+
+fn side() -> Side {
+    // Capture logs from the start.
+    let _ = logs::logs();
+    let ctx = Context::open(rdmx::shm::Options::default().ring_bytes(64 << 10)).unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(64).unwrap();
+    let qp = pd.create_qp(&cq, &cq, QpCaps::default()).unwrap();
+    Side {
+        _ctx: ctx,
+        pd,
+        cq,
+        qp,
+    }
+}
+
+/// A connected pair: the victim and its peer.
+fn pair() -> (Side, Side) {
+    let (a, b) = (side(), side());
+    let opts = ConnectOptions::default();
+    let (ea, eb) = (a.qp.endpoint(), b.qp.endpoint());
+    a.qp.connect(eb, &opts).unwrap();
+    b.qp.connect(ea, &opts).unwrap();
+    (a, b)
+}
+
+fn wait(cq: &CompletionQueue, what: &str) -> Completion {
+    let start = Instant::now();
+    loop {
+        if let Some(c) = cq.poll_one().unwrap() {
+            return c;
+        }
+        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+        std::thread::yield_now();
+    }
+}
+
+/// Puts `bytes` in the victim's incoming ring and moves its producer index `ahead` while
+/// it has a receive posted and a SEND outstanding (the peer has no receive: RNR, retried
+/// forever; the first RNR NAK is read before), then checks
+/// both complete with an error, the QP is in ERR with `reason` logged, and a region
+/// without remote access kept its bytes.
+fn hostile(bytes: &[u8], ahead: u64, reason: &str) {
+    let (v, _peer) = pair();
+    let inbox = v.pd.register(vec![0u8; 4096], Access::LOCAL_WRITE).unwrap();
+    let closed =
+        v.pd.register(vec![0x5au8; 4096], Access::LOCAL_WRITE)
+            .unwrap();
+    v.qp.post_recv(RecvRequest::new(1).sge(LocalSge::new(&inbox, 0, 4096).unwrap()))
+        .unwrap();
+    v.qp.post_send(SendRequest::send(2).sge(LocalSge::new(&closed, 0, 64).unwrap()))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    rdmx::shm::testing::scribble_incoming(&v.qp, bytes, ahead).unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let c = wait(&v.cq, "the outstanding requests to fail");
+        assert_ne!(c.status, WcStatus::Success, "{c:?}");
+        ids.push(c.wr_id);
+    }
+    ids.sort();
+    assert_eq!(ids, [1, 2]);
+    assert_eq!(v.qp.state(), QpState::Err);
+    wait_logged("WARN", &["closing the shared-memory connection", reason]);
+    let mut got = vec![0u8; 4096];
+    closed.read_at(0, &mut got).unwrap();
+    assert!(
+        got.iter().all(|&b| b == 0x5a),
+        "a region without remote access changed"
+    );
+    assert!(
+        v.cq.poll_one().unwrap().is_none(),
+        "a completion came twice"
+    );
+}
+
+#[test]
+fn garbage_in_the_ring() {
+    hostile(&[0xff; 256], 256, "an unknown record kind");
+}
+
+#[test]
+fn producer_index_beyond_the_ring() {
+    hostile(&[], 1 << 40, "lies beyond the ring");
+}
+
+#[test]
+fn unaligned_producer_index() {
+    hostile(&[], 24, "lies beyond the ring");
+}
+
+#[test]
+fn a_record_longer_than_the_ring() {
+    // Kind 1 (packet), a 12-byte prefix, payload at 32, 1 GiB of payload.
+    let mut rec = Vec::new();
+    for v in [1u32, 12, 32, 1 << 30] {
+        rec.extend_from_slice(&v.to_ne_bytes());
+    }
+    hostile(&rec, 64, "longer than the ring holds");
+}
+
+#[test]
+fn a_record_that_is_not_a_packet() {
+    // A well-formed record whose prefix is no valid packet (opcode 0xff).
+    let mut rec = Vec::new();
+    for v in [1u32, 12, 32, 0] {
+        rec.extend_from_slice(&v.to_ne_bytes());
+    }
+    rec.extend_from_slice(&[0xff; 16]);
+    hostile(&rec, 32, "unknown opcode");
+}
+
+#[test]
+fn a_wrap_record_at_the_start() {
+    hostile(&[2, 0, 0, 0], 16, "wrap record in the wrong place");
+}
+
+#[test]
+fn a_connection_without_the_secret_is_refused() {
+    // A peer that knows the victim's address and QP number but not its secret, and
+    // connects to it (the side with the smaller QP number and PSN connects).
+    let v = side();
+    let ve = v.qp.endpoint();
+    let mallory = (0..1000)
+        .map(|_| side())
+        .find(|m| {
+            let me = m.qp.endpoint();
+            (me.qp_num, me.psn) < (ve.qp_num, ve.psn)
+        })
+        .expect("a QP that connects rather than waits");
+    let opts = ConnectOptions::default();
+    v.qp.connect(mallory.qp.endpoint(), &opts).unwrap();
+    let mut forged = ve;
+    forged.secret ^= 1;
+    let err = mallory.qp.connect(forged, &opts);
+    assert!(
+        err.is_err(),
+        "the victim took a connection without its secret"
+    );
+    wait_logged(
+        "WARN",
+        &["refusing an shm connection", "did not present its secret"],
+    );
+    // The victim still waits for its real peer: nothing arrived.
+    assert_eq!(v.qp.state(), QpState::Rts);
+    assert!(v.cq.poll_one().unwrap().is_none());
+}

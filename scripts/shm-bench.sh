@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The shm provider against its anchors, in one run on one machine: UCX's shared-memory
+# transports (`UCX_TLS=sm ucx_perftest`, two processes) and memcpy of 64 KiB between
+# equally aligned buffers (`rdmx bench reg`). rdmx runs in two processes (--server and a
+# client) and in one. Each figure is the median of ROUNDS interleaved runs; the last line
+# gives the ratios.
+#
+# Usage: scripts/shm-bench.sh            (ROUNDS=5 by default)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-5}
+if ! command -v ucx_perftest >/dev/null; then
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    $SUDO apt-get install -y -qq ucx-utils >/dev/null
+fi
+cargo build --release --locked -p rdmx-cli >/dev/null 2>&1
+RDMX=${CARGO_TARGET_DIR:-target}/release/rdmx
+out=$(mktemp -d)
+trap 'rm -rf "$out"; kill $(jobs -p) 2>/dev/null || true' EXIT
+
+j() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+ucx() { # test size iters -> MiB/s (bw), M msg/s (bw of 8 B) or usec (lat)
+    UCX_TLS=sm ucx_perftest -t "$1" -s "$2" -n "$3" -p 5312 >/dev/null 2>&1 & sleep 0.5
+    UCX_TLS=sm ucx_perftest 127.0.0.1 -t "$1" -s "$2" -n "$3" -p 5312 -f 2>/dev/null |
+        python3 -c "
+import sys
+rows = [l.split() for l in sys.stdin if l.split() and l.split()[0].isdigit()]
+f = rows[-1]  # iterations, median latency, avg, overall, bw avg, bw overall (MB/s), msgrate avg, overall
+print(f[1] if '$1'.endswith('lat') else (float(f[7]) / 1e6 if '$2' == '8' else f[5]))"
+    wait
+}
+pick="d['results'][0].get('bw_avg_mib_s') or d['results'][0]['t_typical_us']"
+rate="d['results'][0]['msg_rate_mpps']"
+one() { # test size iters [extra...] -> MiB/s or t_typical usec, one process
+    local t=$1 s=$2 n=$3; shift 3
+    "$RDMX" bench "$t" --provider shm -s "$s" -n "$n" --json "$@" | j "${J:-$pick}"
+}
+two() { # the same across two processes
+    local t=$1 s=$2 n=$3; shift 3
+    "$RDMX" bench "$t" --provider shm -s "$s" -n "$n" --server --port 5313 "$@" >/dev/null 2>&1 &
+    sleep 0.3
+    "$RDMX" bench "$t" --provider shm -s "$s" -n "$n" --port 5313 --json "$@" 127.0.0.1 | j "${J:-$pick}"
+    wait
+}
+memcpy() { # 64 KiB, equally aligned, MiB/s
+    "$RDMX" bench reg --runs 3 --json | j "65536 / d['memcpy_64k_ns'] * 1e9 / 1048576"
+}
+for r in $(seq "$ROUNDS"); do
+    memcpy >>"$out/memcpy"
+    ucx ucp_put_bw 65536 20000 >>"$out/ucx_put_64k"
+    ucx ucp_put_bw 1048576 2000 >>"$out/ucx_put_1m"
+    ucx ucp_get 65536 20000 >>"$out/ucx_get_64k"
+    ucx ucp_put_bw 8 1000000 >>"$out/ucx_put_8"
+    ucx ucp_put_lat 8 100000 >>"$out/ucx_put_lat"
+    ucx ucp_am_lat 8 100000 >>"$out/ucx_am_lat"
+    two write_bw 65536 20000 >>"$out/write_64k"
+    two write_bw 1048576 2000 >>"$out/write_1m"
+    two read_bw 65536 20000 >>"$out/read_64k"
+    J=$rate two write_bw 8 200000 -l 32 >>"$out/write_8"
+    two write_lat 8 20000 >>"$out/write_lat"
+    two send_lat 8 20000 >>"$out/send_lat"
+    one write_bw 65536 20000 >>"$out/one_write_64k"
+    echo "round $r/$ROUNDS done" >&2
+done
+med() { sort -g "$out/$1" | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+figs=(memcpy ucx_put_64k ucx_put_1m ucx_get_64k ucx_put_8 ucx_put_lat ucx_am_lat
+    write_64k write_1m read_64k write_8 write_lat send_lat one_write_64k)
+printf '%-14s %10s   (median of %s; MiB/s, M msg/s for 8 B bandwidth, latency in usec)\n' \
+    figure value "$ROUNDS"
+args=()
+for f in "${figs[@]}"; do
+    printf '%-14s %10.3f\n' "$f" "$(med "$f")"
+    args+=("$(med "$f")")
+done
+python3 - "${args[@]}" <<'PY'
+import sys
+(mc, up64, up1m, ug64, up8, upl, aml, w64, w1m, r64, w8, wl, sl, o64) = map(float, sys.argv[1:])
+print(f"ratio write_bw_64k/ucx_put_bw={w64/up64:.2f} write_bw_1m/ucx_put_bw={w1m/up1m:.2f} "
+      f"read_bw_64k/ucx_get={r64/ug64:.2f} write_bw_8/ucx_put_bw_8={w8/up8:.2f} "
+      f"write_lat/ucx_put_lat={wl/upl:.2f} send_lat/ucx_am_lat={sl/aml:.2f} "
+      f"one_process_write_bw_64k/memcpy_aligned={o64/mc:.2f} (path: ring)")
+PY

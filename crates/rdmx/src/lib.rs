@@ -59,6 +59,8 @@
 //! - `verbs` (default): the rdma-core provider (loaded at run time).
 //! - `serde`: `Serialize`/`Deserialize` for [`QpEndpoint`], [`PeerAddr`] and
 //!   [`RemoteRegion`] (each also has a compact byte form).
+//! - `tokio`: the async API ([`tokio`](crate::tokio)): awaitable completion queues,
+//!   operations as futures that own their buffers, async connection setup.
 //! - `testing`: test tools — the loopback provider's fault injection and seeded keys.
 
 pub mod cm;
@@ -73,6 +75,8 @@ mod provider;
 mod qp;
 mod soft;
 mod srq;
+#[cfg(feature = "tokio")]
+pub mod tokio;
 
 pub mod loopback;
 pub mod tcp;

@@ -6,7 +6,7 @@
 //! polling (on tcp the progress thread takes over at once), and sleeps on the notification
 //! descriptor, registered with tokio's reactor. Where completions only move when someone
 //! polls (a busy-polled tcp context, chosen for the lowest latency) it polls instead,
-//! yielding to other tasks between polls, and only while something waits.
+//! yielding to other tasks between polls, for as long as the queue is awaitable.
 //!
 //! Operations name their slot in the request id: [`TAG`] and the slot's index. A
 //! completion whose id names a slot of its queue pair wakes that operation (or, when the
@@ -22,7 +22,6 @@ use std::task::{Context as TaskContext, Poll, Waker};
 
 use ::tokio::io::unix::AsyncFd;
 use ::tokio::io::Interest;
-use ::tokio::sync::Notify;
 use ::tokio::task::AbortHandle;
 use parking_lot::Mutex;
 use rdmx_core::Completion;
@@ -79,8 +78,6 @@ pub(super) struct Shared {
     fd: AsyncFd<Fd>,
     cq: CompletionQueue,
     state: Mutex<State>,
-    /// Wakes a polling driver when something starts waiting.
-    work: Notify,
     /// Whether the driver polls instead of sleeping on the notification.
     polling: bool,
     /// Requests the queue pairs on this queue may have outstanding together.
@@ -118,6 +115,8 @@ enum Slot {
         qp: Weak<QpShared>,
         reclaim: Reclaim,
     },
+    /// Abandoned and completed: the driver is giving the buffer back.
+    Reclaiming,
 }
 
 /// Gives back the buffer of a completed request whose future was dropped.
@@ -167,7 +166,6 @@ impl AsyncCq {
             fd,
             cq,
             state: Mutex::new(State::default()),
-            work: Notify::new(),
             polling,
             reserved: Mutex::new(0),
         });
@@ -199,14 +197,9 @@ impl AsyncCq {
         if let Some(f) = &st.failed {
             return Poll::Ready(Err(f.error()));
         }
-        let fresh = st.other_waker.is_none();
         match &mut st.other_waker {
             Some(w) => w.clone_from(cx.waker()),
             None => st.other_waker = Some(cx.waker().clone()),
-        }
-        drop(st);
-        if fresh && sh.polling {
-            sh.work.notify_one();
         }
         Poll::Pending
     }
@@ -245,17 +238,12 @@ impl Shared {
         if let Some(f) = &st.failed {
             return Err(f.error());
         }
-        let was_idle = st.slots.is_empty();
         let i = st.slots.insert(Slot::Waiting { qpn, waker: None });
-        drop(st);
-        if was_idle && self.polling {
-            self.work.notify_one();
-        }
         Ok((i, TAG | i as u64))
     }
 
-    /// Frees slot `i`, whose request was never posted.
-    pub(super) fn cancel(&self, i: usize) {
+    /// Frees slot `i`: its request was never posted, or its buffer has been taken.
+    pub(super) fn free(&self, i: usize) {
         self.state.lock().slots.try_remove(i);
     }
 
@@ -264,11 +252,9 @@ impl Shared {
         let mut st = self.state.lock();
         let st = &mut *st;
         match st.slots.get_mut(i) {
-            Some(Slot::Done(c)) => {
-                let c = *c;
-                st.slots.remove(i);
-                Poll::Ready(Ok(c))
-            }
+            // The slot stays taken until `free`: its request id must not be reused
+            // before the buffer has left the queue pair.
+            Some(Slot::Done(c)) => Poll::Ready(Ok(*c)),
             Some(Slot::Waiting { waker, .. }) => {
                 if let Some(f) = &st.failed {
                     st.slots.remove(i);
@@ -280,9 +266,9 @@ impl Shared {
                 }
                 Poll::Pending
             }
-            Some(Slot::Abandoned { .. }) | None => Poll::Ready(Err(Error::InvalidArgument(
-                "an async operation's slot is gone",
-            ))),
+            Some(Slot::Abandoned { .. } | Slot::Reclaiming) | None => Poll::Ready(Err(
+                Error::InvalidArgument("an async operation's slot is gone"),
+            )),
         }
     }
 
@@ -310,9 +296,9 @@ impl Shared {
             _ => None,
         };
         if let Some(c) = done {
-            st.slots.remove(i);
             drop(st);
             reclaim(qp, side, &c);
+            self.free(i);
         }
     }
 
@@ -344,10 +330,10 @@ impl Shared {
                 Slot::Abandoned {
                     qp, side, reclaim, ..
                 } => {
-                    st.slots.remove(i);
-                    late.push((qp, side, reclaim, *c));
+                    st.slots[i] = Slot::Reclaiming;
+                    late.push((i, qp, side, reclaim, *c));
                 }
-                Slot::Done(_) => {}
+                Slot::Done(_) | Slot::Reclaiming => {}
             }
         }
     }
@@ -367,16 +353,10 @@ impl Shared {
         drop(st);
         wake.into_iter().for_each(Waker::wake);
     }
-
-    /// Whether anything waits for a completion.
-    fn waited_for(&self) -> bool {
-        let st = self.state.lock();
-        !st.slots.is_empty() || st.other_waker.is_some()
-    }
 }
 
 /// The buffer of an abandoned request, to give back outside the lock.
-type Late = (Weak<QpShared>, Side, Reclaim, Completion);
+type Late = (usize, Weak<QpShared>, Side, Reclaim, Completion);
 
 /// Polls `cq` until it is empty; returns how many completions it routed.
 fn reap(
@@ -394,10 +374,11 @@ fn reap(
         sh.dispatch(&batch[..n], wake, late);
         total += n;
         wake.drain(..).for_each(Waker::wake);
-        for (qp, side, reclaim, c) in late.drain(..) {
+        for (i, qp, side, reclaim, c) in late.drain(..) {
             if let Some(qp) = qp.upgrade() {
                 reclaim(&qp, side, &c);
             }
+            sh.free(i);
         }
         if n < batch.len() {
             break;
@@ -433,11 +414,9 @@ async fn drive(sh: Arc<Shared>) {
             continue;
         }
         if sh.polling {
-            if sh.waited_for() {
-                ::tokio::task::yield_now().await;
-            } else {
-                sh.work.notified().await;
-            }
+            // A busy-polled context moves only when polled, also as the target of the
+            // peer's one-sided requests: poll for as long as the queue is awaitable.
+            ::tokio::task::yield_now().await;
             continue;
         }
         if n > 0 {

@@ -255,7 +255,7 @@ impl AsyncQp {
             None => sh.qp.post_recv_buf(wr_id, buf),
         };
         if let Err((e, buf)) = posted {
-            cq.cancel(slot);
+            cq.free(slot);
             return Err(OpError::Post(e, buf));
         }
         // The room comes back with the completion (below, or when reclaimed).
@@ -270,18 +270,19 @@ impl AsyncQp {
         };
         let res = poll_fn(|cx| cq.poll_slot(slot, cx)).await;
         flight.done = true;
-        match res {
-            Ok(c) => {
-                room.add_permits(1);
-                match sh.qp.take_buf_on::<B>(side, c.wr_id) {
-                    Some(buf) if c.status == WcStatus::Success => Ok((buf, c)),
-                    Some(buf) => Err(OpError::Completion(c, buf)),
-                    None => Err(OpError::Cq(Error::InvalidArgument(
-                        "the buffer of a completed request is not with its queue pair",
-                    ))),
-                }
-            }
-            Err(e) => Err(OpError::Cq(e)),
+        let c = match res {
+            Ok(c) => c,
+            Err(e) => return Err(OpError::Cq(e)),
+        };
+        let buf = sh.qp.take_buf_on::<B>(side, c.wr_id);
+        cq.free(slot);
+        room.add_permits(1);
+        match buf {
+            Some(buf) if c.status == WcStatus::Success => Ok((buf, c)),
+            Some(buf) => Err(OpError::Completion(c, buf)),
+            None => Err(OpError::Cq(Error::InvalidArgument(
+                "the buffer of a completed request is not with its queue pair",
+            ))),
         }
     }
 }

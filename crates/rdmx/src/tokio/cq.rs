@@ -408,8 +408,9 @@ async fn drive(sh: Arc<Shared>) {
         let Some(n) = reaped(&sh, &mut wake, &mut late) else {
             return;
         };
-        if n >= BATCH {
-            // Let the woken operations run before reaping more.
+        if n > 0 {
+            // Let the woken operations run (and post their next requests) before polling
+            // again and arming.
             ::tokio::task::yield_now().await;
             continue;
         }
@@ -417,9 +418,6 @@ async fn drive(sh: Arc<Shared>) {
             // A busy-polled context moves only when polled, also as the target of the
             // peer's one-sided requests: poll for as long as the queue is awaitable.
             ::tokio::task::yield_now().await;
-            continue;
-        }
-        if n > 0 {
             continue;
         }
         sh.cq.req_notify(false);

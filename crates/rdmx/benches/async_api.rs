@@ -173,15 +173,20 @@ fn lat_async(
         let mut rtts = Vec::with_capacity(LAT_ITERS);
         let mut rx = pool.get(64).unwrap();
         let mut tx = pool.get(8).unwrap();
+        let mut next = qp.recv(pool.get(64).unwrap());
         for _ in 0..LAT_ITERS {
             let start = Instant::now();
             if me == 0 {
-                let recv = qp.recv(rx);
-                let (s, r) = tokio::join!(qp.send(tx), recv);
-                tx = s.unwrap().0;
-                rx = r.unwrap().0;
+                let sent = qp.send(tx);
+                let (got, _) = next.await.unwrap();
+                next = qp.recv(rx);
+                rx = got;
+                tx = sent.await.unwrap().0;
             } else {
-                rx = qp.recv(rx).await.unwrap().0;
+                // The next receive is posted (when made) before the reply goes out.
+                let (got, _) = next.await.unwrap();
+                next = qp.recv(rx);
+                rx = got;
                 tx = qp.send(tx).await.unwrap().0;
             }
             rtts.push(start.elapsed().as_nanos() as f64);

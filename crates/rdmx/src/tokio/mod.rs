@@ -11,7 +11,9 @@
 //!   [`write_with_imm`](AsyncQp::write_with_imm), ... Each takes an owned buffer (a
 //!   [`PoolBuf`](crate::PoolBuf) or a [`CachedBuf`](crate::CachedBuf)) and resolves to
 //!   the buffer and the completion, or an [`OpError`] carrying both (io_uring style).
-//!   A full queue is back-pressure: the operation waits for room.
+//!   An operation ([`Op`]) posts its request when it is made, so requests go out in the
+//!   order the code makes them; a full queue is back-pressure: the operation waits for
+//!   room and posts when it gets it.
 //! - Cancellation is safe: a future dropped before its completion leaves the buffer with
 //!   the queue pair, and the driver returns it (to its pool) when the completion, or the
 //!   flush after an error, arrives.
@@ -53,4 +55,4 @@ mod cq;
 mod qp;
 
 pub use cq::AsyncCq;
-pub use qp::{AsyncQp, OpError, OpResult};
+pub use qp::{AsyncQp, Op, OpError, OpResult};

@@ -9,13 +9,15 @@
 //! code while a provider may still touch it.
 
 use std::fmt;
-use std::future::poll_fn;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
 
-use ::tokio::sync::Semaphore;
+use ::tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use rdmx_core::{Completion, RemoteAddr, SendOp, WcStatus};
 
-use super::cq::{AsyncCq, Shared};
+use super::cq::{AsyncCq, Reclaim, Shared};
 use crate::owned::{OwnedBuf, Side};
 use crate::{Error, QueuePair, Result, SendRequest};
 
@@ -97,8 +99,8 @@ pub(super) struct QpShared {
     qp: QueuePair,
     send: AsyncCq,
     recv: AsyncCq,
-    send_room: Semaphore,
-    recv_room: Semaphore,
+    send_room: Arc<Semaphore>,
+    recv_room: Arc<Semaphore>,
 }
 
 impl Drop for QpShared {
@@ -110,10 +112,17 @@ impl Drop for QpShared {
 }
 
 impl QpShared {
-    fn room(&self, side: Side) -> &Semaphore {
+    fn room(&self, side: Side) -> &Arc<Semaphore> {
         match side {
             Side::Send => &self.send_room,
             Side::Recv => &self.recv_room,
+        }
+    }
+
+    fn cq(&self, side: Side) -> &Shared {
+        match side {
+            Side::Send => self.send.shared(),
+            Side::Recv => self.recv.shared(),
         }
     }
 }
@@ -141,8 +150,8 @@ impl AsyncQp {
                 qp,
                 send: send_cq.clone(),
                 recv: recv_cq.clone(),
-                send_room: Semaphore::new(caps.max_send_wr),
-                recv_room: Semaphore::new(caps.max_recv_wr),
+                send_room: Arc::new(Semaphore::new(caps.max_send_wr)),
+                recv_room: Arc::new(Semaphore::new(caps.max_recv_wr)),
             }),
         })
     }
@@ -155,152 +164,235 @@ impl AsyncQp {
     }
 
     /// SEND of the buffer's bytes.
-    pub async fn send<B: OwnedBuf>(&self, buf: B) -> OpResult<B> {
-        self.post(SendRequest::new(0, SendOp::Send), buf).await
+    pub fn send<B: OwnedBuf>(&self, buf: B) -> Op<B> {
+        self.post(SendRequest::new(0, SendOp::Send), buf)
     }
 
     /// SEND with immediate data.
-    pub async fn send_with_imm<B: OwnedBuf>(&self, buf: B, imm: u32) -> OpResult<B> {
+    pub fn send_with_imm<B: OwnedBuf>(&self, buf: B, imm: u32) -> Op<B> {
         self.post(SendRequest::new(0, SendOp::SendWithImm(imm)), buf)
-            .await
     }
 
     /// A receive into the buffer; the completion's `byte_len` says how much arrived (and
     /// its opcode whether it was a SEND or consumed by a WRITE_WITH_IMM).
-    pub async fn recv<B: OwnedBuf>(&self, buf: B) -> OpResult<B> {
-        self.run(Side::Recv, None, buf).await
+    pub fn recv<B: OwnedBuf>(&self, buf: B) -> Op<B> {
+        self.run(Side::Recv, None, buf)
     }
 
     /// RDMA WRITE of the buffer's bytes to `remote`.
-    pub async fn write<B: OwnedBuf>(&self, buf: B, remote: RemoteAddr) -> OpResult<B> {
+    pub fn write<B: OwnedBuf>(&self, buf: B, remote: RemoteAddr) -> Op<B> {
         self.post(SendRequest::new(0, SendOp::Write(remote)), buf)
-            .await
     }
 
     /// RDMA WRITE with immediate data (consumes a receive at the peer).
-    pub async fn write_with_imm<B: OwnedBuf>(
-        &self,
-        buf: B,
-        remote: RemoteAddr,
-        imm: u32,
-    ) -> OpResult<B> {
+    pub fn write_with_imm<B: OwnedBuf>(&self, buf: B, remote: RemoteAddr, imm: u32) -> Op<B> {
         self.post(SendRequest::new(0, SendOp::WriteWithImm(remote, imm)), buf)
-            .await
     }
 
     /// RDMA READ from `remote` into the buffer.
-    pub async fn read<B: OwnedBuf>(&self, buf: B, remote: RemoteAddr) -> OpResult<B> {
+    pub fn read<B: OwnedBuf>(&self, buf: B, remote: RemoteAddr) -> Op<B> {
         self.post(SendRequest::new(0, SendOp::Read(remote)), buf)
-            .await
     }
 
     /// 8-byte compare-and-swap at `remote`; the old value lands in the (8-byte) buffer.
-    pub async fn compare_swap<B: OwnedBuf>(
+    pub fn compare_swap<B: OwnedBuf>(
         &self,
         buf: B,
         remote: RemoteAddr,
         compare: u64,
         swap: u64,
-    ) -> OpResult<B> {
+    ) -> Op<B> {
         let op = SendOp::CompareSwap {
             remote,
             compare,
             swap,
         };
-        self.post(SendRequest::new(0, op), buf).await
+        self.post(SendRequest::new(0, op), buf)
     }
 
     /// 8-byte fetch-and-add at `remote`; the old value lands in the (8-byte) buffer.
-    pub async fn fetch_add<B: OwnedBuf>(
-        &self,
-        buf: B,
-        remote: RemoteAddr,
-        add: u64,
-    ) -> OpResult<B> {
+    pub fn fetch_add<B: OwnedBuf>(&self, buf: B, remote: RemoteAddr, add: u64) -> Op<B> {
         self.post(SendRequest::new(0, SendOp::FetchAdd { remote, add }), buf)
-            .await
     }
 
     /// Any send-queue request with the buffer as its one element (for flags such as
     /// FENCE or SOLICITED). The request must be signaled and have no elements of its own;
     /// its request id is replaced.
-    pub async fn post<B: OwnedBuf>(&self, req: SendRequest, buf: B) -> OpResult<B> {
-        self.run(Side::Send, Some(req), buf).await
+    pub fn post<B: OwnedBuf>(&self, req: SendRequest, buf: B) -> Op<B> {
+        self.run(Side::Send, Some(req), buf)
     }
 
-    async fn run<B: OwnedBuf>(&self, side: Side, req: Option<SendRequest>, buf: B) -> OpResult<B> {
-        let sh = &self.shared;
-        let cq = match side {
-            Side::Send => sh.send.shared(),
-            Side::Recv => sh.recv.shared(),
-        };
-        let room = sh.room(side);
-        // Cancel-safe: dropped here, the buffer was never posted and simply drops.
-        let Ok(permit) = room.acquire().await else {
-            return Err(OpError::Post(
+    fn run<B: OwnedBuf>(&self, side: Side, req: Option<SendRequest>, buf: B) -> Op<B> {
+        let qp = self.shared.clone();
+        let room = qp.room(side).clone();
+        let state = match room.clone().try_acquire_owned() {
+            Ok(permit) => {
+                // The room comes back with the completion (or with a refused post).
+                permit.forget();
+                post(&qp, side, req, buf)
+            }
+            Err(TryAcquireError::NoPermits) => State::Room {
+                req,
+                buf,
+                permit: Box::pin(room.acquire_owned()),
+            },
+            Err(TryAcquireError::Closed) => State::Failed(OpError::Post(
                 Error::InvalidArgument("the queue pair is closed"),
                 buf,
-            ));
+            )),
         };
-        let qpn = sh.qp.qp_num();
-        let (slot, wr_id) = match cq.register(qpn) {
-            Ok(s) => s,
-            Err(e) => return Err(OpError::Post(e, buf)),
-        };
-        let posted = match req {
-            Some(mut req) => {
-                req.set_wr_id(wr_id);
-                sh.qp.post_send_buf(req, buf)
-            }
-            None => sh.qp.post_recv_buf(wr_id, buf),
-        };
-        if let Err((e, buf)) = posted {
-            cq.free(slot);
-            return Err(OpError::Post(e, buf));
+        Op { qp, side, state }
+    }
+}
+
+/// Posts `buf` (with `req`, on the send queue) once room has been taken.
+fn post<B: OwnedBuf>(qp: &QpShared, side: Side, req: Option<SendRequest>, buf: B) -> State<B> {
+    let cq = qp.cq(side);
+    let (slot, wr_id) = match cq.register(qp.qp.qp_num()) {
+        Ok(s) => s,
+        Err(e) => {
+            qp.room(side).add_permits(1);
+            return State::Failed(OpError::Post(e, buf));
         }
-        // The room comes back with the completion (below, or when reclaimed).
-        permit.forget();
-        let mut flight = InFlight {
-            qp: sh,
-            cq,
-            side,
+    };
+    let posted = match req {
+        Some(mut req) => {
+            req.set_wr_id(wr_id);
+            qp.qp.post_send_buf(req, buf)
+        }
+        None => qp.qp.post_recv_buf(wr_id, buf),
+    };
+    match posted {
+        Ok(()) => State::Posted {
             slot,
             reclaim: reclaim::<B>,
-            done: false,
-        };
-        let res = poll_fn(|cx| cq.poll_slot(slot, cx)).await;
-        flight.done = true;
-        let c = match res {
-            Ok(c) => c,
-            Err(e) => return Err(OpError::Cq(e)),
-        };
-        let buf = sh.qp.take_buf_on::<B>(side, c.wr_id);
-        cq.free(slot);
-        room.add_permits(1);
-        match buf {
-            Some(buf) if c.status == WcStatus::Success => Ok((buf, c)),
-            Some(buf) => Err(OpError::Completion(c, buf)),
-            None => Err(OpError::Cq(Error::InvalidArgument(
-                "the buffer of a completed request is not with its queue pair",
-            ))),
+        },
+        Err((e, buf)) => {
+            cq.free(slot);
+            qp.room(side).add_permits(1);
+            State::Failed(OpError::Post(e, buf))
         }
     }
 }
 
-/// A posted request whose future may be dropped: then its buffer is left to the driver.
-struct InFlight<'a> {
-    qp: &'a Arc<QpShared>,
-    cq: &'a Shared,
+/// An operation: a future that resolves to the buffer and the completion.
+///
+/// The request is posted when the operation is made, if its queue has room, so requests
+/// go out in the order the operations were made; otherwise the operation waits for room
+/// (operations get it in the order they asked) and posts when it is next polled. Dropping
+/// it before it resolves is safe at any point: before the post the buffer simply drops;
+/// after it, the queue pair keeps the buffer until the completion comes, then gives it
+/// back to its pool.
+#[must_use = "an operation's result says whether it succeeded (dropping it early is safe)"]
+pub struct Op<B: OwnedBuf> {
+    qp: Arc<QpShared>,
     side: Side,
-    slot: usize,
-    reclaim: super::cq::Reclaim,
-    done: bool,
+    state: State<B>,
 }
 
-impl Drop for InFlight<'_> {
+type Acquire =
+    Pin<Box<dyn Future<Output = std::result::Result<OwnedSemaphorePermit, AcquireError>> + Send>>;
+
+enum State<B> {
+    /// Waiting for room in the queue.
+    Room {
+        req: Option<SendRequest>,
+        buf: B,
+        permit: Acquire,
+    },
+    /// Posted; the completion goes to `slot`.
+    Posted {
+        slot: usize,
+        reclaim: Reclaim,
+    },
+    /// Refused before it was posted.
+    Failed(OpError<B>),
+    Done,
+}
+
+// No pinned reference to the buffer is ever made: an `Op` moves freely.
+impl<B: OwnedBuf> Unpin for Op<B> {}
+
+impl<B: OwnedBuf> fmt::Debug for Op<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Room { .. } => "waiting for room",
+            State::Posted { .. } => "posted",
+            State::Failed(_) => "refused",
+            State::Done => "done",
+        };
+        f.debug_struct("Op")
+            .field("qp_num", &self.qp.qp.qp_num())
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<B: OwnedBuf> Future for Op<B> {
+    type Output = OpResult<B>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<OpResult<B>> {
+        let this = self.get_mut();
+        loop {
+            match std::mem::replace(&mut this.state, State::Done) {
+                State::Room {
+                    req,
+                    buf,
+                    mut permit,
+                } => match permit.as_mut().poll(cx) {
+                    Poll::Pending => {
+                        this.state = State::Room { req, buf, permit };
+                        return Poll::Pending;
+                    }
+                    Poll::Ready(Ok(permit)) => {
+                        permit.forget();
+                        this.state = post(&this.qp, this.side, req, buf);
+                    }
+                    Poll::Ready(Err(_)) => {
+                        return Poll::Ready(Err(OpError::Post(
+                            Error::InvalidArgument("the queue pair is closed"),
+                            buf,
+                        )))
+                    }
+                },
+                State::Posted { slot, reclaim } => {
+                    let cq = this.qp.cq(this.side);
+                    let c = match cq.poll_slot(slot, cx) {
+                        Poll::Pending => {
+                            this.state = State::Posted { slot, reclaim };
+                            return Poll::Pending;
+                        }
+                        Poll::Ready(Ok(c)) => c,
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(OpError::Cq(e))),
+                    };
+                    let buf = this.qp.qp.take_buf_on::<B>(this.side, c.wr_id);
+                    cq.free(slot);
+                    this.qp.room(this.side).add_permits(1);
+                    return Poll::Ready(match buf {
+                        Some(buf) if c.status == WcStatus::Success => Ok((buf, c)),
+                        Some(buf) => Err(OpError::Completion(c, buf)),
+                        None => Err(OpError::Cq(Error::InvalidArgument(
+                            "the buffer of a completed request is not with its queue pair",
+                        ))),
+                    });
+                }
+                State::Failed(e) => return Poll::Ready(Err(e)),
+                State::Done => {
+                    return Poll::Ready(Err(OpError::Cq(Error::InvalidArgument(
+                        "an operation polled after it resolved",
+                    ))))
+                }
+            }
+        }
+    }
+}
+
+impl<B: OwnedBuf> Drop for Op<B> {
     fn drop(&mut self) {
-        if !self.done {
-            self.cq.abandon(self.slot, self.side, self.qp, self.reclaim);
+        if let State::Posted { slot, reclaim } = self.state {
+            self.qp
+                .cq(self.side)
+                .abandon(slot, self.side, &self.qp, reclaim);
         }
     }
 }

@@ -2,6 +2,8 @@
 //! conformance suite: a test file per provider declares this module and expands
 //! [`async_suite!`] with its [`Provider`] inside a module named after it.
 //!
+//! Operations post when they are made (if their queue has room), not when first polled.
+//!
 //! Every test runs under a deadline ([`DEADLINE`]) and checks data, not timing. The
 //! cancellation tests use pools of exactly one buffer that hand nothing out from thread
 //! caches: while a dropped operation's buffer is in flight the pool is exhausted, so it
@@ -358,26 +360,28 @@ pub(crate) async fn error_completion_gives_the_buffer_back(p: &Provider) {
 }
 
 pub(crate) async fn dropped_before_post(p: &Provider) {
-    let pr = p.pair_with(QpCaps::default(), one_buffer());
-    // Created and dropped without a poll: never posted.
-    let fut = pr.a.send(pr.pool_a.get(8).unwrap());
-    assert_exhausted(&pr.pool_a, "a future holding the buffer");
-    drop(fut);
-    let buf = until_back(&pr.pool_a, "never polled").await;
-    // Dropped while waiting for room in a full send queue: never posted either.
-    let p1 = p.pair_with(QpCaps::default().max_send_wr(1), PoolConfig::default());
+    let pr = p.pair_with(QpCaps::default().max_send_wr(1), one_buffer());
     // No receive at b yet: the first send waits (RNR) and keeps the queue's one slot.
-    let mut first = Box::pin(p1.a.send(filled(&p1.pool_a, b"first")));
-    assert!(poll_once(&mut first).is_pending());
-    let mut second = Box::pin(p1.a.send(buf));
+    let first = pr.a.send(filled(&pr.spare_a, b"first"));
+    // The second finds no room: it is not posted, and dropping it drops its buffer.
+    let mut second = pr.a.send(pr.pool_a.get(8).unwrap());
     assert!(poll_once(&mut second).is_pending(), "no room: it waits");
+    assert_exhausted(&pr.pool_a, "an operation waiting for room");
     drop(second);
-    let buf = until_back(&pr.pool_a, "waiting for room").await;
-    let rx = p1.b.recv(p1.pool_b.get(64).unwrap());
+    let buf = until_back(&pr.pool_a, "dropped while waiting for room").await;
+    let rx = pr.b.recv(pr.spare_b.get(64).unwrap());
     let (s, r) = tokio::join!(first, rx);
     s.unwrap();
     assert_eq!(&r.unwrap().0.as_slice().unwrap()[..5], b"first");
-    drop(buf);
+    // Made, so posted at once, and dropped without a poll: in flight (no receive at b).
+    let mut buf = buf;
+    buf.set_len(8).unwrap();
+    drop(pr.a.send(buf));
+    assert_exhausted(&pr.pool_a, "a send posted and dropped unpolled");
+    let (got, c) = pr.b.recv(pr.spare_b.get(64).unwrap()).await.unwrap();
+    assert_eq!(c.byte_len, 8);
+    drop(got);
+    canary(until_back(&pr.pool_a, "a send posted and dropped unpolled").await);
 }
 
 /// Sends `n` messages from a to b through the spare pools, checking each.
@@ -519,8 +523,12 @@ pub(crate) async fn many_tasks_many_qps(p: &Provider) {
     let pool_a = BufferPool::new(sa.pd.clone(), PoolConfig::default()).unwrap();
     let pool_b = BufferPool::new(sb.pd.clone(), PoolConfig::default()).unwrap();
     let mut handles = Vec::new();
+    // Every queue pair lives until every task is done: a receiver that returns after the
+    // last message must not destroy its queue pair before the ACK went out.
+    let mut keep = Vec::new();
     for q in 0..QPS {
         let (a, b) = p.connect(&sa, &sb, caps);
+        keep.push((a.clone(), b.clone()));
         // Receivers: TASKS tasks, each receiving OPS messages and checking each.
         for _ in 0..TASKS {
             let (b, pool) = (b.clone(), pool_b.clone());
@@ -549,6 +557,7 @@ pub(crate) async fn many_tasks_many_qps(p: &Provider) {
     for h in handles {
         h.await.unwrap();
     }
+    drop(keep);
 }
 
 async fn join_all<F: Future>(fs: impl IntoIterator<Item = F>) -> Vec<F::Output> {

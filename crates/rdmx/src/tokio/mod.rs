@@ -31,7 +31,8 @@
 //!
 //! let ctx = Context::open_default()?;
 //! let pd = ctx.alloc_pd();
-//! let cq = AsyncCq::new(ctx.create_cq(256)?)?;
+//! // Room for both queue pairs' requests (128 sends and 128 receives each by default).
+//! let cq = AsyncCq::new(ctx.create_cq(512)?)?;
 //! let qp = |_| -> rdmx::Result<AsyncQp> {
 //!     AsyncQp::new(pd.create_qp(cq.cq(), cq.cq(), QpCaps::default())?, &cq, &cq)
 //! };

@@ -39,12 +39,15 @@ macro_rules! async_suite {
             full_send_queue_waits,
             other_completions_stream,
             many_tasks_many_qps,
+            many_outstanding,
+            connect_through_cm,
         );
         mod multi_thread {
             async_suite!(@multi $provider;
                 many_tasks_many_qps,
                 dropped_in_flight,
                 full_send_queue_waits,
+                many_outstanding,
             );
         }
     };
@@ -584,4 +587,84 @@ async fn join_all<F: Future>(fs: impl IntoIterator<Item = F>) -> Vec<F::Output> 
     })
     .await;
     out.into_iter().map(Option::unwrap).collect()
+}
+
+pub(crate) async fn connect_through_cm(p: &Provider) {
+    use rdmx::tokio::cm;
+    let (sa, sb) = (p.side(1024), p.side(1024));
+    let qp = |s: &Side| {
+        AsyncQp::new(
+            s.pd.create_qp(s.cq.cq(), s.cq.cq(), QpCaps::default())
+                .unwrap(),
+            &s.cq,
+            &s.cq,
+        )
+        .unwrap()
+    };
+    let (a, b) = (qp(&sa), qp(&sb));
+    let listener = cm::Listener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let opts = ConnectOptions::default();
+    let t = Duration::from_secs(20);
+    let accept = listener.accept(std::slice::from_ref(&b), &opts, b"from b", t);
+    let connect = cm::connect(
+        ("127.0.0.1", port),
+        std::slice::from_ref(&a),
+        &opts,
+        b"from a",
+        t,
+    );
+    let (got_b, got_a) = tokio::join!(accept, connect);
+    assert_eq!(got_b.unwrap(), b"from a");
+    assert_eq!(got_a.unwrap(), b"from b");
+    let pool_a = BufferPool::new(sa.pd, PoolConfig::default()).unwrap();
+    let pool_b = BufferPool::new(sb.pd, PoolConfig::default()).unwrap();
+    let rx = b.recv(pool_b.get(64).unwrap());
+    a.send(filled(&pool_a, b"connected")).await.unwrap();
+    let (buf, c) = rx.await.unwrap();
+    assert_eq!(
+        &buf.as_slice().unwrap()[..c.byte_len as usize],
+        b"connected"
+    );
+}
+
+/// Ten queue pairs with 32 operations outstanding each, every byte checked: each task
+/// WRITEs its own pattern to its own stretch of the peer's region and READs it back.
+pub(crate) async fn many_outstanding(p: &Provider) {
+    const QPS: usize = 10;
+    const DEPTH: usize = 32;
+    const CHUNK: usize = 1024;
+    let (sa, sb) = (p.side(QPS * 2 * DEPTH), p.side(QPS * 2 * DEPTH));
+    let caps = QpCaps::default().max_send_wr(DEPTH).max_recv_wr(DEPTH);
+    let pool = BufferPool::new(sa.pd.clone(), PoolConfig::default()).unwrap();
+    let region = sb
+        .pd
+        .register(vec![0u8; QPS * DEPTH * CHUNK], Access::ALL)
+        .unwrap();
+    let base = region.remote_at(0);
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut keep = Vec::new();
+    for q in 0..QPS {
+        let (a, b) = p.connect(&sa, &sb, caps);
+        keep.push(b);
+        for t in 0..DEPTH {
+            let (a, pool) = (a.clone(), pool.clone());
+            let at = RemoteAddr {
+                addr: base.addr + ((q * DEPTH + t) * CHUNK) as u64,
+                rkey: base.rkey,
+            };
+            tasks.spawn(async move {
+                for i in 0..10u64 {
+                    let want = pattern(((q * DEPTH + t) as u64) << 8 | i, CHUNK);
+                    let (buf, _) = a.write(filled(&pool, &want), at).await.unwrap();
+                    let (got, _) = a.read(buf, at).await.unwrap();
+                    assert_eq!(got.as_slice().unwrap(), &want[..], "qp {q} task {t}");
+                }
+            });
+        }
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap();
+    }
+    drop(keep);
 }

@@ -181,7 +181,8 @@ impl AsyncCq {
     }
 
     /// The next completion that no operation of the async API waits for (requests posted
-    /// through the blocking API, on queue pairs that complete here).
+    /// through the blocking API, on queue pairs that complete here). Await it from one
+    /// task at a time: the queue wakes only the task that polled last.
     pub async fn next(&self) -> Result<Completion> {
         poll_fn(|cx| self.poll_next(cx)).await
     }

@@ -41,6 +41,7 @@ macro_rules! async_suite {
             many_tasks_many_qps,
             many_outstanding,
             connect_through_cm,
+            refusals_give_the_buffer_back,
         );
         mod multi_thread {
             async_suite!(@multi $provider;
@@ -667,4 +668,31 @@ pub(crate) async fn many_outstanding(p: &Provider) {
         r.unwrap();
     }
     drop(keep);
+}
+
+pub(crate) async fn refusals_give_the_buffer_back(p: &Provider) {
+    let s = p.side(300);
+    let pool = BufferPool::new(s.pd.clone(), PoolConfig::default()).unwrap();
+    // A queue that cannot hold every completion the queue pair may have outstanding.
+    let big = QpCaps::default().max_send_wr(200).max_recv_wr(200);
+    let qp = s.pd.create_qp(s.cq.cq(), s.cq.cq(), big).unwrap();
+    let e = AsyncQp::new(qp, &s.cq, &s.cq).unwrap_err();
+    assert!(e.to_string().contains("cannot hold"), "{e}");
+    // A queue pair in RESET refuses posts at once; the buffer comes back untouched.
+    let qp =
+        s.pd.create_qp(s.cq.cq(), s.cq.cq(), QpCaps::default())
+            .unwrap();
+    let qp = AsyncQp::new(qp, &s.cq, &s.cq).unwrap();
+    match qp.send(filled(&pool, b"early")).await {
+        Err(OpError::Post(_, b)) => assert_eq!(b.as_slice().unwrap(), b"early"),
+        other => panic!("{}: a send in RESET: {other:?}", p.name),
+    }
+    match qp.recv(pool.get(64).unwrap()).await {
+        Err(e) => assert!(e.into_buf().is_some()),
+        Ok(_) => panic!("{}: a receive in RESET completed", p.name),
+    }
+    // An unsignaled request cannot return its buffer: refused.
+    let req = rdmx::SendRequest::send(0).unsignaled();
+    let e = qp.post(req, filled(&pool, b"x")).await.unwrap_err();
+    assert!(matches!(e, OpError::Post(..)), "{e}");
 }

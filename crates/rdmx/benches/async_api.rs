@@ -13,7 +13,8 @@
 //!
 //! Rounds of the two APIs are interleaved (`--rounds`, default 7), so drift on a shared
 //! machine hits both alike. Run: `cargo bench -p rdmx --bench async_api -- [lat] [bw]
-//! [scale] [--rounds N] [--secs S]` (all three without a name).
+//! [scale] [--rounds N] [--secs S] [--shared-cq]` (all three without a name; with
+//! `--shared-cq` the scale run puts every queue pair of a side on one CQ).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -51,7 +52,7 @@ fn main() {
         bw(rounds);
     }
     if all || named.contains(&"scale") {
-        scale(secs);
+        scale(secs, args.iter().any(|a| a == "--shared-cq"));
     }
 }
 
@@ -329,7 +330,8 @@ fn rss_kib() -> u64 {
     pages * 4
 }
 
-fn scale(secs: u64) {
+/// With `shared`, one CQ per side serves every queue pair; otherwise each has its own.
+fn scale(secs: u64, shared: bool) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -345,12 +347,22 @@ fn scale(secs: u64) {
         let stop = Arc::new(AtomicBool::new(false));
         let ops = Arc::new(AtomicU64::new(0));
         let mut tasks = tokio::task::JoinSet::new();
+        let all = 2 * SCALE_DEPTH * SCALE_QPS;
+        let one = (
+            AsyncCq::new(ca.create_cq(all).unwrap()).unwrap(),
+            AsyncCq::new(cb.create_cq(all).unwrap()).unwrap(),
+        );
         for q in 0..SCALE_QPS {
-            // A CQ per queue pair and side: each driver routes its own queue's completions.
-            let (qa_cq, qb_cq) = (
-                AsyncCq::new(ca.create_cq(2 * SCALE_DEPTH).unwrap()).unwrap(),
-                AsyncCq::new(cb.create_cq(2 * SCALE_DEPTH).unwrap()).unwrap(),
-            );
+            // A CQ per queue pair and side (each driver routes its own queue's
+            // completions), or one per side.
+            let (qa_cq, qb_cq) = if shared {
+                one.clone()
+            } else {
+                (
+                    AsyncCq::new(ca.create_cq(2 * SCALE_DEPTH).unwrap()).unwrap(),
+                    AsyncCq::new(cb.create_cq(2 * SCALE_DEPTH).unwrap()).unwrap(),
+                )
+            };
             let a = pa.create_qp(qa_cq.cq(), qa_cq.cq(), caps).unwrap();
             let b = pb.create_qp(qb_cq.cq(), qb_cq.cq(), caps).unwrap();
             let (ea, eb) = (a.endpoint(), b.endpoint());
@@ -414,8 +426,13 @@ fn scale(secs: u64) {
         }
         println!(
             "scale: {SCALE_QPS} QPs x {SCALE_DEPTH} outstanding SENDs of {SCALE_MSG} B on tcp, \
-             current-thread runtime, {secs} s: {:.0} messages/s verified; RSS start {rss0} KiB, \
-             end {rss1} KiB (min {} KiB, max {} KiB over the run)",
+             {}, current-thread runtime, {secs} s: {:.0} messages/s verified; RSS start \
+             {rss0} KiB, end {rss1} KiB (min {} KiB, max {} KiB over the run)",
+            if shared {
+                "one CQ per side"
+            } else {
+                "a CQ per QP and side"
+            },
             (ops1 - ops0) as f64 / el.as_secs_f64(),
             samples.iter().min().unwrap_or(&0),
             samples.iter().max().unwrap_or(&0),

@@ -10,6 +10,7 @@ mod async_loopback {
         name: "loopback",
         open: || rdmx::Context::open_provider("loopback"),
         available: || true,
+        busy_polls: false,
     };
 
     async_suite!(LOOPBACK);

@@ -12,6 +12,7 @@ mod async_tcp {
         name: "tcp",
         open: || rdmx::Context::open_provider("tcp"),
         available: || true,
+        busy_polls: false,
     };
 
     async_suite!(TCP);
@@ -24,6 +25,7 @@ mod async_tcp_busy_poll {
         name: "tcp (busy poll)",
         open: || rdmx::Context::open(rdmx::tcp::Options::default().busy_poll(true)),
         available: || true,
+        busy_polls: true,
     };
 
     async_suite!(TCP_BUSY);

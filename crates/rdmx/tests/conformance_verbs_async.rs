@@ -23,6 +23,7 @@ mod conformance_verbs_async {
         name: "verbs",
         open,
         available,
+        busy_polls: false,
     };
 
     /// Whether verbs can run here; panics under `RDMX_REQUIRE_VERBS=1` when it cannot.

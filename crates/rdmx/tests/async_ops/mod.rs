@@ -42,6 +42,7 @@ macro_rules! async_suite {
             many_outstanding,
             connect_through_cm,
             refusals_give_the_buffer_back,
+            waiting_uses_no_cpu,
         );
         mod multi_thread {
             async_suite!(@multi $provider;
@@ -85,6 +86,8 @@ pub(crate) struct Provider {
     pub(crate) open: fn() -> rdmx::Result<Context>,
     /// Whether the provider can run here (a test returns at once if not).
     pub(crate) available: fn() -> bool,
+    /// Whether its contexts are busy-polled (the driver then polls instead of sleeping).
+    pub(crate) busy_polls: bool,
 }
 
 /// How long a whole test may take.
@@ -695,4 +698,37 @@ pub(crate) async fn refusals_give_the_buffer_back(p: &Provider) {
     let req = rdmx::SendRequest::send(0).unsignaled();
     let e = qp.post(req, filled(&pool, b"x")).await.unwrap_err();
     assert!(matches!(e, OpError::Post(..)), "{e}");
+}
+
+/// CPU time this thread has used, in clock ticks (`/proc/thread-self/stat`).
+fn thread_cpu_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+    // Fields after the command name (which is in parentheses): state is the 3rd field,
+    // utime the 14th and stime the 15th.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// While operations wait and nothing completes, the runtime's thread sleeps: the driver
+/// waits on the notification, it does not poll in a loop or in slices.
+pub(crate) async fn waiting_uses_no_cpu(p: &Provider) {
+    if p.busy_polls {
+        return;
+    }
+    let pr = p.pair();
+    let rx = pr.b.recv(pr.pool_b.get(64).unwrap());
+    let Some(before) = thread_cpu_ticks() else {
+        return;
+    };
+    let quiet = Duration::from_millis(600);
+    let waited = tokio::time::timeout(quiet, rx).await;
+    assert!(waited.is_err(), "nothing was sent");
+    let used = thread_cpu_ticks().unwrap_or(before) - before;
+    // A thread that polls the whole time uses about 60 ticks (of 10 ms) here.
+    assert!(
+        used < 20,
+        "{}: the runtime thread used {used} ticks of CPU in {quiet:?} of waiting",
+        p.name
+    );
 }

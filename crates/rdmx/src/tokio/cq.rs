@@ -43,7 +43,8 @@ const BATCH: usize = 64;
 /// completions (of requests posted through the blocking API). Cloning shares the queue.
 ///
 /// Its driver task polls the underlying [`CompletionQueue`]: do not poll that yourself
-/// while the `AsyncCq` lives, or operations miss their completions.
+/// while the `AsyncCq` lives, or operations miss their completions. Request ids with the
+/// top bit set are the async API's own: blocking posts on its queue pairs use others.
 #[derive(Clone)]
 pub struct AsyncCq {
     handle: Arc<Handle>,

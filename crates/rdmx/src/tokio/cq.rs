@@ -144,9 +144,11 @@ impl Failure {
 impl AsyncCq {
     /// Makes `cq` awaitable and starts its driver task on the current tokio runtime.
     ///
-    /// Fails outside a runtime. A queue pair's requests must complete only to awaitable
-    /// queues, and the queue must hold every completion its queue pairs may have
-    /// outstanding together ([`AsyncQp::new`](super::AsyncQp::new) checks).
+    /// Fails outside a runtime; the runtime needs its IO driver (`enable_io` or
+    /// `enable_all`, as `#[tokio::main]` has), without which tokio panics. A queue pair's
+    /// requests must complete only to awaitable queues, and the queue must hold every
+    /// completion its queue pairs may have outstanding together
+    /// ([`AsyncQp::new`](super::AsyncQp::new) checks).
     pub fn new(cq: CompletionQueue) -> Result<AsyncCq> {
         let rt = ::tokio::runtime::Handle::try_current().map_err(|_| {
             Error::InvalidArgument("an async completion queue needs a tokio runtime")

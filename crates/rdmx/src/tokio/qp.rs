@@ -1,9 +1,11 @@
 //! Operations as futures that own their buffers.
 //!
 //! An operation takes an owned buffer ([`OwnedBuf`]: a pool buffer or a cached
-//! registration), waits for room in its queue, posts the request with the buffer as its one
-//! element (an owned-buffer post, [`QueuePair::post_send_buf`]), and resolves with the
-//! buffer and the completion. Dropping the future before the completion leaves the buffer
+//! registration) and posts the request with the buffer as its one element (an owned-buffer
+//! post, [`QueuePair::post_send_buf`]) at once, or, when its queue is full, as soon as
+//! room frees; it resolves with the buffer and the completion. Room is counted per queue
+//! with a semaphore of the queue's depth, taken before the post and given back when the
+//! completion has been reaped. Dropping the future before the completion leaves the buffer
 //! with the queue pair: the completion queue's driver gives it back (to its pool) when the
 //! completion, or the flush after an error, arrives. A buffer is never reachable by safe
 //! code while a provider may still touch it.

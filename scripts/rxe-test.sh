@@ -43,7 +43,7 @@ echo "== building the VM rootfs (if not cached) and the test binaries"
 scripts/rxe-vm.sh build &
 build_pid=$!
 {
-    cargo build --locked --message-format=json -p rdmx --test conformance_verbs \
+    cargo build --locked --message-format=json -p rdmx --test conformance_verbs --test conformance_verbs_async \
         --test conformance_verbs_rdma_cm
     cargo build --locked --message-format=json -p rdmx-cli --bin rdmx
 } >"$tmp/cargo.json"

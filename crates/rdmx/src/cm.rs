@@ -32,6 +32,7 @@
 //! # let _ = theirs; Ok(()) }
 //! ```
 
+use std::borrow::Borrow;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
@@ -152,9 +153,10 @@ pub fn connect(
     ))
 }
 
-fn exchange(
+/// The exchange over a connected control stream (blocking, bounded by `deadline`).
+pub(crate) fn exchange(
     mut s: TcpStream,
-    qps: &[QueuePair],
+    qps: &[impl Borrow<QueuePair>],
     opts: &ConnectOptions,
     private: &[u8],
     deadline: Instant,
@@ -179,7 +181,7 @@ fn exchange(
     msg.extend_from_slice(&(qps.len() as u32).to_be_bytes());
     msg.extend_from_slice(&(private.len() as u32).to_be_bytes());
     for qp in qps {
-        msg.extend_from_slice(&qp.endpoint().to_bytes());
+        msg.extend_from_slice(&qp.borrow().endpoint().to_bytes());
     }
     msg.extend_from_slice(private);
     s.write_all(&msg).map_err(io)?;
@@ -216,7 +218,7 @@ fn exchange(
         eps.push(ep);
     }
     for (qp, ep) in qps.iter().zip(eps) {
-        qp.connect(ep, opts)?;
+        qp.borrow().connect(ep, opts)?;
     }
     // Both sides have connected their QPs before either returns, so the first request
     // finds its peer in RTR.

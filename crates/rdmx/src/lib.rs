@@ -6,7 +6,8 @@
 //! - **rdmx** (this crate): the facade users program against — [`Context`],
 //!   [`ProtectionDomain`], [`MemoryRegion`], [`CompletionQueue`], [`QueuePair`],
 //!   [`SharedReceiveQueue`], connection setup ([`cm`]), the registration cache
-//!   ([`RegCache`]) and registered-buffer pools ([`BufferPool`]) — over a provider seam.
+//!   ([`RegCache`]) and registered-buffer pools ([`BufferPool`]) — over a provider seam;
+//!   blocking, and with the feature `tokio` async (`rdmx::tokio`).
 //! - **providers**, each one folder behind the seam, listed once (`PROVIDERS` in this
 //!   file):
 //!   - [`loopback`] (the default): queue pairs of this process, packets passed in memory;
@@ -47,6 +48,24 @@
 //! `Context::open(rdmx::tcp::Options::default().busy_poll(true))`; by name (as the CLI's
 //! `--provider`) it is [`Context::open_provider`].
 //!
+//! ## Blocking and async
+//!
+//! Every request can be posted and reaped blocking, or awaited. Blocking:
+//! [`QueuePair::post_send_buf`] moves an owned buffer into a request, [`CompletionQueue::wait`]
+//! polls, arms and sleeps until completions arrive, and [`QueuePair::take_buf`] gives the
+//! buffer back (see the `owned` module's example). Async, with the cargo feature `tokio`:
+//! `rdmx::tokio::AsyncCq` wraps the same completion queue and
+//! `tokio::AsyncQp` the same queue pair, and one call does all three:
+//!
+//! ```ignore
+//! let (buf, completion) = qp.send(buf).await?;      // blocking: post_send_buf, wait, take_buf
+//! let (buf, completion) = qp.read(buf, remote).await?;
+//! ```
+//!
+//! A dropped operation never frees or reuses its buffer while a provider may touch it:
+//! the queue pair keeps it until the completion arrives. See the `rdmx::tokio` module (with
+//! the feature) for the full example, and the `async_echo` and `async_copy` examples.
+//!
 //! ## Memory safety
 //!
 //! - A region's keys die the moment it is deregistered; its memory lives until nothing
@@ -61,6 +80,8 @@
 //! - `verbs` (default): the rdma-core provider (loaded at run time).
 //! - `serde`: `Serialize`/`Deserialize` for [`QpEndpoint`], [`PeerAddr`] and
 //!   [`RemoteRegion`] (each also has a compact byte form).
+//! - `tokio`: the async API (`rdmx::tokio`): awaitable completion queues,
+//!   operations as futures that own their buffers, async connection setup.
 //! - `testing`: test tools — the loopback provider's fault injection and seeded keys.
 
 pub mod cm;
@@ -75,6 +96,8 @@ mod provider;
 mod qp;
 mod soft;
 mod srq;
+#[cfg(feature = "tokio")]
+pub mod tokio;
 
 pub mod loopback;
 pub mod shm;

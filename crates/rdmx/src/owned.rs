@@ -37,6 +37,8 @@
 //! # Ok(()) }
 //! ```
 
+use std::collections::HashMap;
+
 use parking_lot::Mutex;
 use rdmx_core::{Completion, RecvWr, SendFlags, Sge, SgeList};
 use rdmx_mem::Access;
@@ -160,7 +162,7 @@ impl OwnedBuf for CachedBuf {
 }
 
 /// Which queue a parked buffer's request was posted to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Side {
     Send,
     Recv,
@@ -169,39 +171,33 @@ pub(crate) enum Side {
 /// The buffers a queue pair holds for requests in flight.
 #[derive(Debug, Default)]
 pub(crate) struct Parking {
-    slots: Mutex<Vec<(u64, Side, Parked)>>,
+    slots: Mutex<HashMap<(u64, Side), Parked>>,
 }
 
 impl Parking {
     pub(crate) fn with_capacity(n: usize) -> Parking {
         Parking {
-            slots: Mutex::new(Vec::with_capacity(n)),
+            slots: Mutex::new(HashMap::with_capacity(n)),
         }
     }
 
     /// Whether a buffer is parked for `wr_id` on `side`.
     pub(crate) fn holds(&self, wr_id: u64, side: Side) -> bool {
-        self.slots
-            .lock()
-            .iter()
-            .any(|(w, s, _)| *w == wr_id && *s == side)
+        self.slots.lock().contains_key(&(wr_id, side))
     }
 
     pub(crate) fn park(&self, wr_id: u64, side: Side, buf: Parked) {
-        self.slots.lock().push((wr_id, side, buf));
+        self.slots.lock().insert((wr_id, side), buf);
     }
 
     /// Takes the buffer parked for `wr_id` on `side`, if it is a `B`.
     pub(crate) fn take<B: OwnedBuf>(&self, wr_id: u64, side: Side) -> Option<B> {
         let mut slots = self.slots.lock();
-        let i = slots
-            .iter()
-            .position(|(w, s, _)| *w == wr_id && *s == side)?;
-        let (w, s, p) = slots.swap_remove(i);
+        let p = slots.remove(&(wr_id, side))?;
         match B::unpark(p) {
             Ok(b) => Some(b),
             Err(p) => {
-                slots.push((w, s, p));
+                slots.insert((wr_id, side), p);
                 None
             }
         }
@@ -210,6 +206,9 @@ impl Parking {
     /// Takes every parked buffer (the queue pair is being destroyed).
     pub(crate) fn drain(&self) -> Vec<(u64, Side, Parked)> {
         std::mem::take(&mut *self.slots.lock())
+            .into_iter()
+            .map(|((w, s), p)| (w, s, p))
+            .collect()
     }
 }
 

@@ -29,6 +29,7 @@ pub struct QueuePair {
     secret: u64,
     send_cq: Arc<CqCore>,
     recv_cq: Arc<CqCore>,
+    caps: QpCaps,
     /// Owned buffers of requests in flight.
     parked: Parking,
 }
@@ -166,6 +167,11 @@ impl<'a> SendRequest<'a> {
         self.inline = Some(data);
         self
     }
+    /// Replaces the work request id.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn set_wr_id(&mut self, wr_id: u64) {
+        self.wr.wr_id = wr_id;
+    }
     /// The work request.
     pub fn wr(&self) -> &SendWr {
         &self.wr
@@ -282,6 +288,7 @@ impl ProtectionDomain {
             secret,
             send_cq: send_cq.core().clone(),
             recv_cq: recv_cq.core().clone(),
+            caps,
             parked: Parking::with_capacity(caps.max_send_wr + caps.max_recv_wr),
         })
     }
@@ -291,6 +298,23 @@ impl QueuePair {
     /// This QP's number.
     pub fn qp_num(&self) -> u32 {
         self.imp.qp_num()
+    }
+
+    /// The sizes it was created with.
+    pub fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    /// Whether its send (`Side::Send`) or receive queue completes to `cq`.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn completes_to(&self, side: Side, cq: &Arc<CqCore>) -> bool {
+        Arc::ptr_eq(
+            match side {
+                Side::Send => &self.send_cq,
+                Side::Recv => &self.recv_cq,
+            },
+            cq,
+        )
     }
 
     /// The protection domain.
@@ -532,17 +556,22 @@ impl QueuePair {
     /// its CQ; `None` if there is no such buffer of type `B`, or its completion has not
     /// been polled yet (the buffer then stays with the queue pair).
     pub fn take_buf<B: OwnedBuf>(&self, c: &Completion) -> Option<B> {
-        let side = owned::side_of(c);
-        if !self.parked.holds(c.wr_id, side) {
+        self.take_buf_on(owned::side_of(c), c.wr_id)
+    }
+
+    /// [`take_buf`](Self::take_buf) for a request whose queue the caller knows (the
+    /// opcode of an error completion need not say it).
+    pub(crate) fn take_buf_on<B: OwnedBuf>(&self, side: Side, wr_id: u64) -> Option<B> {
+        if !self.parked.holds(wr_id, side) {
             return None;
         }
-        if !self.cq_of(side).take_watched(self.qp_num(), c.wr_id) {
+        if !self.cq_of(side).take_watched(self.qp_num(), wr_id) {
             return None;
         }
-        let buf = self.parked.take::<B>(c.wr_id, side);
+        let buf = self.parked.take::<B>(wr_id, side);
         if buf.is_none() {
             // Another buffer type: watch again so that a take with the right type works.
-            self.cq_of(side).rewatch_seen(self.qp_num(), c.wr_id);
+            self.cq_of(side).rewatch_seen(self.qp_num(), wr_id);
         }
         buf
     }

@@ -195,6 +195,10 @@ impl provider::Cq for Cq {
     fn needs_polling(&self) -> bool {
         true
     }
+    fn notifies_unpolled(&self) -> bool {
+        // Every post pumps the fabric, and the progress thread fires timers.
+        true
+    }
     fn as_any(&self) -> &dyn Any {
         self
     }

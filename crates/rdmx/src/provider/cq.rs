@@ -1,7 +1,8 @@
 //! The provider-independent part of every completion queue: a bounded queue of
 //! completions, overrun detection, and notification through an eventfd.
 
-use std::collections::VecDeque;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use parking_lot::Mutex;
@@ -23,8 +24,9 @@ struct CqState {
     overrun: bool,
     /// Armed: `Some(solicited_only)`.
     armed: Option<bool>,
-    /// Owned-buffer requests whose completions are watched for, and those seen.
-    watched: Vec<(u32, u64, bool)>,
+    /// Owned-buffer requests whose completions are watched for, by (QP number, request
+    /// id): how many are still awaited, and how many were seen and not yet taken.
+    watched: HashMap<(u32, u64), Watch>,
 }
 
 impl CqCore {
@@ -46,7 +48,7 @@ impl CqCore {
                 entries: VecDeque::with_capacity(capacity.min(4096)),
                 overrun: false,
                 armed: None,
-                watched: Vec::new(),
+                watched: HashMap::new(),
             }),
             capacity,
             event,
@@ -67,12 +69,11 @@ impl CqCore {
         }
         st.entries.push_back(c);
         if !st.watched.is_empty() {
-            if let Some(w) = st
-                .watched
-                .iter_mut()
-                .find(|w| w.0 == c.qp_num && w.1 == c.wr_id && !w.2)
-            {
-                w.2 = true;
+            if let Some(w) = st.watched.get_mut(&(c.qp_num, c.wr_id)) {
+                if w.awaited > 0 {
+                    w.awaited -= 1;
+                    w.seen += 1;
+                }
             }
         }
         if let Some(only_solicited) = st.armed {
@@ -145,36 +146,62 @@ impl CqCore {
 
     /// Watches for the completion of request `wr_id` on QP `qpn` (an owned-buffer post).
     pub(crate) fn watch(&self, qpn: u32, wr_id: u64) {
-        self.state.lock().watched.push((qpn, wr_id, false));
+        self.state
+            .lock()
+            .watched
+            .entry((qpn, wr_id))
+            .or_default()
+            .awaited += 1;
     }
 
     /// Stops watching `wr_id` on `qpn` (its post failed).
     pub(crate) fn unwatch(&self, qpn: u32, wr_id: u64) {
         let mut st = self.state.lock();
-        if let Some(i) = st.watched.iter().position(|w| w.0 == qpn && w.1 == wr_id) {
-            st.watched.swap_remove(i);
+        if let Entry::Occupied(mut e) = st.watched.entry((qpn, wr_id)) {
+            let w = e.get_mut();
+            if w.awaited > 0 {
+                w.awaited -= 1;
+            } else {
+                w.seen = w.seen.saturating_sub(1);
+            }
+            if w.awaited == 0 && w.seen == 0 {
+                e.remove();
+            }
         }
     }
 
     /// Watches again for a completion that was already seen.
     pub(crate) fn rewatch_seen(&self, qpn: u32, wr_id: u64) {
-        self.state.lock().watched.push((qpn, wr_id, true));
+        self.state
+            .lock()
+            .watched
+            .entry((qpn, wr_id))
+            .or_default()
+            .seen += 1;
     }
 
     /// If the completion of watched request `wr_id` on `qpn` has arrived, stops watching it
     /// and returns true.
     pub(crate) fn take_watched(&self, qpn: u32, wr_id: u64) -> bool {
         let mut st = self.state.lock();
-        match st
-            .watched
-            .iter()
-            .position(|w| w.0 == qpn && w.1 == wr_id && w.2)
-        {
-            Some(i) => {
-                st.watched.swap_remove(i);
+        match st.watched.entry((qpn, wr_id)) {
+            Entry::Occupied(mut e) if e.get().seen > 0 => {
+                let w = e.get_mut();
+                w.seen -= 1;
+                if w.awaited == 0 && w.seen == 0 {
+                    e.remove();
+                }
                 true
             }
-            None => false,
+            _ => false,
         }
     }
+}
+
+/// The watched requests of one (QP number, request id): a send and a receive may share an
+/// id.
+#[derive(Debug, Default)]
+struct Watch {
+    awaited: u32,
+    seen: u32,
 }

@@ -193,6 +193,12 @@ pub(crate) trait Cq: Send + Sync + fmt::Debug + Any {
     fn needs_polling(&self) -> bool {
         false
     }
+    /// Whether completions reach the core, and notify, without anyone polling (a thread or
+    /// the adapter makes progress), so a waiter can sleep on the notification alone.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    fn notifies_unpolled(&self) -> bool {
+        !self.needs_polling()
+    }
     /// A thread is about to sleep on the notification (it stops polling for now): where
     /// polls make progress in place of a thread, the thread resumes.
     fn idle(&self) {}

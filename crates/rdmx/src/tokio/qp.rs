@@ -220,11 +220,11 @@ impl AsyncQp {
     /// Any send-queue request with the buffer as its one element (for flags such as
     /// FENCE or SOLICITED). The request must be signaled and have no elements of its own;
     /// its request id is replaced.
-    pub fn post<B: OwnedBuf>(&self, req: SendRequest, buf: B) -> Op<B> {
+    pub fn post<B: OwnedBuf>(&self, req: SendRequest<'static>, buf: B) -> Op<B> {
         self.run(Side::Send, Some(req), buf)
     }
 
-    fn run<B: OwnedBuf>(&self, side: Side, req: Option<SendRequest>, buf: B) -> Op<B> {
+    fn run<B: OwnedBuf>(&self, side: Side, req: Option<SendRequest<'static>>, buf: B) -> Op<B> {
         let qp = self.shared.clone();
         let room = qp.room(side).clone();
         let state = match room.clone().try_acquire_owned() {
@@ -248,7 +248,7 @@ impl AsyncQp {
 }
 
 /// Posts `buf` (with `req`, on the send queue) once room has been taken.
-fn post<B: OwnedBuf>(qp: &QpShared, side: Side, req: Option<SendRequest>, buf: B) -> State<B> {
+fn post<B: OwnedBuf>(qp: &QpShared, side: Side, req: Option<SendRequest<'static>>, buf: B) -> State<B> {
     let cq = qp.cq(side);
     let (slot, wr_id) = match cq.register(qp.qp.qp_num()) {
         Ok(s) => s,
@@ -298,7 +298,7 @@ type Acquire =
 enum State<B> {
     /// Waiting for room in the queue.
     Room {
-        req: Option<SendRequest>,
+        req: Option<SendRequest<'static>>,
         buf: B,
         permit: Acquire,
     },

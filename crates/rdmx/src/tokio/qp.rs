@@ -248,7 +248,12 @@ impl AsyncQp {
 }
 
 /// Posts `buf` (with `req`, on the send queue) once room has been taken.
-fn post<B: OwnedBuf>(qp: &QpShared, side: Side, req: Option<SendRequest<'static>>, buf: B) -> State<B> {
+fn post<B: OwnedBuf>(
+    qp: &QpShared,
+    side: Side,
+    req: Option<SendRequest<'static>>,
+    buf: B,
+) -> State<B> {
     let cq = qp.cq(side);
     let (slot, wr_id) = match cq.register(qp.qp.qp_num()) {
         Ok(s) => s,

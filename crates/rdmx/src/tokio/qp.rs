@@ -234,7 +234,7 @@ impl AsyncQp {
                 post(&qp, side, req, buf)
             }
             Err(TryAcquireError::NoPermits) => State::Room {
-                req,
+                req: req.map(Box::new),
                 buf,
                 permit: Box::pin(room.acquire_owned()),
             },
@@ -303,7 +303,8 @@ type Acquire =
 enum State<B> {
     /// Waiting for room in the queue.
     Room {
-        req: Option<SendRequest<'static>>,
+        /// Boxed: a request with its inline element list is large, and this state is rare.
+        req: Option<Box<SendRequest<'static>>>,
         buf: B,
         permit: Acquire,
     },
@@ -353,7 +354,7 @@ impl<B: OwnedBuf> Future for Op<B> {
                     }
                     Poll::Ready(Ok(permit)) => {
                         permit.forget();
-                        this.state = post(&this.qp, this.side, req, buf);
+                        this.state = post(&this.qp, this.side, req.map(|r| *r), buf);
                     }
                     Poll::Ready(Err(_)) => {
                         return Poll::Ready(Err(OpError::Post(

@@ -43,10 +43,13 @@ fn side() -> Side {
 /// A connected pair: the victim and its peer.
 fn pair() -> (Side, Side) {
     let (a, b) = (side(), side());
-    let opts = ConnectOptions::default();
     let (ea, eb) = (a.qp.endpoint(), b.qp.endpoint());
-    a.qp.connect(eb, &opts).unwrap();
-    b.qp.connect(ea, &opts).unwrap();
+    a.qp.connect(eb, &ConnectOptions::default()).unwrap();
+    // The peer asks for the longest RNR wait (code 0, 655 ms): after its first RNR NAK it
+    // writes nothing into the victim's ring for that long, so a scribbled index is not
+    // overwritten by the peer's next record before the victim reads it.
+    b.qp.connect(ea, &ConnectOptions::default().min_rnr_timer(0))
+        .unwrap();
     (a, b)
 }
 
@@ -76,7 +79,15 @@ fn hostile(bytes: &[u8], ahead: u64, reason: &str) {
         .unwrap();
     v.qp.post_send(SendRequest::send(2).sge(LocalSge::new(&closed, 0, 64).unwrap()))
         .unwrap();
-    std::thread::sleep(Duration::from_millis(20));
+    // Let the victim read the first RNR NAK (polls drive progress).
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(100) {
+        assert!(
+            v.cq.poll_one().unwrap().is_none(),
+            "a completion before the scribble"
+        );
+        std::thread::yield_now();
+    }
     rdmx::shm::testing::scribble_incoming(&v.qp, bytes, ahead).unwrap();
     let mut ids = Vec::new();
     for _ in 0..2 {

@@ -84,7 +84,13 @@ fuzz_target!(|data: &[u8]| {
     pqp.connect(ve, &opts).expect("connect");
     vqp.post_recv(RecvRequest::new(1).sge(LocalSge::new(&f.open, 0, LEN).unwrap()))
         .expect("post a receive");
-    rdmx::shm::testing::scribble_incoming(&vqp, bytes, ahead).expect("scribble");
+    // The segment is handed over by the progress thread after `connect` returns: wait
+    // for it (a busy machine may take a while) before scribbling on it.
+    let start = Instant::now();
+    while let Err(e) = rdmx::shm::testing::scribble_incoming(&vqp, bytes, ahead) {
+        assert!(start.elapsed() < DEADLINE, "scribble: {e:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
 
     let start = Instant::now();
     let mut completions = 0;

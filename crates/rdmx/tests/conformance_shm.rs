@@ -1,6 +1,8 @@
 //! The provider conformance suite (`tests/conformance/`) on the shm provider, both sides
 //! in this process, each with its own context (its own socket, progress thread and key
-//! table), so every request crosses a pair of shared-memory rings.
+//! table), so every request crosses a pair of shared-memory rings. The default context
+//! copies payloads of 16 KiB or more with `process_vm_readv` (the `cma` data path);
+//! `conformance_shm_ring` keeps every payload in the rings.
 
 #[macro_use]
 mod conformance;
@@ -34,4 +36,19 @@ mod conformance_shm_small_ring {
     };
 
     conformance_suite!(SHM_SMALL);
+}
+
+mod conformance_shm_ring {
+    use rdmx::{Context, Mtu};
+
+    use crate::conformance::Provider;
+
+    /// shm with the cma data path turned off: every payload goes through the rings.
+    const SHM_RING: Provider = Provider {
+        name: "shm",
+        open: || Context::open(rdmx::shm::Options::default().cma(false)),
+        mtu: Mtu::Bytes(65536),
+    };
+
+    conformance_suite!(SHM_RING);
 }

@@ -70,8 +70,8 @@ impl std::fmt::Display for RingError {
             RingError::Garbage(why) => write!(f, "garbage in the ring: {why}"),
             RingError::Pull(e) => write!(
                 f,
-                "copying a payload out of the peer's memory failed ({e}): its descriptor \
-                 names memory the peer does not have"
+                "copying a payload out of the peer's memory failed ({e}): the peer \
+                 exited, or its descriptor names memory it does not have"
             ),
         }
     }

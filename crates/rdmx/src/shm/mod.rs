@@ -101,8 +101,9 @@ pub fn data_path(qp: &crate::QueuePair) -> Option<&'static str> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Options {
-    /// Bytes of each ring (a power of two, 64 KiB to 1 GiB; default 4 MiB). The largest
-    /// path MTU is a quarter of it.
+    /// Bytes of each ring (a power of two, 64 KiB to 1 GiB; default 1 MiB, small enough
+    /// to stay in a core's L2 cache: 4 KiB to 8 KiB WRITEs and SENDs ran faster than with
+    /// 4 MiB). The largest path MTU is a quarter of it.
     pub ring_bytes: usize,
     /// Copy large payloads straight between the processes' registered memory when the
     /// kernel allows it (the `cma` data path; see the [module docs](self)). Default: on,
@@ -113,7 +114,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
-            ring_bytes: 4 << 20,
+            ring_bytes: 1 << 20,
             cma: std::env::var_os("RDMX_SHM_DATA_PATH").is_none_or(|v| v != "ring"),
         }
     }

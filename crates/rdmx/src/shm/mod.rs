@@ -115,7 +115,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             ring_bytes: 1 << 20,
-            cma: std::env::var_os("RDMX_SHM_DATA_PATH").is_none_or(|v| v != "ring"),
+            cma: std::env::var_os("RDMX_SHM_DATA_PATH").map_or(true, |v| v != "ring"),
         }
     }
 }

@@ -25,10 +25,11 @@ struct Side {
     qp: QueuePair,
 }
 
-fn side() -> Side {
+fn side(cma: bool) -> Side {
     // Capture logs from the start.
     let _ = logs::logs();
-    let ctx = Context::open(rdmx::shm::Options::default().ring_bytes(64 << 10)).unwrap();
+    let opts = rdmx::shm::Options::default().ring_bytes(64 << 10).cma(cma);
+    let ctx = Context::open(opts).unwrap();
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(64).unwrap();
     let qp = pd.create_qp(&cq, &cq, QpCaps::default()).unwrap();
@@ -42,7 +43,12 @@ fn side() -> Side {
 
 /// A connected pair: the victim and its peer.
 fn pair() -> (Side, Side) {
-    let (a, b) = (side(), side());
+    pair_with(false)
+}
+
+/// [`pair`], both sides on the cma data path or not.
+fn pair_with(cma: bool) -> (Side, Side) {
+    let (a, b) = (side(cma), side(cma));
     let opts = ConnectOptions::default();
     let (ea, eb) = (a.qp.endpoint(), b.qp.endpoint());
     a.qp.connect(eb, &opts).unwrap();
@@ -145,10 +151,10 @@ fn a_wrap_record_at_the_start() {
 fn a_connection_without_the_secret_is_refused() {
     // A peer that knows the victim's address and QP number but not its secret, and
     // connects to it (the side with the smaller QP number and PSN connects).
-    let v = side();
+    let v = side(false);
     let ve = v.qp.endpoint();
     let mallory = (0..1000)
-        .map(|_| side())
+        .map(|_| side(false))
         .find(|m| {
             let me = m.qp.endpoint();
             (me.qp_num, me.psn) < (ve.qp_num, ve.psn)
@@ -230,7 +236,7 @@ fn a_descriptor_naming_memory_the_peer_does_not_have() {
     // The peer sends a valid WRITE to a region the victim opened for remote writes, but
     // its descriptor names peer memory that is not mapped: the victim's pull fails, its
     // queue pair goes to ERR, and nothing is written, in the open region or elsewhere.
-    let (v, peer) = pair();
+    let (v, peer) = pair_with(true);
     assert_eq!(data_path(&v.qp), "cma");
     let open =
         v.pd.register(vec![0u8; 65536], Access::LOCAL_WRITE | Access::REMOTE_WRITE)

@@ -1,6 +1,6 @@
 //! tcp and shm between two processes: this test binary runs itself again as the peer,
 //! and the two connect through `rdmx::cm`. Each test runs on both providers (`_shm`),
-//! shm on its `cma` data path and on the ring alone (`_shm_ring`).
+//! shm on its default ring data path and on the cma one (`_shm_cma`).
 //!
 //! - every opcode crosses the process boundary with its data checked on both sides;
 //! - a peer killed with SIGKILL while requests are outstanding makes every one of them
@@ -41,7 +41,7 @@ struct Side {
 
 fn side(provider: &str) -> Side {
     let ctx = match provider {
-        "shm-ring" => Context::open(rdmx::shm::Options::default().cma(false)),
+        "shm-cma" => Context::open(rdmx::shm::Options::default().cma(true)),
         p => Context::open_provider(p),
     }
     .expect("open the provider");
@@ -158,8 +158,8 @@ fn every_opcode_between_two_processes_shm() {
 }
 
 #[test]
-fn every_opcode_between_two_processes_shm_ring() {
-    every_opcode_between_two_processes_on("shm-ring");
+fn every_opcode_between_two_processes_shm_cma() {
+    every_opcode_between_two_processes_on("shm-cma");
 }
 
 fn every_opcode_between_two_processes_on(provider: &str) {
@@ -177,7 +177,7 @@ fn every_opcode_between_two_processes_on(provider: &str) {
         )
         .expect("accept the peer");
     if provider.starts_with("shm") {
-        let want = if provider == "shm" { "cma" } else { "ring" };
+        let want = if provider == "shm" { "ring" } else { "cma" };
         let deadline = Instant::now() + TIMEOUT;
         while rdmx::shm::data_path(&s.qp).is_none() {
             assert!(Instant::now() < deadline, "the shm connection never came");
@@ -260,8 +260,8 @@ fn killed_peer_fails_every_outstanding_request_shm() {
 }
 
 #[test]
-fn killed_peer_fails_every_outstanding_request_shm_ring() {
-    killed_peer_fails_every_outstanding_request_on("shm-ring");
+fn killed_peer_fails_every_outstanding_request_shm_cma() {
+    killed_peer_fails_every_outstanding_request_on("shm-cma");
 }
 
 fn killed_peer_fails_every_outstanding_request_on(provider: &str) {
@@ -339,8 +339,8 @@ fn peer_killed_mid_stream_fails_the_rest_and_leaks_nothing_shm() {
 }
 
 #[test]
-fn peer_killed_mid_stream_fails_the_rest_and_leaks_nothing_shm_ring() {
-    peer_killed_mid_stream_fails_the_rest_and_leaks_nothing_on("shm-ring");
+fn peer_killed_mid_stream_fails_the_rest_and_leaks_nothing_shm_cma() {
+    peer_killed_mid_stream_fails_the_rest_and_leaks_nothing_on("shm-cma");
 }
 
 fn peer_killed_mid_stream_fails_the_rest_and_leaks_nothing_on(provider: &str) {

@@ -27,8 +27,8 @@
 //!   error. Smaller payloads take the ring. It is not the default because on the hosts
 //!   measured it was slower: `process_vm_readv` copied at most about 11 GB/s there
 //!   (pinning the peer's pages costs more than the copy), while the ring, with both sides
-//!   copying at once out of a ring that stays in cache, moved 64 KiB WRITEs between two
-//!   processes at 11-19 GB/s against 7.5-8.7 GB/s on cma (2 vCPU AMD EPYC VM). It
+//!   copying at once, moved 64 KiB WRITEs between two
+//!   processes at 8.7-19.6 GB/s against 7.5-8.9 GB/s on cma (2 vCPU AMD EPYC VM). It
 //!   spares the sender's CPU and caches, and may win where the kernel's cross-memory
 //!   copy is faster.
 //!
@@ -107,9 +107,8 @@ pub fn data_path(qp: &crate::QueuePair) -> Option<&'static str> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Options {
-    /// Bytes of each ring (a power of two, 64 KiB to 1 GiB; default 1 MiB, small enough
-    /// to stay in a core's L2 cache: 4 KiB to 8 KiB WRITEs and SENDs ran faster than with
-    /// 4 MiB). The largest path MTU is a quarter of it.
+    /// Bytes of each ring (a power of two, 64 KiB to 1 GiB; default 4 MiB). The largest
+    /// path MTU is a quarter of it.
     pub ring_bytes: usize,
     /// Copy large payloads straight between the processes' registered memory when the
     /// kernel allows it (the `cma` data path; see the [module docs](self)); both sides
@@ -121,7 +120,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
-            ring_bytes: 1 << 20,
+            ring_bytes: 4 << 20,
             cma: std::env::var_os("RDMX_SHM_DATA_PATH").is_some_and(|v| v == "cma"),
         }
     }

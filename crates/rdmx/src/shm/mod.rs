@@ -27,10 +27,9 @@
 //!   error. Smaller payloads take the ring. It is not the default because on the hosts
 //!   measured it was slower: `process_vm_readv` copied at most about 11 GB/s there
 //!   (pinning the peer's pages costs more than the copy), while the ring, with both sides
-//!   copying at once, moved 64 KiB WRITEs between two
-//!   processes at 8.7-19.6 GB/s against 7.5-8.9 GB/s on cma (2 vCPU AMD EPYC VM). It
-//!   spares the sender's CPU and caches, and may win where the kernel's cross-memory
-//!   copy is faster.
+//!   copying at once, moved 64 KiB WRITEs between two processes at 8.7-19.6 GB/s
+//!   against 7.5-8.9 GB/s on cma (2 vCPU AMD EPYC VM). It spares the sender's CPU and
+//!   caches, and may win where the kernel's cross-memory copy is faster.
 //!
 //! The kernel lets a process read another's memory only with ptrace permission: the
 //! same user and `kernel.yama.ptrace_scope` 0, or more (`PR_SET_PTRACER`, privileges).

@@ -572,3 +572,48 @@ fn cut(
     }
     debug_assert_eq!(left, 0, "the caller keeps the range inside the spans");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{cut, parse_desc, MAX_SPANS};
+
+    fn desc(pad: u64, spans: &[(u64, u64)]) -> Vec<u8> {
+        let mut b = pad.to_ne_bytes().to_vec();
+        for &(a, n) in spans {
+            b.extend_from_slice(&a.to_ne_bytes());
+            b.extend_from_slice(&n.to_ne_bytes());
+        }
+        b
+    }
+
+    #[test]
+    fn descriptors_parse_and_bad_ones_are_errors() {
+        let mut spans = Vec::new();
+        let d = desc(2, &[(0x1000, 100), (0x9000, 28)]);
+        assert_eq!(parse_desc(&d, &mut spans), Ok((128, 2)));
+        assert_eq!(spans, [(0x1000, 100), (0x9000, 28)]);
+        for bad in [
+            desc(0, &[]),
+            desc(4, &[(0x1000, 1)]),
+            desc(0, &[(0x1000, 0)]),
+            desc(0, &[(u64::MAX, 2)]),
+            desc(0, &[(0x1000, 1 << 32)]),
+            desc(0, &[(0, u64::from(u32::MAX)), (0, 1)]),
+            desc(0, &vec![(0x1000, 1); MAX_SPANS + 1]),
+            desc(0, &[(0x1000, 1)])[..20].to_vec(),
+        ] {
+            assert!(parse_desc(&bad, &mut spans).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_range_is_cut_at_span_boundaries() {
+        let spans = [(1000, 10), (5000, 20), (9000, 5)];
+        let mut out = Vec::new();
+        cut(&spans, 8, 20, 100 as *mut u8, &mut out);
+        assert_eq!(out, [(100, 1008, 2), (102, 5000, 18)]);
+        out.clear();
+        cut(&spans, 29, 6, std::ptr::null_mut(), &mut out);
+        assert_eq!(out, [(0, 5019, 1), (1, 9000, 5)]);
+    }
+}

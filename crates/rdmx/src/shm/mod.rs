@@ -28,8 +28,11 @@
 //!   measured it was slower: `process_vm_readv` copied at most about 11 GB/s there
 //!   (pinning the peer's pages costs more than the copy), while the ring, with both sides
 //!   copying at once, moved 64 KiB WRITEs between two processes at 8.7-19.6 GB/s
-//!   against 7.5-8.9 GB/s on cma (2 vCPU AMD EPYC VM). It spares the sender's CPU and
-//!   caches, and may win where the kernel's cross-memory copy is faster.
+//!   against 7.5-8.9 GB/s on cma (2 vCPU AMD EPYC VM). When other work crowds the cores
+//!   it goes the other way, since a pull needs only the receiver to run while the ring
+//!   needs both sides at once: under a load of 5 on those 2 vCPUs, 64 KiB WRITEs ran at
+//!   2.9 GB/s on cma against 1.9 on the ring, 1 MiB WRITEs 4.9 against 1.8. It also
+//!   spares the sender's CPU and caches.
 //!
 //! The kernel lets a process read another's memory only with ptrace permission: the
 //! same user and `kernel.yama.ptrace_scope` 0, or more (`PR_SET_PTRACER`, privileges).

@@ -3,7 +3,9 @@
 # transports (`UCX_TLS=sm ucx_perftest`, two processes) and memcpy of 64 KiB between
 # equally aligned buffers (`rdmx bench reg`). rdmx runs in two processes (--server and a
 # client) and in one. Each figure is the median of ROUNDS interleaved runs; the last line
-# gives the ratios.
+# gives the ratios. rdmx runs on its default data path (the ring, which the output names
+# as the runs report it); the `_cma` figures ask for the cma path (RDMX_SHM_DATA_PATH=cma:
+# payloads of 16 KiB or more pulled with process_vm_readv) for comparison.
 #
 # Usage: scripts/shm-bench.sh            (ROUNDS=5 by default)
 set -euo pipefail
@@ -39,7 +41,8 @@ two() { # the same across two processes
     local t=$1 s=$2 n=$3; shift 3
     "$RDMX" bench "$t" --provider shm -s "$s" -n "$n" --server --port 5313 "$@" >/dev/null 2>&1 &
     sleep 0.3
-    "$RDMX" bench "$t" --provider shm -s "$s" -n "$n" --port 5313 --json "$@" 127.0.0.1 | j "${J:-$pick}"
+    "$RDMX" bench "$t" --provider shm -s "$s" -n "$n" --port 5313 --json "$@" 127.0.0.1 |
+        tee "$out/last.json" | j "${J:-$pick}"
     wait
 }
 memcpy() { # 64 KiB, equally aligned, MiB/s
@@ -54,17 +57,24 @@ for r in $(seq "$ROUNDS"); do
     ucx ucp_put_lat 8 100000 >>"$out/ucx_put_lat"
     ucx ucp_am_lat 8 100000 >>"$out/ucx_am_lat"
     two write_bw 65536 20000 >>"$out/write_64k"
+    j "d['data_path']" <"$out/last.json" >>"$out/path"
+    RDMX_SHM_DATA_PATH=cma two write_bw 65536 20000 >>"$out/write_64k_cma"
+    j "d['data_path']" <"$out/last.json" >>"$out/path_cma"
+    RDMX_SHM_DATA_PATH=cma two write_bw 1048576 2000 >>"$out/write_1m_cma"
+    RDMX_SHM_DATA_PATH=cma two read_bw 65536 20000 >>"$out/read_64k_cma"
     two write_bw 1048576 2000 >>"$out/write_1m"
     two read_bw 65536 20000 >>"$out/read_64k"
     J=$rate two write_bw 8 200000 -l 32 >>"$out/write_8"
     two write_lat 8 20000 >>"$out/write_lat"
     two send_lat 8 20000 >>"$out/send_lat"
     one write_bw 65536 20000 >>"$out/one_write_64k"
+    RDMX_SHM_DATA_PATH=cma one write_bw 65536 20000 >>"$out/one_write_64k_cma"
     echo "round $r/$ROUNDS done" >&2
 done
 med() { sort -g "$out/$1" | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 figs=(memcpy ucx_put_64k ucx_put_1m ucx_get_64k ucx_put_8 ucx_put_lat ucx_am_lat
-    write_64k write_1m read_64k write_8 write_lat send_lat one_write_64k)
+    write_64k write_1m read_64k write_8 write_lat send_lat one_write_64k
+    write_64k_cma write_1m_cma read_64k_cma one_write_64k_cma)
 printf '%-14s %10s   (median of %s; MiB/s, M msg/s for 8 B bandwidth, latency in usec)\n' \
     figure value "$ROUNDS"
 args=()
@@ -72,11 +82,18 @@ for f in "${figs[@]}"; do
     printf '%-14s %10.3f\n' "$f" "$(med "$f")"
     args+=("$(med "$f")")
 done
-python3 - "${args[@]}" <<'PY'
+path=$(sort -u "$out/path" | paste -sd/)
+path_cma=$(sort -u "$out/path_cma" | paste -sd/)
+python3 - "$path" "$path_cma" "${args[@]}" <<'PY'
 import sys
-(mc, up64, up1m, ug64, up8, upl, aml, w64, w1m, r64, w8, wl, sl, o64) = map(float, sys.argv[1:])
+path, path_cma = sys.argv[1:3]
+(mc, up64, up1m, ug64, up8, upl, aml, w64, w1m, r64, w8, wl, sl, o64,
+ w64c, w1mc, r64c, o64c) = map(float, sys.argv[3:])
 print(f"ratio write_bw_64k/ucx_put_bw={w64/up64:.2f} write_bw_1m/ucx_put_bw={w1m/up1m:.2f} "
       f"read_bw_64k/ucx_get={r64/ug64:.2f} write_bw_8/ucx_put_bw_8={w8/up8:.2f} "
       f"write_lat/ucx_put_lat={wl/upl:.2f} send_lat/ucx_am_lat={sl/aml:.2f} "
-      f"one_process_write_bw_64k/memcpy_aligned={o64/mc:.2f} (path: ring)")
+      f"one_process_write_bw_64k/memcpy_aligned={o64/mc:.2f} (data path: {path}); "
+      f"asking for cma (data path: {path_cma}): write_bw_64k/ucx_put_bw={w64c/up64:.2f} "
+      f"write_bw_1m/ucx_put_bw={w1mc/up1m:.2f} read_bw_64k/ucx_get={r64c/ug64:.2f} "
+      f"one_process_write_bw_64k/memcpy_aligned={o64c/mc:.2f}")
 PY

@@ -354,3 +354,37 @@ fn a_low_memlock_limit_runs_unpinned_and_says_so() {
         assert_eq!(v["pinned"], true, "no limit, pinned: {v}");
     }
 }
+
+/// shm names its data path as it runs it: the ring by default, cma when asked for
+/// (`RDMX_SHM_DATA_PATH=cma`) and the kernel lets the process read its own memory, which
+/// it always does. 64 KiB WRITEs verified either way.
+#[test]
+fn shm_reports_the_data_path_it_runs() {
+    for (env, want) in [(None, "ring"), (Some("cma"), "cma"), (Some("ring"), "ring")] {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rdmx"));
+        cmd.args([
+            "bench",
+            "write_bw",
+            "--provider",
+            "shm",
+            "-n",
+            "200",
+            "-s",
+            "65536",
+            "--verify",
+            "--json",
+        ]);
+        match env {
+            Some(v) => cmd.env("RDMX_SHM_DATA_PATH", v),
+            None => cmd.env_remove("RDMX_SHM_DATA_PATH"),
+        };
+        let out = cmd.output().expect("run rdmx");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert_eq!(v["data_path"], want, "RDMX_SHM_DATA_PATH={env:?}: {v}");
+    }
+}

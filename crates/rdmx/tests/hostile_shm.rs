@@ -25,10 +25,11 @@ struct Side {
     qp: QueuePair,
 }
 
-fn side() -> Side {
+fn side(cma: bool) -> Side {
     // Capture logs from the start.
     let _ = logs::logs();
-    let ctx = Context::open(rdmx::shm::Options::default().ring_bytes(64 << 10)).unwrap();
+    let opts = rdmx::shm::Options::default().ring_bytes(64 << 10).cma(cma);
+    let ctx = Context::open(opts).unwrap();
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(64).unwrap();
     let qp = pd.create_qp(&cq, &cq, QpCaps::default()).unwrap();
@@ -42,7 +43,12 @@ fn side() -> Side {
 
 /// A connected pair: the victim and its peer.
 fn pair() -> (Side, Side) {
-    let (a, b) = (side(), side());
+    pair_with(false)
+}
+
+/// [`pair`], both sides on the cma data path or not.
+fn pair_with(cma: bool) -> (Side, Side) {
+    let (a, b) = (side(cma), side(cma));
     let (ea, eb) = (a.qp.endpoint(), b.qp.endpoint());
     a.qp.connect(eb, &ConnectOptions::default()).unwrap();
     // The peer asks for the longest RNR wait (code 0, 655 ms): after its first RNR NAK it
@@ -156,10 +162,10 @@ fn a_wrap_record_at_the_start() {
 fn a_connection_without_the_secret_is_refused() {
     // A peer that knows the victim's address and QP number but not its secret, and
     // connects to it (the side with the smaller QP number and PSN connects).
-    let v = side();
+    let v = side(false);
     let ve = v.qp.endpoint();
     let mallory = (0..1000)
-        .map(|_| side())
+        .map(|_| side(false))
         .find(|m| {
             let me = m.qp.endpoint();
             (me.qp_num, me.psn) < (ve.qp_num, ve.psn)
@@ -181,4 +187,142 @@ fn a_connection_without_the_secret_is_refused() {
     // The victim still waits for its real peer: nothing arrived.
     assert_eq!(v.qp.state(), QpState::Rts);
     assert!(v.cq.poll_one().unwrap().is_none());
+}
+
+/// The data path of `qp` once it has its connection (the side that waits for its peer
+/// gets it moments after the peer reached RTR).
+fn data_path(qp: &QueuePair) -> &'static str {
+    let start = Instant::now();
+    loop {
+        if let Some(p) = rdmx::shm::data_path(qp) {
+            return p;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the queue pair never got its connection"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A ring record that carries an RDMA WRITE ONLY to `open` (all of it) as a descriptor
+/// naming `far` in the peer: a 16-byte record header, the packet's headers, and at
+/// offset 48 the descriptor (pad length, then address and length).
+fn write_descriptor(v: &Side, psn: u32, open: &rdmx::MemoryRegion, far: u64) -> Vec<u8> {
+    use rdmx_wire::{BthRepr, Opcode, RcRepr, RethRepr};
+    let mut r = RcRepr::new(BthRepr {
+        opcode: Opcode::RdmaWriteOnly,
+        solicited: false,
+        migreq: false,
+        pad_count: 0,
+        pkey: 0xffff,
+        fecn: false,
+        becn: false,
+        dest_qpn: v.qp.qp_num(),
+        ack_req: true,
+        psn,
+    });
+    r.reth = Some(RethRepr {
+        va: open.addr() as u64,
+        rkey: open.rkey(),
+        dma_len: open.len() as u32,
+    });
+    let mut hdr = vec![0u8; r.buffer_len()];
+    let n = r.emit_with_payload(&mut hdr).expect("emit a WRITE");
+    hdr.truncate(n);
+    let mut rec = Vec::new();
+    for x in [3u32, n as u32, 48, 24] {
+        rec.extend_from_slice(&x.to_ne_bytes());
+    }
+    rec.extend_from_slice(&hdr);
+    rec.resize(48, 0);
+    for x in [0, far, open.len() as u64] {
+        rec.extend_from_slice(&x.to_ne_bytes());
+    }
+    rec
+}
+
+#[test]
+fn a_descriptor_naming_memory_the_peer_does_not_have() {
+    // The peer sends a valid WRITE to a region the victim opened for remote writes, but
+    // its descriptor names peer memory that is not mapped: the victim's pull fails, its
+    // queue pair goes to ERR, and nothing is written, in the open region or elsewhere.
+    let (v, peer) = pair_with(true);
+    assert_eq!(data_path(&v.qp), "cma");
+    let open =
+        v.pd.register(vec![0u8; 65536], Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    let inbox = v.pd.register(vec![0u8; 4096], Access::LOCAL_WRITE).unwrap();
+    let closed =
+        v.pd.register(vec![0x5au8; 4096], Access::LOCAL_WRITE)
+            .unwrap();
+    // (No SEND outstanding: the peer must not write the ring while the test does.)
+    v.qp.post_recv(RecvRequest::new(1).sge(LocalSge::new(&inbox, 0, 4096).unwrap()))
+        .unwrap();
+    // The first page is never mapped.
+    let rec = write_descriptor(&v, peer.qp.endpoint().psn, &open, 0x10);
+    rdmx::shm::testing::scribble_incoming(&v.qp, &rec, 80).unwrap();
+    let c = wait(&v.cq, "the outstanding receive to fail");
+    assert_ne!(c.status, WcStatus::Success, "{c:?}");
+    assert_eq!(c.wr_id, 1);
+    assert_eq!(v.qp.state(), QpState::Err);
+    wait_logged(
+        "WARN",
+        &[
+            "closing the shared-memory connection",
+            "copying a payload out of the peer's memory failed",
+        ],
+    );
+    let mut got = vec![1u8; 65536];
+    open.read_at(0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 0), "the open region changed");
+    let mut got = vec![0u8; 4096];
+    closed.read_at(0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 0x5a), "a closed region changed");
+}
+
+#[test]
+fn a_descriptor_to_a_side_that_keeps_to_the_ring() {
+    // A context with cma off never raised its flag: a descriptor is garbage to it.
+    let _ = logs::logs();
+    let mk = |cma| {
+        let ctx = Context::open(rdmx::shm::Options::default().cma(cma)).unwrap();
+        let pd = ctx.alloc_pd();
+        let cq = ctx.create_cq(64).unwrap();
+        let qp = pd.create_qp(&cq, &cq, QpCaps::default()).unwrap();
+        Side {
+            _ctx: ctx,
+            pd,
+            cq,
+            qp,
+        }
+    };
+    let (v, peer) = (mk(false), mk(true));
+    let opts = ConnectOptions::default();
+    let (ev, ep) = (v.qp.endpoint(), peer.qp.endpoint());
+    v.qp.connect(ep, &opts).unwrap();
+    peer.qp.connect(ev, &opts).unwrap();
+    assert_eq!(data_path(&v.qp), "ring");
+    let open =
+        v.pd.register(vec![0u8; 65536], Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    let src = peer
+        .pd
+        .register(vec![7u8; 65536], Access::LOCAL_WRITE)
+        .unwrap();
+    let rec = write_descriptor(&v, ep.psn, &open, src.addr() as u64);
+    rdmx::shm::testing::scribble_incoming(&v.qp, &rec, 80).unwrap();
+    let start = Instant::now();
+    while v.qp.state() != QpState::Err {
+        let _ = v.cq.poll_one();
+        assert!(start.elapsed() < DEADLINE, "the victim kept going");
+        std::thread::yield_now();
+    }
+    wait_logged(
+        "WARN",
+        &["a descriptor on a connection that copies through the ring"],
+    );
+    let mut got = vec![1u8; 65536];
+    open.read_at(0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 0), "the open region changed");
 }

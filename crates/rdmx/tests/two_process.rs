@@ -1,5 +1,6 @@
 //! tcp and shm between two processes: this test binary runs itself again as the peer,
-//! and the two connect through `rdmx::cm`. Each test runs on both providers (`_shm`).
+//! and the two connect through `rdmx::cm`. Each test runs on both providers (`_shm`),
+//! shm on its default ring data path and on the cma one (`_shm_cma`).
 //!
 //! - every opcode crosses the process boundary with its data checked on both sides;
 //! - a peer killed with SIGKILL while requests are outstanding makes every one of them
@@ -39,7 +40,11 @@ struct Side {
 }
 
 fn side(provider: &str) -> Side {
-    let ctx = Context::open_provider(provider).expect("open the provider");
+    let ctx = match provider {
+        "shm-cma" => Context::open(rdmx::shm::Options::default().cma(true)),
+        p => Context::open_provider(p),
+    }
+    .expect("open the provider");
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(4096).expect("cq");
     let caps = QpCaps::default().max_send_wr(256).max_recv_wr(64);
@@ -152,6 +157,11 @@ fn every_opcode_between_two_processes_shm() {
     every_opcode_between_two_processes_on("shm");
 }
 
+#[test]
+fn every_opcode_between_two_processes_shm_cma() {
+    every_opcode_between_two_processes_on("shm-cma");
+}
+
 fn every_opcode_between_two_processes_on(provider: &str) {
     let listener = cm::Listener::bind("127.0.0.1:0").unwrap();
     let mut child = spawn_peer(listener.local_addr().unwrap(), "check", provider);
@@ -166,6 +176,15 @@ fn every_opcode_between_two_processes_on(provider: &str) {
             TIMEOUT,
         )
         .expect("accept the peer");
+    if provider.starts_with("shm") {
+        let want = if provider == "shm" { "ring" } else { "cma" };
+        let deadline = Instant::now() + TIMEOUT;
+        while rdmx::shm::data_path(&s.qp).is_none() {
+            assert!(Instant::now() < deadline, "the shm connection never came");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(rdmx::shm::data_path(&s.qp), Some(want));
+    }
     s.qp.post_recv(RecvRequest::new(10).sge(LocalSge::new(&reply, 0, 8).unwrap()))
         .unwrap();
     let (raddr, rkey) = remote_from(&theirs);
@@ -240,6 +259,11 @@ fn killed_peer_fails_every_outstanding_request_shm() {
     killed_peer_fails_every_outstanding_request_on("shm");
 }
 
+#[test]
+fn killed_peer_fails_every_outstanding_request_shm_cma() {
+    killed_peer_fails_every_outstanding_request_on("shm-cma");
+}
+
 fn killed_peer_fails_every_outstanding_request_on(provider: &str) {
     let listener = cm::Listener::bind("127.0.0.1:0").unwrap();
     let mut child = spawn_peer(listener.local_addr().unwrap(), "die", provider);
@@ -312,6 +336,11 @@ fn peer_killed_mid_stream_fails_the_rest_and_leaks_nothing() {
 #[test]
 fn peer_killed_mid_stream_fails_the_rest_and_leaks_nothing_shm() {
     peer_killed_mid_stream_fails_the_rest_and_leaks_nothing_on("shm");
+}
+
+#[test]
+fn peer_killed_mid_stream_fails_the_rest_and_leaks_nothing_shm_cma() {
+    peer_killed_mid_stream_fails_the_rest_and_leaks_nothing_on("shm-cma");
 }
 
 fn peer_killed_mid_stream_fails_the_rest_and_leaks_nothing_on(provider: &str) {

@@ -281,12 +281,14 @@ pub(crate) struct RunInfo {
     pub(crate) peer: String,
     /// "local address: ..." and "remote address: ..." lines, per QP.
     pub(crate) addresses: Vec<String>,
+    /// How the provider moves payloads (shm: `rdmx::shm::data_path`).
+    pub(crate) data_path: Option<&'static str>,
 }
 
 impl RunInfo {
     /// How the provider moves payloads, for providers with more than one way (shm).
     fn data_path(&self) -> Option<&'static str> {
-        (self.provider == rdmx::shm::NAME).then_some(rdmx::shm::DATA_PATH)
+        self.data_path
     }
 
     fn progress(&self) -> &'static str {

@@ -222,6 +222,25 @@ fn info(cfg: &Config, side: &Side, mine: &Hello, peer: &Hello, where_: String) -
         verify: p.verify,
         peer: where_,
         addresses,
+        data_path: (kind == rdmx::shm::NAME).then(|| shm_data_path(side)),
+    }
+}
+
+/// The data path of a side's shm queue pairs, as they run it. A queue pair that waits
+/// for its peer to connect gets its connection within moments of the peer reaching RTR.
+fn shm_data_path(side: &Side) -> &'static str {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let paths: Vec<_> = side.qps.iter().map(rdmx::shm::data_path).collect();
+        if let Some(&first) = paths.iter().flatten().next() {
+            if paths.iter().all(|p| p == &Some(first)) {
+                return first;
+            }
+        }
+        if std::time::Instant::now() > deadline {
+            return "unknown (not connected yet)";
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
 

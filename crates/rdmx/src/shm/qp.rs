@@ -19,6 +19,13 @@ use crate::soft::{self, Engine, Keys};
 /// Records read from a ring in one go before the QP lets others run.
 const RX_BUDGET: usize = 64;
 
+/// Packets whose payload in registered memory is at least this long go as descriptors
+/// when the peer pulls: it copies the payload itself, with one `process_vm_readv`.
+pub(crate) const PULL_MIN: usize = 16 << 10;
+
+/// Most spans one descriptor names (the engine gathers at most `max_sge` of them).
+const MAX_SPANS: usize = 64;
+
 /// A connection: the segment, which side of it this QP is, the socket that tells when
 /// the peer goes away, and the peer's wake-up eventfd.
 #[derive(Debug)]
@@ -28,6 +35,23 @@ pub(crate) struct Conn {
     pub(crate) side: usize,
     pub(crate) sock: UnixStream,
     pub(crate) peer_event: OwnedFd,
+    /// The peer process (as the kernel names it, `SO_PEERCRED`).
+    pub(crate) peer_pid: i32,
+    /// This side reads descriptor records: it can copy out of the peer's memory.
+    pub(crate) pulls: bool,
+}
+
+impl Conn {
+    /// How payloads move on this connection: `cma` when both sides copy large payloads
+    /// straight out of the other's memory, `ring` when neither does, `cma+ring` when only
+    /// one side can.
+    pub(crate) fn data_path(&self) -> &'static str {
+        match (self.pulls, self.seg.pulls(1 - self.side)) {
+            (true, true) => "cma",
+            (false, false) => "ring",
+            _ => "cma+ring",
+        }
+    }
 }
 
 /// An shm queue pair, shared by its handle and the driver.
@@ -70,6 +94,13 @@ pub(crate) struct Inner {
     held: bool,
     place: Vec<Placement<MrRef>>,
     prefix: Vec<u8>,
+    /// The peer reads descriptor records (seen in the segment).
+    peer_pulls: bool,
+    /// A descriptor record's payload, its spans, and the pieces of one pull: local
+    /// address, peer address, length.
+    desc_bytes: Vec<u8>,
+    spans: Vec<(u64, u64)>,
+    pieces: Vec<(usize, u64, usize)>,
     /// Waiting for the peer QP with this number to connect.
     pub(crate) expect_peer: Option<u32>,
     pub(crate) peer: Option<Peer>,
@@ -109,6 +140,10 @@ impl ShmQp {
                 held: false,
                 place: Vec::new(),
                 prefix: Vec::new(),
+                peer_pulls: false,
+                desc_bytes: Vec::new(),
+                spans: Vec::new(),
+                pieces: Vec::new(),
                 expect_peer: None,
                 peer: None,
                 my_psn: 0,
@@ -244,7 +279,25 @@ impl Inner {
                 return Err(RingError::Garbage("a packet shorter than its headers"));
             }
             let inline = rec.prefix - h;
-            let rest = inline + rec.len;
+            // Payload bytes after the inline part: in the ring, or in the peer's memory.
+            let (far, pad) = if rec.desc {
+                if !conn.pulls {
+                    return Err(RingError::Garbage(
+                        "a descriptor on a connection that copies through the ring",
+                    ));
+                }
+                self.desc_bytes.resize(rec.len, 0);
+                // SAFETY: `desc_bytes` is a local buffer of `rec.len` bytes.
+                unsafe { seg.read(ring, &rec, true, 0, self.desc_bytes.as_mut_ptr(), rec.len) };
+                let far = parse_desc(&self.desc_bytes, &mut self.spans)?;
+                // What earlier packets completed goes out now: a failed pull marks only
+                // the completions of its own packet.
+                soft::route_completions(&mut self.engine, &self.send_cq, &self.recv_cq);
+                far
+            } else {
+                (rec.len, 0)
+            };
+            let rest = inline + far + pad;
             let mut srq = self.srq.as_ref().map(|s| s.lock());
             let handled = self.engine.handle_header(
                 now,
@@ -272,7 +325,26 @@ impl Inner {
                     p.mr.write_at(at, &self.prefix[h + a..h + e])
                         .expect("the engine places inside resolved regions");
                 }
-                // ... and the part in the ring.
+                // ... and the part in the peer's memory (gathered for one pull) ...
+                if rec.desc && b > inline {
+                    let from = a.max(inline);
+                    let e = b.min(inline + far);
+                    if e > from {
+                        let dst =
+                            p.mr.raw_range(p.addr + (from - a) as u64, e - from)
+                                .expect("the engine places inside resolved regions");
+                        cut(&self.spans, from - inline, e - from, dst, &mut self.pieces);
+                    }
+                    if b > inline + far {
+                        // Pad bytes: zeros.
+                        let z = b - (inline + far).max(a);
+                        let at = (p.addr as usize).wrapping_sub(p.mr.addr()) + (b - a - z);
+                        p.mr.write_at(at, &[0; 3][..z])
+                            .expect("the engine places inside resolved regions");
+                    }
+                    continue;
+                }
+                // ... or in the ring.
                 if b > inline {
                     let from = a.max(inline);
                     let len = b - from;
@@ -283,6 +355,25 @@ impl Inner {
                     // MrRef, `len` bytes inside its bounds (raw_range checked), and not in
                     // the segment; the range lies in the record's payload (checked above).
                     unsafe { seg.read(ring, &rec, true, from - inline, dst, len) };
+                }
+            }
+            if !self.pieces.is_empty() {
+                // SAFETY: every piece's local range is registered memory the engine
+                // resolved for this packet, kept alive by the placements' MrRefs, and
+                // not in the segment.
+                let pulled = unsafe { sys::pull(conn.peer_pid, &self.pieces) };
+                self.pieces.clear();
+                if let Err(e) = pulled {
+                    // The packet's completions (if any) must not say it arrived.
+                    while let Some((side, mut c, solicited)) = self.engine.poll_completion() {
+                        c.status = rdmx_core::WcStatus::GeneralErr;
+                        let cq = match side {
+                            rdmx_core::rc::CqSide::Send => &self.send_cq,
+                            rdmx_core::rc::CqSide::Recv => &self.recv_cq,
+                        };
+                        cq.push(c, solicited);
+                    }
+                    return Err(RingError::Pull(e.to_string()));
                 }
             }
             seg.consume(ring, &mut self.cons, &rec);
@@ -311,12 +402,49 @@ impl Inner {
                 self.held = true;
             }
             let t = &self.scratch;
-            let payload: usize =
-                t.gather.iter().map(|s| s.len as usize).sum::<usize>() + usize::from(t.pad);
+            let gathered: usize = t.gather.iter().map(|s| s.len as usize).sum();
+            if gathered >= PULL_MIN && !self.peer_pulls {
+                self.peer_pulls = conn.seg.pulls(1 - conn.side);
+            }
+            if gathered >= PULL_MIN && self.peer_pulls && t.gather.len() <= MAX_SPANS {
+                // A descriptor: the pad length, then each span's address and length.
+                let len = 8 + 16 * t.gather.len();
+                let pushed = conn.seg.push(
+                    ring,
+                    &mut self.prod,
+                    true,
+                    t.header.len(),
+                    len,
+                    0,
+                    |pre, pay| {
+                        // SAFETY: `push` hands out `t.header.len()` writable bytes at
+                        // `pre` and `len` at `pay`, inside the segment.
+                        unsafe {
+                            copy(pre, t.header.as_ptr(), t.header.len());
+                            write_u64(pay, u64::from(t.pad));
+                            for (i, s) in t.gather.iter().enumerate() {
+                                let src =
+                                    s.mr.raw_range(s.addr, s.len as usize)
+                                        .expect("the engine gathers inside resolved regions");
+                                write_u64(pay.add(8 + 16 * i), src as usize as u64);
+                                write_u64(pay.add(16 + 16 * i), u64::from(s.len));
+                            }
+                        }
+                    },
+                )?;
+                if !pushed {
+                    break;
+                }
+                self.held = false;
+                sent = true;
+                continue;
+            }
+            let payload = gathered + usize::from(t.pad);
             let align = t.gather.first().map_or(0, |s| s.addr as usize);
             let pushed = conn.seg.push(
                 ring,
                 &mut self.prod,
+                false,
                 t.header.len(),
                 payload,
                 align,
@@ -378,5 +506,114 @@ impl Inner {
             let _ = self.engine.modify(&attr, QpAttrMask::STATE);
         }
         soft::route_completions(&mut self.engine, &self.send_cq, &self.recv_cq);
+    }
+}
+
+/// Writes `v` (native byte order) at `dst`.
+///
+/// # Safety
+///
+/// `dst` is writable for 8 bytes.
+unsafe fn write_u64(dst: *mut u8, v: u64) {
+    // SAFETY: forwarded.
+    unsafe { std::ptr::copy_nonoverlapping(v.to_ne_bytes().as_ptr(), dst, 8) };
+}
+
+/// Reads a descriptor (the pad length, then address and length of each span) into
+/// `spans`. Returns the bytes the spans cover and the pad length.
+fn parse_desc(b: &[u8], spans: &mut Vec<(u64, u64)>) -> Result<(usize, usize), RingError> {
+    let word = |i: usize| u64::from_ne_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+    if b.len() < 24 || (b.len() - 8) % 16 != 0 || (b.len() - 8) / 16 > MAX_SPANS {
+        return Err(RingError::Garbage("a descriptor of a bad length"));
+    }
+    let pad = word(0);
+    if pad > 3 {
+        return Err(RingError::Garbage("a descriptor with a bad pad length"));
+    }
+    spans.clear();
+    let mut total: u64 = 0;
+    for i in (8..b.len()).step_by(16) {
+        let (addr, len) = (word(i), word(i + 8));
+        if len == 0 || len > u64::from(u32::MAX) || addr.checked_add(len).is_none() {
+            return Err(RingError::Garbage("a descriptor with a bad span"));
+        }
+        total += len;
+        spans.push((addr, len));
+    }
+    if total > u64::from(u32::MAX) {
+        return Err(RingError::Garbage("a descriptor longer than a packet"));
+    }
+    Ok((total as usize, pad as usize))
+}
+
+/// Appends to `out` the pieces that bring bytes `[at, at + len)` of the payload the spans
+/// describe to local address `dst`: local address, peer address, length.
+fn cut(
+    spans: &[(u64, u64)],
+    at: usize,
+    len: usize,
+    dst: *mut u8,
+    out: &mut Vec<(usize, u64, usize)>,
+) {
+    let (mut at, mut left, mut dst) = (at as u64, len as u64, dst as usize);
+    for &(addr, n) in spans {
+        if left == 0 {
+            break;
+        }
+        if at >= n {
+            at -= n;
+            continue;
+        }
+        let k = (n - at).min(left);
+        out.push((dst, addr + at, k as usize));
+        dst += k as usize;
+        left -= k;
+        at = 0;
+    }
+    debug_assert_eq!(left, 0, "the caller keeps the range inside the spans");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{cut, parse_desc, MAX_SPANS};
+
+    fn desc(pad: u64, spans: &[(u64, u64)]) -> Vec<u8> {
+        let mut b = pad.to_ne_bytes().to_vec();
+        for &(a, n) in spans {
+            b.extend_from_slice(&a.to_ne_bytes());
+            b.extend_from_slice(&n.to_ne_bytes());
+        }
+        b
+    }
+
+    #[test]
+    fn descriptors_parse_and_bad_ones_are_errors() {
+        let mut spans = Vec::new();
+        let d = desc(2, &[(0x1000, 100), (0x9000, 28)]);
+        assert_eq!(parse_desc(&d, &mut spans), Ok((128, 2)));
+        assert_eq!(spans, [(0x1000, 100), (0x9000, 28)]);
+        for bad in [
+            desc(0, &[]),
+            desc(4, &[(0x1000, 1)]),
+            desc(0, &[(0x1000, 0)]),
+            desc(0, &[(u64::MAX, 2)]),
+            desc(0, &[(0x1000, 1 << 32)]),
+            desc(0, &[(0, u64::from(u32::MAX)), (0, 1)]),
+            desc(0, &vec![(0x1000, 1); MAX_SPANS + 1]),
+            desc(0, &[(0x1000, 1)])[..20].to_vec(),
+        ] {
+            assert!(parse_desc(&bad, &mut spans).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_range_is_cut_at_span_boundaries() {
+        let spans = [(1000, 10), (5000, 20), (9000, 5)];
+        let mut out = Vec::new();
+        cut(&spans, 8, 20, 100 as *mut u8, &mut out);
+        assert_eq!(out, [(100, 1008, 2), (102, 5000, 18)]);
+        out.clear();
+        cut(&spans, 29, 6, std::ptr::null_mut(), &mut out);
+        assert_eq!(out, [(0, 5019, 1), (1, 9000, 5)]);
     }
 }

@@ -4,6 +4,7 @@
 //! ```text
 //! 0     magic, ring capacity                       (written by the creator, checked once)
 //! 64    side 0 asleep    128   side 1 asleep       (wake-up flags)
+//! 192   side 0 pulls     196   side 1 pulls        (it reads descriptor records)
 //! 256   ring 0: tail     384   ring 0: head        (side 0 → side 1)
 //! 512   ring 1: tail     640   ring 1: head        (side 1 → side 0)
 //! 4096  ring 0 data, then ring 1 data              (capacity bytes each)
@@ -15,7 +16,9 @@
 //! (kind, prefix length, payload offset, payload length), the packet's first bytes (its
 //! headers), then, at `payload offset`, the rest of the packet. Large payloads start at
 //! the same offset within a cache line as the memory they were copied from, so that copy
-//! runs at full speed.
+//! runs at full speed. A descriptor record has the same layout; its payload names where
+//! the packet's payload lies in the producer's memory, for the consumer to copy from
+//! there itself (a side says it can by raising its `pulls` flag).
 //!
 //! Everything in the segment is the peer's to change at any moment. The producer keeps
 //! its own tail and the consumer its own head (neither reads its own index back); each
@@ -39,6 +42,8 @@ const DATA_OFF: usize = 4096;
 const REC_HDR: usize = 16;
 const KIND_PACKET: u32 = 1;
 const KIND_WRAP: u32 = 2;
+const KIND_DESC: u32 = 3;
+const PULLS_OFF: [usize; 2] = [192, 196];
 /// Payloads at least this long are placed at their source's offset in a cache line.
 const ALIGN_MIN: usize = 256;
 /// Most bytes of a record's prefix (the packet's headers, and inline payload).
@@ -51,6 +56,9 @@ pub(crate) enum RingError {
     Index { what: &'static str, value: u64 },
     /// A record header that no producer writes.
     Garbage(&'static str),
+    /// Copying a descriptor's bytes out of the peer failed (the error): it named memory
+    /// it does not have, or it exited.
+    Pull(String),
 }
 
 impl std::fmt::Display for RingError {
@@ -60,6 +68,11 @@ impl std::fmt::Display for RingError {
                 write!(f, "the peer's {what} ({value}) lies beyond the ring")
             }
             RingError::Garbage(why) => write!(f, "garbage in the ring: {why}"),
+            RingError::Pull(e) => write!(
+                f,
+                "copying a payload out of the peer's memory failed ({e}): the peer \
+                 exited, or its descriptor names memory it does not have"
+            ),
         }
     }
 }
@@ -190,14 +203,27 @@ impl Segment {
         flag.load(Ordering::Relaxed) != 0 && flag.swap(0, Ordering::SeqCst) != 0
     }
 
+    /// Side `side` reads descriptor records from now on.
+    pub(crate) fn set_pulls(&self, side: usize) {
+        self.atomic32(PULLS_OFF[side]).store(1, Ordering::Release);
+    }
+
+    /// Whether side `side` said it reads descriptor records.
+    pub(crate) fn pulls(&self, side: usize) -> bool {
+        self.atomic32(PULLS_OFF[side]).load(Ordering::Acquire) == 1
+    }
+
     /// Writes one record to ring `ring`: a prefix of `prefix_len` bytes and a payload of
     /// `payload_len` bytes, which `fill` copies in given where each goes (`fill` may only
-    /// write those bytes). `align` is the payload source's address (its offset within a
-    /// cache line is kept). Returns false, writing nothing, when the ring lacks room.
+    /// write those bytes); `desc`: the payload is a descriptor. `align` is the payload
+    /// source's address (its offset within a cache line is kept). Returns false, writing
+    /// nothing, when the ring lacks room.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn push(
         &self,
         ring: usize,
         p: &mut Producer,
+        desc: bool,
         prefix_len: usize,
         payload_len: usize,
         align: usize,
@@ -242,7 +268,7 @@ impl Segment {
         let size = round16(off + payload_len);
         debug_assert!(pos + size <= cap && size <= worst);
         let hdr = [
-            KIND_PACKET,
+            if desc { KIND_DESC } else { KIND_PACKET },
             prefix_len as u32,
             off as u32,
             payload_len as u32,
@@ -289,7 +315,7 @@ impl Segment {
                     }
                     c.head += cap - pos as u64;
                 }
-                KIND_PACKET => {
+                kind @ (KIND_PACKET | KIND_DESC) => {
                     let (prefix, off, len) = (hdr[1] as usize, hdr[2] as usize, hdr[3] as usize);
                     if prefix > MAX_PREFIX || off < REC_HDR + prefix || off > REC_HDR + prefix + 64
                     {
@@ -300,6 +326,7 @@ impl Segment {
                         return Err(RingError::Garbage("a record longer than the ring holds"));
                     }
                     return Ok(Some(Record {
+                        desc: kind == KIND_DESC,
                         pos,
                         prefix,
                         off,
@@ -381,6 +408,8 @@ impl Consumer {
 /// A record found by [`Segment::peek`], checked to lie inside the ring.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Record {
+    /// The payload is a descriptor: where the packet's payload lies in the producer.
+    pub(crate) desc: bool,
     pos: usize,
     /// Bytes of the prefix.
     pub(crate) prefix: usize,
@@ -419,6 +448,7 @@ mod tests {
             .push(
                 0,
                 p,
+                false,
                 prefix.len(),
                 body.len(),
                 body.as_ptr() as usize,
@@ -461,7 +491,7 @@ mod tests {
         let (seg, _fd) = Segment::create(1 << 12).unwrap();
         let mut p = Producer::default();
         let mut n = 0;
-        while seg.push(0, &mut p, 12, 1000, 0, |_, _| {}).unwrap() {
+        while seg.push(0, &mut p, false, 12, 1000, 0, |_, _| {}).unwrap() {
             n += 1;
         }
         assert!(n >= 2);
@@ -486,7 +516,7 @@ mod tests {
         seg.scribble(head, &(1u64 << 50).to_ne_bytes());
         let mut filled = Ok(true);
         for _ in 0..10 {
-            filled = seg.push(0, &mut p, 12, 1000, 0, |_, _| {});
+            filled = seg.push(0, &mut p, false, 12, 1000, 0, |_, _| {});
             if filled != Ok(true) {
                 break;
             }

@@ -1,7 +1,8 @@
 //! The system calls the shm provider makes: memfd segments, eventfds, a small epoll
 //! wrapper, and Unix sockets that pass descriptors (`SCM_RIGHTS`) and tell who is on the
-//! other end (`SO_PEERCRED`). Every `unsafe` block of the provider outside the ring and
-//! the copy routine is here.
+//! other end (`SO_PEERCRED`), and the single kernel copy out of a peer's memory
+//! (`process_vm_readv`). Every `unsafe` block of the provider outside the ring and the
+//! copy routine is here.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -164,6 +165,85 @@ pub(crate) fn peer_cred(s: &UnixStream) -> io::Result<(u32, i32)> {
 pub(crate) fn euid() -> u32 {
     // SAFETY: geteuid cannot fail.
     unsafe { libc::geteuid() }
+}
+
+/// A word whose address a process hands its peer at connection setup: the peer reads it
+/// with [`pull`] to learn whether the kernel lets it read this process's memory.
+pub(crate) static PROBE: u64 = u64::from_be_bytes(*b"RDMXCMA1");
+
+/// Copies bytes out of process `pid` with `process_vm_readv`: each piece is a local
+/// address, an address in the peer and a length. Fails with the kernel's error, or
+/// `UnexpectedEof` when it copied fewer bytes (part of a range is not mapped in the
+/// peer).
+///
+/// # Safety
+///
+/// Every piece's local range is writable memory of this process that nothing references
+/// for the duration of the call.
+pub(crate) unsafe fn pull(pid: i32, pieces: &[(usize, u64, usize)]) -> io::Result<()> {
+    const BATCH: usize = 64;
+    let none = libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    };
+    for chunk in pieces.chunks(BATCH) {
+        let mut local = [none; BATCH];
+        let mut remote = [none; BATCH];
+        let mut want = 0;
+        for (i, &(l, r, n)) in chunk.iter().enumerate() {
+            local[i] = libc::iovec {
+                iov_base: l as *mut libc::c_void,
+                iov_len: n,
+            };
+            remote[i] = libc::iovec {
+                iov_base: r as usize as *mut libc::c_void,
+                iov_len: n,
+            };
+            want += n;
+        }
+        // SAFETY: the kernel writes only the local ranges (the caller vouches for them)
+        // and reads the peer's memory, checking that this process may.
+        let n = unsafe {
+            libc::process_vm_readv(
+                pid,
+                local.as_ptr(),
+                chunk.len() as libc::c_ulong,
+                remote.as_ptr(),
+                chunk.len() as libc::c_ulong,
+                0,
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n as usize != want {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("copied {n} of {want} bytes"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether this process may read process `pid`'s memory: reads the peer's [`PROBE`] at
+/// `addr` (the address the peer gave). The error says why not.
+pub(crate) fn probe(pid: i32, addr: u64) -> io::Result<()> {
+    let mut v = 0u64;
+    // SAFETY: the local range is `v`.
+    unsafe { pull(pid, &[(&mut v as *mut u64 as usize, addr, 8)])? };
+    if v != PROBE {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the peer's probe word has the wrong value",
+        ));
+    }
+    Ok(())
+}
+
+/// The address of this process's [`PROBE`].
+pub(crate) fn probe_addr() -> u64 {
+    &PROBE as *const u64 as usize as u64
 }
 
 /// Most descriptors one message carries.

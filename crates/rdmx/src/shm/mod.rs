@@ -12,8 +12,15 @@
 //!
 //! ## Data paths
 //!
-//! - **ring** (the default): every payload is copied into the ring and out of it (two
-//!   copies, by the two sides at once).
+//! - **direct** (the default between two contexts of one process): a packet whose
+//!   payload in registered memory is 4 KiB or more goes into the ring as a descriptor
+//!   (the payload's addresses and the lkeys of their regions), and the receiver, once its
+//!   own engine has checked the packet's keys and resolved where the payload goes, looks
+//!   the source up in the sender's key table and copies it with one memcpy. The lookup
+//!   holds the source region for the copy, so a region deregistered meanwhile is never
+//!   read (the pull fails, as below). [`Options::direct`] turns it off.
+//! - **ring** (the default between processes): every payload is copied into the ring
+//!   and out of it (two copies, by the two sides at once).
 //! - **cma** (opt-in on both sides, [`Options::cma`] or `RDMX_SHM_DATA_PATH=cma`): a
 //!   packet whose payload in registered memory is 16 KiB or more goes into the ring as a
 //!   descriptor (the payload's addresses in the sender), and the receiver, once its own
@@ -95,7 +102,8 @@ use crate::{Error, Result};
 pub const NAME: &str = "shm";
 const DEVICE: &str = "shm0";
 
-/// How a connected shm queue pair moves payloads: `"cma"` (large payloads with one
+/// How a connected shm queue pair moves payloads: `"direct"` (its peer is in this
+/// process; large payloads with one memcpy), `"cma"` (large payloads with one
 /// kernel copy, in both directions), `"ring"` (every payload through the rings),
 /// `"cma+ring"` (only one side can copy out of the other); `None` for a queue pair of
 /// another provider, or one without its connection yet.
@@ -117,6 +125,11 @@ pub struct Options {
     /// must ask for it. Default: off (the ring was faster where measured), unless the
     /// environment has `RDMX_SHM_DATA_PATH=cma`.
     pub cma: bool,
+    /// Between two contexts of this process, copy payloads of 4 KiB or more once,
+    /// straight from the sender's registered memory into the receiver's (the `direct`
+    /// data path); both contexts must allow it. Default: on, unless the environment has
+    /// `RDMX_SHM_DATA_PATH=ring` or `=cma`.
+    pub direct: bool,
 }
 
 impl Default for Options {
@@ -124,6 +137,8 @@ impl Default for Options {
         Options {
             ring_bytes: 4 << 20,
             cma: std::env::var_os("RDMX_SHM_DATA_PATH").is_some_and(|v| v == "cma"),
+            direct: std::env::var_os("RDMX_SHM_DATA_PATH")
+                .is_none_or(|v| v != "ring" && v != "cma"),
         }
     }
 }
@@ -138,6 +153,12 @@ impl Options {
     /// Sets [`cma`](Self::cma).
     pub fn cma(mut self, on: bool) -> Self {
         self.cma = on;
+        self
+    }
+
+    /// Sets [`direct`](Self::direct).
+    pub fn direct(mut self, on: bool) -> Self {
+        self.direct = on;
         self
     }
 }
@@ -207,19 +228,47 @@ impl Device {
             ));
         }
         let seed = soft::seed()?;
+        let keys = Arc::new(Keys::new(seed));
+        let driver = Driver::start(seed, opts.cma, opts.direct)?;
+        if opts.direct {
+            local_devices().push((driver.id, Arc::downgrade(&keys)));
+        }
         Ok(Device {
-            keys: Arc::new(Keys::new(seed)),
+            keys,
             caps: caps(ring_bytes),
             ring_bytes,
-            driver: Driver::start(seed, opts.cma)?,
+            driver,
         })
     }
 }
 
 impl Drop for Device {
     fn drop(&mut self) {
+        local_devices().retain(|(id, _)| *id != self.driver.id);
         self.driver.shutdown();
     }
+}
+
+/// The key tables of this process's shm contexts that copy directly, by context id: a
+/// queue pair whose peer is in this process copies payloads straight out of the peer's
+/// registered memory (the `direct` data path), finding it through the peer's table.
+fn local_devices() -> std::sync::MutexGuard<'static, Vec<(u32, Weak<Keys>)>> {
+    static LOCAL: std::sync::Mutex<Vec<(u32, Weak<Keys>)>> = std::sync::Mutex::new(Vec::new());
+    LOCAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The key table of context `id` of process `pid`, if that process is this one and both
+/// contexts copy directly (`direct` is this context's option).
+fn local_keys(direct: bool, pid: i32, id: u32) -> Option<Arc<Keys>> {
+    if !direct || u32::try_from(pid).ok()? != std::process::id() {
+        return None;
+    }
+    local_devices()
+        .iter()
+        .find(|(i, _)| *i == id)
+        .and_then(|(_, k)| k.upgrade())
 }
 
 impl SoftDevice for Device {
@@ -349,8 +398,8 @@ const EPOLL_EVERY: u32 = 64;
 const PARKED_TIMEOUT: Duration = Duration::from_secs(60);
 /// ... and connections that sent no hello after this long.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-const HELLO_MAGIC: &[u8; 8] = b"RDMXSHM2";
-const HELLO_LEN: usize = 40;
+const HELLO_MAGIC: &[u8; 8] = b"RDMXSHM3";
+const HELLO_LEN: usize = 44;
 const REPLY_MAGIC: &[u8; 8] = b"RDMXSHOK";
 const REPLY_LEN: usize = 16;
 
@@ -402,6 +451,8 @@ pub(crate) struct Driver {
     next_qpn: AtomicU32,
     /// Copy large payloads out of peers' memory where the kernel allows it.
     cma: bool,
+    /// Copy payloads straight out of the memory of peers in this process.
+    direct: bool,
 }
 
 impl std::fmt::Debug for Driver {
@@ -414,7 +465,7 @@ impl std::fmt::Debug for Driver {
 }
 
 impl Driver {
-    fn start(seed: u64, cma: bool) -> Result<Arc<Driver>> {
+    fn start(seed: u64, cma: bool, direct: bool) -> Result<Arc<Driver>> {
         let pid = std::process::id();
         let epoll = sys::Epoll::new().map_err(|e| Error::Io("epoll_create", e))?;
         let event = sys::eventfd().map_err(|e| Error::Io("eventfd", e))?;
@@ -461,6 +512,7 @@ impl Driver {
             // QP numbers 0 and 1 are special in InfiniBand.
             next_qpn: AtomicU32::new(((seed as u32) & 0x7f_ffff) | 0x10),
             cma,
+            direct,
         });
         let d = Arc::downgrade(&driver);
         std::thread::Builder::new()
@@ -763,6 +815,7 @@ impl Driver {
         hello[16..24].copy_from_slice(&peer.secret.to_be_bytes());
         hello[24..32].copy_from_slice(&(ring_bytes as u64).to_be_bytes());
         hello[32..40].copy_from_slice(&self.probe_addr().to_be_bytes());
+        hello[40..44].copy_from_slice(&self.id.to_be_bytes());
         sys::send_with_fds(&s, &hello, &[memfd.as_raw_fd(), self.event.as_raw_fd()])
             .map_err(|e| Error::Io("send the shm hello", e))?;
         let mut reply = [0u8; REPLY_LEN];
@@ -778,7 +831,8 @@ impl Driver {
             return Err(Error::Protocol("the shm peer's answer is not rdmx's"));
         };
         let peer_probe = u64::from_be_bytes(reply[8..16].try_into().expect("8 bytes"));
-        let pulls = self.try_pull(qp.qpn, peer_pid, peer_probe);
+        let direct = local_keys(self.direct, peer_pid, peer.dev);
+        let pulls = direct.is_some() || self.try_pull(qp.qpn, peer_pid, peer_probe);
         if pulls {
             seg.set_pulls(0);
         }
@@ -794,6 +848,7 @@ impl Driver {
                 peer_event,
                 peer_pid,
                 pulls,
+                direct,
             },
         );
         Ok(())
@@ -928,7 +983,8 @@ impl Driver {
         let seg = Segment::open(&memfd, cap).map_err(|e| format!("the segment: {e}"))?;
         drop(memfd);
         let peer_probe = u64::from_be_bytes(hello[32..40].try_into().expect("8 bytes"));
-        let pulls = self.try_pull(to, pid, peer_probe);
+        let direct = local_keys(self.direct, pid, be32(40));
+        let pulls = direct.is_some() || self.try_pull(to, pid, peer_probe);
         if pulls {
             seg.set_pulls(1);
         }
@@ -944,6 +1000,7 @@ impl Driver {
             peer_event,
             peer_pid: pid,
             pulls,
+            direct,
         };
         let mut g = qp.inner.lock();
         if g.attached() {

@@ -54,7 +54,8 @@
 //! and a random number; [`QueuePair::endpoint`](crate::QueuePair::endpoint) carries both
 //! ([`PeerAddr::Unix`]) and the QP's random secret. Of two QPs being connected, the one with
 //! the smaller (QP number, PSN) connects to the other's socket, checks with
-//! `SO_PEERCRED` that the listener runs as the same user, and sends a hello (both QP
+//! `SO_PEERCRED` that the listener runs as the same user (or one in
+//! [`Options::allowed_uids`]), and sends a hello (both QP
 //! numbers, the secret of the QP it wants, the ring size) with the segment's memfd and
 //! its context's wake-up eventfd. The listening side checks the peer's user, the secret
 //! and the segment (size, seals), answers with its own eventfd, and closes its copy of
@@ -130,6 +131,10 @@ pub struct Options {
     /// data path); both contexts must allow it. Default: on, unless the environment has
     /// `RDMX_SHM_DATA_PATH=ring` or `=cma`.
     pub direct: bool,
+    /// Users, besides this process's own, whose processes may connect to this context
+    /// and whose contexts this one connects to (checked with `SO_PEERCRED` on the socket
+    /// both ways). Default: none.
+    pub allowed_uids: Vec<u32>,
 }
 
 impl Default for Options {
@@ -139,6 +144,7 @@ impl Default for Options {
             cma: std::env::var_os("RDMX_SHM_DATA_PATH").is_some_and(|v| v == "cma"),
             direct: std::env::var_os("RDMX_SHM_DATA_PATH")
                 .is_none_or(|v| v != "ring" && v != "cma"),
+            allowed_uids: Vec::new(),
         }
     }
 }
@@ -153,6 +159,12 @@ impl Options {
     /// Sets [`cma`](Self::cma).
     pub fn cma(mut self, on: bool) -> Self {
         self.cma = on;
+        self
+    }
+
+    /// Adds `uid` to [`allowed_uids`](Self::allowed_uids).
+    pub fn allow_uid(mut self, uid: u32) -> Self {
+        self.allowed_uids.push(uid);
         self
     }
 
@@ -229,7 +241,7 @@ impl Device {
         }
         let seed = soft::seed()?;
         let keys = Arc::new(Keys::new(seed));
-        let driver = Driver::start(seed, opts.cma, opts.direct)?;
+        let driver = Driver::start(seed, opts)?;
         if opts.direct {
             local_devices().push((driver.id, Arc::downgrade(&keys)));
         }
@@ -453,6 +465,8 @@ pub(crate) struct Driver {
     cma: bool,
     /// Copy payloads straight out of the memory of peers in this process.
     direct: bool,
+    /// Other users whose processes may be peers.
+    allowed_uids: Vec<u32>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -465,7 +479,7 @@ impl std::fmt::Debug for Driver {
 }
 
 impl Driver {
-    fn start(seed: u64, cma: bool, direct: bool) -> Result<Arc<Driver>> {
+    fn start(seed: u64, opts: &Options) -> Result<Arc<Driver>> {
         let pid = std::process::id();
         let epoll = sys::Epoll::new().map_err(|e| Error::Io("epoll_create", e))?;
         let event = sys::eventfd().map_err(|e| Error::Io("eventfd", e))?;
@@ -511,8 +525,9 @@ impl Driver {
             stop: AtomicBool::new(false),
             // QP numbers 0 and 1 are special in InfiniBand.
             next_qpn: AtomicU32::new(((seed as u32) & 0x7f_ffff) | 0x10),
-            cma,
-            direct,
+            cma: opts.cma,
+            direct: opts.direct,
+            allowed_uids: opts.allowed_uids.clone(),
         });
         let d = Arc::downgrade(&driver);
         std::thread::Builder::new()
@@ -798,9 +813,14 @@ impl Driver {
             .map_err(|e| Error::Io("socket name", e))?;
         let s = UnixStream::connect_addr(&addr).map_err(|e| Error::Io("connect (shm)", e))?;
         let (uid, peer_pid) = sys::peer_cred(&s).map_err(|e| Error::Io("SO_PEERCRED", e))?;
-        if uid != sys::euid() {
-            tracing::warn!(uid, "refusing an shm peer that runs as another user");
-            return Err(Error::Protocol("the shm peer runs as another user"));
+        if !self.allows(uid) {
+            tracing::warn!(
+                uid,
+                "refusing an shm peer that runs as another user (not in allowed_uids)"
+            );
+            return Err(Error::Protocol(
+                "the shm peer runs as another user, not in allowed_uids",
+            ));
         }
         s.set_read_timeout(Some(timeout))
             .map_err(|e| Error::Io("SO_RCVTIMEO", e))?;
@@ -852,6 +872,11 @@ impl Driver {
             },
         );
         Ok(())
+    }
+
+    /// Whether a process of user `uid` may be a peer.
+    fn allows(&self, uid: u32) -> bool {
+        uid == sys::euid() || self.allowed_uids.contains(&uid)
     }
 
     /// The address of the word a peer reads to learn whether it can pull from this
@@ -955,8 +980,10 @@ impl Driver {
     ) -> std::result::Result<(), String> {
         let fds = got.map_err(|e| format!("no hello ({e})"))?;
         let (uid, pid) = sys::peer_cred(&s).map_err(|e| format!("SO_PEERCRED: {e}"))?;
-        if uid != sys::euid() {
-            return Err(format!("process {pid} runs as user {uid}, not this one's"));
+        if !self.allows(uid) {
+            return Err(format!(
+                "process {pid} runs as user {uid}, not this one's nor in allowed_uids"
+            ));
         }
         if &hello[..8] != HELLO_MAGIC {
             return Err("the hello is not rdmx's".into());

@@ -142,8 +142,8 @@ impl Default for Options {
         Options {
             ring_bytes: 4 << 20,
             cma: std::env::var_os("RDMX_SHM_DATA_PATH").is_some_and(|v| v == "cma"),
-            direct: std::env::var_os("RDMX_SHM_DATA_PATH")
-                .is_none_or(|v| v != "ring" && v != "cma"),
+            direct: !std::env::var_os("RDMX_SHM_DATA_PATH")
+                .is_some_and(|v| v == "ring" || v == "cma"),
             allowed_uids: Vec::new(),
         }
     }

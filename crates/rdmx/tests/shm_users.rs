@@ -52,7 +52,7 @@ fn from_line(line: &str, like: &QpEndpoint) -> QpEndpoint {
         .split_whitespace()
         .map(|w| w.parse().unwrap())
         .collect();
-    let mut e = like.clone();
+    let mut e = *like;
     e.addr = PeerAddr::Unix {
         pid: v[0] as u32,
         id: v[1] as u32,

@@ -82,6 +82,11 @@ pub struct QpConfig {
     /// retransmitted, since what was sent is still on its way. A peer that stays
     /// silent for `timeout × (retry_cnt + 1)` still ends in `RetryExcErr`.
     pub reliable_link: bool,
+    /// The shortest ack timeout this QP waits, whatever its `timeout` attribute says. On
+    /// a reliable link whose peer is software (a process the host may deschedule), a
+    /// silent peer is a slow process far more often than a dead one, whose end the link
+    /// reports itself; a floor keeps a loaded host from failing healthy connections.
+    pub min_ack_timeout: Duration,
 }
 
 impl QpConfig {
@@ -97,6 +102,7 @@ impl QpConfig {
             max_inline_data: 256,
             srq: false,
             reliable_link: false,
+            min_ack_timeout: Duration::ZERO,
         }
     }
 }

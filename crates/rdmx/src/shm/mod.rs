@@ -306,7 +306,7 @@ impl SoftDevice for Device {
         let qpn = self.driver.alloc_qpn();
         let mut cfg = soft::config(&init, qpn);
         // The rings deliver every packet once and in order, or the connection fails.
-        cfg.reliable_link = true;
+        soft::reliable_link(&mut cfg);
         let engine = Engine::new(cfg, limits(self.ring_bytes));
         let qp = self.driver.add_qp(|token| {
             ShmQp::new(

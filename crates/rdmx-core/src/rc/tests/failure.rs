@@ -131,7 +131,10 @@ fn a_floor_on_the_ack_timeout_holds_over_a_shorter_timeout_attribute() {
         min_ack_timeout: floor,
         ..PairConfig::default()
     });
-    assert!(ack_timeout(&p) < floor / 10, "the attribute's timeout is short");
+    assert!(
+        ack_timeout(&p) < floor / 10,
+        "the attribute's timeout is short"
+    );
     let buf = p.a.mem.register(4096, ALL);
     let remote = p.b.mem.register(4096, ALL);
     p.ab.down = true;

@@ -73,6 +73,7 @@
 //! eventfd.
 
 mod copy;
+pub use copy::copy_slice;
 mod qp;
 mod ring;
 mod sys;

@@ -100,6 +100,15 @@ impl CompletionQueue {
         unsafe { BorrowedFd::borrow_raw(fd) }
     }
 
+    /// Wakes a thread sleeping on this queue's notification ([`wait`](Self::wait),
+    /// [`wait_event`](Self::wait_event), or `poll(2)` on [`fd`](Self::fd)) as a
+    /// completion would, without adding one: `wait` then returns early with what it
+    /// finds (possibly nothing). For a thread that also waits for work from other
+    /// threads, such as a transfer engine's worker.
+    pub fn wake(&self) {
+        self.parts.core.wake();
+    }
+
     /// Consumes a notification (`ibv_get_cq_event`); returns whether there was one.
     pub fn get_event(&self) -> bool {
         self.parts.imp.get_event(&self.parts.core)

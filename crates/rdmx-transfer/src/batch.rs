@@ -290,7 +290,7 @@ impl Batch {
         if len == 0 || len > u32::MAX as u64 * 4096 {
             return Err(Error::Invalid(format!("a request of {len} bytes")));
         }
-        if local_off.checked_add(len).is_none_or(|e| e > local.len()) {
+        if local_off.checked_add(len).map_or(true, |e| e > local.len()) {
             return Err(Error::Invalid(format!(
                 "{len} bytes at {local_off} overrun local buffer {:?} ({} bytes)",
                 local.name(),

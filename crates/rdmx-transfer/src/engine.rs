@@ -498,13 +498,12 @@ fn control_stream(shared: &Shared, peer: &str) -> Result<TcpStream> {
     ))
 }
 
+/// A transport, the rail pairs (local rail, the peer's rail index) and the path MTU.
+type Choice = (Transport, Vec<(Arc<RailRt>, u8)>, u32);
+
 /// The transport for a peer, and the rail pairs (local, remote index in the peer's
 /// descriptor) to connect, with the path MTU.
-fn choose(
-    shared: &Shared,
-    theirs: &SegmentDesc,
-    want: Option<Transport>,
-) -> Result<(Transport, Vec<(Arc<RailRt>, u8)>, u32)> {
+fn choose(shared: &Shared, theirs: &SegmentDesc, want: Option<Transport>) -> Result<Choice> {
     let mine = shared.open_rails();
     let has =
         |t: Transport| mine.iter().any(|r| r.kind == t) && theirs.rails.iter().any(|r| r.kind == t);

@@ -200,7 +200,7 @@ impl Path {
         }
         self.failures.fetch_add(1, Ordering::Relaxed);
         *self.down_until.lock() = Some(Instant::now() + shared.config.set_aside);
-        tracing::warn!(path = %self.name, "transfer path failed; set aside");
+        tracing::info!(path = %self.name, "transfer path failed; set aside");
         if let Some(qp) = self.qp.lock().clone() {
             let attr = rdmx::QpAttr {
                 qp_state: rdmx::QpState::Err,
@@ -227,12 +227,10 @@ pub(crate) fn recv_wr_id(path: u32, slot: usize) -> u64 {
 
 /// A receive's (path id, slot), if `wr_id` names one.
 pub(crate) fn parse_recv(wr_id: u64) -> Option<(u32, usize)> {
-    (wr_id & RECV_FLAG != 0).then(|| {
-        (
-            ((wr_id & !RECV_FLAG) >> 16) as u32,
-            (wr_id & 0xffff) as usize,
-        )
-    })
+    (wr_id & RECV_FLAG != 0).then_some((
+        ((wr_id & !RECV_FLAG) >> 16) as u32,
+        (wr_id & 0xffff) as usize,
+    ))
 }
 
 /// Every path to one peer, and what the peer told us.
@@ -264,23 +262,24 @@ impl Conn {
     /// caller is about to add to path `i`. Starts the rebuild of set-aside paths whose
     /// time is up.
     pub(crate) fn pick(&self, shared: &Arc<Shared>, extra: &[u64], len: u64) -> Option<usize> {
-        let mut best: Option<(usize, u128)> = None;
+        // The path that would finish first: least (load / bandwidth), compared as
+        // load_a * bw_b < load_b * bw_a (no division on this per-slice path).
+        let mut best: Option<(usize, u128, u128)> = None;
         for (i, p) in self.paths.iter().enumerate() {
             if !p.up.load(Ordering::Acquire) {
                 self.maybe_repair(shared, p);
                 continue;
             }
-            let load = p.queued.load(Ordering::Relaxed)
+            let load = (p.queued.load(Ordering::Relaxed)
                 + p.in_flight.load(Ordering::Relaxed)
                 + extra.get(i).copied().unwrap_or(0)
-                + len;
-            let bw = p.bw.load(Ordering::Relaxed).max(1);
-            let cost = (load as u128) * 1_000_000 / bw as u128;
-            if best.is_none_or(|(_, c)| cost < c) {
-                best = Some((i, cost));
+                + len) as u128;
+            let bw = p.bw.load(Ordering::Relaxed).max(1) as u128;
+            if best.map_or(true, |(_, l, b)| load * b < l * bw) {
+                best = Some((i, load, bw));
             }
         }
-        best.map(|(i, _)| i)
+        best.map(|(i, _, _)| i)
     }
 
     /// The first usable path: notifications to one peer all take it, so they arrive in
@@ -403,12 +402,15 @@ pub(crate) fn send_notifications(shared: &Shared, batch: &Arc<BatchState>) {
     }
 }
 
+/// One connection's share of a batch: work per path, and its bytes per path.
+type Plan = (Arc<Conn>, Vec<VecDeque<Work>>, Vec<u64>);
+
 /// Cuts the batch's requests into slices and queues them on the connections' paths.
 pub(crate) fn schedule(shared: &Arc<Shared>, batch: &Arc<BatchState>) {
     let slice = shared.config.slice_size.max(4096) as u64;
     let tail = slice / 4;
     // Work per path, gathered first and queued with one lock per path.
-    let mut plan: Vec<(Arc<Conn>, Vec<VecDeque<Work>>, Vec<u64>)> = Vec::new();
+    let mut plan: Vec<Plan> = Vec::new();
     for (ri, r) in batch.reqs.iter().enumerate() {
         let ci = match plan.iter().position(|(c, _, _)| Arc::ptr_eq(c, &r.conn)) {
             Some(i) => i,

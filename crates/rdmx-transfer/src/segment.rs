@@ -229,7 +229,7 @@ impl Slot {
     fn check(&self, offset: u64, len: usize) -> Result<()> {
         if offset
             .checked_add(len as u64)
-            .is_none_or(|e| e > self.pool.slot)
+            .map_or(true, |e| e > self.pool.slot)
         {
             return Err(Error::Invalid(format!(
                 "{len} bytes at {offset} outside a slot of {}",
@@ -348,7 +348,7 @@ pub(crate) fn resolve(
         }
     };
     let b = &desc.buffers[i];
-    if off.checked_add(len).is_none_or(|e| e > b.len) {
+    if off.checked_add(len).map_or(true, |e| e > b.len) {
         return Err(Error::Invalid(format!(
             "{len} bytes at {off} overrun buffer {:?} of segment {:?} ({} bytes)",
             b.name, desc.name, b.len

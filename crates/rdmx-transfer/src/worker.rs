@@ -84,11 +84,13 @@ impl Worker {
                             < self.shared.config.queue_depth
                 });
                 if !queued && !self.rail.stop.load(Ordering::Acquire) {
-                    let n = self
-                        .rail
-                        .cq
-                        .wait(&mut wc, Duration::from_millis(50))
-                        .unwrap_or(0);
+                    // Arm, poll once more (a completion before arming does not notify),
+                    // then sleep until a completion or a kick.
+                    self.rail.cq.req_notify(false);
+                    let n = self.rail.cq.poll(&mut wc).unwrap_or(0);
+                    if n == 0 {
+                        let _ = self.rail.cq.wait_event(Duration::from_millis(50));
+                    }
                     self.rail.sleeping.store(false, Ordering::SeqCst);
                     for c in &wc[..n] {
                         self.complete(c);

@@ -100,11 +100,12 @@ impl CompletionQueue {
         unsafe { BorrowedFd::borrow_raw(fd) }
     }
 
-    /// Wakes a thread sleeping on this queue's notification ([`wait`](Self::wait),
-    /// [`wait_event`](Self::wait_event), or `poll(2)` on [`fd`](Self::fd)) as a
-    /// completion would, without adding one: `wait` then returns early with what it
-    /// finds (possibly nothing). For a thread that also waits for work from other
-    /// threads, such as a transfer engine's worker.
+    /// Makes the notification descriptor readable as a completion would, without adding
+    /// one: a thread sleeping in [`wait_event`](Self::wait_event) (or in `poll(2)` on
+    /// [`fd`](Self::fd)) wakes and finds no completion. For a thread that waits for
+    /// completions and for work from other threads alike (it arms, polls, then sleeps in
+    /// `wait_event`), such as a transfer engine's worker. [`wait`](Self::wait) itself
+    /// sleeps on until a completion or its timeout.
     pub fn wake(&self) {
         self.parts.core.wake();
     }

@@ -147,6 +147,9 @@ pub struct Config {
     pub transport: Option<Transport>,
     /// Force a path MTU (default: the smaller of both sides').
     pub mtu: Option<u32>,
+    /// etcd: the TTL of the engine's lease; its descriptor expires this long after the
+    /// engine stops renewing it (default 10 s; etcd allows 2 s and up).
+    pub lease_ttl: Duration,
 }
 
 impl Default for Config {
@@ -164,6 +167,7 @@ impl Default for Config {
             connect_timeout: Duration::from_secs(10),
             transport: None,
             mtu: None,
+            lease_ttl: Duration::from_secs(10),
         }
     }
 }
@@ -202,6 +206,8 @@ impl Config {
         transport: Option<Transport>,
         /// Sets [`mtu`](Self::mtu).
         mtu: Option<u32>,
+        /// Sets [`lease_ttl`](Self::lease_ttl).
+        lease_ttl: Duration,
     }
 
     /// Sets [`metadata`](Self::metadata).

@@ -14,6 +14,7 @@ use rdmx::{Access, ConnectOptions, Context, QpCaps, QueuePair};
 use crate::batch::{Batch, BatchHandle};
 use crate::config::{Config, Rail, Transport};
 use crate::error::{Error, Result};
+use crate::meta::{Meta, SegmentEvent};
 use crate::path::{schedule, Conn, Path, PathStatus, RailRt, RECVS};
 use crate::segment::{LocalBuf, LocalBuffer, Mem, Segment, SlotPool};
 use crate::wire::{Msg, RailDesc, SegmentDesc, MAX_NAME};
@@ -43,6 +44,7 @@ pub(crate) struct Shared {
     notes: Mutex<VecDeque<Notification>>,
     notes_cv: Condvar,
     stop: AtomicBool,
+    pub(crate) meta: Meta,
 }
 
 impl Shared {
@@ -177,17 +179,12 @@ impl Engine {
         if config.rails.is_empty() || config.rails.len() > crate::wire::MAX_RAILS {
             return Err(Error::Invalid("an engine needs 1 to 16 rails".into()));
         }
-        if config.metadata != "p2p" {
-            return Err(Error::Metadata(format!(
-                "metadata {:?} is not available in this build (only \"p2p\")",
-                config.metadata
-            )));
-        }
         if config.qps_per_rail == 0 || config.qps_per_rail > 16 || config.queue_depth == 0 {
             return Err(Error::Invalid(
                 "qps_per_rail must be 1 to 16 and queue_depth above 0".into(),
             ));
         }
+        let meta = Meta::open(&config.metadata, name, config.lease_ttl)?;
         let rails = config
             .rails
             .iter()
@@ -217,7 +214,9 @@ impl Engine {
             notes: Mutex::new(VecDeque::new()),
             notes_cv: Condvar::new(),
             stop: AtomicBool::new(false),
+            meta,
         });
+        shared.meta.publish(&shared.desc());
         let mut threads = Vec::new();
         for r in &shared.rails {
             let (s, r) = (shared.clone(), r.clone());
@@ -287,6 +286,8 @@ impl Engine {
         *next = (*next + b.len).next_multiple_of(4096);
         let b = Arc::new(b);
         bufs.push(b.clone());
+        drop((bufs, next));
+        self.shared.meta.publish(&self.shared.desc());
         Ok(LocalBuf { inner: b })
     }
 
@@ -314,12 +315,14 @@ impl Engine {
             .write()
             .retain(|b| !Arc::ptr_eq(b, &buf.inner));
         buf.inner.mrs.write().clear();
+        self.shared.meta.publish(&self.shared.desc());
     }
 
-    /// Opens the segment of the engine whose control listener is at `peer` (`host:port`):
-    /// the handshake exchanges descriptors, chooses the transport, and connects
+    /// Opens the segment of engine `peer`: with `p2p` metadata `peer` is its control
+    /// address (`host:port`), with etcd its name (looked up in etcd). The handshake
+    /// exchanges descriptors, chooses the transport, and connects
     /// [`qps_per_rail`](Config::qps_per_rail) queue pairs on each rail of it. An engine
-    /// already open is returned as it is (see [`Segment::desc`], and
+    /// already open is returned as it is, without asking etcd (see [`Segment::desc`], and
     /// [`refresh`](Self::refresh) for new buffers).
     pub fn open_segment(&self, peer: &str) -> Result<Segment> {
         self.open_segment_with(peer, self.shared.config.transport)
@@ -327,20 +330,54 @@ impl Engine {
 
     /// [`open_segment`](Self::open_segment) with a transport forced for this peer.
     pub fn open_segment_with(&self, peer: &str, transport: Option<Transport>) -> Result<Segment> {
-        if let Some(name) = self.shared.by_addr.lock().get(peer).cloned() {
-            if let Some(c) = self.shared.conns.lock().get(&name) {
-                if !c.closed.load(Ordering::Acquire) {
-                    return Ok(Segment { conn: c.clone() });
-                }
+        // An open connection serves either side, whoever opened it.
+        let known = |c: &Arc<Conn>| {
+            if self.shared.meta.is_p2p() {
+                c.control.to_string() == peer
+                    || self.shared.by_addr.lock().get(peer) == Some(&c.peer)
+            } else {
+                c.peer == peer
             }
+        };
+        let open = self
+            .shared
+            .conns
+            .lock()
+            .values()
+            .find(|c| !c.closed.load(Ordering::Acquire) && known(c))
+            .cloned();
+        if let Some(conn) = open {
+            return Ok(Segment { conn });
         }
-        let conn = connect(&self.shared, peer, transport)?;
+        let addr = if self.shared.meta.is_p2p() {
+            peer.to_string()
+        } else {
+            self.shared.meta.lookup(peer)?.control.to_string()
+        };
+        let conn = connect(&self.shared, &addr, transport)?;
+        if !self.shared.meta.is_p2p() && conn.peer != peer {
+            return Err(Error::Descriptor(format!(
+                "etcd sent {peer:?} to {addr}, where {:?} answered",
+                conn.peer
+            )));
+        }
         self.shared
             .by_addr
             .lock()
             .insert(peer.to_string(), conn.peer.clone());
         self.shared.add_conn(conn.clone());
         Ok(Segment { conn })
+    }
+
+    /// The segments the metadata service lists now (etcd; empty with `p2p`).
+    pub fn segments(&self) -> Vec<String> {
+        self.shared.meta.segments()
+    }
+
+    /// The next segment added to or removed from the metadata service, waiting up to
+    /// `timeout` (etcd; with `p2p` there are none).
+    pub fn next_segment_event(&self, timeout: Duration) -> Option<SegmentEvent> {
+        self.shared.meta.next_event(timeout)
     }
 
     /// Fetches `seg`'s descriptor again (buffers registered since it was opened).

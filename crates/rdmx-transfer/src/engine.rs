@@ -59,17 +59,13 @@ impl Shared {
             host: self.host.clone(),
             pid: std::process::id(),
             control: self.control,
-            rails: self
-                .rails
-                .iter()
-                .filter(|r| !r.closed.load(Ordering::Acquire))
-                .map(|r| r.desc.clone())
-                .collect(),
+            // Every rail, closed or not: peers address rails by their index here.
+            rails: self.rails.iter().map(|r| r.desc.clone()).collect(),
             buffers: self.buffers.read().iter().map(|b| b.desc()).collect(),
         }
     }
 
-    /// Rail indexes as a descriptor lists them (closed rails left out).
+    /// The rails in service.
     fn open_rails(&self) -> Vec<Arc<RailRt>> {
         self.rails
             .iter()
@@ -471,6 +467,18 @@ impl Engine {
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
+    }
+
+    /// Puts rail `index` back in service after [`close_rail`](Self::close_rail): peers
+    /// rebuild their paths on it when they next need them.
+    pub fn reopen_rail(&self, index: usize) -> Result<()> {
+        let rail = self
+            .shared
+            .rails
+            .get(index)
+            .ok_or_else(|| Error::Invalid(format!("no rail {index}")))?;
+        rail.closed.store(false, Ordering::Release);
+        Ok(())
     }
 
     /// Takes rail `index` out of service: its queue pairs are closed (peers see their

@@ -270,10 +270,10 @@ impl Conn {
                 self.maybe_repair(shared, p);
                 continue;
             }
-            let load = (p.queued.load(Ordering::Relaxed)
-                + p.in_flight.load(Ordering::Relaxed)
-                + extra.get(i).copied().unwrap_or(0)
-                + len) as u128;
+            let load = p.queued.load(Ordering::Relaxed) as u128
+                + p.in_flight.load(Ordering::Relaxed) as u128
+                + extra.get(i).copied().unwrap_or(0) as u128
+                + len as u128;
             let bw = p.bw.load(Ordering::Relaxed).max(1) as u128;
             if best.map_or(true, |(_, l, b)| load * b < l * bw) {
                 best = Some((i, load, bw));

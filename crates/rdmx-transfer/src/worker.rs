@@ -78,10 +78,10 @@ impl Worker {
                 self.rail.sleeping.store(true, Ordering::SeqCst);
                 // Work queued before the flag was seen is found here; later work kicks.
                 let queued = paths.iter().any(|p| {
-                    p.up.load(Ordering::Acquire)
-                        && !p.pending.lock().is_empty()
-                        && (p.outstanding.load(Ordering::Acquire) as usize)
-                            < self.shared.config.queue_depth
+                    !p.pending.lock().is_empty()
+                        && (!p.up.load(Ordering::Acquire)
+                            || (p.outstanding.load(Ordering::Acquire) as usize)
+                                < self.shared.config.queue_depth)
                 });
                 if !queued && !self.rail.stop.load(Ordering::Acquire) {
                     // Arm, poll once more (a completion before arming does not notify),
@@ -105,7 +105,21 @@ impl Worker {
     /// Posts what `p` has queued, up to its depth; returns how many.
     fn post(&mut self, p: &Arc<Path>) -> usize {
         let depth = self.shared.config.queue_depth as u32;
-        if !p.up.load(Ordering::Acquire) || p.outstanding.load(Ordering::Acquire) >= depth {
+        if !p.up.load(Ordering::Acquire) {
+            // Work queued just as the path went down: send it elsewhere.
+            let stranded: Vec<Work> = p.pending.lock().drain(..).collect();
+            if !stranded.is_empty() {
+                let bytes: u64 = stranded.iter().map(Work::len).sum();
+                sub_sat(&p.queued, bytes);
+                if let Some(conn) = p.conn.upgrade() {
+                    for w in stranded {
+                        conn.reschedule(&self.shared, w, p, None);
+                    }
+                }
+            }
+            return 0;
+        }
+        if p.outstanding.load(Ordering::Acquire) >= depth {
             return 0;
         }
         let Some(qp) = p.qp.lock().clone() else {
@@ -117,7 +131,7 @@ impl Worker {
                 break;
             };
             let len = w.len();
-            p.queued.fetch_sub(len, Ordering::Relaxed);
+            sub_sat(&p.queued, len);
             let key = self.slab.vacant_key();
             self.tag = self.tag.wrapping_add(1);
             let wr_id = (key as u64) | (self.tag as u64) << 32;
@@ -227,7 +241,7 @@ impl Worker {
         let p = e.path;
         let len = e.work.len();
         p.outstanding.fetch_sub(1, Ordering::AcqRel);
-        p.in_flight.fetch_sub(len, Ordering::Relaxed);
+        sub_sat(&p.in_flight, len);
         if c.status == WcStatus::Success && !e.expired {
             p.done_bytes.fetch_add(len, Ordering::Relaxed);
             match e.work {
@@ -345,4 +359,11 @@ impl Worker {
             p.bw.store((old * 0.7 + rate * 0.3) as u64, Ordering::Relaxed);
         }
     }
+}
+
+/// Subtracts, stopping at zero (a counter reset while work was on its way).
+fn sub_sat(a: &std::sync::atomic::AtomicU64, v: u64) {
+    let _ = a.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |x| {
+        Some(x.saturating_sub(v))
+    });
 }

@@ -21,7 +21,7 @@ pub enum SegmentEvent {
 pub(crate) enum Meta {
     P2p,
     #[cfg(feature = "etcd")]
-    Etcd(etcd::Store),
+    Etcd(Box<etcd::Store>),
 }
 
 impl Meta {
@@ -45,7 +45,9 @@ impl Meta {
         }
         #[cfg(feature = "etcd")]
         {
-            Ok(Meta::Etcd(etcd::Store::connect(endpoints, name, ttl)?))
+            Ok(Meta::Etcd(Box::new(etcd::Store::connect(
+                endpoints, name, ttl,
+            )?)))
         }
         #[cfg(not(feature = "etcd"))]
         {

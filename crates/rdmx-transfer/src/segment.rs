@@ -114,9 +114,8 @@ impl LocalBuffer {
 
 /// A buffer registered in this engine's segment. Cheap to clone.
 ///
-/// Its bytes are reached by copies ([`Engine::write_local`](crate::Engine::write_local),
-/// [`Engine::read_local`](crate::Engine::read_local)): peers and rails may write them at
-/// any time.
+/// Its bytes are reached by copies ([`write`](Self::write), [`read`](Self::read)): peers
+/// and rails may write them at any time.
 #[derive(Clone, Debug)]
 pub struct LocalBuf {
     pub(crate) inner: Arc<LocalBuffer>,

@@ -30,7 +30,16 @@ cargo build --release --locked -p rdmx-cli >/dev/null 2>&1
 RDMX=${CARGO_TARGET_DIR:-target}/release/rdmx
 out=$(mktemp -d)
 pids=()
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$out"' EXIT
+cleanup() {
+    local rc=$?
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    if [ "$rc" -ne 0 ] && [ -s "$out/stderr" ]; then
+        echo "te-bench: a run failed; its messages:" >&2
+        tail -20 "$out/stderr" >&2
+    fi
+    rm -rf "$out"
+}
+trap cleanup EXIT
 
 j() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 
@@ -51,22 +60,22 @@ mooncake() { # block batch -> GB/s
 
 # The engine's target in its own process, for the two-process figures.
 "$RDMX" bench transfer --mode target --rails tcp:127.0.0.1:0 --listen 127.0.0.1:0 \
-    --buffer-size 268435456 >"$out/te-target.log" 2>/dev/null &
+    --buffer-size 268435456 >"$out/te-target.log" 2>>"$out/stderr" &
 pids+=($!)
 for _ in $(seq 100); do grep -q "listening on" "$out/te-target.log" && break; sleep 0.1; done
 TE_SEG=$(awk '/listening on/ {print $4}' "$out/te-target.log")
 
 te2() { # block batch -> GB/s, initiator against the target process, tcp
     "$RDMX" bench transfer --mode initiator --segment "$TE_SEG" --rails tcp:127.0.0.1:0 \
-        --block-size "$1" --batch-size "$2" --threads 2 --duration "$D" --json 2>/dev/null |
+        --block-size "$1" --batch-size "$2" --threads 2 --duration "$D" --json 2>>"$out/stderr" |
         j "d['results'][0]['bw_gb_s']"
 }
 te1() { # rails block batch field -> value, both roles in this process
     "$RDMX" bench transfer --rails "$1" --block-size "$2" --batch-size "$3" --threads 2 --duration "$D" \
-        --json 2>/dev/null | j "d['results'][0]['$4']"
+        --json 2>>"$out/stderr" | j "d['results'][0]['$4']"
 }
 wbw() { # provider size -> MiB/s
-    "$RDMX" bench write_bw --provider "$1" -s "$2" -D "$D" --json 2>/dev/null |
+    "$RDMX" bench write_bw --provider "$1" -s "$2" -D "$D" --json 2>>"$out/stderr" |
         j "d['results'][0]['bw_avg_mib_s']"
 }
 for r in $(seq "$ROUNDS"); do

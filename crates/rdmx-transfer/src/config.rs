@@ -147,6 +147,11 @@ pub struct Config {
     pub transport: Option<Transport>,
     /// Force a path MTU (default: the smaller of both sides').
     pub mtu: Option<u32>,
+    /// A token every engine of the cluster is given (up to 64 bytes): with one, this
+    /// engine's control listener refuses peers that do not present it. Without one
+    /// (the default, as Mooncake's and NIXL's handshakes) anyone who reaches the
+    /// listener can open this engine's segment, within the access each buffer grants.
+    pub token: Option<String>,
     /// etcd: the TTL of the engine's lease; its descriptor expires this long after the
     /// engine stops renewing it (default 10 s; etcd allows 2 s and up).
     pub lease_ttl: Duration,
@@ -168,6 +173,7 @@ impl Default for Config {
             transport: None,
             mtu: None,
             lease_ttl: Duration::from_secs(10),
+            token: None,
         }
     }
 }
@@ -208,6 +214,12 @@ impl Config {
         mtu: Option<u32>,
         /// Sets [`lease_ttl`](Self::lease_ttl).
         lease_ttl: Duration,
+    }
+
+    /// Sets [`token`](Self::token).
+    pub fn token(mut self, v: impl Into<String>) -> Self {
+        self.token = Some(v.into());
+        self
     }
 
     /// Sets [`metadata`](Self::metadata).

@@ -74,6 +74,14 @@ impl Shared {
             .collect()
     }
 
+    fn token(&self) -> Vec<u8> {
+        self.config
+            .token
+            .as_ref()
+            .map(|t| t.as_bytes().to_vec())
+            .unwrap_or_default()
+    }
+
     fn new_qp(&self, rail: &RailRt) -> Result<QueuePair> {
         let caps = QpCaps::default()
             .max_send_wr(self.config.queue_depth.max(1) + 4)
@@ -382,6 +390,7 @@ impl Engine {
         Msg::Hello {
             desc: self.shared.desc(),
             describe_only: true,
+            token: self.shared.token(),
         }
         .send(&mut s)?;
         match Msg::recv(&mut s)? {
@@ -667,6 +676,7 @@ fn connect(shared: &Arc<Shared>, peer: &str, want: Option<Transport>) -> Result<
     Msg::Hello {
         desc: shared.desc(),
         describe_only: false,
+        token: shared.token(),
     }
     .send(&mut s)?;
     let theirs = match Msg::recv(&mut s)? {
@@ -821,7 +831,25 @@ fn serve(shared: &Arc<Shared>, mut s: TcpStream) -> Result<()> {
         Msg::Hello {
             desc,
             describe_only,
+            token,
         } => {
+            if let Some(mine) = &shared.config.token {
+                let mine = mine.as_bytes();
+                let same = mine.len() == token.len()
+                    && mine
+                        .iter()
+                        .zip(&token)
+                        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                        == 0;
+                if !same {
+                    let e = Error::Refused {
+                        peer: desc.name,
+                        why: "the peer did not present this cluster's token".into(),
+                    };
+                    let _ = Msg::Refused("wrong or missing cluster token".into()).send(&mut s);
+                    return Err(e);
+                }
+            }
             Msg::Desc(shared.desc()).send(&mut s)?;
             if describe_only {
                 return Ok(());

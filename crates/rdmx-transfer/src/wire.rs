@@ -21,6 +21,8 @@ pub(crate) const MAX_RAILS: usize = 16;
 pub(crate) const MAX_BUFFERS: usize = 1 << 16;
 /// Longest name (engine, buffer, device, host).
 pub(crate) const MAX_NAME: usize = 255;
+/// Longest cluster token.
+pub(crate) const MAX_TOKEN: usize = 64;
 /// Most paths one connection sets up.
 pub(crate) const MAX_PATHS: usize = 256;
 
@@ -223,6 +225,8 @@ pub(crate) enum Msg {
     Hello {
         desc: SegmentDesc,
         describe_only: bool,
+        /// The cluster token, if the initiator has one.
+        token: Vec<u8>,
     },
     /// Target → initiator: who I am.
     Desc(SegmentDesc),
@@ -255,9 +259,12 @@ impl Msg {
             Msg::Hello {
                 desc,
                 describe_only,
+                token,
             } => {
                 w.u8(1);
                 w.u8(*describe_only as u8);
+                w.u8(token.len().min(MAX_TOKEN) as u8);
+                w.bytes(&token[..token.len().min(MAX_TOKEN)]);
                 desc.put(&mut w);
             }
             Msg::Desc(d) => {
@@ -316,8 +323,14 @@ impl Msg {
         let m = match r.u8()? {
             1 => {
                 let describe_only = r.u8()? != 0;
+                let n = r.u8()? as usize;
+                if n > MAX_TOKEN {
+                    return Err(bad(format!("a token of {n} bytes (at most {MAX_TOKEN})")));
+                }
+                let token = r.take(n)?.to_vec();
                 Msg::Hello {
                     describe_only,
+                    token,
                     desc: SegmentDesc::get(&mut r)?,
                 }
             }
@@ -624,6 +637,7 @@ mod tests {
             Msg::Hello {
                 desc: sample(),
                 describe_only: true,
+                token: b"cluster".to_vec(),
             },
             Msg::Desc(sample()),
             Msg::Connect {

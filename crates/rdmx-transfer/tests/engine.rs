@@ -504,3 +504,26 @@ fn a_peer_process_killed_mid_batch() {
         .unwrap();
     assert_eq!(st.failed, 4, "{st:?}");
 }
+
+/// With a cluster token, the control listener refuses peers that do not present it, and
+/// says so; peers with it connect.
+#[test]
+fn a_cluster_token_keeps_strangers_out() {
+    let b = Engine::new("b", tcp_rails(1).token("s3cret")).unwrap();
+    b.register("dst", 4096, Access::REMOTE_WRITE).unwrap();
+    let stranger = Engine::new("x", tcp_rails(1)).unwrap();
+    let e = stranger
+        .open_segment(&b.control_addr().to_string())
+        .unwrap_err();
+    assert!(e.to_string().contains("token"), "{e}");
+    let wrong = Engine::new("y", tcp_rails(1).token("guess")).unwrap();
+    assert!(wrong.open_segment(&b.control_addr().to_string()).is_err());
+    let friend = Engine::new("a", tcp_rails(1).token("s3cret")).unwrap();
+    let src = friend.register("src", 4096, Access::LOCAL_WRITE).unwrap();
+    let seg = friend.open_segment(&b.control_addr().to_string()).unwrap();
+    let mut batch = Batch::new();
+    batch
+        .write((&src, 0), &seg, Target::Offset(0), 4096)
+        .unwrap();
+    assert!(friend.submit(batch).wait(T).unwrap().is_success());
+}

@@ -48,7 +48,7 @@ if [ -n "$MC" ]; then
     "$MC" --mode=target --metadata_server=P2PHANDSHAKE --local_server_name=127.0.0.1 \
         --protocol=tcp --buffer_size=268435456 >"$out/mc-target.log" 2>&1 &
     pids+=($!)
-    for _ in $(seq 100); do grep -q "listening on" "$out/mc-target.log" && break; sleep 0.1; done
+    for _ in $(seq 100); do grep -qs "listening on" "$out/mc-target.log" && break; sleep 0.1; done
     MC_SEG=$(grep -o "listening on [0-9.]*:[0-9]*" "$out/mc-target.log" | head -1 | awk '{print $3}')
 fi
 mooncake() { # block batch -> GB/s
@@ -62,7 +62,7 @@ mooncake() { # block batch -> GB/s
 "$RDMX" bench transfer --mode target --rails tcp:127.0.0.1:0 --listen 127.0.0.1:0 \
     --buffer-size 268435456 >"$out/te-target.log" 2>>"$out/stderr" &
 pids+=($!)
-for _ in $(seq 100); do grep -q "listening on" "$out/te-target.log" && break; sleep 0.1; done
+for _ in $(seq 100); do grep -qs "listening on" "$out/te-target.log" && break; sleep 0.1; done
 TE_SEG=$(awk '/listening on/ {print $4}' "$out/te-target.log")
 
 te2() { # block batch -> GB/s, initiator against the target process, tcp

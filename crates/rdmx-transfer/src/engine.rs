@@ -97,6 +97,22 @@ impl Shared {
     }
 
     fn add_conn(&self, conn: Arc<Conn>) {
+        // Connections peers opened to this engine whose every path is down (the peer went
+        // away; only the opening side rebuilds paths) are let go.
+        let dead: Vec<Arc<Conn>> = {
+            let mut conns = self.conns.lock();
+            let names: Vec<String> = conns
+                .iter()
+                .filter(|(_, c)| {
+                    !c.initiator && c.paths.iter().all(|p| !p.up.load(Ordering::Acquire))
+                })
+                .map(|(n, _)| n.clone())
+                .collect();
+            names.iter().filter_map(|n| conns.remove(n)).collect()
+        };
+        for c in &dead {
+            self.drop_conn(c);
+        }
         for p in &conn.paths {
             let _ = p.post_recvs();
             p.rail.paths.lock().push(p.clone());

@@ -357,6 +357,13 @@ impl Conn {
                 if let Err(e) = crate::engine::repair(&shared, &p) {
                     tracing::warn!(path = %p.name, error = %e, "rebuilding a transfer path failed");
                     *p.down_until.lock() = Some(Instant::now() + shared.config.set_aside);
+                    // With every path down and the peer refusing or gone, the connection
+                    // is over: the next open_segment makes a new one.
+                    if let Some(c) = p.conn.upgrade() {
+                        if c.paths.iter().all(|q| !q.up.load(Ordering::Acquire)) {
+                            c.closed.store(true, Ordering::Release);
+                        }
+                    }
                 }
                 p.repairing.store(false, Ordering::Release);
             });

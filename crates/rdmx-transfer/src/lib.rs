@@ -54,6 +54,7 @@ mod batch;
 mod config;
 mod engine;
 mod error;
+mod handshake;
 mod meta;
 mod path;
 mod segment;

@@ -354,7 +354,7 @@ impl Conn {
         let _ = std::thread::Builder::new()
             .name("rdmx-te-repair".into())
             .spawn(move || {
-                if let Err(e) = crate::engine::repair(&shared, &p) {
+                if let Err(e) = crate::handshake::repair(&shared, &p) {
                     tracing::warn!(path = %p.name, error = %e, "rebuilding a transfer path failed");
                     *p.down_until.lock() = Some(Instant::now() + shared.config.set_aside);
                     // With every path down and the peer refusing or gone, the connection

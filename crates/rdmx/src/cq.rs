@@ -100,6 +100,16 @@ impl CompletionQueue {
         unsafe { BorrowedFd::borrow_raw(fd) }
     }
 
+    /// Makes the notification descriptor readable as a completion would, without adding
+    /// one: a thread sleeping in [`wait_event`](Self::wait_event) (or in `poll(2)` on
+    /// [`fd`](Self::fd)) wakes and finds no completion. For a thread that waits for
+    /// completions and for work from other threads alike (it arms, polls, then sleeps in
+    /// `wait_event`), such as a transfer engine's worker. [`wait`](Self::wait) itself
+    /// sleeps on until a completion or its timeout.
+    pub fn wake(&self) {
+        self.parts.core.wake();
+    }
+
     /// Consumes a notification (`ibv_get_cq_event`); returns whether there was one.
     pub fn get_event(&self) -> bool {
         self.parts.imp.get_event(&self.parts.core)

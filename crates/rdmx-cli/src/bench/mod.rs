@@ -23,6 +23,7 @@ mod responder;
 mod run;
 mod setup;
 mod stats;
+mod transfer;
 mod verify;
 
 /// Benchmarks: a transfer test (perftest's), or `reg`.
@@ -48,12 +49,16 @@ enum Other {
     /// Memory registration: register+deregister by size, registration cache hit and miss,
     /// buffer pool get+put on one and two threads.
     Reg(reg::Args),
+    /// The transfer engine (like Mooncake's transfer_engine_bench and nixlbench): batches
+    /// of READs or WRITEs striped over queue pairs and rails.
+    Transfer(Box<transfer::Args>),
 }
 
 /// Runs a benchmark.
 pub(crate) fn run(b: Bench) -> Result<(), Box<dyn std::error::Error>> {
     match b.other {
         Some(Other::Reg(args)) => reg::run(args),
+        Some(Other::Transfer(args)) => transfer::run(*args),
         None => run::run(&b.transfer).map_err(|e| e as Box<dyn std::error::Error>),
     }
 }

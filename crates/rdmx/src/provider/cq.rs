@@ -85,6 +85,12 @@ impl CqCore {
         true
     }
 
+    /// Makes the eventfd readable as a notification would (see
+    /// [`CompletionQueue::wake`](crate::CompletionQueue::wake)).
+    pub(crate) fn wake(&self) {
+        self.notify();
+    }
+
     fn notify(&self) {
         let one = 1u64;
         // SAFETY: writes 8 bytes from `one` to our own eventfd.

@@ -1,0 +1,540 @@
+//! The peer-to-peer handshake over the control listener: descriptors exchanged, the
+//! transport and rail pairs chosen and checked (GID, MTU, device), queue pairs created and
+//! connected on both sides; and the rebuild of one set-aside path, authenticated by the
+//! connection's secret.
+
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use rdmx::QueuePair;
+
+use crate::config::Transport;
+use crate::engine::Shared;
+use crate::error::{Error, Result};
+use crate::path::{Conn, Path, RailRt};
+use crate::wire::{Msg, RailDesc, SegmentDesc};
+
+pub(crate) fn control_stream(shared: &Shared, peer: &str) -> Result<TcpStream> {
+    let timeout = shared.config.connect_timeout;
+    let mut last = None;
+    let addrs = peer
+        .to_socket_addrs()
+        .map_err(|e| Error::Io("resolve the peer's address", e))?;
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(s) => {
+                let io = |e| Error::Io("set up the control connection", e);
+                s.set_read_timeout(Some(timeout)).map_err(io)?;
+                s.set_write_timeout(Some(timeout)).map_err(io)?;
+                s.set_nodelay(true).map_err(io)?;
+                return Ok(s);
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(Error::Io(
+        "connect to the peer's control listener",
+        last.unwrap_or_else(|| std::io::Error::other("the address resolved to nothing")),
+    ))
+}
+
+/// A transport, the rail pairs (local rail, the peer's rail index) and the path MTU.
+type Choice = (Transport, Vec<(Arc<RailRt>, u8)>, u32);
+
+/// The transport for a peer, and the rail pairs (local, remote index in the peer's
+/// descriptor) to connect, with the path MTU.
+fn choose(shared: &Shared, theirs: &SegmentDesc, want: Option<Transport>) -> Result<Choice> {
+    let mine = shared.open_rails();
+    let has =
+        |t: Transport| mine.iter().any(|r| r.kind == t) && theirs.rails.iter().any(|r| r.kind == t);
+    let same_host = theirs.host == shared.host;
+    let kinds = |rails: &mut dyn Iterator<Item = Transport>| {
+        let mut v: Vec<_> = rails.map(|t| t.name()).collect();
+        v.dedup();
+        v.join(", ")
+    };
+    let t = match want {
+        Some(t) => {
+            if !has(t) {
+                return Err(Error::Mismatch {
+                    peer: theirs.name.clone(),
+                    why: format!(
+                        "{t} asked for; rails here: {}; the peer's: {}",
+                        kinds(&mut mine.iter().map(|r| r.kind)),
+                        kinds(&mut theirs.rails.iter().map(|r| r.kind))
+                    ),
+                });
+            }
+            t
+        }
+        None => {
+            if same_host && theirs.pid == std::process::id() && has(Transport::Loopback) {
+                Transport::Loopback
+            } else if same_host && has(Transport::Shm) {
+                Transport::Shm
+            } else if has(Transport::Verbs) {
+                Transport::Verbs
+            } else if has(Transport::Tcp) {
+                Transport::Tcp
+            } else {
+                return Err(Error::Mismatch {
+                    peer: theirs.name.clone(),
+                    why: format!(
+                        "no transport in common (here: {}; the peer: {}; same host: {same_host})",
+                        kinds(&mut mine.iter().map(|r| r.kind)),
+                        kinds(&mut theirs.rails.iter().map(|r| r.kind))
+                    ),
+                });
+            }
+        }
+    };
+    if (t == Transport::Shm || t == Transport::Loopback) && !same_host {
+        return Err(Error::Mismatch {
+            peer: theirs.name.clone(),
+            why: format!(
+                "{t} needs the same host (here {:?}, the peer {:?})",
+                shared.host, theirs.host
+            ),
+        });
+    }
+    let local: Vec<_> = mine.iter().filter(|r| r.kind == t).cloned().collect();
+    let remote: Vec<(u8, &RailDesc)> = theirs
+        .rails
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.kind == t)
+        .map(|(i, r)| (i as u8, r))
+        .collect();
+    let n = local.len().max(remote.len());
+    let mut pairs = Vec::with_capacity(n);
+    let mut mtu = u32::MAX;
+    for i in 0..n {
+        let l = &local[i % local.len()];
+        let (ri, r) = remote[i % remote.len()];
+        check_pair(&theirs.name, &l.desc, r)?;
+        mtu = mtu.min(l.desc.mtu).min(r.mtu);
+        pairs.push((l.clone(), ri));
+    }
+    if let Some(m) = shared.config.mtu {
+        if m > mtu {
+            return Err(Error::Mismatch {
+                peer: theirs.name.clone(),
+                why: format!("MTU {m} asked for, but the smaller of both sides' is {mtu}"),
+            });
+        }
+        mtu = m;
+    }
+    Ok((t, pairs, mtu))
+}
+
+/// A rail pair both sides can use: on verbs, GIDs of the same kind (RoCEv2 IPv4-mapped
+/// or not) and a GID on each side.
+fn check_pair(peer: &str, l: &RailDesc, r: &RailDesc) -> Result<()> {
+    if l.kind != Transport::Verbs {
+        return Ok(());
+    }
+    match (l.gid, r.gid) {
+        (Some(a), Some(b)) if a.to_ipv4_mapped().is_some() == b.to_ipv4_mapped().is_some() => {
+            Ok(())
+        }
+        (a, b) => Err(Error::Mismatch {
+            peer: peer.to_string(),
+            why: format!(
+                "GID {} on device {} here, GID {} on device {} at the peer",
+                a.map_or("none".into(), |g| g.to_string()),
+                l.device,
+                b.map_or("none".into(), |g| g.to_string()),
+                r.device
+            ),
+        }),
+    }
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).expect("the OS random source");
+    u64::from_ne_bytes(b)
+}
+
+/// The initiator's side of the handshake.
+pub(crate) fn connect(
+    shared: &Arc<Shared>,
+    peer: &str,
+    want: Option<Transport>,
+) -> Result<Arc<Conn>> {
+    let mut s = control_stream(shared, peer)?;
+    Msg::Hello {
+        desc: shared.desc(),
+        describe_only: false,
+        token: shared.token(),
+    }
+    .send(&mut s)?;
+    let theirs = match Msg::recv(&mut s)? {
+        Msg::Desc(d) => d,
+        Msg::Refused(why) => {
+            return Err(Error::Refused {
+                peer: peer.into(),
+                why,
+            })
+        }
+        _ => return Err(Error::Descriptor("expected the peer's descriptor".into())),
+    };
+    if theirs.name == shared.name {
+        return Err(Error::Invalid(format!(
+            "the peer at {peer} has this engine's own name {:?}",
+            shared.name
+        )));
+    }
+    let (transport, pairs, mtu) = match choose(shared, &theirs, want) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = Msg::Refused(e.to_string()).send(&mut s);
+            return Err(e);
+        }
+    };
+    let secret = random_u64();
+    let mut qps = Vec::new();
+    let mut wire = Vec::new();
+    for (rail, ri) in &pairs {
+        for _ in 0..shared.config.qps_per_rail {
+            let qp = shared.new_qp(rail)?;
+            wire.push((rail.index as u8, *ri, qp.endpoint()));
+            qps.push((rail.clone(), *ri, qp));
+        }
+    }
+    Msg::Connect {
+        secret,
+        transport,
+        mtu,
+        paths: wire,
+    }
+    .send(&mut s)?;
+    let eps = match Msg::recv(&mut s)? {
+        Msg::Accept(eps) if eps.len() == qps.len() => eps,
+        Msg::Refused(why) => {
+            return Err(Error::Refused {
+                peer: theirs.name,
+                why,
+            })
+        }
+        _ => return Err(Error::Descriptor("expected the peer's endpoints".into())),
+    };
+    let opts = shared.connect_opts(mtu);
+    for ((_, _, qp), ep) in qps.iter().zip(&eps) {
+        qp.connect(*ep, &opts)?;
+    }
+    let conn = build_conn(shared, &theirs, secret, transport, mtu, true, qps)?;
+    Msg::Ready.send(&mut s)?;
+    match Msg::recv(&mut s)? {
+        Msg::Ready => {}
+        _ => return Err(Error::Descriptor("the peer did not confirm".into())),
+    }
+    tracing::info!(peer = %conn.peer, %transport, paths = conn.paths.len(), "segment opened");
+    Ok(conn)
+}
+
+fn build_conn(
+    shared: &Arc<Shared>,
+    theirs: &SegmentDesc,
+    secret: u64,
+    transport: Transport,
+    mtu: u32,
+    initiator: bool,
+    qps: Vec<(Arc<RailRt>, u8, QueuePair)>,
+) -> Result<Arc<Conn>> {
+    let mut err = None;
+    let conn = Arc::new_cyclic(|w: &Weak<Conn>| {
+        let mut paths = Vec::new();
+        for (i, (rail, ri, qp)) in qps.into_iter().enumerate() {
+            let id = shared.next_path.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff;
+            match Path::new(w.clone(), rail, ri, i as u16, id, &theirs.name, qp) {
+                Ok(p) => paths.push(p),
+                Err(e) => err = Some(e),
+            }
+        }
+        Conn {
+            peer: theirs.name.clone(),
+            control: theirs.control,
+            secret,
+            transport,
+            mtu,
+            initiator,
+            desc: RwLock::new(Arc::new(theirs.clone())),
+            paths,
+            closed: AtomicBool::new(false),
+        }
+    });
+    match err {
+        Some(e) => Err(e),
+        None => Ok(conn),
+    }
+}
+
+/// The control listener: each peer's handshake on its own thread, bounded in time; a
+/// bad peer gets a refusal with the reason and the listener goes on.
+pub(crate) fn listen(shared: Weak<Shared>, l: TcpListener) {
+    loop {
+        let Some(s) = shared.upgrade() else { return };
+        if s.stop.load(Ordering::Acquire) {
+            return;
+        }
+        match l.accept() {
+            Ok((stream, from)) => {
+                let s2 = s.clone();
+                let _ = std::thread::Builder::new()
+                    .name("rdmx-te-handshake".into())
+                    .spawn(move || {
+                        if let Err(e) = serve(&s2, stream) {
+                            tracing::warn!(%from, error = %e, "a control connection failed");
+                        }
+                    });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                drop(s);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept on the control listener failed");
+                drop(s);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// The target's side of one control connection.
+fn serve(shared: &Arc<Shared>, mut s: TcpStream) -> Result<()> {
+    let t = shared.config.connect_timeout;
+    let io = |e| Error::Io("set up the control connection", e);
+    s.set_nonblocking(false).map_err(io)?;
+    s.set_read_timeout(Some(t)).map_err(io)?;
+    s.set_write_timeout(Some(t)).map_err(io)?;
+    s.set_nodelay(true).map_err(io)?;
+    let first = match Msg::recv(&mut s) {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = Msg::Refused(e.to_string()).send(&mut s);
+            return Err(e);
+        }
+    };
+    match first {
+        Msg::Hello {
+            desc,
+            describe_only,
+            token,
+        } => {
+            if let Some(mine) = &shared.config.token {
+                let mine = mine.as_bytes();
+                let same = mine.len() == token.len()
+                    && mine
+                        .iter()
+                        .zip(&token)
+                        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                        == 0;
+                if !same {
+                    let e = Error::Refused {
+                        peer: desc.name,
+                        why: "the peer did not present this cluster's token".into(),
+                    };
+                    let _ = Msg::Refused("wrong or missing cluster token".into()).send(&mut s);
+                    return Err(e);
+                }
+            }
+            Msg::Desc(shared.desc()).send(&mut s)?;
+            if describe_only {
+                return Ok(());
+            }
+            let (secret, transport, mtu, paths) = match Msg::recv(&mut s)? {
+                Msg::Connect {
+                    secret,
+                    transport,
+                    mtu,
+                    paths,
+                } => (secret, transport, mtu, paths),
+                Msg::Refused(why) => {
+                    return Err(Error::Refused {
+                        peer: desc.name,
+                        why,
+                    })
+                }
+                _ => return Err(Error::Descriptor("expected a connect request".into())),
+            };
+            let res = accept_paths(shared, &desc, transport, mtu, &paths);
+            let qps = match res {
+                Ok(q) => q,
+                Err(e) => {
+                    let _ = Msg::Refused(e.to_string()).send(&mut s);
+                    return Err(e);
+                }
+            };
+            Msg::Accept(qps.iter().map(|(_, _, q)| q.endpoint()).collect()).send(&mut s)?;
+            match Msg::recv(&mut s)? {
+                Msg::Ready => {}
+                _ => return Err(Error::Descriptor("the peer did not confirm".into())),
+            }
+            let conn = build_conn(shared, &desc, secret, transport, mtu, false, qps)?;
+            shared.add_conn(conn);
+            Msg::Ready.send(&mut s)?;
+            Ok(())
+        }
+        Msg::Repair {
+            name,
+            secret,
+            path,
+            endpoint,
+        } => {
+            let res = repair_target(shared, &name, secret, path, endpoint);
+            match res {
+                Ok((p, qp)) => {
+                    Msg::Accept(vec![qp.endpoint()]).send(&mut s)?;
+                    match Msg::recv(&mut s)? {
+                        Msg::Ready => {}
+                        _ => return Err(Error::Descriptor("the peer did not confirm".into())),
+                    }
+                    install(&p, qp);
+                    Msg::Ready.send(&mut s)?;
+                    Ok(())
+                }
+                Err(e) => {
+                    let _ = Msg::Refused(e.to_string()).send(&mut s);
+                    Err(e)
+                }
+            }
+        }
+        other => {
+            let e = Error::Descriptor(format!("a control connection that opened with {other:?}"));
+            let _ = Msg::Refused(e.to_string()).send(&mut s);
+            Err(e)
+        }
+    }
+}
+
+/// Creates and connects the target's queue pairs for a connect request, after checking
+/// it against this engine's rails.
+fn accept_paths(
+    shared: &Shared,
+    theirs: &SegmentDesc,
+    transport: Transport,
+    mtu: u32,
+    paths: &[(u8, u8, rdmx::QpEndpoint)],
+) -> Result<Vec<(Arc<RailRt>, u8, QueuePair)>> {
+    if theirs.name == shared.name {
+        return Err(Error::Invalid(format!(
+            "a peer with this engine's name {:?}",
+            shared.name
+        )));
+    }
+    let mine = shared.open_rails();
+    let mut out = Vec::with_capacity(paths.len());
+    for &(their_rail, my_rail, ep) in paths {
+        let rail = mine.get(my_rail as usize).ok_or_else(|| {
+            Error::Descriptor(format!(
+                "a path on rail {my_rail}, which this engine has not"
+            ))
+        })?;
+        let tr = theirs.rails.get(their_rail as usize).ok_or_else(|| {
+            Error::Descriptor(format!(
+                "a path from rail {their_rail} the peer did not describe"
+            ))
+        })?;
+        if rail.kind != transport || tr.kind != transport {
+            return Err(Error::Mismatch {
+                peer: theirs.name.clone(),
+                why: format!(
+                    "{transport} asked for, on rail {} here and {} at the peer",
+                    rail.kind, tr.kind
+                ),
+            });
+        }
+        check_pair(&theirs.name, &rail.desc, tr)?;
+        let both = rail.desc.mtu.min(tr.mtu);
+        if mtu > both {
+            return Err(Error::Mismatch {
+                peer: theirs.name.clone(),
+                why: format!(
+                    "MTU {mtu} asked for; rail {} here offers {}, the peer's {}",
+                    rail.desc.device, rail.desc.mtu, tr.mtu
+                ),
+            });
+        }
+        let qp = shared.new_qp(rail)?;
+        qp.connect(ep, &shared.connect_opts(mtu))?;
+        out.push((rail.clone(), their_rail, qp));
+    }
+    Ok(out)
+}
+
+fn repair_target(
+    shared: &Shared,
+    name: &str,
+    secret: u64,
+    path: u16,
+    ep: rdmx::QpEndpoint,
+) -> Result<(Arc<Path>, QueuePair)> {
+    let conn = shared
+        .conns
+        .lock()
+        .get(name)
+        .cloned()
+        .filter(|c| c.secret == secret)
+        .ok_or_else(|| Error::Invalid(format!("no connection from {name:?} with that secret")))?;
+    let p = conn
+        .paths
+        .get(path as usize)
+        .cloned()
+        .ok_or_else(|| Error::Invalid(format!("no path {path}")))?;
+    if p.rail.closed.load(Ordering::Acquire) {
+        return Err(Error::Invalid(format!("rail {} is closed", p.rail.index)));
+    }
+    let qp = shared.new_qp(&p.rail)?;
+    qp.connect(ep, &shared.connect_opts(conn.mtu))?;
+    Ok((p, qp))
+}
+
+/// Puts a rebuilt queue pair into a path and brings it up.
+fn install(p: &Path, qp: QueuePair) {
+    *p.qp.lock() = Some(Arc::new(qp));
+    let _ = p.post_recvs();
+    *p.down_until.lock() = None;
+    p.up.store(true, Ordering::Release);
+    p.rail.kick();
+}
+
+/// The initiator rebuilds a set-aside path: a new queue pair on each side.
+pub(crate) fn repair(shared: &Arc<Shared>, p: &Arc<Path>) -> Result<()> {
+    let conn = p
+        .conn
+        .upgrade()
+        .ok_or_else(|| Error::Invalid("the connection is closed".into()))?;
+    let qp = shared.new_qp(&p.rail)?;
+    let mut s = control_stream(shared, &conn.control.to_string())?;
+    Msg::Repair {
+        name: shared.name.clone(),
+        secret: conn.secret,
+        path: p.index,
+        endpoint: qp.endpoint(),
+    }
+    .send(&mut s)?;
+    let ep = match Msg::recv(&mut s)? {
+        Msg::Accept(eps) if eps.len() == 1 => eps[0],
+        Msg::Refused(why) => {
+            return Err(Error::Refused {
+                peer: conn.peer.clone(),
+                why,
+            })
+        }
+        _ => return Err(Error::Descriptor("expected one endpoint".into())),
+    };
+    qp.connect(ep, &shared.connect_opts(conn.mtu))?;
+    Msg::Ready.send(&mut s)?;
+    match Msg::recv(&mut s)? {
+        Msg::Ready => {}
+        _ => return Err(Error::Descriptor("the peer did not confirm".into())),
+    }
+    install(p, qp);
+    tracing::info!(path = %p.name, "transfer path rebuilt");
+    Ok(())
+}

@@ -1,0 +1,369 @@
+//! A rail's worker thread: posts the slices queued on the rail's paths (up to each queue
+//! pair's depth), reaps the rail's completion queue, accounts completed slices to their
+//! requests, sends failed ones elsewhere, delivers notifications, fails slices that
+//! exceed the timeout, and measures each path's bandwidth.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdmx::{Completion, LocalSge, MemoryRegion, SendRequest, WcStatus};
+use slab::Slab;
+
+use crate::batch::{Failure, Op};
+use crate::engine::{Notification, Shared};
+use crate::path::{mark_in_flight, parse_recv, send_notifications, Path, RailRt, Work};
+
+struct Inflight {
+    work: Work,
+    path: Arc<Path>,
+    qp_num: u32,
+    tag: u32,
+    posted: Instant,
+    expired: bool,
+    // A notification's registered copy, kept until its completion.
+    _mr: Option<MemoryRegion>,
+}
+
+pub(crate) fn run(shared: Arc<Shared>, rail: Arc<RailRt>) {
+    let mut w = Worker {
+        slab: Slab::with_capacity(1024),
+        tag: 0,
+        last_scan: Instant::now(),
+        last_bw: Instant::now(),
+        shared,
+        rail,
+    };
+    w.run();
+}
+
+struct Worker {
+    shared: Arc<Shared>,
+    rail: Arc<RailRt>,
+    slab: Slab<Inflight>,
+    tag: u32,
+    last_scan: Instant,
+    last_bw: Instant,
+}
+
+impl Worker {
+    fn run(&mut self) {
+        let mut wc = vec![Completion::default(); 64];
+        let mut paths: Vec<Arc<Path>> = Vec::new();
+        while !self.rail.stop.load(Ordering::Acquire) {
+            paths.clear();
+            paths.extend(self.rail.paths.lock().iter().cloned());
+            let mut posted = 0;
+            for p in &paths {
+                posted += self.post(p);
+            }
+            let n = match self.rail.cq.poll(&mut wc) {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::error!(rail = self.rail.index, error = %e, "polling a rail failed");
+                    0
+                }
+            };
+            for c in &wc[..n] {
+                self.complete(c);
+            }
+            let now = Instant::now();
+            if now.duration_since(self.last_scan) >= Duration::from_millis(50) {
+                self.scan(now);
+            }
+            if now.duration_since(self.last_bw) >= Duration::from_millis(20) {
+                self.measure(&paths, now);
+            }
+            if n == 0 && posted == 0 {
+                self.rail.sleeping.store(true, Ordering::SeqCst);
+                // Work queued before the flag was seen is found here; later work kicks.
+                let queued = paths.iter().any(|p| {
+                    !p.pending.lock().is_empty()
+                        && (!p.up.load(Ordering::Acquire)
+                            || (p.outstanding.load(Ordering::Acquire) as usize)
+                                < self.shared.config.queue_depth)
+                });
+                if !queued && !self.rail.stop.load(Ordering::Acquire) {
+                    // Arm, poll once more (a completion before arming does not notify),
+                    // then sleep until a completion or a kick.
+                    self.rail.cq.req_notify(false);
+                    let n = self.rail.cq.poll(&mut wc).unwrap_or(0);
+                    if n == 0 {
+                        let _ = self.rail.cq.wait_event(Duration::from_millis(50));
+                    }
+                    self.rail.sleeping.store(false, Ordering::SeqCst);
+                    for c in &wc[..n] {
+                        self.complete(c);
+                    }
+                } else {
+                    self.rail.sleeping.store(false, Ordering::SeqCst);
+                }
+            }
+        }
+    }
+
+    /// Posts what `p` has queued, up to its depth; returns how many.
+    fn post(&mut self, p: &Arc<Path>) -> usize {
+        let depth = self.shared.config.queue_depth as u32;
+        if !p.up.load(Ordering::Acquire) {
+            // Work queued just as the path went down: send it elsewhere.
+            let stranded: Vec<Work> = p.pending.lock().drain(..).collect();
+            if !stranded.is_empty() {
+                let bytes: u64 = stranded.iter().map(Work::len).sum();
+                sub_sat(&p.queued, bytes);
+                if let Some(conn) = p.conn.upgrade() {
+                    for w in stranded {
+                        conn.reschedule(&self.shared, w, p, None);
+                    }
+                }
+            }
+            return 0;
+        }
+        if p.outstanding.load(Ordering::Acquire) >= depth {
+            return 0;
+        }
+        let Some(qp) = p.qp.lock().clone() else {
+            return 0;
+        };
+        let mut n = 0;
+        while p.outstanding.load(Ordering::Acquire) < depth {
+            let Some(w) = p.pending.lock().pop_front() else {
+                break;
+            };
+            let len = w.len();
+            sub_sat(&p.queued, len);
+            let key = self.slab.vacant_key();
+            self.tag = self.tag.wrapping_add(1);
+            let wr_id = (key as u64) | (self.tag as u64) << 32;
+            let res = match &w {
+                Work::Slice(s) => {
+                    let r = &s.batch.reqs[s.req as usize];
+                    if s.batch.is_finished(s.req as usize) {
+                        // Its request failed meanwhile: nothing to do.
+                        continue;
+                    }
+                    let (addr, rkey) = r.desc.buffers[r.rbuf as usize].keys[p.remote_rail as usize];
+                    let remote = rdmx::RemoteAddr {
+                        addr: addr + r.roff + s.off,
+                        rkey,
+                    };
+                    let mrs = r.local.inner.mrs.read();
+                    match mrs.get(self.rail.index) {
+                        None => Err(crate::segment::unregistered(r.local.name())),
+                        Some(mr) => {
+                            LocalSge::new(mr, (r.local_off + s.off) as usize, s.len as usize)
+                                .map_err(crate::Error::from)
+                                .and_then(|sge| {
+                                    let req = match r.op {
+                                        Op::Write => SendRequest::write(wr_id, remote),
+                                        Op::Read => SendRequest::read(wr_id, remote),
+                                    };
+                                    qp.post_send(req.sge(sge)).map_err(crate::Error::from)
+                                })
+                                .map(|()| None)
+                        }
+                    }
+                }
+                Work::Notify { data, .. } => self
+                    .rail
+                    .pd
+                    .register(data.to_vec(), rdmx::Access::LOCAL_WRITE)
+                    .map_err(crate::Error::from)
+                    .and_then(|mr| {
+                        let sge = LocalSge::new(&mr, 0, data.len())?;
+                        let mut req = SendRequest::send(wr_id);
+                        if !data.is_empty() {
+                            req = req.sge(sge);
+                        }
+                        qp.post_send(req)?;
+                        Ok(Some(mr))
+                    }),
+            };
+            match res {
+                Ok(mr) => {
+                    if let Work::Slice(s) = &w {
+                        mark_in_flight(&s.batch, s.req as usize);
+                    }
+                    p.outstanding.fetch_add(1, Ordering::AcqRel);
+                    p.in_flight.fetch_add(len, Ordering::Relaxed);
+                    self.slab.insert(Inflight {
+                        work: w,
+                        path: p.clone(),
+                        qp_num: qp.qp_num(),
+                        tag: self.tag,
+                        posted: Instant::now(),
+                        expired: false,
+                        _mr: mr,
+                    });
+                    n += 1;
+                }
+                Err(e) => {
+                    // The local side refused (unregistered buffer, a queue pair in error):
+                    // a request error if the buffer went away, else the path's failure.
+                    match (&w, &e) {
+                        (Work::Slice(s), crate::Error::Invalid(_)) => {
+                            let f = Failure {
+                                status: None,
+                                path: p.name.clone(),
+                                reason: e.to_string(),
+                            };
+                            if s.batch.fail(s.req as usize, f) {
+                                send_notifications(&self.shared, &s.batch);
+                            }
+                        }
+                        _ => {
+                            tracing::debug!(path = %p.name, error = %e, "post refused");
+                            if let Some(conn) = p.conn.upgrade() {
+                                p.fail(&self.shared);
+                                conn.reschedule(&self.shared, w, p, None);
+                            }
+                            return n;
+                        }
+                    }
+                }
+            }
+        }
+        n
+    }
+
+    fn complete(&mut self, c: &Completion) {
+        if let Some((path_id, slot)) = parse_recv(c.wr_id) {
+            self.received(c, path_id, slot);
+            return;
+        }
+        let key = (c.wr_id & 0xffff_ffff) as usize;
+        let tag = (c.wr_id >> 32) as u32;
+        match self.slab.get(key) {
+            Some(e) if e.tag == tag && e.qp_num == c.qp_num => {}
+            _ => return,
+        }
+        let e = self.slab.remove(key);
+        let p = e.path;
+        let len = e.work.len();
+        p.outstanding.fetch_sub(1, Ordering::AcqRel);
+        sub_sat(&p.in_flight, len);
+        if c.status == WcStatus::Success && !e.expired {
+            p.done_bytes.fetch_add(len, Ordering::Relaxed);
+            match e.work {
+                Work::Slice(s) => {
+                    if s.batch.slice_done(s.req as usize, s.len as u64) {
+                        send_notifications(&self.shared, &s.batch);
+                    }
+                }
+                Work::Notify { batch, .. } => {
+                    if let Some(b) = batch {
+                        b.notify_done(Ok(()));
+                    }
+                }
+            }
+            return;
+        }
+        if e.expired {
+            return;
+        }
+        p.fail(&self.shared);
+        match p.conn.upgrade() {
+            Some(conn) => conn.reschedule(&self.shared, e.work, &p, Some(c.status)),
+            None => crate::path::fail_work(
+                &self.shared,
+                e.work,
+                Failure {
+                    status: Some(c.status),
+                    path: p.name.clone(),
+                    reason: "the connection is closed".into(),
+                },
+            ),
+        }
+    }
+
+    fn received(&mut self, c: &Completion, path_id: u32, slot: usize) {
+        let path = self
+            .rail
+            .paths
+            .lock()
+            .iter()
+            .find(|p| p.id == path_id)
+            .cloned();
+        let Some(p) = path else { return };
+        let Some(qp) = p.qp.lock().clone() else {
+            return;
+        };
+        if qp.qp_num() != c.qp_num {
+            return;
+        }
+        if c.status != WcStatus::Success {
+            if c.status != WcStatus::WrFlushErr {
+                tracing::debug!(path = %p.name, status = ?c.status, "receive failed");
+            }
+            p.fail(&self.shared);
+            return;
+        }
+        let len = (c.byte_len as usize).min(crate::MAX_NOTIFY);
+        let mut data = vec![0u8; len];
+        if p.recv_mr
+            .read_at(slot * crate::MAX_NOTIFY, &mut data)
+            .is_ok()
+        {
+            let from = p.conn.upgrade().map(|c| c.peer.clone()).unwrap_or_default();
+            self.shared.deliver(Notification { from, data });
+        }
+        if let Err(e) = p.post_recv(&qp, slot) {
+            tracing::debug!(path = %p.name, error = %e, "reposting a receive failed");
+        }
+    }
+
+    /// Fails slices in flight longer than the timeout, and sets their paths aside.
+    fn scan(&mut self, now: Instant) {
+        self.last_scan = now;
+        let timeout = self.shared.config.timeout;
+        let mut late = Vec::new();
+        for (k, e) in self.slab.iter_mut() {
+            if !e.expired && now.duration_since(e.posted) > timeout {
+                e.expired = true;
+                late.push(k);
+            }
+        }
+        for k in late {
+            let e = &self.slab[k];
+            let p = e.path.clone();
+            let f = Failure {
+                status: None,
+                path: p.name.clone(),
+                reason: format!("no completion within {timeout:?}"),
+            };
+            match &e.work {
+                Work::Slice(s) => {
+                    if s.batch.fail(s.req as usize, f) {
+                        send_notifications(&self.shared, &s.batch);
+                    }
+                }
+                Work::Notify { batch: Some(b), .. } => b.notify_done(Err(f.to_string())),
+                Work::Notify { .. } => {}
+            }
+            p.fail(&self.shared);
+        }
+    }
+
+    /// Bandwidth per path: bytes completed over the last interval, smoothed; a path with
+    /// nothing in flight keeps its estimate.
+    fn measure(&mut self, paths: &[Arc<Path>], now: Instant) {
+        let dt = now.duration_since(self.last_bw).as_secs_f64();
+        self.last_bw = now;
+        for p in paths {
+            let done = p.done_bytes.swap(0, Ordering::Relaxed);
+            if done == 0 {
+                continue;
+            }
+            let rate = done as f64 / dt;
+            let old = p.bw.load(Ordering::Relaxed) as f64;
+            p.bw.store((old * 0.7 + rate * 0.3) as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Subtracts, stopping at zero (a counter reset while work was on its way).
+fn sub_sat(a: &std::sync::atomic::AtomicU64, v: u64) {
+    let _ = a.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |x| {
+        Some(x.saturating_sub(v))
+    });
+}

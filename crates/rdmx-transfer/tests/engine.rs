@@ -1,0 +1,529 @@
+//! The transfer engine end to end over tcp and shm (engines in one process, talking
+//! through the real transports), and its reliability: broken rails, dead peers, bad
+//! control connections and descriptors, mismatched MTUs.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use rdmx::Access;
+use rdmx_transfer::{Batch, Config, Engine, Error, Rail, RequestStatus, Target, Transport};
+
+const T: Duration = Duration::from_secs(20);
+
+fn local() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+fn tcp_rails(n: usize) -> Config {
+    Config::default()
+        .rails((0..n).map(|_| Rail::tcp(local())).collect())
+        .listen(local())
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// Writes `n` requests of `len` bytes from `a` into `b`'s buffer "dst", reads them back
+/// into "back", and checks every byte; returns the transport used.
+fn round_trip(a: &Engine, b: &Engine, n: usize, len: usize) -> Transport {
+    let total = n * len;
+    let src = a
+        .register("src", pattern(3, total), Access::LOCAL_WRITE)
+        .unwrap();
+    let back = a.register("back", total, Access::LOCAL_WRITE).unwrap();
+    let dst = b
+        .register("dst", total, Access::REMOTE_WRITE | Access::REMOTE_READ)
+        .unwrap();
+    let seg = a.open_segment(&b.control_addr().to_string()).unwrap();
+    let mut w = Batch::new();
+    for i in 0..n {
+        let off = (i * len) as u64;
+        w.write((&src, off), &seg, Target::Buffer("dst", off), len as u64)
+            .unwrap();
+    }
+    w.notify(b"written").unwrap();
+    let h = a.submit(w);
+    let st = h.wait(T).unwrap();
+    assert!(st.is_success(), "{st:?}");
+    assert_eq!(st.bytes, total as u64);
+    for i in 0..n {
+        assert_eq!(
+            h.status(i),
+            Some(RequestStatus::Completed { bytes: len as u64 })
+        );
+    }
+    // The notification comes after every byte is in place.
+    let note = b.recv_notification(T).expect("the batch's notification");
+    assert_eq!(note.data, b"written");
+    assert_eq!(note.from, a.name());
+    let mut got = vec![0u8; total];
+    dst.read(0, &mut got).unwrap();
+    assert!(got == pattern(3, total), "the written bytes differ");
+
+    let mut r = Batch::new();
+    r.read(
+        (&back, 0),
+        &seg,
+        Target::Offset(dst.segment_offset()),
+        total as u64,
+    )
+    .unwrap();
+    assert!(a.submit(r).wait(T).unwrap().is_success());
+    back.read(0, &mut got).unwrap();
+    assert!(got == pattern(3, total), "the read bytes differ");
+    seg.transport()
+}
+
+#[test]
+fn write_read_and_notify_over_tcp_with_two_rails() {
+    let a = Engine::new("a", tcp_rails(2)).unwrap();
+    let b = Engine::new("b", tcp_rails(2)).unwrap();
+    // 70 KiB: a 64 KiB slice and a 6 KiB tail merged into it; 300 KiB: five slices.
+    assert_eq!(round_trip(&a, &b, 5, 300 << 10), Transport::Tcp);
+    let st = a.status();
+    assert_eq!(st.len(), 1);
+    let (peer, t, paths) = &st[0];
+    assert_eq!((peer.as_str(), *t), ("b", Transport::Tcp));
+    assert_eq!(paths.len(), 4, "2 rails x 2 queue pairs: {paths:?}");
+    assert!(paths.iter().all(|p| p.up));
+}
+
+#[test]
+fn same_host_peers_use_shm_by_default() {
+    let cfg = || {
+        Config::default()
+            .rails(vec![Rail::Shm, Rail::tcp(local())])
+            .listen(local())
+    };
+    let a = Engine::new("a", cfg()).unwrap();
+    let b = Engine::new("b", cfg()).unwrap();
+    assert_eq!(round_trip(&a, &b, 3, 1 << 20), Transport::Shm);
+}
+
+#[test]
+fn a_forced_transport_is_used_or_refused_naming_both_sides() {
+    let cfg = || {
+        Config::default()
+            .rails(vec![Rail::Shm, Rail::tcp(local())])
+            .listen(local())
+    };
+    let a = Engine::new("a", cfg()).unwrap();
+    let b = Engine::new("b", cfg()).unwrap();
+    let seg = a
+        .open_segment_with(&b.control_addr().to_string(), Some(Transport::Tcp))
+        .unwrap();
+    assert_eq!(seg.transport(), Transport::Tcp);
+    let c = Engine::new("c", tcp_rails(1)).unwrap();
+    let e = a
+        .open_segment_with(&c.control_addr().to_string(), Some(Transport::Shm))
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, Error::Mismatch { .. }), "{msg}");
+    assert!(
+        msg.contains("shm, tcp") && msg.contains("the peer's: tcp"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn an_mtu_above_either_side_is_refused_naming_both_values() {
+    let a = Engine::new("a", tcp_rails(1).mtu(Some(1 << 30))).unwrap();
+    let b = Engine::new("b", tcp_rails(1)).unwrap();
+    let theirs = b.desc().rails[0].mtu;
+    let e = a.open_segment(&b.control_addr().to_string()).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, Error::Mismatch { .. }), "{msg}");
+    assert!(
+        msg.contains("MTU 1073741824") && msg.contains(&format!("is {theirs}")),
+        "{msg}"
+    );
+}
+
+#[test]
+fn bad_requests_are_refused_before_submission() {
+    let a = Engine::new("a", tcp_rails(1)).unwrap();
+    let b = Engine::new("b", tcp_rails(1)).unwrap();
+    let src = a.register("src", 8192, Access::LOCAL_WRITE).unwrap();
+    b.register("ro", 4096, Access::REMOTE_READ).unwrap();
+    let seg = a.open_segment(&b.control_addr().to_string()).unwrap();
+    let mut batch = Batch::new();
+    let e = batch
+        .write((&src, 0), &seg, Target::Buffer("ro", 0), 4096)
+        .unwrap_err();
+    assert!(e.to_string().contains("remote writes"), "{e}");
+    let e = batch
+        .read((&src, 0), &seg, Target::Buffer("ro", 1), 4096)
+        .unwrap_err();
+    assert!(e.to_string().contains("overrun"), "{e}");
+    let e = batch
+        .read((&src, 0), &seg, Target::Buffer("nope", 0), 1)
+        .unwrap_err();
+    assert!(e.to_string().contains("no buffer"), "{e}");
+    let e = batch
+        .read((&src, 8000), &seg, Target::Offset(0), 4096)
+        .unwrap_err();
+    assert!(e.to_string().contains("local buffer"), "{e}");
+    let e = batch
+        .read((&src, 0), &seg, Target::Offset(1 << 30), 1)
+        .unwrap_err();
+    assert!(e.to_string().contains("no registered buffer"), "{e}");
+    assert!(batch.is_empty());
+}
+
+/// One of two rails broken mid-batch (the target takes it out of service, closing its
+/// queue pairs): every request completes on the other rail, and the data is right.
+#[test]
+fn a_rail_broken_mid_batch_moves_its_slices_to_the_other() {
+    let a = Engine::new("a", tcp_rails(2).set_aside(Duration::from_secs(60))).unwrap();
+    let b = Engine::new("b", tcp_rails(2)).unwrap();
+    let n = 64;
+    let len = 1 << 20;
+    let src = a
+        .register("src", pattern(9, n * len), Access::LOCAL_WRITE)
+        .unwrap();
+    let dst = b.register("dst", n * len, Access::REMOTE_WRITE).unwrap();
+    let seg = a.open_segment(&b.control_addr().to_string()).unwrap();
+    let mut batch = Batch::new();
+    for i in 0..n {
+        let off = (i * len) as u64;
+        batch
+            .write((&src, off), &seg, Target::Offset(off), len as u64)
+            .unwrap();
+    }
+    let h = a.submit(batch);
+    // Break rail 1 while the batch is under way.
+    while h.check().completed < 2 && !h.is_done() {
+        std::thread::yield_now();
+    }
+    assert!(
+        !h.is_done(),
+        "the batch finished before the rail could be broken"
+    );
+    b.close_rail(1).unwrap();
+    let st = h.wait(T).unwrap();
+    assert!(st.is_success(), "{st:?}");
+    let mut got = vec![0u8; n * len];
+    dst.read(0, &mut got).unwrap();
+    assert!(
+        got == pattern(9, n * len),
+        "data differs after the rail broke"
+    );
+    let paths = &a.status()[0].2;
+    assert!(
+        paths.iter().any(|p| !p.up && p.failures > 0),
+        "no path saw the failure: {paths:?}"
+    );
+}
+
+/// A set-aside path is rebuilt on demand once its time is up: the target takes a rail
+/// out of service mid-batch and back; the next batch after the set-aside time brings
+/// the initiator's paths on it up again.
+#[test]
+fn a_failed_path_is_rebuilt_lazily_after_its_set_aside_time() {
+    let a = Engine::new("a", tcp_rails(2).set_aside(Duration::from_millis(300))).unwrap();
+    let b = Engine::new("b", tcp_rails(2)).unwrap();
+    let len = 1 << 20;
+    let src = a
+        .register("src", pattern(4, len), Access::LOCAL_WRITE)
+        .unwrap();
+    let dst = b.register("dst", 32 * len, Access::REMOTE_WRITE).unwrap();
+    let seg = a.open_segment(&b.control_addr().to_string()).unwrap();
+    let batch = || {
+        let mut bt = Batch::new();
+        for i in 0..32 {
+            bt.write(
+                (&src, 0),
+                &seg,
+                Target::Offset((i * len) as u64),
+                len as u64,
+            )
+            .unwrap();
+        }
+        bt
+    };
+    let h = a.submit(batch());
+    while h.check().completed < 1 && !h.is_done() {
+        std::thread::yield_now();
+    }
+    b.close_rail(1).unwrap();
+    assert!(h.wait(T).unwrap().is_success());
+    let down = |a: &Engine| a.status()[0].2.iter().filter(|p| !p.up).count();
+    assert!(down(&a) > 0, "no path went down: {:?}", a.status());
+    b.reopen_rail(1).unwrap();
+    let deadline = Instant::now() + T;
+    while down(&a) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "paths not rebuilt: {:?}",
+            a.status()
+        );
+        let h = a.submit(batch());
+        match h.wait(T) {
+            Ok(st) => assert!(st.is_success(), "{st:?}"),
+            Err(e) => panic!("{e}: {:?} {:?}", h.check(), a.status()),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let paths = &a.status()[0].2;
+    assert!(paths.iter().all(|p| p.up) && paths.iter().any(|p| p.failures > 0));
+    let mut got = vec![0u8; len];
+    dst.read((31 * len) as u64, &mut got).unwrap();
+    assert!(got == pattern(4, len));
+}
+
+/// A peer that dies mid-batch: every request on it ends failed (with the path and the
+/// status) within the timeout, none hangs; another peer's batch completes.
+#[test]
+fn a_dead_peer_fails_its_requests_and_spares_the_others() {
+    let a = Engine::new("a", tcp_rails(1).timeout(Duration::from_secs(5))).unwrap();
+    let dying = Engine::new("dying", tcp_rails(1)).unwrap();
+    let alive = Engine::new("alive", tcp_rails(1)).unwrap();
+    let len = 1 << 20;
+    let n = 64;
+    let src = a
+        .register("src", pattern(1, len), Access::LOCAL_WRITE)
+        .unwrap();
+    dying
+        .register("dst", n * len, Access::REMOTE_WRITE)
+        .unwrap();
+    let dst2 = alive
+        .register("dst", n * len, Access::REMOTE_WRITE)
+        .unwrap();
+    let s1 = a.open_segment(&dying.control_addr().to_string()).unwrap();
+    let s2 = a.open_segment(&alive.control_addr().to_string()).unwrap();
+    let batch_to = |seg| {
+        let mut b = Batch::new();
+        for i in 0..n {
+            b.write((&src, 0), seg, Target::Offset((i * len) as u64), len as u64)
+                .unwrap();
+        }
+        b
+    };
+    let h1 = a.submit(batch_to(&s1));
+    let h2 = a.submit(batch_to(&s2));
+    drop(dying);
+    let start = Instant::now();
+    let st1 = h1
+        .wait(Duration::from_secs(15))
+        .expect("no request may hang");
+    assert!(start.elapsed() < Duration::from_secs(15));
+    assert!(st1.done && st1.pending == 0, "{st1:?}");
+    assert!(
+        st1.failed > 0,
+        "the whole batch landed before the peer went away: {st1:?}"
+    );
+    for i in 0..n {
+        match h1.status(i).unwrap() {
+            RequestStatus::Completed { .. } => {}
+            RequestStatus::Failed(f) => {
+                assert!(f.path.contains("dying"), "{f}");
+            }
+            s => panic!("request {i} is {s:?}"),
+        }
+    }
+    let st2 = h2.wait(T).unwrap();
+    assert!(st2.is_success(), "{st2:?}");
+    let mut got = vec![0u8; len];
+    dst2.read(((n - 1) * len) as u64, &mut got).unwrap();
+    assert!(got == pattern(1, len));
+    // A new batch to the dead peer fails at once rather than hanging.
+    let st = a
+        .submit(batch_to(&s1))
+        .wait(Duration::from_secs(15))
+        .unwrap();
+    assert_eq!(st.failed, n, "{st:?}");
+}
+
+/// Strangers and garbage on the control listener are refused with a reason, and the
+/// listener goes on serving real peers.
+#[test]
+fn the_control_listener_survives_garbage_and_strangers() {
+    let b = Engine::new("b", tcp_rails(1).connect_timeout(Duration::from_secs(2))).unwrap();
+    b.register("dst", 4096, Access::REMOTE_WRITE).unwrap();
+    let addr = b.control_addr();
+    // Plain garbage.
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    // A frame claiming 4 GiB.
+    let mut s2 = std::net::TcpStream::connect(addr).unwrap();
+    let mut f = b"RDMXTE01".to_vec();
+    f.extend_from_slice(&u32::MAX.to_be_bytes());
+    s2.write_all(&f).unwrap();
+    // A connection that says nothing.
+    let _idle = std::net::TcpStream::connect(addr).unwrap();
+    // A forged repair for a connection that does not exist: refused.
+    let a = Engine::new("a", tcp_rails(1)).unwrap();
+    let src = a
+        .register("src", pattern(5, 4096), Access::LOCAL_WRITE)
+        .unwrap();
+    let seg = a.open_segment(&addr.to_string()).unwrap();
+    let mut batch = Batch::new();
+    batch
+        .write((&src, 0), &seg, Target::Offset(0), 4096)
+        .unwrap();
+    assert!(a.submit(batch).wait(T).unwrap().is_success());
+}
+
+#[test]
+fn standalone_notifications_and_slot_pools() {
+    let a = Engine::new("a", tcp_rails(1)).unwrap();
+    let b = Engine::new("b", tcp_rails(1)).unwrap();
+    let pool = b
+        .register_pool(
+            "pages",
+            16 << 10,
+            8,
+            Access::REMOTE_WRITE | Access::REMOTE_READ,
+        )
+        .unwrap();
+    let slot = pool.get().unwrap();
+    slot.write(0, b"page").unwrap();
+    assert_eq!(pool.available(), 7);
+    let seg = a.open_segment(&b.control_addr().to_string()).unwrap();
+    let out = a.register("out", 16 << 10, Access::LOCAL_WRITE).unwrap();
+    let mut batch = Batch::new();
+    batch
+        .read((&out, 0), &seg, Target::Buffer("pages", slot.offset()), 4)
+        .unwrap();
+    assert!(a.submit(batch).wait(T).unwrap().is_success());
+    let mut got = [0u8; 4];
+    out.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"page");
+    for i in 0..20u8 {
+        let h = a.notify(&seg, &[i; 100]).unwrap();
+        assert!(h.wait(T).unwrap().is_success());
+    }
+    for i in 0..20u8 {
+        let n = b.recv_notification(T).unwrap();
+        assert_eq!(n.data, vec![i; 100]);
+    }
+    assert!(b.try_recv_notification().is_none());
+    // b can talk back over the same connection.
+    let a_seg = b.open_segment(&a.control_addr().to_string()).unwrap();
+    assert!(b
+        .notify(&a_seg, b"hi")
+        .unwrap()
+        .wait(T)
+        .unwrap()
+        .is_success());
+    assert_eq!(a.recv_notification(T).unwrap().data, b"hi");
+    drop(slot);
+    assert_eq!(pool.available(), 8);
+}
+
+/// Not a test by itself: the target process the next test kills (run only when the
+/// parent sets `RDMX_TE_CHILD_TARGET`).
+#[test]
+fn child_target_process() {
+    if std::env::var_os("RDMX_TE_CHILD_TARGET").is_none() {
+        return;
+    }
+    let e = Engine::new("victim", tcp_rails(2)).unwrap();
+    e.register("dst", 64 << 20, Access::REMOTE_WRITE).unwrap();
+    println!("control {}", e.control_addr());
+    std::io::stdout().flush().unwrap();
+    std::thread::sleep(Duration::from_secs(600));
+}
+
+/// A peer process killed outright mid-batch (SIGKILL): every request to it ends,
+/// completed or failed naming the path, within the timeout; a batch to another peer
+/// completes meanwhile.
+#[test]
+fn a_peer_process_killed_mid_batch() {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_target_process", "--nocapture"])
+        .env("RDMX_TE_CHILD_TARGET", "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let addr = loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the child exited");
+        if let Some(a) = line.trim().strip_prefix("control ") {
+            break a.to_string();
+        }
+    };
+    let a = Engine::new("a", tcp_rails(2).timeout(Duration::from_secs(5))).unwrap();
+    let other = Engine::new("other", tcp_rails(1)).unwrap();
+    let dst2 = other
+        .register("dst", 64 << 20, Access::REMOTE_WRITE)
+        .unwrap();
+    let len = 1 << 20;
+    let src = a
+        .register("src", pattern(7, len), Access::LOCAL_WRITE)
+        .unwrap();
+    let victim = a.open_segment(&addr).unwrap();
+    let alive = a.open_segment(&other.control_addr().to_string()).unwrap();
+    let batch_to = |seg, n: usize| {
+        let mut b = Batch::new();
+        for i in 0..n {
+            b.write((&src, 0), seg, Target::Offset((i * len) as u64), len as u64)
+                .unwrap();
+        }
+        b
+    };
+    let h = a.submit(batch_to(&victim, 64));
+    while h.check().completed < 1 && !h.is_done() {
+        std::thread::yield_now();
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed = Instant::now();
+    let h2 = a.submit(batch_to(&alive, 64));
+    let st = h
+        .wait(Duration::from_secs(20))
+        .expect("no request may hang");
+    assert!(killed.elapsed() < Duration::from_secs(20));
+    assert_eq!(st.pending, 0, "{st:?}");
+    assert!(
+        st.failed > 0,
+        "the whole batch landed before the kill: {st:?}"
+    );
+    for i in 0..64 {
+        match h.status(i).unwrap() {
+            RequestStatus::Completed { .. } => {}
+            RequestStatus::Failed(f) => assert!(f.path.contains("victim"), "{f}"),
+            s => panic!("request {i} is {s:?}"),
+        }
+    }
+    let st2 = h2.wait(T).unwrap();
+    assert!(st2.is_success(), "{st2:?}");
+    let mut got = vec![0u8; len];
+    dst2.read((63 * len) as u64, &mut got).unwrap();
+    assert!(got == pattern(7, len));
+    // New work to the dead peer fails promptly, naming it.
+    let st = a
+        .submit(batch_to(&victim, 4))
+        .wait(Duration::from_secs(20))
+        .unwrap();
+    assert_eq!(st.failed, 4, "{st:?}");
+}
+
+/// With a cluster token, the control listener refuses peers that do not present it, and
+/// says so; peers with it connect.
+#[test]
+fn a_cluster_token_keeps_strangers_out() {
+    let b = Engine::new("b", tcp_rails(1).token("s3cret")).unwrap();
+    b.register("dst", 4096, Access::REMOTE_WRITE).unwrap();
+    let stranger = Engine::new("x", tcp_rails(1)).unwrap();
+    let e = stranger
+        .open_segment(&b.control_addr().to_string())
+        .unwrap_err();
+    assert!(e.to_string().contains("token"), "{e}");
+    let wrong = Engine::new("y", tcp_rails(1).token("guess")).unwrap();
+    assert!(wrong.open_segment(&b.control_addr().to_string()).is_err());
+    let friend = Engine::new("a", tcp_rails(1).token("s3cret")).unwrap();
+    let src = friend.register("src", 4096, Access::LOCAL_WRITE).unwrap();
+    let seg = friend.open_segment(&b.control_addr().to_string()).unwrap();
+    let mut batch = Batch::new();
+    batch
+        .write((&src, 0), &seg, Target::Offset(0), 4096)
+        .unwrap();
+    assert!(friend.submit(batch).wait(T).unwrap().is_success());
+}

@@ -1,0 +1,265 @@
+//! Metadata in etcd: the real server (Debian's `etcd-server`), started here on free
+//! 127.0.0.1 ports with a temporary data directory and stopped after each test. Without
+//! the `etcd` binary the tests say so and skip.
+#![cfg(feature = "etcd")]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdmx::Access;
+use rdmx_transfer::{Batch, Config, Engine, Error, Rail, SegmentEvent, Target};
+
+const T: Duration = Duration::from_secs(20);
+
+struct Etcd {
+    child: Child,
+    dir: PathBuf,
+    client: SocketAddr,
+}
+
+impl Etcd {
+    fn start() -> Option<Etcd> {
+        let bin = ["/usr/bin/etcd", "/usr/local/bin/etcd"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+            .or_else(|| {
+                std::env::var_os("PATH").and_then(|p| {
+                    std::env::split_paths(&p)
+                        .map(|d| d.join("etcd"))
+                        .find(|p| p.exists())
+                })
+            });
+        let Some(bin) = bin else {
+            eprintln!("SKIPPED: no `etcd` binary (Debian package etcd-server)");
+            return None;
+        };
+        let port = || {
+            TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+        };
+        let (client, peer) = (port(), port());
+        let dir = std::env::temp_dir().join(format!(
+            "rdmx-te-etcd-{}-{}",
+            std::process::id(),
+            client.port()
+        ));
+        let child = Command::new(bin)
+            .arg("--name=t")
+            .arg(format!("--data-dir={}", dir.display()))
+            .arg(format!("--listen-client-urls=http://{client}"))
+            .arg(format!("--advertise-client-urls=http://{client}"))
+            .arg(format!("--listen-peer-urls=http://{peer}"))
+            .arg(format!("--initial-advertise-peer-urls=http://{peer}"))
+            .arg(format!("--initial-cluster=t=http://{peer}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start etcd");
+        let e = Etcd { child, dir, client };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while e
+            .http("/health", None)
+            .map_or(true, |r| !r.contains("true"))
+        {
+            assert!(Instant::now() < deadline, "etcd did not come up");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Some(e)
+    }
+
+    fn url(&self) -> String {
+        format!("etcd://{}", self.client)
+    }
+
+    /// A request to etcd's HTTP gateway; the body of the answer.
+    fn http(&self, path: &str, body: Option<&str>) -> Option<String> {
+        let mut s = TcpStream::connect_timeout(&self.client, Duration::from_secs(1)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        let req = match body {
+            Some(b) => format!(
+                "POST {path} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
+                b.len()
+            ),
+            None => format!("GET {path} HTTP/1.0\r\n\r\n"),
+        };
+        s.write_all(req.as_bytes()).ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        Some(out)
+    }
+
+    /// Puts raw bytes under a key, as a hostile or broken writer could.
+    fn put_raw(&self, key: &str, value: &[u8]) {
+        let body = format!(
+            "{{\"key\":\"{}\",\"value\":\"{}\"}}",
+            b64(key.as_bytes()),
+            b64(value)
+        );
+        let r = self.http("/v3/kv/put", Some(&body)).expect("etcd answers");
+        assert!(r.contains("200 OK"), "{r}");
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn b64(raw: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in raw.chunks(3) {
+        let n = (c[0] as u32) << 16
+            | (*c.get(1).unwrap_or(&0) as u32) << 8
+            | *c.get(2).unwrap_or(&0) as u32;
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn cfg(url: &str) -> Config {
+    Config::default()
+        .rails(vec![Rail::tcp("127.0.0.1:0".parse().unwrap())])
+        .listen("127.0.0.1:0".parse().unwrap())
+        .metadata(url)
+        .lease_ttl(Duration::from_secs(2))
+}
+
+fn wait_event(e: &Engine, want: &SegmentEvent) {
+    let deadline = Instant::now() + T;
+    while Instant::now() < deadline {
+        if e.next_segment_event(Duration::from_millis(200)).as_ref() == Some(want) {
+            return;
+        }
+    }
+    panic!("no {want:?} within {T:?}");
+}
+
+#[test]
+fn engines_find_each_other_in_etcd_and_leave_it() {
+    let Some(etcd) = Etcd::start() else { return };
+    let a = Engine::new("a", cfg(&etcd.url())).unwrap();
+    let b = Engine::new("b", cfg(&etcd.url())).unwrap();
+    let dst = b.register("dst", 1 << 20, Access::REMOTE_WRITE).unwrap();
+    wait_event(&a, &SegmentEvent::Added("b".into()));
+    assert!(a.segments().contains(&"b".to_string()));
+    let src = a
+        .register("src", vec![5u8; 1 << 20], Access::LOCAL_WRITE)
+        .unwrap();
+    let seg = a.open_segment("b").unwrap();
+    let mut batch = Batch::new();
+    batch
+        .write((&src, 0), &seg, Target::Buffer("dst", 0), 1 << 20)
+        .unwrap();
+    assert!(a.submit(batch).wait(T).unwrap().is_success());
+    let mut got = vec![0u8; 1 << 20];
+    dst.read(0, &mut got).unwrap();
+    assert!(got.iter().all(|&x| x == 5));
+    // A closed engine leaves etcd at once (its lease revoked).
+    drop(b);
+    wait_event(&a, &SegmentEvent::Removed("b".into()));
+    let e = a.open_segment("nobody").unwrap_err();
+    assert!(e.to_string().contains("no segment named"), "{e}");
+}
+
+/// Not a test by itself: the engine process the next test kills (run only when the
+/// parent sets `RDMX_TE_CHILD_ETCD`).
+#[test]
+fn child_engine_process() {
+    let Ok(url) = std::env::var("RDMX_TE_CHILD_ETCD") else {
+        return;
+    };
+    let _e = Engine::new("victim", cfg(&url)).unwrap();
+    println!("child ready");
+    std::thread::sleep(Duration::from_secs(600));
+}
+
+/// An engine process killed outright (no goodbye): its entry goes when its lease
+/// expires, and the others' watch says so.
+#[test]
+fn a_killed_engines_entry_expires_with_its_lease() {
+    let Some(etcd) = Etcd::start() else { return };
+    let a = Engine::new("a", cfg(&etcd.url())).unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_engine_process", "--nocapture"])
+        .env("RDMX_TE_CHILD_ETCD", etcd.url())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_event(&a, &SegmentEvent::Added("victim".into()));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed = Instant::now();
+    wait_event(&a, &SegmentEvent::Removed("victim".into()));
+    // The lease's TTL is 2 s; etcd may take a little longer to revoke it.
+    assert!(
+        killed.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        killed.elapsed()
+    );
+    let e = a.open_segment("victim").unwrap_err();
+    assert!(e.to_string().contains("no segment named"), "{e}");
+}
+
+#[test]
+fn with_etcd_stopped_open_peers_keep_transferring_and_new_opens_say_why() {
+    let Some(etcd) = Etcd::start() else { return };
+    let a = Engine::new("a", cfg(&etcd.url())).unwrap();
+    let b = Engine::new("b", cfg(&etcd.url())).unwrap();
+    let _c = Engine::new("c", cfg(&etcd.url())).unwrap();
+    b.register("dst", 1 << 20, Access::REMOTE_WRITE).unwrap();
+    let src = a.register("src", 1 << 20, Access::LOCAL_WRITE).unwrap();
+    let seg = a.open_segment("b").unwrap();
+    drop(etcd);
+    for _ in 0..5 {
+        let mut batch = Batch::new();
+        batch
+            .write((&src, 0), &seg, Target::Offset(0), 1 << 20)
+            .unwrap();
+        assert!(a.submit(batch).wait(T).unwrap().is_success());
+    }
+    // Opening b again finds the open connection; opening c needs etcd.
+    assert!(a.open_segment("b").is_ok());
+    let e = a.open_segment("c").unwrap_err();
+    assert!(matches!(e, Error::Metadata(_)), "{e}");
+    assert!(e.to_string().contains("unreachable"), "{e}");
+}
+
+#[test]
+fn garbage_and_forged_descriptors_in_etcd_are_refused() {
+    let Some(etcd) = Etcd::start() else { return };
+    let a = Engine::new("a", cfg(&etcd.url())).unwrap();
+    let b = Engine::new("b", cfg(&etcd.url())).unwrap();
+    etcd.put_raw("/rdmx/transfer/segments/junk", b"not a descriptor");
+    let e = a.open_segment("junk").unwrap_err();
+    assert!(matches!(e, Error::Descriptor(_)), "{e}");
+    // b's descriptor copied under another name: refused, it names someone else.
+    let mut raw = Vec::new();
+    {
+        let d = b.desc();
+        raw.extend_from_slice(&d.to_bytes());
+    }
+    etcd.put_raw("/rdmx/transfer/segments/mallory", &raw);
+    let e = a.open_segment("mallory").unwrap_err();
+    assert!(e.to_string().contains("describes \"b\""), "{e}");
+    // Neither shows up as a segment.
+    std::thread::sleep(Duration::from_millis(500));
+    let segs = a.segments();
+    assert!(!segs.contains(&"junk".to_string()) && !segs.contains(&"mallory".to_string()));
+    assert!(segs.contains(&"b".to_string()), "{segs:?}");
+}

@@ -349,6 +349,8 @@ pub(crate) const EMPTY: Completion = Completion {
     byte_len: 0,
     imm_data: None,
     qp_num: 0,
+    src_qp: 0,
+    grh: false,
 };
 
 /// Which side of a run in one process failed first; the other side's loops give up once

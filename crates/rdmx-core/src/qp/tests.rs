@@ -56,6 +56,7 @@ fn full_attr(to: QpState) -> QpAttr {
         timeout: 14,
         retry_cnt: 7,
         rnr_retry: 7,
+        qkey: 0x1111_1111,
     }
 }
 

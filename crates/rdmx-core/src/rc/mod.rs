@@ -50,7 +50,7 @@ pub use srq::Srq;
 
 use crate::access::Access;
 use crate::mr::{KeyUse, PdId};
-use crate::qp::{ModifyError, QpAttr, QpAttrMask, QpLimits, QpState, QpStateMachine};
+use crate::qp::{ModifyError, QpAttr, QpAttrMask, QpLimits, QpState, QpStateMachine, QpType};
 use crate::wr::{Completion, PostError, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus};
 
 use io::Payload;
@@ -82,6 +82,8 @@ pub struct QpConfig {
     /// retransmitted, since what was sent is still on its way. A peer that stays
     /// silent for `timeout × (retry_cnt + 1)` still ends in `RetryExcErr`.
     pub reliable_link: bool,
+    /// The transport service: RC (the default), UC or UD.
+    pub qp_type: QpType,
 }
 
 impl QpConfig {
@@ -97,6 +99,7 @@ impl QpConfig {
             max_inline_data: 256,
             srq: false,
             reliable_link: false,
+            qp_type: QpType::Rc,
         }
     }
 }
@@ -283,7 +286,7 @@ impl<M: MemAccess> RcQp<M> {
     pub fn new(cfg: QpConfig, limits: QpLimits) -> Self {
         RcQp {
             cfg,
-            sm: QpStateMachine::new(),
+            sm: QpStateMachine::with_type(cfg.qp_type),
             limits,
             req: Requester::new(),
             resp: Responder::new(),
@@ -637,6 +640,8 @@ impl<M: MemAccess> RcQp<M> {
                     byte_len: 0,
                     imm_data: None,
                     qp_num: qpn,
+                    src_qp: 0,
+                    grh: false,
                 },
                 false,
             ));
@@ -656,6 +661,8 @@ impl<M: MemAccess> RcQp<M> {
                     byte_len: 0,
                     imm_data: None,
                     qp_num: qpn,
+                    src_qp: 0,
+                    grh: false,
                 },
                 false,
             ));
@@ -681,6 +688,8 @@ impl<M: MemAccess> RcQp<M> {
                     },
                     imm_data: None,
                     qp_num: self.cfg.qpn,
+                    src_qp: 0,
+                    grh: false,
                 };
                 self.completions.push_back((CqSide::Send, c, false));
             }

@@ -281,6 +281,10 @@ pub(crate) trait Transport: Send + Sync + std::fmt::Debug + 'static {
     fn bind_peer(&self, _peer: &QpEndpoint, _timeout: Duration) -> Result<()> {
         Ok(())
     }
+    /// Attaches to (or, with `attach` false, detaches from) the multicast group `gid`.
+    fn multicast(&self, _gid: [u8; 16], _attach: bool) -> Result<()> {
+        Err(crate::Error::Unsupported("this provider has no multicast"))
+    }
 }
 
 /// A software queue pair: the RC engine over transport `T`.
@@ -339,6 +343,15 @@ impl<T: Transport> provider::Qp for SoftQp<T> {
     unsafe fn post_recv(&self, wr: &RecvWr) -> Result<()> {
         self.transport.with(|e, keys| e.post_recv_ref(keys, wr))?;
         Ok(())
+    }
+    fn attach_mcast(&self, gid: [u8; 16], _lid: u16) -> Result<()> {
+        self.transport.multicast(gid, true)
+    }
+    fn detach_mcast(&self, gid: [u8; 16], _lid: u16) -> Result<()> {
+        self.transport.multicast(gid, false)
+    }
+    fn dropped(&self) -> u64 {
+        self.transport.with(|e, _| e.dropped())
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -144,6 +144,7 @@ pub use rdmx_mem::{
     Access, Backing, CacheConfig, CacheStats, HugePages, Invalidation, Mapping, MemlockLimit,
     Memory, Monitoring, Pinning, PoolConfig, PoolStats,
 };
+pub use rdmx_wire::GrhRepr;
 pub use srq::SharedReceiveQueue;
 
 /// A registration cache over a protection domain.

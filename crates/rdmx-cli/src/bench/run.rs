@@ -369,7 +369,7 @@ fn drive(
         return Err(format!("the peer started with {first:#x}, not READY").into());
     }
     let mut round = 0u64;
-    for &size in &p.sizes {
+    for (k, &size) in p.sizes.iter().enumerate() {
         out.step(format!("{} on {provider}, {size} bytes", p.test.name()));
         let (row, counts) = if p.test.is_bw() {
             let run = bw::requester(p, size, side, remote, abort)?;
@@ -396,7 +396,7 @@ fn drive(
             };
             (row, vec![issued])
         };
-        finish_size(side, &counts, abort)?;
+        finish_size(side, &counts, k, abort)?;
         on_row(row);
     }
     say_bye(side)

@@ -192,7 +192,6 @@ impl SoftDevice for Device {
                 faults,
             },
         );
-        let _ = &mut fab;
         Ok(Box::new(SoftQp {
             qpn,
             transport: Link { qpn },

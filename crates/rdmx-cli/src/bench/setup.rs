@@ -670,6 +670,11 @@ fn check_terms(mine: &Hello, theirs: &Hello) -> Result<(), BoxError> {
     differs("--verify", on(a.verify), on(b.verify))?;
     let mtu = |m: Option<u32>| m.map_or("the device's".to_string(), |m| m.to_string());
     differs("--mtu", mtu(a.mtu), mtu(b.mtu))?;
+    differs(
+        "-c/--connection",
+        a.conn.qp_type().name().into(),
+        b.conn.qp_type().name().into(),
+    )?;
     differs("--rdma-cm", on(a.rdma_cm), on(b.rdma_cm))
 }
 
@@ -982,6 +987,14 @@ mod tests {
         let e = e.to_string();
         assert!(
             e.contains("TEST") && e.contains("read_bw") && e.contains("write_bw"),
+            "{e}"
+        );
+        q = p.clone();
+        q.conn = Conn::Uc;
+        let e = check_peer(&mine, &hello(Role::Responder, &q)).unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.contains("-c/--connection") && e.contains("UC") && e.contains("RC"),
             "{e}"
         );
         q = p.clone();

@@ -285,6 +285,8 @@ pub struct RcQp<M: MemAccess> {
     pub(crate) uc: unreliable::UcResponder<M::Mr>,
     /// UD datagrams and UC messages dropped on receipt.
     pub(crate) dropped: u64,
+    /// Where a whole UC packet's payload goes, reused packet to packet.
+    uc_place: Vec<Placement<M::Mr>>,
 }
 
 impl<M: MemAccess> RcQp<M> {
@@ -307,6 +309,7 @@ impl<M: MemAccess> RcQp<M> {
             sq_drained_event: false,
             uc: unreliable::UcResponder::new(),
             dropped: 0,
+            uc_place: Vec::new(),
         }
     }
 
@@ -598,6 +601,8 @@ impl<M: MemAccess> RcQp<M> {
                 }
             }
             QpType::Uc => {
+                // The headers run through a copy with the UC prefix taken off; the payload
+                // is placed from `bytes` where the engine says.
                 let hlen = bytes
                     .first()
                     .and_then(|&op| rdmx_wire::header_len_of(op))
@@ -606,22 +611,20 @@ impl<M: MemAccess> RcQp<M> {
                     self.dropped += 1;
                     return;
                 };
-                let mut place = Vec::new();
-                let Some(len) = self.uc_header(
-                    now,
-                    mem,
-                    srq,
-                    &bytes[..hlen],
-                    bytes.len() - hlen,
-                    &mut place,
-                ) else {
-                    return;
-                };
-                for p in place {
-                    let at = hlen + p.offset as usize;
-                    mem.write(&p.mr, p.addr, &bytes[at..at + p.len as usize]);
+                let mut place = std::mem::take(&mut self.uc_place);
+                let rest = bytes.len() - hlen;
+                if self
+                    .uc_header(mem, srq, &bytes[..hlen], rest, &mut place)
+                    .is_some()
+                {
+                    for p in place.drain(..) {
+                        let at = hlen + p.offset as usize;
+                        mem.write(&p.mr, p.addr, &bytes[at..at + p.len as usize]);
+                    }
                 }
-                let _ = len;
+                // Kept for the next packet, holding no region.
+                place.clear();
+                self.uc_place = place;
             }
             QpType::Ud => {
                 let info = unreliable::DatagramInfo::default();
@@ -658,14 +661,12 @@ impl<M: MemAccess> RcQp<M> {
     /// taken off a copy of the headers, which then run the RC parser.
     fn uc_header(
         &mut self,
-        now: Instant,
         mem: &M,
         srq: Option<&mut Srq<M::Mr>>,
         header: &[u8],
         rest_len: usize,
         place: &mut Vec<Placement<M::Mr>>,
     ) -> Option<usize> {
-        let _ = now;
         place.clear();
         let mut copy = [0u8; 64];
         let ok = header.len() <= copy.len()
@@ -716,7 +717,7 @@ impl<M: MemAccess> RcQp<M> {
         place.clear();
         match self.cfg.qp_type {
             QpType::Rc => {}
-            QpType::Uc => return self.uc_header(now, mem, srq, header, rest_len, place),
+            QpType::Uc => return self.uc_header(mem, srq, header, rest_len, place),
             // UD datagrams come whole (handle_datagram).
             QpType::Ud => {
                 self.dropped += 1;

@@ -98,6 +98,7 @@ macro_rules! conformance_suite {
             unreliable::ud_multicast,
             unreliable::ud_unordered_delivery,
             unreliable::uc_send_and_write,
+            unreliable::ud_with_a_shared_receive_queue,
         );
     };
     (@tests $p:expr; $($topic:ident :: $test:ident),* $(,)?) => {

@@ -466,3 +466,61 @@ pub(crate) fn uc_send_and_write(p: &Provider) {
     assert!(cs.iter().all(|c| c.status == WcStatus::Success));
     let _ = b.scq;
 }
+
+/// UD queue pairs that take their receives from one shared receive queue: datagrams to
+/// either land in the SRQ's receives, and a dropped one (wrong Q_Key) takes none.
+pub(crate) fn ud_with_a_shared_receive_queue(p: &Provider) {
+    let Some(tx) = ud(p) else { return };
+    let ctx = p.open();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(64).unwrap();
+    let srq = pd.create_srq(16, 1).unwrap();
+    let rx: Vec<QueuePair> = (0..2)
+        .map(|_| {
+            let q = pd
+                .create_qp_of_type(QpType::Ud, &cq, &cq, Some(&srq), QpCaps::default())
+                .unwrap();
+            q.activate(QKEY).unwrap();
+            q
+        })
+        .collect();
+    let len = 48;
+    let buf = register(&pd, 3 * (GRH_LEN + len), LOCAL);
+    for i in 0..3 {
+        srq.post_recv(RecvRequest::new(i as u64).sge(sge(
+            &buf,
+            i * (GRH_LEN + len),
+            GRH_LEN + len,
+        )))
+        .unwrap();
+    }
+    let src = register(&tx.pd, len, ALL);
+    src.write_at(0, &pattern(8, len)).unwrap();
+    let sends = [(&rx[0], QKEY ^ 2), (&rx[0], QKEY), (&rx[1], QKEY)];
+    for (k, (q, qkey)) in sends.iter().enumerate() {
+        let ah = tx
+            .pd
+            .create_ah(&AhAttr::to_endpoint(&q.endpoint()))
+            .unwrap();
+        tx.qp
+            .post_send(SendRequest::send(k as u64).sge(sge(&src, 0, len)).ud(
+                &ah,
+                q.qp_num(),
+                *qkey,
+            ))
+            .unwrap();
+    }
+    wait_n(&tx.scq, 3, "the sends");
+    let cs = wait_n(&cq, 2, "the two datagrams with the right Q_Key");
+    let mut by_qp: Vec<(u32, u64)> = cs.iter().map(|c| (c.qp_num, c.wr_id)).collect();
+    by_qp.sort_unstable();
+    let mut want = vec![(rx[0].qp_num(), 0), (rx[1].qp_num(), 1)];
+    want.sort_unstable();
+    assert_eq!(
+        by_qp, want,
+        "{}: receives 0 and 1 of the SRQ, in order",
+        p.name
+    );
+    assert_eq!(srq.len(), 1, "the dropped datagram took no receive");
+    assert_quiet(&cq, "no third datagram");
+}

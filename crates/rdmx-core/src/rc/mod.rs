@@ -1,4 +1,6 @@
-//! The RC engine: a reliable-connected queue pair with no I/O.
+//! The engine: a queue pair with no I/O — reliable connected, and on the same queues
+//! unreliable connected and unreliable datagram (see `unreliable.rs`: [`QpConfig::qp_type`],
+//! [`RcQp::handle_datagram`], [`RcQp::poll_datagram`]).
 //!
 //! [`RcQp`] holds one queue pair's send and receive queues, its requester and responder
 //! state, and the completions it produced. It never reads a clock, opens a socket or
@@ -440,33 +442,6 @@ impl<M: MemAccess> RcQp<M> {
         Ok(())
     }
 
-    /// What the QP's type refuses at post: on UC, READ and atomics; on UD, anything but
-    /// SEND (with or without immediate), a send without a destination, and a message
-    /// longer than the largest path MTU.
-    fn check_type(&self, wr: &SendWr, inline: Option<&[u8]>) -> Result<(), PostError> {
-        let t = self.cfg.qp_type;
-        if !t.allows(wr.op) {
-            return Err(PostError::Invalid(match t {
-                QpType::Uc => "a UC queue pair takes SEND and RDMA WRITE only",
-                _ => "a UD queue pair takes SEND only",
-            }));
-        }
-        if t != QpType::Ud {
-            return match wr.ud {
-                Some(_) => Err(PostError::Invalid("only UD sends name a destination")),
-                None => Ok(()),
-            };
-        }
-        if wr.ud.is_none() {
-            return Err(PostError::Invalid("a UD send needs a destination"));
-        }
-        let len = inline.map_or_else(|| wr.sges.total_len(), |d| d.len() as u64);
-        if len > u64::from(self.limits.max_mtu.bytes()) {
-            return Err(PostError::Invalid("a UD message is at most the path MTU"));
-        }
-        Ok(())
-    }
-
     /// Posts a receive request (`ibv_post_recv`), taking the request by value; see
     /// [`post_recv_ref`](Self::post_recv_ref), which this calls.
     pub fn post_recv(&mut self, mem: &M, wr: RecvWr) -> Result<(), PostError> {
@@ -512,25 +487,6 @@ impl<M: MemAccess> RcQp<M> {
     pub fn poll_transmit(&mut self, now: Instant, mem: &M) -> Option<Vec<u8>> {
         let mut out = Vec::new();
         self.poll_transmit_into(now, mem, &mut out).then_some(out)
-    }
-
-    /// The next datagram of a UD QP (or packet of another), copied into one new buffer,
-    /// with the address vector it goes to (UD only; its QP number is in the BTH).
-    pub fn poll_datagram(
-        &mut self,
-        now: Instant,
-        mem: &M,
-    ) -> Option<(Vec<u8>, Option<crate::wr::AddressVector>)> {
-        let mut out = Vec::new();
-        let mut scratch = std::mem::take(&mut self.scratch);
-        let sent = self.poll_transmit_parts(now, &mut scratch);
-        let dest = scratch.ud_dest;
-        if sent {
-            scratch.flatten_into(mem, &mut out);
-        }
-        scratch.clear();
-        self.scratch = scratch;
-        sent.then_some((out, dest))
     }
 
     /// The next packet to send to the peer QP, copied into `out` (cleared first); `false`
@@ -631,73 +587,6 @@ impl<M: MemAccess> RcQp<M> {
                 unreliable::ud_receive(self, mem, srq, &info, bytes);
             }
         }
-    }
-
-    /// Feeds a UD datagram with the addresses the transport saw it come from and go to
-    /// (for the GRH the receive buffer starts with). Datagrams with a wrong Q_Key, for
-    /// another QP, malformed, or with no receive to take them are dropped and counted
-    /// ([`dropped`](Self::dropped)).
-    pub fn handle_datagram(
-        &mut self,
-        mem: &M,
-        srq: Option<&mut Srq<M::Mr>>,
-        info: &DatagramInfo,
-        bytes: &[u8],
-    ) {
-        if self.cfg.qp_type == QpType::Ud {
-            unreliable::ud_receive(self, mem, srq, info, bytes);
-        } else {
-            self.dropped += 1;
-        }
-    }
-
-    /// Datagrams (UD) and whole messages (UC) dropped on receipt: wrong Q_Key, wrong QP,
-    /// malformed, lost packets, no receive posted, too long for the receive.
-    pub fn dropped(&self) -> u64 {
-        self.dropped
-    }
-
-    /// [`handle_header`](Self::handle_header) for a UC QP: the UC prefix is checked and
-    /// taken off a copy of the headers, which then run the RC parser.
-    fn uc_header(
-        &mut self,
-        mem: &M,
-        srq: Option<&mut Srq<M::Mr>>,
-        header: &[u8],
-        rest_len: usize,
-        place: &mut Vec<Placement<M::Mr>>,
-    ) -> Option<usize> {
-        place.clear();
-        let mut copy = [0u8; 64];
-        let ok = header.len() <= copy.len()
-            && header
-                .first()
-                .is_some_and(|&op| op & rdmx_wire::SERVICE_MASK == rdmx_wire::UC_PREFIX);
-        let rc_op = header.first().and_then(|&op| rdmx_wire::uc_to_rc(op));
-        let (true, Some(rc_op)) = (ok, rc_op) else {
-            self.dropped += 1;
-            return None;
-        };
-        let copy = &mut copy[..header.len()];
-        copy.copy_from_slice(header);
-        copy[0] = rc_op;
-        let Some((hdr, len)) = codec::decode_split(copy, rest_len) else {
-            self.dropped += 1;
-            return None;
-        };
-        if hdr.bth.dest_qpn != self.cfg.qpn
-            || !matches!(self.sm.state(), QpState::Rtr | QpState::Rts | QpState::Sqd)
-        {
-            return Some(len);
-        }
-        unreliable::uc_request(
-            self,
-            mem,
-            srq,
-            &hdr,
-            &mut Payload::Deferred { len, out: place },
-        );
-        Some(len)
     }
 
     /// Feeds the headers of a packet whose payload and pad (`rest_len` bytes) are still

@@ -19,13 +19,17 @@
 
 use rdmx_wire::{psn_add, psn_diff, DethRepr, GrhRepr, UdRepr, GRH_LEN, GRH_NEXT_HEADER_BTH};
 
-use super::codec::RcRepr;
-use super::io::{Payload, Span, Transmit};
+use std::time::Instant;
+
+use super::codec::{self, RcRepr};
+use super::io::{Payload, Placement, Span, Transmit};
 use super::{for_each_span, CqSide, Local, MemAccess, RcQp, RecvWqe, Srq};
 use crate::access::Access;
 use crate::mr::KeyUse;
-use crate::qp::QpState;
-use crate::wr::{Completion, SendOp, WcOpcode, WcStatus, MULTICAST_QPN};
+use crate::qp::{QpState, QpType};
+use crate::wr::{
+    AddressVector, Completion, PostError, SendOp, SendWr, WcOpcode, WcStatus, MULTICAST_QPN,
+};
 
 /// The UC responder's state.
 #[derive(Debug)]
@@ -406,4 +410,120 @@ pub(crate) fn ud_receive<M: MemAccess>(
     c.src_qp = p.deth.src_qpn;
     c.grh = true;
     complete(qp, &mut srq, wqe, c, p.solicited);
+}
+
+/// What the engine does for UC and UD only.
+impl<M: MemAccess> RcQp<M> {
+    /// What the QP's type refuses at post: on UC, READ and atomics; on UD, anything but
+    /// SEND (with or without immediate), a send without a destination, and a message
+    /// longer than the largest path MTU.
+    pub(crate) fn check_type(&self, wr: &SendWr, inline: Option<&[u8]>) -> Result<(), PostError> {
+        let t = self.cfg.qp_type;
+        if !t.allows(wr.op) {
+            return Err(PostError::Invalid(match t {
+                QpType::Uc => "a UC queue pair takes SEND and RDMA WRITE only",
+                _ => "a UD queue pair takes SEND only",
+            }));
+        }
+        if t != QpType::Ud {
+            return match wr.ud {
+                Some(_) => Err(PostError::Invalid("only UD sends name a destination")),
+                None => Ok(()),
+            };
+        }
+        if wr.ud.is_none() {
+            return Err(PostError::Invalid("a UD send needs a destination"));
+        }
+        let len = inline.map_or_else(|| wr.sges.total_len(), |d| d.len() as u64);
+        if len > u64::from(self.limits.max_mtu.bytes()) {
+            return Err(PostError::Invalid("a UD message is at most the path MTU"));
+        }
+        Ok(())
+    }
+
+    /// The next datagram of a UD QP (or packet of another), copied into one new buffer,
+    /// with the address vector it goes to (UD only; its QP number is in the BTH).
+    pub fn poll_datagram(
+        &mut self,
+        now: Instant,
+        mem: &M,
+    ) -> Option<(Vec<u8>, Option<AddressVector>)> {
+        let mut out = Vec::new();
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let sent = self.poll_transmit_parts(now, &mut scratch);
+        let dest = scratch.ud_dest;
+        if sent {
+            scratch.flatten_into(mem, &mut out);
+        }
+        scratch.clear();
+        self.scratch = scratch;
+        sent.then_some((out, dest))
+    }
+
+    /// Feeds a UD datagram with the addresses the transport saw it come from and go to
+    /// (for the GRH the receive buffer starts with). Datagrams with a wrong Q_Key, for
+    /// another QP, malformed, or with no receive to take them are dropped and counted
+    /// ([`dropped`](Self::dropped)).
+    pub fn handle_datagram(
+        &mut self,
+        mem: &M,
+        srq: Option<&mut Srq<M::Mr>>,
+        info: &DatagramInfo,
+        bytes: &[u8],
+    ) {
+        if self.cfg.qp_type == QpType::Ud {
+            ud_receive(self, mem, srq, info, bytes);
+        } else {
+            self.dropped += 1;
+        }
+    }
+
+    /// Datagrams (UD) and whole messages (UC) dropped on receipt: wrong Q_Key, wrong QP,
+    /// malformed, lost packets, no receive posted, too long for the receive.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// [`handle_header`](Self::handle_header) for a UC QP: the UC prefix is checked and
+    /// taken off a copy of the headers, which then run the RC parser.
+    pub(crate) fn uc_header(
+        &mut self,
+        mem: &M,
+        srq: Option<&mut Srq<M::Mr>>,
+        header: &[u8],
+        rest_len: usize,
+        place: &mut Vec<Placement<M::Mr>>,
+    ) -> Option<usize> {
+        place.clear();
+        let mut copy = [0u8; 64];
+        let ok = header.len() <= copy.len()
+            && header
+                .first()
+                .is_some_and(|&op| op & rdmx_wire::SERVICE_MASK == rdmx_wire::UC_PREFIX);
+        let rc_op = header.first().and_then(|&op| rdmx_wire::uc_to_rc(op));
+        let (true, Some(rc_op)) = (ok, rc_op) else {
+            self.dropped += 1;
+            return None;
+        };
+        let copy = &mut copy[..header.len()];
+        copy.copy_from_slice(header);
+        copy[0] = rc_op;
+        let Some((hdr, len)) = codec::decode_split(copy, rest_len) else {
+            self.dropped += 1;
+            return None;
+        };
+        if hdr.bth.dest_qpn != self.cfg.qpn
+            || !matches!(self.sm.state(), QpState::Rtr | QpState::Rts | QpState::Sqd)
+        {
+            return Some(len);
+        }
+        uc_request(
+            self,
+            mem,
+            srq,
+            &hdr,
+            &mut Payload::Deferred { len, out: place },
+        );
+        Some(len)
+    }
 }

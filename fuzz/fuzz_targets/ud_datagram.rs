@@ -80,7 +80,15 @@ fuzz_target!(|steps: Vec<Step>| {
                 note(&bytes, &mut acceptable);
                 qp.handle_datagram(&mem, None, &info, &bytes);
             }
-            Step::Datagram { right_qkey, qkey, dest, imm, len, cut, flip } => {
+            Step::Datagram {
+                right_qkey,
+                qkey,
+                dest,
+                imm,
+                len,
+                cut,
+                flip,
+            } => {
                 let len = usize::from(len % 5000);
                 let payload: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(7)).collect();
                 let dest_qpn = match dest % 3 {
@@ -93,7 +101,10 @@ fuzz_target!(|steps: Vec<Step>| {
                     psn: 0,
                     solicited: false,
                     pkey: 0xffff,
-                    deth: DethRepr { qkey: if right_qkey { QKEY } else { qkey }, src_qpn: PEER_QPN },
+                    deth: DethRepr {
+                        qkey: if right_qkey { QKEY } else { qkey },
+                        src_qpn: PEER_QPN,
+                    },
                     imm,
                     payload: &[],
                 };
@@ -119,7 +130,11 @@ fuzz_target!(|steps: Vec<Step>| {
                     continue;
                 }
                 let mut sges = SgeList::new();
-                sges.push(Sge { addr: base + next_off, len: len as u32, lkey });
+                sges.push(Sge {
+                    addr: base + next_off,
+                    len: len as u32,
+                    lkey,
+                });
                 if qp.post_recv(&mem, RecvWr { wr_id, sges }).is_ok() {
                     posted.insert(wr_id, next_off);
                 }
@@ -129,7 +144,9 @@ fuzz_target!(|steps: Vec<Step>| {
             Step::Poll => {}
         }
         while let Some((_, c, _)) = qp.poll_completion() {
-            let off = posted.remove(&c.wr_id).expect("a completion of a posted receive, once");
+            let off = posted
+                .remove(&c.wr_id)
+                .expect("a completion of a posted receive, once");
             if c.status == WcStatus::Success {
                 assert!(c.byte_len as usize >= GRH_LEN);
                 let n = c.byte_len as usize - GRH_LEN;
@@ -143,7 +160,9 @@ fuzz_target!(|steps: Vec<Step>| {
                 };
                 mem.read(&h, base + off + GRH_LEN as u64, &mut got);
                 assert!(
-                    acceptable.iter().any(|(p, src)| *p == got && *src == c.src_qp),
+                    acceptable
+                        .iter()
+                        .any(|(p, src)| *p == got && *src == c.src_qp),
                     "a delivered datagram is one with the QP's Q_Key and number"
                 );
             }

@@ -3,9 +3,12 @@
 # transports (`UCX_TLS=sm ucx_perftest`, two processes) and memcpy of 64 KiB between
 # equally aligned buffers (`rdmx bench reg`). rdmx runs in two processes (--server and a
 # client) and in one. Each figure is the median of ROUNDS interleaved runs; the last line
-# gives the ratios. rdmx runs on its default data path (the ring, which the output names
-# as the runs report it); the `_cma` figures ask for the cma path (RDMX_SHM_DATA_PATH=cma:
-# payloads of 16 KiB or more pulled with process_vm_readv) for comparison.
+# gives the ratios. rdmx runs on its default data paths (between processes the ring, in
+# one process direct, as the runs report them); the `_cma` figures ask for the cma path
+# (RDMX_SHM_DATA_PATH=cma: payloads of 16 KiB or more pulled with process_vm_readv), and
+# `one_write_64k_ring` for the ring in one process. `copy_mis/copy` is the provider's
+# copy of 64 KiB with source and destination 16 bytes apart against aligned (`rdmx bench
+# reg`), `memcpy_mis/memcpy` the same for glibc's memcpy.
 #
 # Usage: scripts/shm-bench.sh            (ROUNDS=5 by default)
 set -euo pipefail
@@ -45,11 +48,15 @@ two() { # the same across two processes
         tee "$out/last.json" | j "${J:-$pick}"
     wait
 }
-memcpy() { # 64 KiB, equally aligned, MiB/s
-    "$RDMX" bench reg --runs 3 --json | j "65536 / d['memcpy_64k_ns'] * 1e9 / 1048576"
+memcpy() { # 64 KiB copies (memcpy aligned, memcpy misaligned, rdmx copy aligned and
+    # misaligned), MiB/s each, into four files
+    "$RDMX" bench reg --runs 3 --json >"$out/reg.json"
+    for k in memcpy_64k memcpy_64k_misaligned copy_64k copy_64k_misaligned; do
+        j "65536 / d['${k}_ns'] * 1e9 / 1048576" <"$out/reg.json" >>"$out/$k"
+    done
 }
 for r in $(seq "$ROUNDS"); do
-    memcpy >>"$out/memcpy"
+    memcpy
     ucx ucp_put_bw 65536 20000 >>"$out/ucx_put_64k"
     ucx ucp_put_bw 1048576 2000 >>"$out/ucx_put_1m"
     ucx ucp_get 65536 20000 >>"$out/ucx_get_64k"
@@ -68,13 +75,16 @@ for r in $(seq "$ROUNDS"); do
     two write_lat 8 20000 >>"$out/write_lat"
     two send_lat 8 20000 >>"$out/send_lat"
     one write_bw 65536 20000 >>"$out/one_write_64k"
+    J="d['data_path']" one write_bw 65536 2000 >>"$out/one_path"
     RDMX_SHM_DATA_PATH=cma one write_bw 65536 20000 >>"$out/one_write_64k_cma"
+    RDMX_SHM_DATA_PATH=ring one write_bw 65536 20000 >>"$out/one_write_64k_ring"
     echo "round $r/$ROUNDS done" >&2
 done
 med() { sort -g "$out/$1" | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
-figs=(memcpy ucx_put_64k ucx_put_1m ucx_get_64k ucx_put_8 ucx_put_lat ucx_am_lat
+figs=(memcpy_64k ucx_put_64k ucx_put_1m ucx_get_64k ucx_put_8 ucx_put_lat ucx_am_lat
     write_64k write_1m read_64k write_8 write_lat send_lat one_write_64k
-    write_64k_cma write_1m_cma read_64k_cma one_write_64k_cma)
+    write_64k_cma write_1m_cma read_64k_cma one_write_64k_cma one_write_64k_ring
+    memcpy_64k_misaligned copy_64k copy_64k_misaligned)
 printf '%-14s %10s   (median of %s; MiB/s, M msg/s for 8 B bandwidth, latency in usec)\n' \
     figure value "$ROUNDS"
 args=()
@@ -84,16 +94,20 @@ for f in "${figs[@]}"; do
 done
 path=$(sort -u "$out/path" | paste -sd/)
 path_cma=$(sort -u "$out/path_cma" | paste -sd/)
-python3 - "$path" "$path_cma" "${args[@]}" <<'PY'
+one_path=$(sort -u "$out/one_path" | paste -sd/)
+python3 - "$path" "$path_cma" "$one_path" "${args[@]}" <<'PY'
 import sys
-path, path_cma = sys.argv[1:3]
+path, path_cma, one_path = sys.argv[1:4]
 (mc, up64, up1m, ug64, up8, upl, aml, w64, w1m, r64, w8, wl, sl, o64,
- w64c, w1mc, r64c, o64c) = map(float, sys.argv[3:])
+ w64c, w1mc, r64c, o64c, o64r, mcm, cp, cpm) = map(float, sys.argv[4:])
 print(f"ratio write_bw_64k/ucx_put_bw={w64/up64:.2f} write_bw_1m/ucx_put_bw={w1m/up1m:.2f} "
       f"read_bw_64k/ucx_get={r64/ug64:.2f} write_bw_8/ucx_put_bw_8={w8/up8:.2f} "
       f"write_lat/ucx_put_lat={wl/upl:.2f} send_lat/ucx_am_lat={sl/aml:.2f} "
-      f"one_process_write_bw_64k/memcpy_aligned={o64/mc:.2f} (data path: {path}); "
+      f"(data path: {path}); one_process_write_bw_64k/memcpy_aligned={o64/mc:.2f} "
+      f"(data path: {one_path}); "
       f"asking for cma (data path: {path_cma}): write_bw_64k/ucx_put_bw={w64c/up64:.2f} "
       f"write_bw_1m/ucx_put_bw={w1mc/up1m:.2f} read_bw_64k/ucx_get={r64c/ug64:.2f} "
-      f"one_process_write_bw_64k/memcpy_aligned={o64c/mc:.2f}")
+      f"one_process_write_bw_64k/memcpy_aligned={o64c/mc:.2f}; "
+      f"one process on the ring: write_bw_64k/memcpy_aligned={o64r/mc:.2f}; "
+      f"copy_mis/copy={cpm/cp:.2f} copy/memcpy={cp/mc:.2f} memcpy_mis/memcpy={mcm/mc:.2f}")
 PY

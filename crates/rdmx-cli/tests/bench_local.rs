@@ -61,6 +61,14 @@ every_test_on! {
     send_lat_tcp: "send_lat" on "tcp",
     atomic_bw_tcp: "atomic_bw" on "tcp",
     atomic_lat_tcp: "atomic_lat" on "tcp",
+    write_bw_shm: "write_bw" on "shm",
+    write_lat_shm: "write_lat" on "shm",
+    read_bw_shm: "read_bw" on "shm",
+    read_lat_shm: "read_lat" on "shm",
+    send_bw_shm: "send_bw" on "shm",
+    send_lat_shm: "send_lat" on "shm",
+    atomic_bw_shm: "atomic_bw" on "shm",
+    atomic_lat_shm: "atomic_lat" on "shm",
 }
 
 /// The column titles of the table in `text`: its line starting with `first`, split at
@@ -78,7 +86,7 @@ fn columns(text: &str, first: &str) -> Vec<String> {
 }
 
 #[test]
-fn the_default_provider_is_loopback_and_the_header_says_so() {
+fn the_default_provider_in_one_process_is_shm_and_the_header_says_so() {
     let out = run(&["bench", "write_bw", "-n", "50"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("RDMA_Write BW Test"), "{text}");
@@ -87,8 +95,13 @@ fn the_default_provider_is_loopback_and_the_header_says_so() {
         .find(|l| l.trim_start().starts_with("Provider"))
         .unwrap_or_else(|| panic!("no Provider line: {text}"));
     assert!(
-        provider.contains("loopback") && provider.contains("loopback0"),
+        provider.contains("shm") && provider.contains("shm0"),
         "{provider}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.contains("Provider chosen") && l.contains("default in one process")),
+        "{text}"
     );
     assert_eq!(
         columns(&text, "#bytes"),
@@ -355,12 +368,17 @@ fn a_low_memlock_limit_runs_unpinned_and_says_so() {
     }
 }
 
-/// shm names its data path as it runs it: the ring by default, cma when asked for
-/// (`RDMX_SHM_DATA_PATH=cma`) and the kernel lets the process read its own memory, which
-/// it always does. 64 KiB WRITEs verified either way.
+/// shm names its data path as it runs it: direct by default (both sides are in this
+/// process), cma when asked for (`RDMX_SHM_DATA_PATH=cma`) and the kernel lets the
+/// process read its own memory, which it always does, and the ring when asked for.
+/// 64 KiB WRITEs verified each way.
 #[test]
 fn shm_reports_the_data_path_it_runs() {
-    for (env, want) in [(None, "ring"), (Some("cma"), "cma"), (Some("ring"), "ring")] {
+    for (env, want) in [
+        (None, "direct"),
+        (Some("cma"), "cma"),
+        (Some("ring"), "ring"),
+    ] {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rdmx"));
         cmd.args([
             "bench",

@@ -35,7 +35,8 @@ fn sweep_rows(v: &serde_json::Value, test: &str) {
 #[test]
 fn a_bandwidth_sweep_has_a_row_per_power_of_two() {
     let v = json(&["bench", "write_bw", "-a", "-n", "3", "--verify", "--json"]);
-    assert_eq!(v["provider"], "loopback");
+    assert_eq!(v["provider"], "shm");
+    assert_eq!(v["provider_by_default"], true);
     sweep_rows(&v, "write_bw");
 }
 

@@ -92,6 +92,9 @@ fn bench_reg_json_has_the_documented_keys() {
         "pool_get_put_ns",
         "pool_get_put_2t_ns",
         "memcpy_64k_ns",
+        "memcpy_64k_misaligned_ns",
+        "copy_64k_ns",
+        "copy_64k_misaligned_ns",
     ] {
         assert!(
             v[key].as_f64().is_some_and(|t| t > 0.0),

@@ -25,10 +25,20 @@ struct Side {
     qp: QueuePair,
 }
 
+/// A side on the ring data path, or on cma; both sides are in this process, so the
+/// default there (direct) is turned off except where a test asks for it.
 fn side(cma: bool) -> Side {
+    side_with(
+        rdmx::shm::Options::default()
+            .ring_bytes(64 << 10)
+            .cma(cma)
+            .direct(false),
+    )
+}
+
+fn side_with(opts: rdmx::shm::Options) -> Side {
     // Capture logs from the start.
     let _ = logs::logs();
-    let opts = rdmx::shm::Options::default().ring_bytes(64 << 10).cma(cma);
     let ctx = Context::open(opts).unwrap();
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(64).unwrap();
@@ -48,7 +58,11 @@ fn pair() -> (Side, Side) {
 
 /// [`pair`], both sides on the cma data path or not.
 fn pair_with(cma: bool) -> (Side, Side) {
-    let (a, b) = (side(cma), side(cma));
+    connect(side(cma), side(cma))
+}
+
+/// Connects a victim `a` and its peer `b`.
+fn connect(a: Side, b: Side) -> (Side, Side) {
     let (ea, eb) = (a.qp.endpoint(), b.qp.endpoint());
     a.qp.connect(eb, &ConnectOptions::default()).unwrap();
     // The peer asks for the longest RNR wait (code 0, 655 ms): after its first RNR NAK it
@@ -282,11 +296,49 @@ fn a_descriptor_naming_memory_the_peer_does_not_have() {
 }
 
 #[test]
+fn a_direct_descriptor_naming_no_registered_region() {
+    // The same on the direct path (the peer in this process): the descriptor names memory
+    // no region of the peer covers (lkey 0 is never valid), so the victim copies nothing.
+    let direct = || side_with(rdmx::shm::Options::default().ring_bytes(64 << 10));
+    let (v, peer) = connect(direct(), direct());
+    assert_eq!(data_path(&v.qp), "direct");
+    let open =
+        v.pd.register(vec![0u8; 65536], Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    let inbox = v.pd.register(vec![0u8; 4096], Access::LOCAL_WRITE).unwrap();
+    let closed =
+        v.pd.register(vec![0x5au8; 4096], Access::LOCAL_WRITE)
+            .unwrap();
+    // (No SEND outstanding: the peer must not write the ring while the test does.)
+    v.qp.post_recv(RecvRequest::new(1).sge(LocalSge::new(&inbox, 0, 4096).unwrap()))
+        .unwrap();
+    let rec = write_descriptor(&v, peer.qp.endpoint().psn, &open, open.addr() as u64);
+    rdmx::shm::testing::scribble_incoming(&v.qp, &rec, 80).unwrap();
+    let c = wait(&v.cq, "the outstanding receive to fail");
+    assert_ne!(c.status, WcStatus::Success, "{c:?}");
+    assert_eq!(c.wr_id, 1);
+    assert_eq!(v.qp.state(), QpState::Err);
+    wait_logged(
+        "WARN",
+        &[
+            "closing the shared-memory connection",
+            "copying a payload out of the peer's memory failed",
+        ],
+    );
+    let mut got = vec![1u8; 65536];
+    open.read_at(0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 0), "the open region changed");
+    let mut got = vec![0u8; 4096];
+    closed.read_at(0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 0x5a), "a closed region changed");
+}
+
+#[test]
 fn a_descriptor_to_a_side_that_keeps_to_the_ring() {
     // A context with cma off never raised its flag: a descriptor is garbage to it.
     let _ = logs::logs();
     let mk = |cma| {
-        let ctx = Context::open(rdmx::shm::Options::default().cma(cma)).unwrap();
+        let ctx = Context::open(rdmx::shm::Options::default().cma(cma).direct(false)).unwrap();
         let pd = ctx.alloc_pd();
         let cq = ctx.create_cq(64).unwrap();
         let qp = pd.create_qp(&cq, &cq, QpCaps::default()).unwrap();

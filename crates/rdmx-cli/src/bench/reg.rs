@@ -12,7 +12,10 @@
 //!   one thread and on each of two threads running at once.
 //! - `memcpy_64k_ns`: copying 64 KiB in cache between 64-byte-aligned buffers (memcpy's
 //!   fast case), measured in the same run as an anchor for
-//!   the speed of this machine.
+//!   the speed of this machine; `memcpy_64k_misaligned_ns` the same with the destination
+//!   16 bytes further (on some CPUs an order of magnitude slower).
+//! - `copy_64k_ns`, `copy_64k_misaligned_ns`: the copy the shm provider moves payloads
+//!   with (`rdmx::shm::copy_slice`), for the same two alignment pairs.
 
 use std::hint::black_box;
 use std::sync::Barrier;
@@ -128,6 +131,29 @@ pub(crate) fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             black_box(&mut *dst);
         }
     });
+    // The copy software providers move payloads with (rdmx::shm::copy_slice), aligned
+    // and with source and destination 16 bytes apart within a cache line; and memcpy
+    // with them 16 bytes apart, the case where it falls off a cliff on some CPUs.
+    let copy_64k_ns = median_ns_per_iter(runs, 20_000, |n| {
+        for _ in 0..n {
+            rdmx::shm::copy_slice(dst, black_box(&*src));
+            black_box(&mut *dst);
+        }
+    });
+    let mis = &mut dst_buf[d_off + 16..d_off + 16 + (64 << 10)];
+    let src = &src_buf[so..so + (64 << 10)];
+    let copy_64k_misaligned_ns = median_ns_per_iter(runs, 20_000, |n| {
+        for _ in 0..n {
+            rdmx::shm::copy_slice(mis, black_box(src));
+            black_box(&mut *mis);
+        }
+    });
+    let memcpy_64k_misaligned_ns = median_ns_per_iter(runs, 20_000, |n| {
+        for _ in 0..n {
+            mis.copy_from_slice(black_box(src));
+            black_box(&mut *mis);
+        }
+    });
 
     let reg_64k_ns = register_us["65536"].as_f64().map(|us| us * 1000.0);
     let out = json!({
@@ -137,6 +163,9 @@ pub(crate) fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         "pool_get_put_ns": round(pool_get_put_ns, 1),
         "pool_get_put_2t_ns": round(pool_get_put_2t_ns, 1),
         "memcpy_64k_ns": round(memcpy_64k_ns, 1),
+        "memcpy_64k_misaligned_ns": round(memcpy_64k_misaligned_ns, 1),
+        "copy_64k_ns": round(copy_64k_ns, 1),
+        "copy_64k_misaligned_ns": round(copy_64k_misaligned_ns, 1),
         "hit_vs_register_64k": reg_64k_ns.map(|r| round(r / cache_hit_ns, 1)),
         "cache_monitoring": match monitoring {
             Monitoring::Userfaultfd => "userfaultfd",
@@ -229,11 +258,17 @@ fn print_table(v: &Value) {
         "pool get+put 4 KiB, 2 threads",
         v["pool_get_put_2t_ns"].as_f64().unwrap_or(f64::NAN)
     );
-    println!(
-        "{:<36} {:>11.1} ns",
-        "anchor: memcpy 64 KiB",
-        v["memcpy_64k_ns"].as_f64().unwrap_or(f64::NAN)
-    );
+    for (what, key) in [
+        ("anchor: memcpy 64 KiB", "memcpy_64k_ns"),
+        ("memcpy 64 KiB, 16 B apart", "memcpy_64k_misaligned_ns"),
+        ("rdmx copy 64 KiB", "copy_64k_ns"),
+        ("rdmx copy 64 KiB, 16 B apart", "copy_64k_misaligned_ns"),
+    ] {
+        println!(
+            "{what:<36} {:>11.1} ns",
+            v[key].as_f64().unwrap_or(f64::NAN)
+        );
+    }
     if let Some(r) = v["hit_vs_register_64k"].as_f64() {
         println!("cache hit is {r:.0}x cheaper than register+deregister of 64 KiB");
     }

@@ -285,6 +285,8 @@ pub(crate) struct RunInfo {
     pub(crate) addresses: Vec<String>,
     /// How the provider moves payloads (shm: `rdmx::shm::data_path`).
     pub(crate) data_path: Option<&'static str>,
+    /// The provider was chosen by default (no --provider, no -d).
+    pub(crate) by_default: bool,
 }
 
 impl RunInfo {
@@ -355,6 +357,17 @@ impl RunInfo {
         if let Some(path) = self.data_path() {
             s.push_str(&format!(" {:<15} : {path}\n", "Data path"));
         }
+        if self.by_default {
+            s.push_str(&format!(
+                " {:<15} : the default {}\n",
+                "Provider chosen",
+                if self.peer == "this process" {
+                    "in one process (the fastest here; --provider loopback is the reference)"
+                } else {
+                    "with a peer"
+                }
+            ));
+        }
         s.push_str(&format!("{LINE}\n"));
         for a in &self.addresses {
             s.push_str(&format!(" {a}\n"));
@@ -379,6 +392,7 @@ impl RunInfo {
             "verify": self.verify,
             "pinned": self.pinned,
             "data_path": self.data_path(),
+            "provider_by_default": self.by_default,
             "peer": self.peer,
             "results": rows.iter().map(Row::json).collect::<Vec<_>>(),
         })

@@ -57,7 +57,8 @@ pub(crate) fn run(args: &Args) -> Result<(), BoxError> {
 
 /// The providers to run on, checked before anything runs: each must be known, have a
 /// device here, and (with a peer) reach other processes. Without --provider: the
-/// provider of the -d device, else tcp when there is a peer, else the default provider.
+/// provider of the -d device, else tcp when there is a peer, else shm (the fastest in
+/// one process), else the library's default provider.
 fn providers(cfg: &Config) -> Result<Vec<String>, BoxError> {
     let devices = rdmx::devices();
     let list = || {
@@ -86,7 +87,10 @@ fn providers(cfg: &Config) -> Result<Vec<String>, BoxError> {
                 .ok_or_else(|| format!("-d {dev}: no such device; available: {}", list()))?,
             // A peer in another process: the software provider that crosses processes.
             None if remote => rdmx::tcp::NAME.to_string(),
-            // The default provider, as Context::open_default() picks it.
+            // Both sides in this process: the fastest provider with the full RC semantics,
+            // shm (its direct data path); loopback, the library's default, is the
+            // reference with fault injection.
+            None if here.contains(&rdmx::shm::NAME) => rdmx::shm::NAME.to_string(),
             None => Context::open_default()?.provider().to_string(),
         });
     }
@@ -228,6 +232,7 @@ fn info(cfg: &Config, side: &Side, mine: &Hello, peer: &Hello, where_: String) -
         peer: where_,
         addresses,
         data_path: (kind == rdmx::shm::NAME).then(|| shm_data_path(side)),
+        by_default: cfg.providers.is_empty() && cfg.device.is_none(),
     }
 }
 

@@ -88,6 +88,11 @@ pub struct QpConfig {
     pub reliable_link: bool,
     /// The transport service: RC (the default), UC or UD.
     pub qp_type: QpType,
+    /// The shortest ack timeout this QP waits, whatever its `timeout` attribute says. On
+    /// a reliable link whose peer is software (a process the host may deschedule), a
+    /// silent peer is a slow process far more often than a dead one, whose end the link
+    /// reports itself; a floor keeps a loaded host from failing healthy connections.
+    pub min_ack_timeout: Duration,
 }
 
 impl QpConfig {
@@ -104,6 +109,7 @@ impl QpConfig {
             srq: false,
             reliable_link: false,
             qp_type: QpType::Rc,
+            min_ack_timeout: Duration::ZERO,
         }
     }
 }

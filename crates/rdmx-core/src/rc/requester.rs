@@ -278,7 +278,7 @@ impl<Mr> Requester<Mr> {
 }
 
 fn timeout_of<M: MemAccess>(qp: &RcQp<M>) -> Option<Duration> {
-    ack_timeout(qp.sm.attrs().timeout)
+    ack_timeout(qp.sm.attrs().timeout).map(|t| t.max(qp.cfg.min_ack_timeout))
 }
 
 fn arm<M: MemAccess>(qp: &mut RcQp<M>, now: Instant) {

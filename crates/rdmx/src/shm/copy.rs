@@ -34,6 +34,18 @@ pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
     unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
 }
 
+/// Copies `src` into `dst` (the same length) at the same speed whatever the two
+/// slices' offsets within a cache line: the copy the shm provider moves payloads with.
+///
+/// # Panics
+///
+/// If the lengths differ.
+pub fn copy_slice(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(dst.len(), src.len(), "copy_slice: lengths differ");
+    // SAFETY: two distinct slices (one mutable borrow, one shared) of `src.len()` bytes.
+    unsafe { copy(dst.as_mut_ptr(), src.as_ptr(), src.len()) };
+}
+
 /// [`copy`] with 32-byte vectors, four per round.
 ///
 /// # Safety

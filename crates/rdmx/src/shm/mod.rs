@@ -12,8 +12,15 @@
 //!
 //! ## Data paths
 //!
-//! - **ring** (the default): every payload is copied into the ring and out of it (two
-//!   copies, by the two sides at once).
+//! - **direct** (the default between two contexts of one process): a packet whose
+//!   payload in registered memory is 4 KiB or more goes into the ring as a descriptor
+//!   (the payload's addresses and the lkeys of their regions), and the receiver, once its
+//!   own engine has checked the packet's keys and resolved where the payload goes, looks
+//!   the source up in the sender's key table and copies it with one memcpy. The lookup
+//!   holds the source region for the copy, so a region deregistered meanwhile is never
+//!   read (the pull fails, as below). [`Options::direct`] turns it off.
+//! - **ring** (the default between processes): every payload is copied into the ring
+//!   and out of it (two copies, by the two sides at once).
 //! - **cma** (opt-in on both sides, [`Options::cma`] or `RDMX_SHM_DATA_PATH=cma`): a
 //!   packet whose payload in registered memory is 16 KiB or more goes into the ring as a
 //!   descriptor (the payload's addresses in the sender), and the receiver, once its own
@@ -47,7 +54,8 @@
 //! and a random number; [`QueuePair::endpoint`](crate::QueuePair::endpoint) carries both
 //! ([`PeerAddr::Unix`]) and the QP's random secret. Of two QPs being connected, the one with
 //! the smaller (QP number, PSN) connects to the other's socket, checks with
-//! `SO_PEERCRED` that the listener runs as the same user, and sends a hello (both QP
+//! `SO_PEERCRED` that the listener runs as the same user (or one in
+//! [`Options::allowed_uids`]), and sends a hello (both QP
 //! numbers, the secret of the QP it wants, the ring size) with the segment's memfd and
 //! its context's wake-up eventfd. The listening side checks the peer's user, the secret
 //! and the segment (size, seals), answers with its own eventfd, and closes its copy of
@@ -65,6 +73,7 @@
 //! eventfd.
 
 mod copy;
+pub use copy::copy_slice;
 mod qp;
 mod ring;
 mod sys;
@@ -95,7 +104,8 @@ use crate::{Error, Result};
 pub const NAME: &str = "shm";
 const DEVICE: &str = "shm0";
 
-/// How a connected shm queue pair moves payloads: `"cma"` (large payloads with one
+/// How a connected shm queue pair moves payloads: `"direct"` (its peer is in this
+/// process; large payloads with one memcpy), `"cma"` (large payloads with one
 /// kernel copy, in both directions), `"ring"` (every payload through the rings),
 /// `"cma+ring"` (only one side can copy out of the other); `None` for a queue pair of
 /// another provider, or one without its connection yet.
@@ -117,6 +127,15 @@ pub struct Options {
     /// must ask for it. Default: off (the ring was faster where measured), unless the
     /// environment has `RDMX_SHM_DATA_PATH=cma`.
     pub cma: bool,
+    /// Between two contexts of this process, copy payloads of 4 KiB or more once,
+    /// straight from the sender's registered memory into the receiver's (the `direct`
+    /// data path); both contexts must allow it. Default: on, unless the environment has
+    /// `RDMX_SHM_DATA_PATH=ring` or `=cma`.
+    pub direct: bool,
+    /// Users, besides this process's own, whose processes may connect to this context
+    /// and whose contexts this one connects to (checked with `SO_PEERCRED` on the socket
+    /// both ways). Default: none.
+    pub allowed_uids: Vec<u32>,
 }
 
 impl Default for Options {
@@ -124,6 +143,9 @@ impl Default for Options {
         Options {
             ring_bytes: 4 << 20,
             cma: std::env::var_os("RDMX_SHM_DATA_PATH").is_some_and(|v| v == "cma"),
+            direct: !std::env::var_os("RDMX_SHM_DATA_PATH")
+                .is_some_and(|v| v == "ring" || v == "cma"),
+            allowed_uids: Vec::new(),
         }
     }
 }
@@ -138,6 +160,18 @@ impl Options {
     /// Sets [`cma`](Self::cma).
     pub fn cma(mut self, on: bool) -> Self {
         self.cma = on;
+        self
+    }
+
+    /// Adds `uid` to [`allowed_uids`](Self::allowed_uids).
+    pub fn allow_uid(mut self, uid: u32) -> Self {
+        self.allowed_uids.push(uid);
+        self
+    }
+
+    /// Sets [`direct`](Self::direct).
+    pub fn direct(mut self, on: bool) -> Self {
+        self.direct = on;
         self
     }
 }
@@ -207,19 +241,47 @@ impl Device {
             ));
         }
         let seed = soft::seed()?;
+        let keys = Arc::new(Keys::new(seed));
+        let driver = Driver::start(seed, opts)?;
+        if opts.direct {
+            local_devices().push((driver.id, Arc::downgrade(&keys)));
+        }
         Ok(Device {
-            keys: Arc::new(Keys::new(seed)),
+            keys,
             caps: caps(ring_bytes),
             ring_bytes,
-            driver: Driver::start(seed, opts.cma)?,
+            driver,
         })
     }
 }
 
 impl Drop for Device {
     fn drop(&mut self) {
+        local_devices().retain(|(id, _)| *id != self.driver.id);
         self.driver.shutdown();
     }
+}
+
+/// The key tables of this process's shm contexts that copy directly, by context id: a
+/// queue pair whose peer is in this process copies payloads straight out of the peer's
+/// registered memory (the `direct` data path), finding it through the peer's table.
+fn local_devices() -> std::sync::MutexGuard<'static, Vec<(u32, Weak<Keys>)>> {
+    static LOCAL: std::sync::Mutex<Vec<(u32, Weak<Keys>)>> = std::sync::Mutex::new(Vec::new());
+    LOCAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The key table of context `id` of process `pid`, if that process is this one and both
+/// contexts copy directly (`direct` is this context's option).
+fn local_keys(direct: bool, pid: i32, id: u32) -> Option<Arc<Keys>> {
+    if !direct || u32::try_from(pid).ok()? != std::process::id() {
+        return None;
+    }
+    local_devices()
+        .iter()
+        .find(|(i, _)| *i == id)
+        .and_then(|(_, k)| k.upgrade())
 }
 
 impl SoftDevice for Device {
@@ -245,7 +307,7 @@ impl SoftDevice for Device {
         let qpn = self.driver.alloc_qpn();
         let mut cfg = soft::config(&init, qpn);
         // The rings deliver every packet once and in order, or the connection fails.
-        cfg.reliable_link = true;
+        soft::reliable_link(&mut cfg);
         let engine = Engine::new(cfg, limits(self.ring_bytes));
         let qp = self.driver.add_qp(|token| {
             ShmQp::new(
@@ -349,8 +411,8 @@ const EPOLL_EVERY: u32 = 64;
 const PARKED_TIMEOUT: Duration = Duration::from_secs(60);
 /// ... and connections that sent no hello after this long.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-const HELLO_MAGIC: &[u8; 8] = b"RDMXSHM2";
-const HELLO_LEN: usize = 40;
+const HELLO_MAGIC: &[u8; 8] = b"RDMXSHM3";
+const HELLO_LEN: usize = 44;
 const REPLY_MAGIC: &[u8; 8] = b"RDMXSHOK";
 const REPLY_LEN: usize = 16;
 
@@ -402,6 +464,10 @@ pub(crate) struct Driver {
     next_qpn: AtomicU32,
     /// Copy large payloads out of peers' memory where the kernel allows it.
     cma: bool,
+    /// Copy payloads straight out of the memory of peers in this process.
+    direct: bool,
+    /// Other users whose processes may be peers.
+    allowed_uids: Vec<u32>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -414,7 +480,7 @@ impl std::fmt::Debug for Driver {
 }
 
 impl Driver {
-    fn start(seed: u64, cma: bool) -> Result<Arc<Driver>> {
+    fn start(seed: u64, opts: &Options) -> Result<Arc<Driver>> {
         let pid = std::process::id();
         let epoll = sys::Epoll::new().map_err(|e| Error::Io("epoll_create", e))?;
         let event = sys::eventfd().map_err(|e| Error::Io("eventfd", e))?;
@@ -460,7 +526,9 @@ impl Driver {
             stop: AtomicBool::new(false),
             // QP numbers 0 and 1 are special in InfiniBand.
             next_qpn: AtomicU32::new(((seed as u32) & 0x7f_ffff) | 0x10),
-            cma,
+            cma: opts.cma,
+            direct: opts.direct,
+            allowed_uids: opts.allowed_uids.clone(),
         });
         let d = Arc::downgrade(&driver);
         std::thread::Builder::new()
@@ -746,9 +814,14 @@ impl Driver {
             .map_err(|e| Error::Io("socket name", e))?;
         let s = UnixStream::connect_addr(&addr).map_err(|e| Error::Io("connect (shm)", e))?;
         let (uid, peer_pid) = sys::peer_cred(&s).map_err(|e| Error::Io("SO_PEERCRED", e))?;
-        if uid != sys::euid() {
-            tracing::warn!(uid, "refusing an shm peer that runs as another user");
-            return Err(Error::Protocol("the shm peer runs as another user"));
+        if !self.allows(uid) {
+            tracing::warn!(
+                uid,
+                "refusing an shm peer that runs as another user (not in allowed_uids)"
+            );
+            return Err(Error::Protocol(
+                "the shm peer runs as another user, not in allowed_uids",
+            ));
         }
         s.set_read_timeout(Some(timeout))
             .map_err(|e| Error::Io("SO_RCVTIMEO", e))?;
@@ -763,6 +836,7 @@ impl Driver {
         hello[16..24].copy_from_slice(&peer.secret.to_be_bytes());
         hello[24..32].copy_from_slice(&(ring_bytes as u64).to_be_bytes());
         hello[32..40].copy_from_slice(&self.probe_addr().to_be_bytes());
+        hello[40..44].copy_from_slice(&self.id.to_be_bytes());
         sys::send_with_fds(&s, &hello, &[memfd.as_raw_fd(), self.event.as_raw_fd()])
             .map_err(|e| Error::Io("send the shm hello", e))?;
         let mut reply = [0u8; REPLY_LEN];
@@ -778,7 +852,8 @@ impl Driver {
             return Err(Error::Protocol("the shm peer's answer is not rdmx's"));
         };
         let peer_probe = u64::from_be_bytes(reply[8..16].try_into().expect("8 bytes"));
-        let pulls = self.try_pull(qp.qpn, peer_pid, peer_probe);
+        let direct = local_keys(self.direct, peer_pid, peer.dev);
+        let pulls = direct.is_some() || self.try_pull(qp.qpn, peer_pid, peer_probe);
         if pulls {
             seg.set_pulls(0);
         }
@@ -794,9 +869,15 @@ impl Driver {
                 peer_event,
                 peer_pid,
                 pulls,
+                direct,
             },
         );
         Ok(())
+    }
+
+    /// Whether a process of user `uid` may be a peer.
+    fn allows(&self, uid: u32) -> bool {
+        uid == sys::euid() || self.allowed_uids.contains(&uid)
     }
 
     /// The address of the word a peer reads to learn whether it can pull from this
@@ -900,8 +981,10 @@ impl Driver {
     ) -> std::result::Result<(), String> {
         let fds = got.map_err(|e| format!("no hello ({e})"))?;
         let (uid, pid) = sys::peer_cred(&s).map_err(|e| format!("SO_PEERCRED: {e}"))?;
-        if uid != sys::euid() {
-            return Err(format!("process {pid} runs as user {uid}, not this one's"));
+        if !self.allows(uid) {
+            return Err(format!(
+                "process {pid} runs as user {uid}, not this one's nor in allowed_uids"
+            ));
         }
         if &hello[..8] != HELLO_MAGIC {
             return Err("the hello is not rdmx's".into());
@@ -928,7 +1011,8 @@ impl Driver {
         let seg = Segment::open(&memfd, cap).map_err(|e| format!("the segment: {e}"))?;
         drop(memfd);
         let peer_probe = u64::from_be_bytes(hello[32..40].try_into().expect("8 bytes"));
-        let pulls = self.try_pull(to, pid, peer_probe);
+        let direct = local_keys(self.direct, pid, be32(40));
+        let pulls = direct.is_some() || self.try_pull(to, pid, peer_probe);
         if pulls {
             seg.set_pulls(1);
         }
@@ -944,6 +1028,7 @@ impl Driver {
             peer_event,
             peer_pid: pid,
             pulls,
+            direct,
         };
         let mut g = qp.inner.lock();
         if g.attached() {

@@ -23,6 +23,10 @@ const RX_BUDGET: usize = 64;
 /// when the peer pulls: it copies the payload itself, with one `process_vm_readv`.
 pub(crate) const PULL_MIN: usize = 16 << 10;
 
+/// The same, when the peer is in this process: it copies with a plain memcpy, which
+/// costs less than a second copy through the ring from a few KiB up.
+pub(crate) const DIRECT_MIN: usize = 4 << 10;
+
 /// Most spans one descriptor names (the engine gathers at most `max_sge` of them).
 const MAX_SPANS: usize = 64;
 
@@ -39,6 +43,9 @@ pub(crate) struct Conn {
     pub(crate) peer_pid: i32,
     /// This side reads descriptor records: it can copy out of the peer's memory.
     pub(crate) pulls: bool,
+    /// The peer's key table, when the peer is in this process: payloads are then copied
+    /// straight out of its registered memory with memcpy (the `direct` data path).
+    pub(crate) direct: Option<Arc<Keys>>,
 }
 
 impl Conn {
@@ -47,6 +54,7 @@ impl Conn {
     /// one side can.
     pub(crate) fn data_path(&self) -> &'static str {
         match (self.pulls, self.seg.pulls(1 - self.side)) {
+            (true, true) if self.direct.is_some() => "direct",
             (true, true) => "cma",
             (false, false) => "ring",
             _ => "cma+ring",
@@ -100,6 +108,9 @@ pub(crate) struct Inner {
     /// address, peer address, length.
     desc_bytes: Vec<u8>,
     spans: Vec<(u64, u64)>,
+    span_keys: Vec<u32>,
+    /// The peer's regions a direct copy reads, held while it runs.
+    sources: Vec<MrRef>,
     pieces: Vec<(usize, u64, usize)>,
     /// Waiting for the peer QP with this number to connect.
     pub(crate) expect_peer: Option<u32>,
@@ -143,6 +154,8 @@ impl ShmQp {
                 peer_pulls: false,
                 desc_bytes: Vec::new(),
                 spans: Vec::new(),
+                span_keys: Vec::new(),
+                sources: Vec::new(),
                 pieces: Vec::new(),
                 expect_peer: None,
                 peer: None,
@@ -288,7 +301,7 @@ impl Inner {
                 self.desc_bytes.resize(rec.len, 0);
                 // SAFETY: `desc_bytes` is a local buffer of `rec.len` bytes.
                 unsafe { seg.read(ring, &rec, true, 0, self.desc_bytes.as_mut_ptr(), rec.len) };
-                let far = parse_desc(&self.desc_bytes, &mut self.spans)?;
+                let far = parse_desc(&self.desc_bytes, &mut self.spans, &mut self.span_keys)?;
                 // What earlier packets completed goes out now: a failed pull marks only
                 // the completions of its own packet.
                 soft::route_completions(&mut self.engine, &self.send_cq, &self.recv_cq);
@@ -359,8 +372,19 @@ impl Inner {
             if !self.pieces.is_empty() {
                 // SAFETY: every piece's local range is registered memory the engine
                 // resolved for this packet, kept alive by the placements' MrRefs, and
-                // not in the segment.
-                let pulled = unsafe { sys::pull(conn.peer_pid, &self.pieces) };
+                // not in the segment; `cut` made the pieces inside the spans.
+                let pulled = unsafe {
+                    match &conn.direct {
+                        Some(keys) => direct_copy(
+                            keys,
+                            &self.spans,
+                            &self.span_keys,
+                            &self.pieces,
+                            &mut self.sources,
+                        ),
+                        None => sys::pull(conn.peer_pid, &self.pieces),
+                    }
+                };
                 self.pieces.clear();
                 if let Err(e) = pulled {
                     // The packet's completions (if any) must not say it arrived.
@@ -402,10 +426,15 @@ impl Inner {
             }
             let t = &self.scratch;
             let gathered: usize = t.gather.iter().map(|s| s.len as usize).sum();
-            if gathered >= PULL_MIN && !self.peer_pulls {
+            let pull_min = if conn.direct.is_some() {
+                DIRECT_MIN
+            } else {
+                PULL_MIN
+            };
+            if gathered >= pull_min && !self.peer_pulls {
                 self.peer_pulls = conn.seg.pulls(1 - conn.side);
             }
-            if gathered >= PULL_MIN && self.peer_pulls && t.gather.len() <= MAX_SPANS {
+            if gathered >= pull_min && self.peer_pulls && t.gather.len() <= MAX_SPANS {
                 // A descriptor: the pad length, then each span's address and length.
                 let len = 8 + 16 * t.gather.len();
                 let pushed = conn.seg.push(
@@ -426,7 +455,8 @@ impl Inner {
                                     s.mr.raw_range(s.addr, s.len as usize)
                                         .expect("the engine gathers inside resolved regions");
                                 write_u64(pay.add(8 + 16 * i), src as usize as u64);
-                                write_u64(pay.add(16 + 16 * i), u64::from(s.len));
+                                let lkey = u64::from(s.mr.lkey()) << 32;
+                                write_u64(pay.add(16 + 16 * i), lkey | u64::from(s.len));
                             }
                         }
                     },
@@ -518,9 +548,14 @@ unsafe fn write_u64(dst: *mut u8, v: u64) {
     unsafe { std::ptr::copy_nonoverlapping(v.to_ne_bytes().as_ptr(), dst, 8) };
 }
 
-/// Reads a descriptor (the pad length, then address and length of each span) into
-/// `spans`. Returns the bytes the spans cover and the pad length.
-fn parse_desc(b: &[u8], spans: &mut Vec<(u64, u64)>) -> Result<(usize, usize), RingError> {
+/// Reads a descriptor (the pad length, then for each span its address, and its length
+/// with the lkey of its region in the upper 32 bits) into `spans` and `keys`. Returns the
+/// bytes the spans cover and the pad length.
+fn parse_desc(
+    b: &[u8],
+    spans: &mut Vec<(u64, u64)>,
+    keys: &mut Vec<u32>,
+) -> Result<(usize, usize), RingError> {
     let word = |i: usize| u64::from_ne_bytes(b[i..i + 8].try_into().expect("8 bytes"));
     if b.len() < 24 || (b.len() - 8) % 16 != 0 || (b.len() - 8) / 16 > MAX_SPANS {
         return Err(RingError::Garbage("a descriptor of a bad length"));
@@ -530,19 +565,58 @@ fn parse_desc(b: &[u8], spans: &mut Vec<(u64, u64)>) -> Result<(usize, usize), R
         return Err(RingError::Garbage("a descriptor with a bad pad length"));
     }
     spans.clear();
+    keys.clear();
     let mut total: u64 = 0;
     for i in (8..b.len()).step_by(16) {
-        let (addr, len) = (word(i), word(i + 8));
-        if len == 0 || len > u64::from(u32::MAX) || addr.checked_add(len).is_none() {
+        let (addr, len, lkey) = (word(i), word(i + 8) & 0xffff_ffff, word(i + 8) >> 32);
+        if len == 0 || addr.checked_add(len).is_none() {
             return Err(RingError::Garbage("a descriptor with a bad span"));
         }
         total += len;
         spans.push((addr, len));
+        keys.push(lkey as u32);
     }
     if total > u64::from(u32::MAX) {
         return Err(RingError::Garbage("a descriptor longer than a packet"));
     }
     Ok((total as usize, pad as usize))
+}
+
+/// The `direct` data path's pull: copies each piece out of the peer's registered memory
+/// (this process's, found through the peer's key table by the lkeys the descriptor
+/// names) with memcpy. A span whose key does not cover it (the peer deregistered the
+/// region, or the descriptor is garbage) fails the pull, and nothing is copied.
+///
+/// # Safety
+///
+/// As [`sys::pull`]: every piece's local range is writable memory of this process that
+/// nothing references for the duration of the call, and the pieces lie inside `spans`
+/// (as [`cut`] makes them).
+unsafe fn direct_copy(
+    keys: &Keys,
+    spans: &[(u64, u64)],
+    span_keys: &[u32],
+    pieces: &[(usize, u64, usize)],
+    sources: &mut Vec<MrRef>,
+) -> std::io::Result<()> {
+    sources.clear();
+    for (&(addr, len), &lkey) in spans.iter().zip(span_keys) {
+        let Some(mr) = keys.lookup_local(lkey, addr, len as usize) else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "a descriptor names memory the peer has not registered",
+            ));
+        };
+        sources.push(mr);
+    }
+    for &(dst, src, len) in pieces {
+        // SAFETY: `src..src + len` lies inside a span (the caller's contract), and every
+        // span lies inside a registered region of this process that `sources` keeps alive
+        // (checked by lookup_local just above); the destination is the caller's.
+        unsafe { copy(dst as *mut u8, src as usize as *const u8, len) };
+    }
+    sources.clear();
+    Ok(())
 }
 
 /// Appends to `out` the pieces that bring bytes `[at, at + len)` of the payload the spans
@@ -587,21 +661,22 @@ mod tests {
 
     #[test]
     fn descriptors_parse_and_bad_ones_are_errors() {
-        let mut spans = Vec::new();
-        let d = desc(2, &[(0x1000, 100), (0x9000, 28)]);
-        assert_eq!(parse_desc(&d, &mut spans), Ok((128, 2)));
+        let (mut spans, mut keys) = (Vec::new(), Vec::new());
+        let d = desc(2, &[(0x1000, 7 << 32 | 100), (0x9000, 28)]);
+        assert_eq!(parse_desc(&d, &mut spans, &mut keys), Ok((128, 2)));
         assert_eq!(spans, [(0x1000, 100), (0x9000, 28)]);
+        assert_eq!(keys, [7, 0]);
         for bad in [
             desc(0, &[]),
             desc(4, &[(0x1000, 1)]),
             desc(0, &[(0x1000, 0)]),
             desc(0, &[(u64::MAX, 2)]),
-            desc(0, &[(0x1000, 1 << 32)]),
+            desc(0, &[(0x1000, 5 << 32)]),
             desc(0, &[(0, u64::from(u32::MAX)), (0, 1)]),
             desc(0, &vec![(0x1000, 1); MAX_SPANS + 1]),
             desc(0, &[(0x1000, 1)])[..20].to_vec(),
         ] {
-            assert!(parse_desc(&bad, &mut spans).is_err(), "{bad:?}");
+            assert!(parse_desc(&bad, &mut spans, &mut keys).is_err(), "{bad:?}");
         }
     }
 

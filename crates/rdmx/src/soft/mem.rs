@@ -64,6 +64,15 @@ impl Keys {
         drop(removed);
     }
 
+    /// The region lkey `lkey` names, if it covers `[addr, addr + len)`: for a transport
+    /// that copies straight out of a peer's memory in the same process. The reference
+    /// keeps the memory alive while the copy runs, even if the peer deregisters it.
+    pub(crate) fn lookup_local(&self, lkey: u32, addr: u64, len: usize) -> Option<MrRef> {
+        let table = self.table.read();
+        let mr = MrRef::new(table.get(lkey, KeyUse::Local)?.payload.clone());
+        mr.raw_range(addr, len).map(|_| mr)
+    }
+
     /// Regions registered now.
     pub(crate) fn len(&self) -> usize {
         self.table.read().len()

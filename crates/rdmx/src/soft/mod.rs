@@ -76,6 +76,21 @@ pub(crate) fn config(init: &provider::QpInit<'_>, qpn: u32) -> rdmx_core::rc::Qp
     cfg
 }
 
+/// The shortest ack timeout on a link that never loses a packet (tcp, shm): there the
+/// timer only watches for a peer that stopped answering, and a peer process descheduled
+/// on a crowded host answers late, not never (a peer that dies closes the link, which
+/// fails the QP at once). With `retry_cnt` 7 a silent peer fails requests after 4 s.
+pub(crate) const RELIABLE_LINK_MIN_ACK_TIMEOUT: std::time::Duration =
+    std::time::Duration::from_millis(500);
+
+/// Marks `cfg` as a QP on a link that delivers every packet once and in order, or breaks:
+/// nothing is retransmitted, and the ack timeout is at least
+/// [`RELIABLE_LINK_MIN_ACK_TIMEOUT`].
+pub(crate) fn reliable_link(cfg: &mut rdmx_core::rc::QpConfig) {
+    cfg.reliable_link = true;
+    cfg.min_ack_timeout = RELIABLE_LINK_MIN_ACK_TIMEOUT;
+}
+
 /// A software device: what a software provider brings to the seam. Everything that
 /// depends only on the key table (registration, key checks, shared receive queues) is
 /// implemented once, for every software device, by the [`provider::Device`] impl below.

@@ -182,7 +182,7 @@ impl SoftDevice for Device {
         let qpn = self.driver.alloc_qpn();
         let mut cfg = soft::config(&init, qpn);
         // TCP delivers every packet once and in order, or breaks the stream.
-        cfg.reliable_link = true;
+        soft::reliable_link(&mut cfg);
         let engine = Engine::new(cfg, limits());
         let qp = self.driver.add_qp(|token| {
             TcpQp::new(

@@ -123,6 +123,34 @@ fn on_a_reliable_link_an_expired_timer_retransmits_nothing_but_still_ends_in_ret
 }
 
 #[test]
+fn a_floor_on_the_ack_timeout_holds_over_a_shorter_timeout_attribute() {
+    let floor = Duration::from_millis(500);
+    let mut p = Pair::with(PairConfig {
+        retry_cnt: 3,
+        reliable_link: true,
+        min_ack_timeout: floor,
+        ..PairConfig::default()
+    });
+    assert!(
+        ack_timeout(&p) < floor / 10,
+        "the attribute's timeout is short"
+    );
+    let buf = p.a.mem.register(4096, ALL);
+    let remote = p.b.mem.register(4096, ALL);
+    p.ab.down = true;
+    p.a.post(wr(
+        1,
+        SendOp::Write(remote.remote(0)),
+        vec![buf.sge(0, 1000)],
+    ))
+    .unwrap();
+    p.drive();
+    assert_eq!(p.a.sends(), vec![(1, WcStatus::RetryExcErr)]);
+    let at = p.a.send_cq[0].at - p.epoch;
+    assert!(at >= floor * 4 && at < floor * 5, "failed at {at:?}");
+}
+
+#[test]
 fn on_a_reliable_link_a_peer_slower_than_one_timeout_is_waited_for_without_duplicates() {
     let mut p = Pair::with(PairConfig {
         retry_cnt: 3,

@@ -39,6 +39,8 @@ pub(super) struct PairConfig {
     pub(super) seed: u64,
     /// `QpConfig::reliable_link` on both QPs.
     pub(super) reliable_link: bool,
+    /// `QpConfig::min_ack_timeout` on both QPs.
+    pub(super) min_ack_timeout: Duration,
 }
 
 impl Default for PairConfig {
@@ -62,6 +64,7 @@ impl Default for PairConfig {
             max_recv_sge: 4,
             seed: 1,
             reliable_link: false,
+            min_ack_timeout: Duration::ZERO,
         }
     }
 }
@@ -221,6 +224,7 @@ impl Pair {
             c.max_send_sge = cfg.max_send_sge;
             c.max_recv_sge = cfg.max_recv_sge;
             c.reliable_link = cfg.reliable_link;
+            c.min_ack_timeout = cfg.min_ack_timeout;
             c
         };
         let epoch = Instant::now();

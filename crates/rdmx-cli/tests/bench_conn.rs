@@ -88,6 +88,15 @@ fn what_a_connection_type_lacks_is_refused_by_name() {
     }
     let err = fails(&["bench", "send_bw", "-c", "UD", "--provider", "tcp"]);
     assert!(err.contains("no UD queue pairs"), "{err}");
-    let err = fails(&["bench", "send_bw", "-c", "UD", "-s", "1000000"]);
+    let err = fails(&[
+        "bench",
+        "send_bw",
+        "-c",
+        "UD",
+        "--provider",
+        "loopback",
+        "-s",
+        "1000000",
+    ]);
     assert!(err.contains("path MTU"), "{err}");
 }

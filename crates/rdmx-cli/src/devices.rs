@@ -31,6 +31,8 @@ pub(crate) fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                     "max_mtu": c.max_mtu.bytes(),
                     "max_inline_data": c.max_inline_data,
                     "atomics": c.atomics.name(),
+                    "qp_types": c.qp_types().map(|t| t.name()).collect::<Vec<_>>(),
+                    "multicast": c.multicast,
                     "gid_index": d.gid.map(|(i, _)| i),
                     "gid": d.gid.map(|(_, g)| g.to_string()),
                 })
@@ -56,6 +58,9 @@ pub(crate) fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         println!("\tmax_mtu:\t\t{}", c.max_mtu.bytes());
         println!("\tmax_inline_data:\t{}", c.max_inline_data);
         println!("\tatomics:\t\t{}", c.atomics.name());
+        let types: Vec<_> = c.qp_types().map(|t| t.name()).collect();
+        println!("\tqp_types:\t\t{}", types.join(" "));
+        println!("\tmulticast:\t\t{}", if c.multicast { "yes" } else { "no" });
         if let Some((i, gid)) = d.gid {
             println!("\tactive_mtu:\t\t{}", c.active_mtu.bytes());
             println!("\tgid_index:\t\t{i} ({gid})");

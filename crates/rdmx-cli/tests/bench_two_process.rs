@@ -174,3 +174,31 @@ fn differing_options_are_refused_on_both_sides() {
         );
     }
 }
+
+#[test]
+fn uc_tests_cross_processes_with_their_data_verified() {
+    for test in ["write_bw", "send_lat"] {
+        let size = small_size(test);
+        let args = [
+            "bench",
+            test,
+            "-c",
+            "UC",
+            "--provider",
+            "tcp",
+            "-n",
+            "100",
+            "-s",
+            size,
+            "--verify",
+            "--json",
+        ];
+        let (server, client) = pair(&args, &args);
+        ok("the server", &server);
+        let c: serde_json::Value =
+            serde_json::from_str(&ok("the client", &client)).expect("the client's JSON");
+        assert_eq!(c["transport"], "UC", "{c}");
+        let rows = c["results"].as_array().expect("results");
+        check_row(test, &rows[0], size.parse().unwrap(), &c.to_string());
+    }
+}

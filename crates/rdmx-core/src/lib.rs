@@ -28,8 +28,10 @@
 //! - [`qp`]: the queue-pair state machine (RESET → INIT → RTR → RTS, SQD, SQE, ERR) with
 //!   the verbs attribute rules, and the parameters two sides exchange to connect.
 //! - [`wr`]: work requests and completions, named as in verbs.
-//! - [`rc`]: the reliable-connected engine: send and receive queues, requester and
-//!   responder, retransmission and flow control, driven by `handle_*` and `poll_*` calls.
+//! - [`rc`]: the engine: send and receive queues, requester and responder, retransmission
+//!   and flow control for RC, and the UC and UD services on the same queues (no
+//!   acknowledgement; UD with Q_Keys, per-request destinations and the GRH area), driven
+//!   by `handle_*` and `poll_*` calls.
 //!   Its packets are built and parsed with `rdmx-wire`.
 //!
 //! Randomness is passed in (the table's seed, initial PSNs), never drawn here, and time is
@@ -46,10 +48,10 @@ pub mod wr;
 pub use access::{Access, InvalidAccess};
 pub use mr::{KeyError, KeyUse, MrEntry, MrTable, PdId, TableError};
 pub use qp::{
-    ConnectParams, ModifyError, Mtu, QpAttr, QpAttrMask, QpLimits, QpState, QpStateMachine,
-    Transition,
+    ud_steps, ConnectParams, ModifyError, Mtu, QpAttr, QpAttrMask, QpLimits, QpState,
+    QpStateMachine, QpType, Transition,
 };
 pub use wr::{
-    Completion, PostError, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, SgeList,
-    SgeListFull, WcOpcode, WcStatus,
+    AddressVector, Completion, PostError, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge,
+    SgeList, SgeListFull, UdDest, WcOpcode, WcStatus, GRH_LEN, MULTICAST_QPN,
 };

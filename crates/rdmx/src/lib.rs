@@ -5,7 +5,8 @@
 //!
 //! - **rdmx** (this crate): the facade users program against — [`Context`],
 //!   [`ProtectionDomain`], [`MemoryRegion`], [`CompletionQueue`], [`QueuePair`],
-//!   [`SharedReceiveQueue`], connection setup ([`cm`]), the registration cache
+//!   [`SharedReceiveQueue`], [`AddressHandle`] (UD), connection setup ([`cm`]), the
+//!   registration cache
 //!   ([`RegCache`]) and registered-buffer pools ([`BufferPool`]) — over a provider seam;
 //!   blocking, and with the feature `tokio` async (`rdmx::tokio`).
 //! - **providers**, each one folder behind the seam, listed once (`PROVIDERS` in this
@@ -23,8 +24,8 @@
 //! - **rdmx-mem**: pinning with `RLIMIT_MEMLOCK` diagnostics, the registration cache and
 //!   its `munmap` monitor, buffer pools, hugepage and shareable mappings.
 //! - **rdmx-core**: the sans-IO core — memory-region keys and the checks every provider
-//!   runs, the QP state machine, and the RC engine (requester, responder, retransmission,
-//!   RNR, credits) — with no IO, threads or clock reads.
+//!   runs, the QP state machine, and the engine (RC: requester, responder, retransmission,
+//!   RNR, credits; UC and UD on the same queues) — with no IO, threads or clock reads.
 //! - **rdmx-wire**: IBTA headers as packet views and representations (BTH, RETH, AETH,
 //!   AtomicETH, ImmDt, IETH, ...).
 //!
@@ -66,6 +67,46 @@
 //! the queue pair keeps it until the completion arrives. See the `rdmx::tokio` module (with
 //! the feature) for the full example, and the `async_echo` and `async_copy` examples.
 //!
+//! ## Queue-pair types
+//!
+//! [`ProtectionDomain::create_qp`] makes RC queue pairs;
+//! [`ProtectionDomain::create_qp_of_type`] makes UC ([`QpType::Uc`]: SEND and WRITE, no
+//! acknowledgement, a message that loses a packet is dropped whole) and UD ones
+//! ([`QpType::Ud`]: [`QueuePair::activate`] with a Q_Key, then SENDs through an
+//! [`AddressHandle`] with [`SendRequest::ud`]; each receive starts with the
+//! [`GRH_LEN`]-byte GRH area). [`Capabilities::supports`] says which types a provider has.
+//!
+//! ```
+//! use rdmx::{Access, AhAttr, Context, LocalSge, QpCaps, QpType, RecvRequest, SendRequest};
+//!
+//! let ctx = Context::open_provider("loopback")?;
+//! let pd = ctx.alloc_pd();
+//! let cq = ctx.create_cq(16)?;
+//! let (a, b) = (
+//!     pd.create_qp_of_type(QpType::Ud, &cq, &cq, None, QpCaps::default())?,
+//!     pd.create_qp_of_type(QpType::Ud, &cq, &cq, None, QpCaps::default())?,
+//! );
+//! a.activate(0x1111)?;
+//! b.activate(0x1111)?;
+//! let mr = pd.register(vec![0u8; 4096], Access::LOCAL_WRITE)?;
+//! mr.write_at(0, b"hello")?;
+//! b.post_recv(RecvRequest::new(1).sge(LocalSge::new(&mr, 1024, rdmx::GRH_LEN + 64)?))?;
+//! let ah = pd.create_ah(&AhAttr::to_endpoint(&b.endpoint()))?;
+//! a.post_send(SendRequest::send(2).sge(LocalSge::new(&mr, 0, 5)?).ud(&ah, b.qp_num(), 0x1111))?;
+//! let mut got = Vec::new();
+//! while got.len() < 2 {
+//!     let mut wc = [rdmx::Completion::default(); 2];
+//!     let n = cq.poll(&mut wc)?;
+//!     got.extend_from_slice(&wc[..n]);
+//! }
+//! let recv = got.iter().find(|c| c.wr_id == 1).unwrap();
+//! assert_eq!((recv.src_qp, recv.byte_len as usize), (a.qp_num(), rdmx::GRH_LEN + 5));
+//! let mut msg = [0u8; 5];
+//! mr.read_at(1024 + rdmx::GRH_LEN, &mut msg)?;
+//! assert_eq!(&msg, b"hello");
+//! # Ok::<(), rdmx::Error>(())
+//! ```
+//!
 //! ## Memory safety
 //!
 //! - A region's keys die the moment it is deregistered; its memory lives until nothing
@@ -84,6 +125,7 @@
 //!   operations as futures that own their buffers, async connection setup.
 //! - `testing`: test tools — the loopback provider's fault injection and seeded keys.
 
+mod ah;
 pub mod cm;
 mod context;
 mod cq;
@@ -125,6 +167,7 @@ pub fn devices() -> Vec<DeviceInfo> {
     PROVIDERS.iter().flat_map(|p| (p.devices)()).collect()
 }
 
+pub use ah::{AddressHandle, AhAttr, LOCAL_GID};
 pub use context::Context;
 pub use cq::CompletionQueue;
 pub use endpoint::{ConnectOptions, PeerAddr, QpEndpoint, RemoteRegion};
@@ -134,13 +177,15 @@ pub use owned::{CachedBuf, OwnedBuf};
 pub use provider::{AtomicCap, Capabilities, DeviceInfo, MrRef, ProviderConfig, QpCaps};
 pub use qp::{LocalSge, QueuePair, RecvRequest, SendRequest};
 pub use rdmx_core::{
-    Completion, KeyError, KeyUse, ModifyError, Mtu, PdId, PostError, QpAttr, QpAttrMask, QpState,
-    RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, SgeList, WcOpcode, WcStatus,
+    AddressVector, Completion, KeyError, KeyUse, ModifyError, Mtu, PdId, PostError, QpAttr,
+    QpAttrMask, QpState, QpType, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, SgeList,
+    UdDest, WcOpcode, WcStatus, GRH_LEN, MULTICAST_QPN,
 };
 pub use rdmx_mem::{
     Access, Backing, CacheConfig, CacheStats, HugePages, Invalidation, Mapping, MemlockLimit,
     Memory, Monitoring, Pinning, PoolConfig, PoolStats,
 };
+pub use rdmx_wire::GrhRepr;
 pub use srq::SharedReceiveQueue;
 
 /// A registration cache over a protection domain.

@@ -28,7 +28,7 @@ use rdmx::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::args::{Budget, Config, Op, Params, PeerMode};
+use super::args::{Budget, Config, Conn, Op, Params, PeerMode};
 use super::verify::Expect;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -82,11 +82,14 @@ pub(crate) struct Layout {
     /// One request in this many is signaled (`-Q`, at most the window: a window of
     /// unsignaled requests would never complete).
     pub(crate) signal_every: usize,
+    /// Bytes before a received message in its slot: the GRH area of UD, else 0.
+    pub(crate) grh: usize,
 }
 
 impl Layout {
     pub(crate) fn new(p: &Params, role: Role) -> Layout {
-        let stride = p.max_size().max(8).next_multiple_of(64);
+        let grh = if p.conn == Conn::Ud { rdmx::GRH_LEN } else { 0 };
+        let stride = (p.max_size().max(8) + grh).next_multiple_of(64);
         let slots = if p.verify {
             (VERIFY_BYTES / stride).clamp(1, p.tx_depth)
         } else {
@@ -121,6 +124,7 @@ impl Layout {
             window,
             batch: p.post_list.min(window),
             signal_every: p.cq_mod.min(window),
+            grh,
         }
     }
 
@@ -128,12 +132,24 @@ impl Layout {
         (slot % self.src_slots.max(1)) * self.stride
     }
 
+    /// Where the message of destination slot `slot` starts (after the GRH area on UD).
     pub(crate) fn dst(&self, slot: usize) -> usize {
+        self.dst_slot(slot) + self.grh
+    }
+
+    /// Where destination slot `slot` starts: what a receive names.
+    fn dst_slot(&self, slot: usize) -> usize {
         (self.src_slots + slot % self.dst_slots.max(1)) * self.stride
     }
 
-    fn len(&self) -> usize {
+    /// UD: the GRH area of receives that land no message (control messages), after the
+    /// slots.
+    fn scratch(&self) -> usize {
         (self.src_slots + self.dst_slots).max(1) * self.stride
+    }
+
+    fn len(&self) -> usize {
+        self.scratch() + self.grh
     }
 }
 
@@ -148,7 +164,12 @@ pub(crate) struct Side {
     pub(crate) busy: bool,
     /// Whether its regions' pages are locked (see [`Side::open`]).
     pub(crate) pinned: bool,
+    /// UD: per QP, the address handle of the peer QP and its number, once connected.
+    pub(crate) ud_peers: std::sync::OnceLock<Vec<(rdmx::AddressHandle, u32)>>,
 }
+
+/// The Q_Key of the bench's UD queue pairs.
+const UD_QKEY: u32 = 0x1111_1111;
 
 /// Opens `provider` with the options the command line gives: `-d`, `--gid-index` and
 /// the progress mode.
@@ -200,15 +221,37 @@ impl Side {
         let caps = QpCaps::default()
             .max_send_wr(layout.window + 4)
             .max_recv_wr(layout.rx_depth + 1);
+        let qp_type = p.conn.qp_type();
+        if !ctx.capabilities().supports(qp_type) {
+            return Err(format!(
+                "provider {} has no {qp_type} queue pairs (see its capabilities in `rdmx \
+                 devices`)",
+                ctx.provider()
+            )
+            .into());
+        }
+        if qp_type == rdmx::QpType::Ud {
+            let most = ctx.capabilities().max_ud_message();
+            if p.max_size() > most {
+                return Err(format!(
+                    "-c UD: messages are at most the path MTU, {most} bytes on {}",
+                    ctx.provider()
+                )
+                .into());
+            }
+        }
         let mut qps = Vec::with_capacity(p.qps);
         let mut mrs = Vec::with_capacity(p.qps);
         for _ in 0..p.qps {
-            qps.push(pd.create_qp(&cq, &cq, caps).map_err(|e| {
-                format!(
-                    "create a QP with {} send and {} receive requests: {e}",
-                    caps.max_send_wr, caps.max_recv_wr
-                )
-            })?);
+            qps.push(
+                pd.create_qp_of_type(qp_type, &cq, &cq, None, caps)
+                    .map_err(|e| {
+                        format!(
+                            "create a QP with {} send and {} receive requests: {e}",
+                            caps.max_send_wr, caps.max_recv_wr
+                        )
+                    })?,
+            );
             mrs.push(pd.register_with(Mapping::new(layout.len())?, Access::ALL, pinning)?);
         }
         Ok(Side {
@@ -220,7 +263,16 @@ impl Side {
             role,
             busy,
             pinned: pinning == Pinning::Pinned,
+            ud_peers: std::sync::OnceLock::new(),
         })
+    }
+
+    /// `req` on QP `i`, addressed to the peer QP when the queue pairs are UD.
+    pub(crate) fn route<'a>(&'a self, i: usize, req: SendRequest<'a>) -> SendRequest<'a> {
+        match self.ud_peers.get().and_then(|v| v.get(i)) {
+            Some((ah, qpn)) => req.ud(ah, *qpn, UD_QKEY),
+            None => req,
+        }
     }
 
     /// The index of the QP numbered `qp_num`.
@@ -250,9 +302,16 @@ impl Side {
     /// lands) on QP `i`.
     pub(crate) fn post_recv(&self, i: usize, r: u64) -> Result<(), BoxError> {
         let mut req = RecvRequest::new(r);
-        if self.layout.dst_slots > 0 {
-            let l = &self.layout;
-            req = req.sge(LocalSge::new(&self.mrs[i], l.dst(r as usize), l.stride)?);
+        let l = &self.layout;
+        if l.dst_slots > 0 {
+            req = req.sge(LocalSge::new(
+                &self.mrs[i],
+                l.dst_slot(r as usize),
+                l.stride,
+            )?);
+        } else if l.grh > 0 {
+            // A control message still brings its GRH.
+            req = req.sge(LocalSge::new(&self.mrs[i], l.scratch(), l.grh)?);
         }
         self.qps[i].post_recv(req)?;
         Ok(())
@@ -274,7 +333,8 @@ impl Side {
 
     /// Sends a control message with immediate `imm` on QP `i`.
     pub(crate) fn send_ctl(&self, i: usize, imm: u32) -> Result<(), BoxError> {
-        self.qps[i].post_send(SendRequest::send_with_imm(CTL | u64::from(imm), imm))?;
+        self.qps[i]
+            .post_send(self.route(i, SendRequest::send_with_imm(CTL | u64::from(imm), imm)))?;
         Ok(())
     }
 
@@ -349,6 +409,8 @@ pub(crate) const EMPTY: Completion = Completion {
     byte_len: 0,
     imm_data: None,
     qp_num: 0,
+    src_qp: 0,
+    grh: false,
 };
 
 /// Which side of a run in one process failed first; the other side's loops give up once
@@ -415,18 +477,72 @@ pub(crate) fn wait_ctl(side: &Side, abort: &Abort, what: &str) -> Result<u32, Bo
     }
 }
 
-/// Requester, after a size: DONE with `counts[i]` on every QP, then the verdict.
-pub(crate) fn finish_size(side: &Side, counts: &[u64], abort: &Abort) -> Result<(), BoxError> {
-    for (i, &n) in counts.iter().enumerate() {
-        side.send_ctl(i, n as u32)?;
-    }
-    match wait_ctl(side, abort, "verdict")? {
+/// Requester, after size number `k`: DONE with `counts[i]` on every QP, then the
+/// verdict. Over UC and UD, where DONE or the verdict may be lost, DONE carries the
+/// size's generation bit and goes again until the verdict comes.
+pub(crate) fn finish_size(
+    side: &Side,
+    counts: &[u64],
+    k: usize,
+    abort: &Abort,
+) -> Result<(), BoxError> {
+    let lossy = side
+        .qps
+        .first()
+        .is_some_and(|q| q.qp_type() != rdmx::QpType::Rc);
+    let verdict = if lossy {
+        let gen = (k as u32 % 2) << 31;
+        let since = Instant::now();
+        loop {
+            for (i, &n) in counts.iter().enumerate() {
+                side.send_ctl(i, (n as u32 & 0x7fff_ffff) | gen)?;
+            }
+            if let Some(v) = wait_ctl_for(side, abort, Duration::from_millis(100))? {
+                break v;
+            }
+            if since.elapsed() > STALL {
+                return Err(format!("the peer sent no verdict within {STALL:?}").into());
+            }
+        }
+    } else {
+        for (i, &n) in counts.iter().enumerate() {
+            side.send_ctl(i, n as u32)?;
+        }
+        wait_ctl(side, abort, "verdict")?
+    };
+    match verdict {
         VERDICT_OK => Ok(()),
         VERDICT_BAD => {
             Err("--verify: the receiving side found wrong data (its error says where)".into())
         }
         other => Err(format!("unexpected control message {other:#x} from the peer").into()),
     }
+}
+
+/// [`wait_ctl`] for at most `timeout`: `None` if no control message came.
+fn wait_ctl_for(side: &Side, abort: &Abort, timeout: Duration) -> Result<Option<u32>, BoxError> {
+    let mut wc = [EMPTY; 16];
+    let since = Instant::now();
+    while since.elapsed() < timeout {
+        let n = poll(&side.cq, &mut wc)?;
+        let mut got = None;
+        for c in &wc[..n] {
+            if matches!(c.opcode, WcOpcode::Recv) {
+                side.post_recv(0, c.wr_id)?;
+                if let Some(imm) = c.imm_data {
+                    got = Some(imm);
+                }
+            }
+        }
+        if got.is_some() {
+            return Ok(got);
+        }
+        if n == 0 {
+            abort.check()?;
+            std::thread::yield_now();
+        }
+    }
+    Ok(None)
 }
 
 /// Requester, at the end: BYE, acknowledged (or not: the run is over either way).
@@ -554,6 +670,11 @@ fn check_terms(mine: &Hello, theirs: &Hello) -> Result<(), BoxError> {
     differs("--verify", on(a.verify), on(b.verify))?;
     let mtu = |m: Option<u32>| m.map_or("the device's".to_string(), |m| m.to_string());
     differs("--mtu", mtu(a.mtu), mtu(b.mtu))?;
+    differs(
+        "-c/--connection",
+        a.conn.qp_type().name().into(),
+        b.conn.qp_type().name().into(),
+    )?;
     differs("--rdma-cm", on(a.rdma_cm), on(b.rdma_cm))
 }
 
@@ -594,9 +715,23 @@ fn connect_options(p: &Params) -> ConnectOptions {
 /// Connects two sides of this process QP by QP; returns each one's view of the other.
 pub(crate) fn connect_local(a: &Side, b: &Side, p: &Params) -> Result<(Hello, Hello), BoxError> {
     let opts = connect_options(p);
-    for (qa, qb) in a.qps.iter().zip(&b.qps) {
-        qa.connect(qb.endpoint(), &opts)?;
-        qb.connect(qa.endpoint(), &opts)?;
+    if p.conn == Conn::Ud {
+        for (x, y) in [(a, b), (b, a)] {
+            let mut peers = Vec::new();
+            for (qx, qy) in x.qps.iter().zip(&y.qps) {
+                qx.activate(UD_QKEY)?;
+                let ah = qx
+                    .pd()
+                    .create_ah(&rdmx::AhAttr::to_endpoint(&qy.endpoint()))?;
+                peers.push((ah, qy.qp_num()));
+            }
+            let _ = x.ud_peers.set(peers);
+        }
+    } else {
+        for (qa, qb) in a.qps.iter().zip(&b.qps) {
+            qa.connect(qb.endpoint(), &opts)?;
+            qb.connect(qa.endpoint(), &opts)?;
+        }
     }
     let (ha, hb) = (a.hello(p), b.hello(p));
     check_peer(&ha, &hb)?;
@@ -803,6 +938,7 @@ mod tests {
             verify,
             mtu: None,
             rdma_cm: false,
+            conn: Conn::Rc,
         }
     }
 
@@ -851,6 +987,14 @@ mod tests {
         let e = e.to_string();
         assert!(
             e.contains("TEST") && e.contains("read_bw") && e.contains("write_bw"),
+            "{e}"
+        );
+        q = p.clone();
+        q.conn = Conn::Uc;
+        let e = check_peer(&mine, &hello(Role::Responder, &q)).unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.contains("-c/--connection") && e.contains("UC") && e.contains("RC"),
             "{e}"
         );
         q = p.clone();

@@ -1,4 +1,6 @@
-//! The RC engine: a reliable-connected queue pair with no I/O.
+//! The engine: a queue pair with no I/O — reliable connected, and on the same queues
+//! unreliable connected and unreliable datagram (see `unreliable.rs`: [`QpConfig::qp_type`],
+//! [`RcQp::handle_datagram`], [`RcQp::poll_datagram`]).
 //!
 //! [`RcQp`] holds one queue pair's send and receive queues, its requester and responder
 //! state, and the completions it produced. It never reads a clock, opens a socket or
@@ -40,6 +42,7 @@ mod mem;
 mod requester;
 mod responder;
 mod srq;
+mod unreliable;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -47,10 +50,11 @@ use std::time::{Duration, Instant};
 pub use io::{Placement, Span, Transmit};
 pub use mem::MemAccess;
 pub use srq::Srq;
+pub use unreliable::DatagramInfo;
 
 use crate::access::Access;
 use crate::mr::{KeyUse, PdId};
-use crate::qp::{ModifyError, QpAttr, QpAttrMask, QpLimits, QpState, QpStateMachine};
+use crate::qp::{ModifyError, QpAttr, QpAttrMask, QpLimits, QpState, QpStateMachine, QpType};
 use crate::wr::{Completion, PostError, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus};
 
 use io::Payload;
@@ -82,6 +86,8 @@ pub struct QpConfig {
     /// retransmitted, since what was sent is still on its way. A peer that stays
     /// silent for `timeout × (retry_cnt + 1)` still ends in `RetryExcErr`.
     pub reliable_link: bool,
+    /// The transport service: RC (the default), UC or UD.
+    pub qp_type: QpType,
     /// The shortest ack timeout this QP waits, whatever its `timeout` attribute says. On
     /// a reliable link whose peer is software (a process the host may deschedule), a
     /// silent peer is a slow process far more often than a dead one, whose end the link
@@ -102,6 +108,7 @@ impl QpConfig {
             max_inline_data: 256,
             srq: false,
             reliable_link: false,
+            qp_type: QpType::Rc,
             min_ack_timeout: Duration::ZERO,
         }
     }
@@ -282,6 +289,12 @@ pub struct RcQp<M: MemAccess> {
     /// The packet [`poll_transmit_into`](Self::poll_transmit_into) builds before copying.
     scratch: Transmit<M::Mr>,
     sq_drained_event: bool,
+    /// The UC responder (unused by RC and UD).
+    pub(crate) uc: unreliable::UcResponder<M::Mr>,
+    /// UD datagrams and UC messages dropped on receipt.
+    pub(crate) dropped: u64,
+    /// Where a whole UC packet's payload goes, reused packet to packet.
+    uc_place: Vec<Placement<M::Mr>>,
 }
 
 impl<M: MemAccess> RcQp<M> {
@@ -289,7 +302,7 @@ impl<M: MemAccess> RcQp<M> {
     pub fn new(cfg: QpConfig, limits: QpLimits) -> Self {
         RcQp {
             cfg,
-            sm: QpStateMachine::new(),
+            sm: QpStateMachine::with_type(cfg.qp_type),
             limits,
             req: Requester::new(),
             resp: Responder::new(),
@@ -302,6 +315,9 @@ impl<M: MemAccess> RcQp<M> {
             ),
             scratch: Transmit::default(),
             sq_drained_event: false,
+            uc: unreliable::UcResponder::new(),
+            dropped: 0,
+            uc_place: Vec::new(),
         }
     }
 
@@ -337,6 +353,7 @@ impl<M: MemAccess> RcQp<M> {
         match t.to {
             QpState::Rtr if t.from == QpState::Init => {
                 self.resp.reset(self.sm.attrs().rq_psn);
+                self.uc.reset(self.sm.attrs().rq_psn);
             }
             QpState::Rts if t.from == QpState::Rtr => {
                 let a = self.sm.attrs();
@@ -357,6 +374,7 @@ impl<M: MemAccess> RcQp<M> {
             QpState::Reset => {
                 self.req = Requester::new();
                 self.resp = Responder::new();
+                self.uc = unreliable::UcResponder::new();
                 self.rq.clear();
             }
             _ => {}
@@ -402,6 +420,7 @@ impl<M: MemAccess> RcQp<M> {
             });
         }
         wr.check(inline, self.cfg.max_send_sge, self.cfg.max_inline_data)?;
+        self.check_type(wr, inline)?;
         let (local, error) = match inline {
             Some(data) => {
                 let mut bytes = self.spare.bytes();
@@ -496,6 +515,15 @@ impl<M: MemAccess> RcQp<M> {
     /// in registered memory for the transport to gather; `false` when there is none. See
     /// [`io`] for the contract.
     pub fn poll_transmit_parts(&mut self, now: Instant, out: &mut Transmit<M::Mr>) -> bool {
+        if self.cfg.qp_type == QpType::Ud {
+            out.clear();
+            if !matches!(self.sm.state(), QpState::Rts) {
+                return false;
+            }
+            let sent = unreliable::ud_transmit(self, out);
+            self.retire();
+            return sent;
+        }
         if self
             .resp
             .poll_transmit(self.sm.attrs(), self.credits(), out)
@@ -528,8 +556,42 @@ impl<M: MemAccess> RcQp<M> {
         srq: Option<&mut Srq<M::Mr>>,
         bytes: &[u8],
     ) {
-        if let Some(hdr) = codec::decode(bytes) {
-            self.handle(now, mem, srq, &hdr, &mut Payload::Bytes(hdr.payload));
+        match self.cfg.qp_type {
+            QpType::Rc => {
+                if let Some(hdr) = codec::decode(bytes) {
+                    self.handle(now, mem, srq, &hdr, &mut Payload::Bytes(hdr.payload));
+                }
+            }
+            QpType::Uc => {
+                // The headers run through a copy with the UC prefix taken off; the payload
+                // is placed from `bytes` where the engine says.
+                let hlen = bytes
+                    .first()
+                    .and_then(|&op| rdmx_wire::header_len_of(op))
+                    .filter(|&h| h <= bytes.len());
+                let Some(hlen) = hlen else {
+                    self.dropped += 1;
+                    return;
+                };
+                let mut place = std::mem::take(&mut self.uc_place);
+                let rest = bytes.len() - hlen;
+                if self
+                    .uc_header(mem, srq, &bytes[..hlen], rest, &mut place)
+                    .is_some()
+                {
+                    for p in place.drain(..) {
+                        let at = hlen + p.offset as usize;
+                        mem.write(&p.mr, p.addr, &bytes[at..at + p.len as usize]);
+                    }
+                }
+                // Kept for the next packet, holding no region.
+                place.clear();
+                self.uc_place = place;
+            }
+            QpType::Ud => {
+                let info = unreliable::DatagramInfo::default();
+                unreliable::ud_receive(self, mem, srq, &info, bytes);
+            }
         }
     }
 
@@ -548,6 +610,15 @@ impl<M: MemAccess> RcQp<M> {
         place: &mut Vec<Placement<M::Mr>>,
     ) -> Option<usize> {
         place.clear();
+        match self.cfg.qp_type {
+            QpType::Rc => {}
+            QpType::Uc => return self.uc_header(mem, srq, header, rest_len, place),
+            // UD datagrams come whole (handle_datagram).
+            QpType::Ud => {
+                self.dropped += 1;
+                return None;
+            }
+        }
         let (hdr, len) = codec::decode_split(header, rest_len)?;
         self.handle(
             now,
@@ -643,12 +714,17 @@ impl<M: MemAccess> RcQp<M> {
                     byte_len: 0,
                     imm_data: None,
                     qp_num: qpn,
+                    src_qp: 0,
+                    grh: false,
                 },
                 false,
             ));
         }
         self.req.after_flush();
         if let Some(cur) = self.resp.take_receive() {
+            self.rq.push_front(cur);
+        }
+        if let Some(cur) = self.uc.take_receive() {
             self.rq.push_front(cur);
         }
         for r in self.rq.drain(..) {
@@ -662,6 +738,8 @@ impl<M: MemAccess> RcQp<M> {
                     byte_len: 0,
                     imm_data: None,
                     qp_num: qpn,
+                    src_qp: 0,
+                    grh: false,
                 },
                 false,
             ));
@@ -687,6 +765,8 @@ impl<M: MemAccess> RcQp<M> {
                     },
                     imm_data: None,
                     qp_num: self.cfg.qpn,
+                    src_qp: 0,
+                    grh: false,
                 };
                 self.completions.push_back((CqSide::Send, c, false));
             }

@@ -134,6 +134,11 @@ impl provider::Device for Dev {
         )?))
     }
     fn create_qp(&self, init: provider::QpInit<'_>) -> Result<Box<dyn provider::Qp>> {
+        if init.qp_type != rdmx_core::QpType::Rc {
+            return Err(Error::Unsupported(
+                "the verbs provider creates RC queue pairs only so far",
+            ));
+        }
         let srq = match init.srq {
             None => None,
             Some(s) => Some(

@@ -159,6 +159,10 @@ impl Device {
                 sys::consts::atomic_cap::IBV_ATOMIC_HCA => AtomicCap::Device,
                 _ => AtomicCap::None,
             },
+            // Queue pairs are created as RC only so far.
+            uc: false,
+            ud: false,
+            multicast: false,
         };
         tracing::info!(
             device = %name,
@@ -483,6 +487,8 @@ impl Cq {
             byte_len: wc.byte_len,
             imm_data,
             qp_num: wc.qp_num,
+            src_qp: 0,
+            grh: false,
         })
     }
 

@@ -87,10 +87,15 @@ fn providers(cfg: &Config) -> Result<Vec<String>, BoxError> {
                 .ok_or_else(|| format!("-d {dev}: no such device; available: {}", list()))?,
             // A peer in another process: the software provider that crosses processes.
             None if remote => rdmx::tcp::NAME.to_string(),
-            // Both sides in this process: the fastest provider with the full RC semantics,
-            // shm (its direct data path); loopback, the library's default, is the
-            // reference with fault injection.
-            None if here.contains(&rdmx::shm::NAME) => rdmx::shm::NAME.to_string(),
+            // Both sides in this process: the fastest provider with the full semantics of
+            // the connection type, shm (its direct data path) where it has the type;
+            // loopback, the library's default, is the reference with fault injection.
+            None if devices.iter().any(|d| {
+                d.provider == rdmx::shm::NAME && d.capabilities.supports(cfg.params.conn.qp_type())
+            }) =>
+            {
+                rdmx::shm::NAME.to_string()
+            }
             None => Context::open_default()?.provider().to_string(),
         });
     }

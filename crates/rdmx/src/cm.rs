@@ -98,6 +98,21 @@ impl Listener {
         private: &[u8],
         timeout: Duration,
     ) -> Result<Vec<u8>> {
+        self.accept_then(qps, opts, private, timeout, || Ok(()))
+    }
+
+    /// [`accept`](Self::accept), calling `connected` once every queue pair is connected
+    /// and before the peer learns so: receives posted there are in place before the peer
+    /// can send (which matters on UC, where a message without a receive is lost). An
+    /// error from it ends the exchange.
+    pub fn accept_then(
+        &self,
+        qps: &[QueuePair],
+        opts: &ConnectOptions,
+        private: &[u8],
+        timeout: Duration,
+        mut connected: impl FnMut() -> Result<()>,
+    ) -> Result<Vec<u8>> {
         let deadline = Instant::now() + timeout;
         self.inner
             .set_nonblocking(true)
@@ -122,7 +137,7 @@ impl Listener {
             Some(t) => Instant::now() + t,
             None => deadline,
         };
-        exchange(stream, qps, opts, private, deadline)
+        exchange(stream, qps, opts, private, deadline, &mut connected)
     }
 }
 
@@ -135,6 +150,19 @@ pub fn connect(
     private: &[u8],
     timeout: Duration,
 ) -> Result<Vec<u8>> {
+    connect_then(addr, qps, opts, private, timeout, || Ok(()))
+}
+
+/// [`connect`], calling `connected` once every queue pair is connected and before the
+/// peer learns so (see [`Listener::accept_then`]).
+pub fn connect_then(
+    addr: impl ToSocketAddrs,
+    qps: &[QueuePair],
+    opts: &ConnectOptions,
+    private: &[u8],
+    timeout: Duration,
+    mut connected: impl FnMut() -> Result<()>,
+) -> Result<Vec<u8>> {
     let deadline = Instant::now() + timeout;
     let mut last = None;
     let addrs = addr
@@ -143,7 +171,7 @@ pub fn connect(
     for a in addrs {
         let left = deadline.saturating_duration_since(Instant::now());
         match TcpStream::connect_timeout(&a, left.max(Duration::from_millis(1))) {
-            Ok(s) => return exchange(s, qps, opts, private, deadline),
+            Ok(s) => return exchange(s, qps, opts, private, deadline, &mut connected),
             Err(e) => last = Some(e),
         }
     }
@@ -160,6 +188,7 @@ pub(crate) fn exchange(
     opts: &ConnectOptions,
     private: &[u8],
     deadline: Instant,
+    connected: &mut dyn FnMut() -> Result<()>,
 ) -> Result<Vec<u8>> {
     if private.len() > MAX_PRIVATE || qps.len() > MAX_QPS {
         return Err(Error::InvalidArgument(
@@ -220,6 +249,7 @@ pub(crate) fn exchange(
     for (qp, ep) in qps.iter().zip(eps) {
         qp.borrow().connect(ep, opts)?;
     }
+    connected()?;
     // Both sides have connected their QPs before either returns, so the first request
     // finds its peer in RTR.
     s.write_all(b"R").map_err(io)?;

@@ -338,7 +338,6 @@ fn run_provider(cfg: &Config, name: &str, out: &Out) -> Result<(RunInfo, Vec<Row
             let peer = connect_remote(&side, p, &cfg.peer, |addr| {
                 eprintln!("rdmx: {} waiting for a peer on {addr}", p.test.name());
             })?;
-            side.post_receives()?;
             let info = info(
                 cfg,
                 &side,
@@ -357,7 +356,6 @@ fn run_provider(cfg: &Config, name: &str, out: &Out) -> Result<(RunInfo, Vec<Row
         PeerMode::Connect(host, port) => {
             let [side] = open_sides(name, cfg, [Role::Requester], busy)?;
             let peer = connect_remote(&side, p, &cfg.peer, |_| {})?;
-            side.post_receives()?;
             let info = info(cfg, &side, &side.hello(p), &peer, format!("{host}:{port}"));
             out.print(&info.header());
             out.print(&table_header(p.test, cfg.report_gbits));

@@ -751,6 +751,9 @@ pub(crate) fn connect_local(a: &Side, b: &Side, p: &Params) -> Result<(Hello, He
 /// rdma_cm on the same port number (rdma_cm's port space on InfiniBand and RoCE is not the
 /// kernel's TCP one), in order: the server, which bound its rdma_cm listener before the
 /// first exchange, accepts `qps[i]` while the client connects its `qps[i]`.
+///
+/// Returns with the side's receives posted: without --rdma-cm before the peer learns
+/// that the queue pairs are connected, so no message of the peer finds none.
 pub(crate) fn connect_remote(
     side: &Side,
     p: &Params,
@@ -793,6 +796,19 @@ pub(crate) fn connect_remote(
     }
     // The queue pairs the control connection connects (none with --rdma-cm).
     let control_qps: &[QueuePair] = if p.rdma_cm { &[] } else { &side.qps };
+    // Receives go up once the queue pairs are connected and before the peer hears so:
+    // on UC a message that finds no receive is lost.
+    let failed = std::cell::RefCell::new(None::<BoxError>);
+    let mut post = || {
+        if control_qps.is_empty() {
+            return Ok(());
+        }
+        side.post_receives().map_err(|e| {
+            *failed.borrow_mut() = Some(e);
+            rdmx::Error::Protocol("posting the receives failed")
+        })
+    };
+    let post_error = || failed.borrow_mut().take();
     let theirs = match peer {
         PeerMode::Listen(port) => {
             let rdma_cm = match p.rdma_cm {
@@ -806,7 +822,14 @@ pub(crate) fn connect_remote(
                 .map_err(|e| format!("listen on port {port}: {e}"))?
                 .with_exchange_timeout(EXCHANGE_TIMEOUT);
             on_listen(l.local_addr()?);
-            let first = accept_valid(&l, &[], &opts, &serde_json::to_vec(&terms)?, ACCEPT_TIMEOUT)?;
+            let first = accept_valid(
+                &l,
+                &[],
+                &opts,
+                &serde_json::to_vec(&terms)?,
+                ACCEPT_TIMEOUT,
+                &mut || Ok(()),
+            )?;
             check_terms(&mine, &first)?;
             let second = accept_valid(
                 &l,
@@ -814,7 +837,9 @@ pub(crate) fn connect_remote(
                 &opts,
                 &serde_json::to_vec(&mine)?,
                 CONNECT_TIMEOUT,
-            )?;
+                &mut post,
+            )
+            .map_err(|e| post_error().unwrap_or(e))?;
             check_peer(&mine, &second)?;
             let mut theirs = second;
             if let Some(l) = rdma_cm {
@@ -823,14 +848,29 @@ pub(crate) fn connect_remote(
                         .map_err(|e| format!("rdma_cm: accept on port {port}: {e}"))?;
                 }
                 rdma_cm_peers(side, &mut theirs);
+                side.post_receives()?;
             }
             theirs
         }
         PeerMode::Connect(host, port) => {
-            let first = connect_retrying(host, *port, &[], &opts, &serde_json::to_vec(&terms)?)?;
+            let first = connect_retrying(
+                host,
+                *port,
+                &[],
+                &opts,
+                &serde_json::to_vec(&terms)?,
+                &mut || Ok(()),
+            )?;
             check(first, false)?;
-            let second =
-                connect_retrying(host, *port, control_qps, &opts, &serde_json::to_vec(&mine)?)?;
+            let second = connect_retrying(
+                host,
+                *port,
+                control_qps,
+                &opts,
+                &serde_json::to_vec(&mine)?,
+                &mut post,
+            )
+            .map_err(|e| post_error().unwrap_or(e))?;
             let mut theirs = check(second, true)?;
             if p.rdma_cm {
                 for qp in &side.qps {
@@ -844,6 +884,7 @@ pub(crate) fn connect_remote(
                     .map_err(|e| format!("rdma_cm: connect to {host}:{port}: {e}"))?;
                 }
                 rdma_cm_peers(side, &mut theirs);
+                side.post_receives()?;
             }
             theirs
         }
@@ -862,6 +903,7 @@ fn accept_valid(
     opts: &ConnectOptions,
     private: &[u8],
     timeout: Duration,
+    connected: &mut dyn FnMut() -> rdmx::Result<()>,
 ) -> Result<Hello, BoxError> {
     let deadline = Instant::now() + timeout;
     loop {
@@ -869,7 +911,7 @@ fn accept_valid(
         if left.is_zero() {
             return Err(format!("no rdmx bench peer connected within {timeout:?}").into());
         }
-        let reason = match l.accept(qps, opts, private, left) {
+        let reason = match l.accept_then(qps, opts, private, left, &mut *connected) {
             Ok(raw) => match serde_json::from_slice::<Hello>(&raw) {
                 // A bench of another version is told why (check_terms), not skipped.
                 Ok(h) => return Ok(h),
@@ -905,10 +947,18 @@ fn connect_retrying(
     qps: &[QueuePair],
     opts: &ConnectOptions,
     private: &[u8],
+    connected: &mut dyn FnMut() -> rdmx::Result<()>,
 ) -> Result<Vec<u8>, BoxError> {
     let since = Instant::now();
     loop {
-        match rdmx::cm::connect((host, port), qps, opts, private, CONNECT_TIMEOUT) {
+        match rdmx::cm::connect_then(
+            (host, port),
+            qps,
+            opts,
+            private,
+            CONNECT_TIMEOUT,
+            &mut *connected,
+        ) {
             Ok(v) => return Ok(v),
             Err(rdmx::Error::Io(_, e))
                 if e.kind() == std::io::ErrorKind::ConnectionRefused

@@ -82,6 +82,11 @@ pub struct QpConfig {
     /// retransmitted, since what was sent is still on its way. A peer that stays
     /// silent for `timeout × (retry_cnt + 1)` still ends in `RetryExcErr`.
     pub reliable_link: bool,
+    /// Most packets (PSNs) sent and not yet acknowledged; 0 for no limit. A datagram
+    /// transport sets it so that a burst never outruns the peer's receive buffer: the
+    /// requester waits for acknowledgements (and asks for them every quarter window)
+    /// rather than sending packets the link would drop.
+    pub send_window: u32,
 }
 
 impl QpConfig {
@@ -97,6 +102,7 @@ impl QpConfig {
             max_inline_data: 256,
             srq: false,
             reliable_link: false,
+            send_window: 0,
         }
     }
 }

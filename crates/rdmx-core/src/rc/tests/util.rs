@@ -39,6 +39,8 @@ pub(super) struct PairConfig {
     pub(super) seed: u64,
     /// `QpConfig::reliable_link` on both QPs.
     pub(super) reliable_link: bool,
+    /// `QpConfig::send_window` on both QPs.
+    pub(super) send_window: u32,
 }
 
 impl Default for PairConfig {
@@ -62,6 +64,7 @@ impl Default for PairConfig {
             max_recv_sge: 4,
             seed: 1,
             reliable_link: false,
+            send_window: 0,
         }
     }
 }
@@ -221,6 +224,7 @@ impl Pair {
             c.max_send_sge = cfg.max_send_sge;
             c.max_recv_sge = cfg.max_recv_sge;
             c.reliable_link = cfg.reliable_link;
+            c.send_window = cfg.send_window;
             c
         };
         let epoch = Instant::now();

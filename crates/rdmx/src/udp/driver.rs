@@ -70,7 +70,9 @@ pub(crate) struct Driver {
     pub(crate) local: SocketAddr,
     /// Largest datagram accepted.
     max_datagram: usize,
-    verify_icrc: bool,
+    pub(crate) verify_icrc: bool,
+    /// Datagrams per `sendmmsg`/`recvmmsg`.
+    batch: usize,
     qps: RwLock<HashMap<u32, Arc<UdpQp>>>,
     rx: Mutex<RxBatch>,
     timers: Mutex<BinaryHeap<Reverse<(Instant, u32)>>>,
@@ -104,6 +106,7 @@ pub(crate) struct Start {
     pub(crate) sock: UdpSocket,
     pub(crate) max_datagram: usize,
     pub(crate) verify_icrc: bool,
+    pub(crate) batch: usize,
     pub(crate) qpn_seed: u32,
     #[cfg(feature = "testing")]
     pub(crate) faults: Option<crate::loopback::faults::Faults>,
@@ -121,6 +124,7 @@ impl Driver {
             local,
             max_datagram: s.max_datagram,
             verify_icrc: s.verify_icrc,
+            batch: s.batch.clamp(1, BATCH),
             qps: RwLock::new(HashMap::new()),
             rx: Mutex::new(RxBatch::new(s.max_datagram + 1)),
             timers: Mutex::new(BinaryHeap::new()),
@@ -190,7 +194,12 @@ impl Driver {
         if datagrams.is_empty() {
             return;
         }
-        let failed = sys::send_all(self.sock.as_raw_fd(), &CAddr::new(to), datagrams);
+        let failed = sys::send_all(
+            self.sock.as_raw_fd(),
+            &CAddr::new(to),
+            datagrams,
+            self.batch,
+        );
         self.stats.add(SENT, (datagrams.len() - failed) as u64);
         self.stats.add(SEND_FAILED, failed as u64);
     }
@@ -257,7 +266,7 @@ impl Driver {
         let fd = self.sock.as_raw_fd();
         let mut touched: Vec<Arc<UdpQp>> = Vec::new();
         loop {
-            let n = rx.recv(fd);
+            let n = rx.recv(fd, self.batch);
             let now = Instant::now();
             for i in 0..n {
                 let (from, bytes, cut) = rx.get(i);
@@ -268,7 +277,7 @@ impl Driver {
                     }
                 }
             }
-            if n < BATCH {
+            if n < self.batch {
                 break;
             }
         }

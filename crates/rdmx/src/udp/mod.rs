@@ -81,6 +81,9 @@ pub struct Options {
     pub verify_icrc: bool,
     /// Most packets a queue pair keeps unacknowledged (default 256).
     pub send_window: u32,
+    /// Datagrams per `sendmmsg` and `recvmmsg` call, 1 to 32 (default 32; 1 is a system
+    /// call per datagram, for comparison).
+    pub batch: usize,
     #[cfg(feature = "testing")]
     faults: Option<crate::loopback::faults::Faults>,
 }
@@ -92,6 +95,7 @@ impl Default for Options {
             max_mtu: Mtu::Mtu4096,
             verify_icrc: true,
             send_window: 256,
+            batch: sys::BATCH,
             #[cfg(feature = "testing")]
             faults: None,
         }
@@ -114,6 +118,11 @@ impl Options {
         self.verify_icrc = on;
         self
     }
+    /// Sets [`batch`](Self::batch).
+    pub fn batch(mut self, datagrams: usize) -> Self {
+        self.batch = datagrams;
+        self
+    }
     /// Sets [`send_window`](Self::send_window).
     pub fn send_window(mut self, packets: u32) -> Self {
         self.send_window = packets;
@@ -128,9 +137,17 @@ impl Options {
         self
     }
 
-    /// The options of a context opened by name: [`BIND_ENV`] gives the address.
+    /// The options of a context opened by name: [`BIND_ENV`] gives the address, and
+    /// `RDMX_UDP_BATCH` the [`batch`](Self::batch).
     pub fn from_env() -> Result<Options> {
         let mut o = Options::default();
+        if let Ok(v) = std::env::var("RDMX_UDP_BATCH") {
+            o.batch = v
+                .parse()
+                .ok()
+                .filter(|b| (1..=sys::BATCH).contains(b))
+                .ok_or(Error::InvalidArgument("RDMX_UDP_BATCH is not 1 to 32"))?;
+        }
         if let Ok(v) = std::env::var(BIND_ENV) {
             let addr = v
                 .parse::<SocketAddr>()
@@ -211,6 +228,16 @@ pub fn stats(ctx: &crate::Context) -> Option<UdpStats> {
     Some(device(ctx)?.driver.stats.get())
 }
 
+/// How a udp context moves packets, for a run's header: RoCEv2 on UDP, and whether it
+/// checks the ICRC of what it receives. `None` for a context of another provider.
+pub fn data_path(ctx: &crate::Context) -> Option<&'static str> {
+    Some(if device(ctx)?.driver.verify_icrc {
+        "RoCEv2 on UDP, received ICRCs checked"
+    } else {
+        "RoCEv2 on UDP, received ICRCs not checked"
+    })
+}
+
 /// The address a udp context's socket is bound to; `None` for a context of another
 /// provider.
 pub fn local_addr(ctx: &crate::Context) -> Option<SocketAddr> {
@@ -277,6 +304,7 @@ impl Device {
             sock,
             max_datagram: mtu as usize + HEADROOM,
             verify_icrc: opts.verify_icrc,
+            batch: opts.batch,
             qpn_seed: (seed >> 32) as u32,
             #[cfg(feature = "testing")]
             faults: opts.faults.clone(),

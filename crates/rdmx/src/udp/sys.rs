@@ -146,13 +146,13 @@ fn from_c(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
     }
 }
 
-/// Sends `datagrams` to `to`, in batches. Returns how many the kernel refused (counted
+/// Sends `datagrams` to `to`, `batch` (at most [`BATCH`]) per call. Returns how many the kernel refused (counted
 /// as lost: the engine retransmits).
-pub(crate) fn send_all(fd: RawFd, to: &CAddr, datagrams: &[Vec<u8>]) -> usize {
+pub(crate) fn send_all(fd: RawFd, to: &CAddr, datagrams: &[Vec<u8>], batch: usize) -> usize {
     let mut failed = 0;
     let mut at = 0;
     while at < datagrams.len() {
-        let n = (datagrams.len() - at).min(BATCH);
+        let n = (datagrams.len() - at).min(batch.clamp(1, BATCH));
         let mut iov = [libc::iovec {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
@@ -223,9 +223,9 @@ impl RxBatch {
         }
     }
 
-    /// Receives what is waiting, without blocking: the number of datagrams now in the
-    /// batch (0 when none waited).
-    pub(crate) fn recv(&mut self, fd: RawFd) -> usize {
+    /// Receives what is waiting, without blocking, up to `batch` (at most [`BATCH`])
+    /// datagrams: the number now in the batch (0 when none waited).
+    pub(crate) fn recv(&mut self, fd: RawFd, batch: usize) -> usize {
         for i in 0..BATCH {
             self.iov[i] = libc::iovec {
                 iov_base: self.bufs[i * self.slot..].as_mut_ptr().cast(),
@@ -249,7 +249,7 @@ impl RxBatch {
                 libc::recvmmsg(
                     fd,
                     self.msgs.as_mut_ptr(),
-                    BATCH as libc::c_uint,
+                    batch.clamp(1, BATCH) as libc::c_uint,
                     libc::MSG_DONTWAIT,
                     std::ptr::null_mut(),
                 )

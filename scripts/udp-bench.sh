@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The udp provider against the tcp provider, in one run on one machine: `rdmx bench
+# write_bw` with 64 KiB messages between two processes (--server and a client), udp with
+# the server on 127.0.0.1:4791 and the client on 127.0.0.2:4791 (RDMX_UDP_BIND), tcp over
+# 127.0.0.1. Rounds interleave the runs; each figure is the median of ROUNDS. The udp runs
+# are repeated with batching off (RDMX_UDP_BATCH=1: one sendmsg/recvmsg per datagram) to
+# show what sendmmsg/recvmmsg give. The last line gives the ratios.
+#
+# Usage: scripts/udp-bench.sh            (ROUNDS=5, N=20000 messages by default)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-5}
+N=${N:-20000}
+cargo build --release --locked -p rdmx-cli >/dev/null 2>&1
+RDMX=${CARGO_TARGET_DIR:-target}/release/rdmx
+out=$(mktemp -d)
+trap 'rm -rf "$out"; kill $(jobs -p) 2>/dev/null || true' EXIT
+
+j() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+pick="d['results'][0].get('bw_avg_mib_s') or d['results'][0]['t_typical_us']"
+two() { # provider test size iters [extra...] -> MiB/s or t_typical usec
+    local p=$1 t=$2 s=$3 n=$4; shift 4
+    RDMX_UDP_BIND=127.0.0.1 "$RDMX" bench "$t" --provider "$p" -s "$s" -n "$n" \
+        --server --port 5317 "$@" >/dev/null 2>&1 &
+    sleep 0.3
+    RDMX_UDP_BIND=127.0.0.2 "$RDMX" bench "$t" --provider "$p" -s "$s" -n "$n" \
+        --port 5317 --json "$@" 127.0.0.1 | j "$pick"
+    wait
+}
+for r in $(seq "$ROUNDS"); do
+    two tcp write_bw 65536 "$N" >>"$out/tcp_64k"
+    two udp write_bw 65536 "$N" >>"$out/udp_64k"
+    RDMX_UDP_BATCH=1 two udp write_bw 65536 "$N" >>"$out/udp_64k_nobatch"
+    two tcp write_lat 8 20000 >>"$out/tcp_lat"
+    two udp write_lat 8 20000 >>"$out/udp_lat"
+    echo "round $r/$ROUNDS done" >&2
+done
+med() { sort -g "$out/$1" | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+figs=(tcp_64k udp_64k udp_64k_nobatch tcp_lat udp_lat)
+printf '%-16s %10s   (median of %s; MiB/s, latency in usec)\n' figure value "$ROUNDS"
+args=()
+for f in "${figs[@]}"; do
+    printf '%-16s %10.3f\n' "$f" "$(med "$f")"
+    args+=("$(med "$f")")
+done
+python3 - "${args[@]}" <<'PY'
+import sys
+t64, u64, u64n, tl, ul = map(float, sys.argv[1:])
+print(f"ratio udp/tcp write_bw_64k={u64/t64:.2f} udp_batched/udp_unbatched write_bw_64k={u64/u64n:.2f} "
+      f"udp/tcp write_lat={ul/tl:.2f}")
+PY

@@ -131,7 +131,7 @@ impl UdpQp {
                 self.send(g, peer, now);
             }
             let Inner { tx, spare, .. } = &mut *g;
-            spare.extend(tx.drain(..));
+            spare.append(tx);
             if !more {
                 break;
             }

@@ -25,7 +25,7 @@ const DELAYED: u32 = u32::MAX;
 /// Counters of what arrived and what was dropped.
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
-    c: [AtomicU64; 10],
+    c: [AtomicU64; 11],
 }
 
 const RECEIVED: usize = 0;
@@ -38,6 +38,7 @@ const WRONG_SOURCE: usize = 6;
 const NOT_READY: usize = 7;
 const SENT: usize = 8;
 const SEND_FAILED: usize = 9;
+const JOINED: usize = 10;
 
 impl Stats {
     fn add(&self, i: usize, n: u64) {
@@ -59,6 +60,7 @@ impl Stats {
             not_ready: g(NOT_READY),
             sent: g(SENT),
             send_failed: g(SEND_FAILED),
+            joined: g(JOINED),
         }
     }
 }
@@ -73,6 +75,8 @@ pub(crate) struct Driver {
     pub(crate) verify_icrc: bool,
     /// Datagrams per `sendmmsg`/`recvmmsg`.
     batch: usize,
+    /// Runs of equal-sized datagrams go as one GSO send.
+    gso: bool,
     qps: RwLock<HashMap<u32, Arc<UdpQp>>>,
     rx: Mutex<RxBatch>,
     timers: Mutex<BinaryHeap<Reverse<(Instant, u32)>>>,
@@ -107,6 +111,7 @@ pub(crate) struct Start {
     pub(crate) max_datagram: usize,
     pub(crate) verify_icrc: bool,
     pub(crate) batch: usize,
+    pub(crate) gso: bool,
     pub(crate) qpn_seed: u32,
     #[cfg(feature = "testing")]
     pub(crate) faults: Option<crate::loopback::faults::Faults>,
@@ -115,6 +120,11 @@ pub(crate) struct Start {
 impl Driver {
     /// Takes the socket and starts the progress thread.
     pub(crate) fn start(s: Start) -> Result<Arc<Driver>> {
+        if s.gso {
+            sys::enable_gro(s.sock.as_raw_fd()).map_err(|e| Error::Io("UDP_GRO", e))?;
+        }
+        // A run the kernel joined can be as long as a UDP payload gets.
+        let slot = if s.gso { 65536 } else { s.max_datagram + 1 };
         let local = s
             .sock
             .local_addr()
@@ -125,8 +135,9 @@ impl Driver {
             max_datagram: s.max_datagram,
             verify_icrc: s.verify_icrc,
             batch: s.batch.clamp(1, BATCH),
+            gso: s.gso,
             qps: RwLock::new(HashMap::new()),
-            rx: Mutex::new(RxBatch::new(s.max_datagram + 1)),
+            rx: Mutex::new(RxBatch::new(slot)),
             timers: Mutex::new(BinaryHeap::new()),
             delayed: Mutex::new(Vec::new()),
             stats: Stats::default(),
@@ -199,6 +210,7 @@ impl Driver {
             &CAddr::new(to),
             datagrams,
             self.batch,
+            self.gso,
         );
         self.stats.add(SENT, (datagrams.len() - failed) as u64);
         self.stats.add(SEND_FAILED, failed as u64);
@@ -269,12 +281,21 @@ impl Driver {
             let n = rx.recv(fd, self.batch);
             let now = Instant::now();
             for i in 0..n {
-                let (from, bytes, cut) = rx.get(i);
-                let len = if cut { usize::MAX } else { bytes.len() };
-                if let Some(qp) = self.deliver(from, bytes, len, now) {
-                    if !touched.iter().any(|t| t.qpn == qp.qpn) {
-                        touched.push(qp);
+                let (from, bytes, cut, seg) = rx.get(i);
+                let seg = seg.unwrap_or(bytes.len()).max(1);
+                if bytes.len() > seg {
+                    self.stats.add(JOINED, bytes.len().div_ceil(seg) as u64);
+                }
+                for d in bytes.chunks(seg) {
+                    let len = if cut { usize::MAX } else { d.len() };
+                    if let Some(qp) = self.deliver(from, d, len, now) {
+                        if !touched.iter().any(|t| t.qpn == qp.qpn) {
+                            touched.push(qp);
+                        }
                     }
+                }
+                if bytes.is_empty() {
+                    self.deliver(from, bytes, 0, now);
                 }
             }
             if n < self.batch {

@@ -146,55 +146,142 @@ fn from_c(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
     }
 }
 
-/// Sends `datagrams` to `to`, `batch` (at most [`BATCH`]) per call. Returns how many the kernel refused (counted
+/// Largest UDP payload one GSO send carries.
+const GSO_MAX_BYTES: usize = 65000;
+/// Most segments one GSO send carries (the kernel's limit on older kernels).
+const GSO_MAX_SEGS: usize = 64;
+
+/// Room for a `UDP_SEGMENT` control message.
+type SegCmsg = [u64; 4];
+
+/// Sends `datagrams` to `to`, `batch` (at most [`BATCH`]) messages per call. With `gso`,
+/// each run of equal-sized datagrams (and a shorter one ending it) goes as one message the
+/// kernel splits (`UDP_SEGMENT`). Returns how many datagrams the kernel refused (counted
 /// as lost: the engine retransmits).
-pub(crate) fn send_all(fd: RawFd, to: &CAddr, datagrams: &[Vec<u8>], batch: usize) -> usize {
+pub(crate) fn send_all(
+    fd: RawFd,
+    to: &CAddr,
+    datagrams: &[Vec<u8>],
+    batch: usize,
+    gso: bool,
+) -> usize {
+    let batch = batch.clamp(1, BATCH);
     let mut failed = 0;
     let mut at = 0;
     while at < datagrams.len() {
-        let n = (datagrams.len() - at).min(batch.clamp(1, BATCH));
+        // Up to `batch` messages, each a run of datagrams: (first, count, segment size).
+        let mut runs = [(0usize, 0usize, 0u16); BATCH];
+        let mut nruns = 0;
+        let mut i = at;
+        let mut niov = 0;
+        while nruns < batch && i < datagrams.len() && niov < MAX_IOV {
+            let seg = datagrams[i].len();
+            let mut n = 1;
+            let mut bytes = seg;
+            if gso {
+                while i + n < datagrams.len()
+                    && n < GSO_MAX_SEGS
+                    && niov + n < MAX_IOV
+                    && bytes + datagrams[i + n].len() <= GSO_MAX_BYTES
+                    && datagrams[i + n].len() <= seg
+                {
+                    let last = datagrams[i + n].len() < seg;
+                    bytes += datagrams[i + n].len();
+                    n += 1;
+                    if last {
+                        break;
+                    }
+                }
+            }
+            runs[nruns] = (i, n, seg as u16);
+            nruns += 1;
+            niov += n;
+            i += n;
+        }
         let mut iov = [libc::iovec {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
-        }; BATCH];
+        }; MAX_IOV];
+        let mut cmsgs: [SegCmsg; BATCH] = [[0; 4]; BATCH];
         // SAFETY: all-zero is a valid mmsghdr.
         let mut msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
-        for i in 0..n {
-            let d = &datagrams[at + i];
-            iov[i] = libc::iovec {
-                iov_base: d.as_ptr().cast_mut().cast(),
-                iov_len: d.len(),
-            };
-            msgs[i].msg_hdr.msg_name = (&to.storage as *const libc::sockaddr_storage)
+        let mut v = 0;
+        for (k, &(first, n, seg)) in runs[..nruns].iter().enumerate() {
+            for d in &datagrams[first..first + n] {
+                iov[v] = libc::iovec {
+                    iov_base: d.as_ptr().cast_mut().cast(),
+                    iov_len: d.len(),
+                };
+                v += 1;
+            }
+            let h = &mut msgs[k].msg_hdr;
+            h.msg_name = (&to.storage as *const libc::sockaddr_storage)
                 .cast_mut()
                 .cast();
-            msgs[i].msg_hdr.msg_namelen = to.len;
-            msgs[i].msg_hdr.msg_iov = &mut iov[i];
-            msgs[i].msg_hdr.msg_iovlen = 1;
+            h.msg_namelen = to.len;
+            h.msg_iov = &mut iov[v - n];
+            h.msg_iovlen = n;
+            if n > 1 {
+                let space = seg_cmsg(&mut cmsgs[k], seg);
+                h.msg_control = cmsgs[k].as_mut_ptr().cast();
+                h.msg_controllen = space;
+            }
         }
         // SAFETY: every header names memory valid for the call (the datagrams, `to`, the
-        // iovecs on this stack frame); sendmmsg only reads it.
-        let r = unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr(), n as libc::c_uint, 0) };
+        // iovecs and control messages on this stack frame); sendmmsg only reads it.
+        let r = unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr(), nruns as libc::c_uint, 0) };
         if r < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
-            // The first datagram was refused (no route, no buffer): it is lost.
+            // The first message was refused (no route, no buffer): its datagrams are lost.
             tracing::debug!("sendmmsg: {e}");
-            failed += 1;
-            at += 1;
+            failed += runs[0].1;
+            at += runs[0].1;
         } else {
-            at += r as usize;
+            at += runs[..r as usize].iter().map(|r| r.1).sum::<usize>();
         }
     }
     failed
+}
+
+/// Most iovecs one `sendmmsg` call names.
+const MAX_IOV: usize = 256;
+
+/// Writes a `UDP_SEGMENT` control message for segments of `seg` bytes into `buf`;
+/// returns its length.
+fn seg_cmsg(buf: &mut SegCmsg, seg: u16) -> usize {
+    // SAFETY: CMSG_SPACE is a pure computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<u16>() as u32) } as usize;
+    debug_assert!(space <= std::mem::size_of::<SegCmsg>());
+    // SAFETY: a msghdr naming `buf` (large enough, 8-aligned) as its control buffer, so
+    // CMSG_FIRSTHDR and CMSG_DATA point inside it.
+    unsafe {
+        let mut h: libc::msghdr = std::mem::zeroed();
+        h.msg_control = buf.as_mut_ptr().cast();
+        h.msg_controllen = space;
+        let c = libc::CMSG_FIRSTHDR(&h);
+        (*c).cmsg_level = libc::SOL_UDP;
+        (*c).cmsg_type = libc::UDP_SEGMENT;
+        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<u16>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
+    }
+    space
+}
+
+/// Asks the kernel to hand over runs of datagrams from one sender as one buffer
+/// (`UDP_GRO`), each read then saying its segment size.
+pub(crate) fn enable_gro(fd: RawFd) -> io::Result<()> {
+    setsockopt(fd, libc::SOL_UDP, libc::UDP_GRO, 1)
 }
 
 /// Room for one `recvmmsg` batch.
 pub(crate) struct RxBatch {
     bufs: Vec<u8>,
     slot: usize,
+    /// A control buffer per slot (the `UDP_GRO` segment size).
+    control: Vec<SegCmsg>,
     addrs: Vec<libc::sockaddr_storage>,
     iov: Vec<libc::iovec>,
     msgs: Vec<libc::mmsghdr>,
@@ -209,6 +296,7 @@ impl RxBatch {
         RxBatch {
             bufs: vec![0; slot * BATCH],
             slot,
+            control: vec![[0; 4]; BATCH],
             // SAFETY: all-zero is a valid sockaddr_storage and mmsghdr.
             addrs: vec![unsafe { std::mem::zeroed() }; BATCH],
             iov: vec![
@@ -237,8 +325,8 @@ impl RxBatch {
                 std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
             m.msg_hdr.msg_iov = &mut self.iov[i];
             m.msg_hdr.msg_iovlen = 1;
-            m.msg_hdr.msg_control = std::ptr::null_mut();
-            m.msg_hdr.msg_controllen = 0;
+            m.msg_hdr.msg_control = self.control[i].as_mut_ptr().cast();
+            m.msg_hdr.msg_controllen = std::mem::size_of::<SegCmsg>();
             m.msg_hdr.msg_flags = 0;
             m.msg_len = 0;
         }
@@ -270,16 +358,31 @@ impl RxBatch {
         }
     }
 
-    /// Datagram `i` of the last [`recv`](Self::recv): its source, its bytes, and whether
-    /// it was cut (longer than a slot).
-    pub(crate) fn get(&self, i: usize) -> (Option<SocketAddr>, &[u8], bool) {
+    /// Message `i` of the last [`recv`](Self::recv): its source, its bytes, whether it
+    /// was cut (longer than a slot), and, for a run of datagrams the kernel joined
+    /// (`UDP_GRO`), the size of each but the last.
+    pub(crate) fn get(&self, i: usize) -> (Option<SocketAddr>, &[u8], bool, Option<usize>) {
         let m = &self.msgs[i];
         let len = (m.msg_len as usize).min(self.slot);
-        let cut = m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+        let cut = m.msg_hdr.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0;
+        let mut seg = None;
+        // SAFETY: the kernel filled the control buffer this header names and set its
+        // length; the CMSG macros stay inside it.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&m.msg_hdr);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
+                    let s = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<u16>());
+                    seg = Some(usize::from(s)).filter(|&s| s > 0);
+                }
+                c = libc::CMSG_NXTHDR(&m.msg_hdr, c);
+            }
+        }
         (
             from_c(&self.addrs[i]),
             &self.bufs[i * self.slot..i * self.slot + len],
             cut,
+            seg,
         )
     }
 }

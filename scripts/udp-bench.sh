@@ -3,8 +3,9 @@
 # write_bw` with 64 KiB messages between two processes (--server and a client), udp with
 # the server on 127.0.0.1:4791 and the client on 127.0.0.2:4791 (RDMX_UDP_BIND), tcp over
 # 127.0.0.1. Rounds interleave the runs; each figure is the median of ROUNDS. The udp runs
-# are repeated with batching off (RDMX_UDP_BATCH=1: one sendmsg/recvmsg per datagram) to
-# show what sendmmsg/recvmmsg give. The last line gives the ratios.
+# are repeated with batching off (RDMX_UDP_BATCH=1: one datagram per sendmmsg/recvmmsg)
+# and with UDP GSO/GRO on (RDMX_UDP_GSO=1) to show what each gives. The last line gives the
+# ratios.
 #
 # Usage: scripts/udp-bench.sh            (ROUNDS=5, N=20000 messages by default)
 set -euo pipefail
@@ -31,12 +32,13 @@ for r in $(seq "$ROUNDS"); do
     two tcp write_bw 65536 "$N" >>"$out/tcp_64k"
     two udp write_bw 65536 "$N" >>"$out/udp_64k"
     RDMX_UDP_BATCH=1 two udp write_bw 65536 "$N" >>"$out/udp_64k_nobatch"
+    RDMX_UDP_GSO=1 two udp write_bw 65536 "$N" >>"$out/udp_64k_gso"
     two tcp write_lat 8 20000 >>"$out/tcp_lat"
     two udp write_lat 8 20000 >>"$out/udp_lat"
     echo "round $r/$ROUNDS done" >&2
 done
 med() { sort -g "$out/$1" | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
-figs=(tcp_64k udp_64k udp_64k_nobatch tcp_lat udp_lat)
+figs=(tcp_64k udp_64k udp_64k_nobatch udp_64k_gso tcp_lat udp_lat)
 printf '%-16s %10s   (median of %s; MiB/s, latency in usec)\n' figure value "$ROUNDS"
 args=()
 for f in "${figs[@]}"; do
@@ -45,7 +47,8 @@ for f in "${figs[@]}"; do
 done
 python3 - "${args[@]}" <<'PY'
 import sys
-t64, u64, u64n, tl, ul = map(float, sys.argv[1:])
-print(f"ratio udp/tcp write_bw_64k={u64/t64:.2f} udp_batched/udp_unbatched write_bw_64k={u64/u64n:.2f} "
+t64, u64, u64n, u64g, tl, ul = map(float, sys.argv[1:])
+print(f"ratio udp/tcp write_bw_64k={u64/t64:.2f} udp_gso/tcp write_bw_64k={u64g/t64:.2f} "
+      f"udp_batched/udp_unbatched write_bw_64k={u64/u64n:.2f} udp_gso/udp write_bw_64k={u64g/u64:.2f} "
       f"udp/tcp write_lat={ul/tl:.2f}")
 PY

@@ -348,7 +348,10 @@ impl Driver {
             return None;
         };
         let mut g = qp.inner.lock();
-        if g.peer != Some(from) {
+        let from_peer = g.peer.is_some_and(|p| {
+            p.ip() == from.ip() && (p.port() == from.port() || p.port() == icrc::ROCE_PORT)
+        });
+        if !from_peer {
             self.stats.add(WRONG_SOURCE, 1);
             return None;
         }

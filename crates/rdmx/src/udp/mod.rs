@@ -14,7 +14,9 @@
 //! correct ICRC (unless [`Options::verify_icrc`] is off), an RC opcode, transport version
 //! 0 and the default partition; name a QP of this context; come from the exact address and
 //! port of the peer that QP was connected to; and find the QP in RTR, RTS or SQD. Anything
-//! else is dropped and counted ([`stats`]); no state is kept for strangers, so a flood
+//! else is dropped and counted ([`stats`]). A peer on port 4791 is a RoCE port, which
+//! may send from any source port (Linux rxe picks one per QP): only its address is
+//! compared. Everything no state is kept for strangers, so a flood
 //! costs only the time to look at it. The engine then checks PSNs, keys and bounds as on
 //! every provider.
 //!
@@ -152,11 +154,17 @@ impl Options {
 
     /// The options of a context opened by name: [`BIND_ENV`] gives the address, and
     /// `RDMX_UDP_BATCH` the [`batch`](Self::batch), `RDMX_UDP_GSO=1` turns on
-    /// [`gso`](Self::gso) and `RDMX_UDP_VERIFY_ICRC=0` turns off
+    /// [`gso`](Self::gso), `RDMX_UDP_WINDOW` sets the [`send_window`](Self::send_window)
+    /// and `RDMX_UDP_VERIFY_ICRC=0` turns off
     /// [`verify_icrc`](Self::verify_icrc).
     pub fn from_env() -> Result<Options> {
         let mut o = Options::default();
         o.gso = std::env::var("RDMX_UDP_GSO").is_ok_and(|v| v == "1");
+        if let Ok(v) = std::env::var("RDMX_UDP_WINDOW") {
+            o.send_window = v
+                .parse()
+                .map_err(|_| Error::InvalidArgument("RDMX_UDP_WINDOW is not a number"))?;
+        }
         o.verify_icrc = std::env::var("RDMX_UDP_VERIFY_ICRC").map_or(true, |v| v != "0");
         if let Ok(v) = std::env::var("RDMX_UDP_BATCH") {
             o.batch = v
@@ -358,6 +366,7 @@ fn bind_loopback() -> Result<std::net::UdpSocket> {
 
 impl Drop for Device {
     fn drop(&mut self) {
+        tracing::debug!(local = %self.driver.local, stats = ?self.driver.stats.get(), "udp context closed");
         self.driver.shutdown();
     }
 }
@@ -435,10 +444,19 @@ impl Transport for Link {
         PeerAddr::Ip(self.qp.driver.local)
     }
     fn bind_peer(&self, peer: &QpEndpoint, _timeout: Duration) -> Result<()> {
-        let PeerAddr::Ip(addr) = peer.addr else {
-            return Err(Error::InvalidArgument(
-                "a udp peer endpoint needs the address of its context",
-            ));
+        let addr = match peer.addr {
+            PeerAddr::Ip(a) => a,
+            // A RoCE port (verbs: Linux rxe, an adapter) names itself by its GID; an
+            // IPv4-mapped one is an IPv4 address. It listens on port 4791.
+            PeerAddr::Gid(g) => match g.to_ipv4_mapped() {
+                Some(v4) => SocketAddr::new(IpAddr::V4(v4), ROCE_PORT),
+                None => SocketAddr::new(IpAddr::V6(g), ROCE_PORT),
+            },
+            _ => {
+                return Err(Error::InvalidArgument(
+                    "a udp peer endpoint needs an IP address or a RoCE GID",
+                ))
+            }
         };
         if addr.ip().is_unspecified() || addr.port() == 0 {
             return Err(Error::InvalidArgument(

@@ -158,14 +158,16 @@ impl Options {
     /// and `RDMX_UDP_VERIFY_ICRC=0` turns off
     /// [`verify_icrc`](Self::verify_icrc).
     pub fn from_env() -> Result<Options> {
-        let mut o = Options::default();
-        o.gso = std::env::var("RDMX_UDP_GSO").is_ok_and(|v| v == "1");
+        let mut o = Options {
+            gso: std::env::var("RDMX_UDP_GSO").is_ok_and(|v| v == "1"),
+            verify_icrc: std::env::var("RDMX_UDP_VERIFY_ICRC").map_or(true, |v| v != "0"),
+            ..Options::default()
+        };
         if let Ok(v) = std::env::var("RDMX_UDP_WINDOW") {
             o.send_window = v
                 .parse()
                 .map_err(|_| Error::InvalidArgument("RDMX_UDP_WINDOW is not a number"))?;
         }
-        o.verify_icrc = std::env::var("RDMX_UDP_VERIFY_ICRC").map_or(true, |v| v != "0");
         if let Ok(v) = std::env::var("RDMX_UDP_BATCH") {
             o.batch = v
                 .parse()

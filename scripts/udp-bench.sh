@@ -19,14 +19,21 @@ trap 'rm -rf "$out"; kill $(jobs -p) 2>/dev/null || true' EXIT
 
 j() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 pick="d['results'][0].get('bw_avg_mib_s') or d['results'][0]['t_typical_us']"
-two() { # provider test size iters [extra...] -> MiB/s or t_typical usec
-    local p=$1 t=$2 s=$3 n=$4; shift 4
+two() { # provider test size iters [extra...] -> MiB/s or t_typical usec; a failed run
+    # prints nothing and is counted (with its error) in $out/failed
+    local p=$1 t=$2 s=$3 n=$4 srv; shift 4
     RDMX_UDP_BIND=127.0.0.1 "$RDMX" bench "$t" --provider "$p" -s "$s" -n "$n" \
         --server --port 5317 "$@" >/dev/null 2>&1 &
+    srv=$!
     sleep 0.3
-    RDMX_UDP_BIND=127.0.0.2 "$RDMX" bench "$t" --provider "$p" -s "$s" -n "$n" \
-        --port 5317 --json "$@" 127.0.0.1 | j "$pick"
-    wait
+    if RDMX_UDP_BIND=127.0.0.2 "$RDMX" bench "$t" --provider "$p" -s "$s" -n "$n" \
+        --port 5317 --json "$@" 127.0.0.1 >"$out/run.json" 2>"$out/run.err"; then
+        j "$pick" <"$out/run.json"
+    else
+        echo "$p $t $s ${RDMX_UDP_BATCH:+batch=$RDMX_UDP_BATCH }${RDMX_UDP_GSO:+gso }$(tail -1 "$out/run.err")" >>"$out/failed"
+        kill "$srv" 2>/dev/null || true # its peer is gone; it would wait for it
+    fi
+    wait "$srv" || true
 }
 for r in $(seq "$ROUNDS"); do
     two tcp write_bw 65536 "$N" >>"$out/tcp_64k"
@@ -45,6 +52,10 @@ for f in "${figs[@]}"; do
     printf '%-16s %10.3f\n' "$f" "$(med "$f")"
     args+=("$(med "$f")")
 done
+if [ -s "$out/failed" ]; then
+    echo "failed runs (not in the medians):"
+    sed 's/^/  /' "$out/failed"
+fi
 python3 - "${args[@]}" <<'PY'
 import sys
 t64, u64, u64n, u64g, tl, ul = map(float, sys.argv[1:])

@@ -7,7 +7,9 @@
 #     listed in RXE_DEVIATIONS below run in a step of their own that reports them but does
 #     not fail (and says so if one starts passing);
 #   - `rdmx devices` and `rdmx bench` smoke runs on rxe0, if the rdmx CLI binary was built,
-#     and every transfer test between two VMs (server in one, client in the other).
+#     and every transfer test between two VMs (server in one, client in the other);
+#   - rxe against rdmx's udp provider: rdmx bench on rxe0 in one VM and on the udp
+#     provider in another VM without rxe, in both roles.
 # Exits non-zero if any of them fails. The rootfs (cached, see rxe-vm.sh) is built in
 # parallel with the crates on the first run.
 #
@@ -180,6 +182,31 @@ if [ -n "$rdmx" ] && [ $rc -eq 0 ]; then
     else
         rc=1
         echo "== two hosts: FAILED ($((SECONDS - t2)) s)"
+    fi
+fi
+# Linux Soft-RoCE against rdmx's udp provider: `rdmx bench` on rxe0 (verbs) in VM a, on the
+# udp provider in VM b, which has no rxe (rdmx speaks RoCEv2 there from user space on UDP
+# port 4791); VM a is the server for every test, then VM b. --verify checks the data
+# that crossed. Over IPv4 VM b cannot check the ICRCs rxe sends (they cover an IP
+# identification a UDP socket does not see), so it runs with RDMX_UDP_VERIFY_ICRC=0; rxe
+# checks every ICRC VM b sends. A send window of 32 packets keeps bursts within what the
+# VMs' emulated link queues without loss.
+if [ -n "$rdmx" ] && [ $rc -eq 0 ]; then
+    udp_tests="write_bw read_bw send_bw write_lat send_lat atomic_bw"
+    verbs="bench \$t --provider verbs -d \$RXE_DEV -n 100 --verify -p \$((18600 + i))"
+    udp="env RDMX_UDP_BIND=\$RXE_IP RDMX_UDP_VERIFY_ICRC=0 RDMX_UDP_WINDOW=32 $rdmx bench \$t --provider udp -n 100 --verify -p \$((18600 + i))"
+    echo "== rxe and the udp provider: rdmx bench {${udp_tests// /,}} on rxe0 in VM a and" \
+        "on udp in VM b (no rxe), each side the server in turn"
+    t2=$SECONDS
+    if scripts/rxe-vm.sh run2 --b-no-rxe --timeout "$timeout" \
+        --a "set -e; $client; i=0; for t in $udp_tests; do $rdmx $verbs --server; i=\$((i + 1)); done; \
+             for t in $udp_tests; do connect $rdmx $verbs \$RXE_PEER; i=\$((i + 1)); done" \
+        --b "set -e; $client; i=0; for t in $udp_tests; do connect $udp \$RXE_PEER; i=\$((i + 1)); done; \
+             for t in $udp_tests; do $udp --server; i=\$((i + 1)); done"; then
+        echo "== rxe and the udp provider: ok ($((SECONDS - t2)) s)"
+    else
+        rc=1
+        echo "== rxe and the udp provider: FAILED ($((SECONDS - t2)) s)"
     fi
 fi
 echo "== rxe-test: status $rc after $((SECONDS - start)) s"

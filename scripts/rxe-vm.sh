@@ -22,6 +22,9 @@
 #   --cwd DIR        working directory of the command (default: $PWD if shared, else /)
 #   --env NAME       pass the host's NAME=value into the VM (repeatable; RUST_BACKTRACE,
 #                    RUST_LOG and RUST_TEST_THREADS always pass)
+#   --b-no-rxe       run2: VM b gets no rxe0 (rdma_rxe is not loaded, so UDP port 4791 is
+#                    free for a user-space RoCEv2 peer); RXE_DEV and RXE_GID_INDEX are
+#                    empty there
 #
 # Inside the VM the command sees: RXE_DEV=rxe0, RXE_IP (eth0's address), RXE_PEER (the
 # other VM's address in run2, else RXE_IP), RXE_GID_INDEX (index of the IPv4-mapped GID,
@@ -213,6 +216,12 @@ if [ "$RXE_MTU" != 1500 ]; then
 fi
 ip addr add "$RXE_IP/24" dev eth0
 ip link set eth0 up
+if [ "${RXE_NO_RXE:-0}" = 1 ]; then
+    RXE_DEV='' RXE_GID_INDEX=''
+    export RXE_GID_INDEX RXE_DEV RXE_IP RXE_PEER RXE_ROLE
+    ulimit -l unlimited
+    say "no rxe here (eth0 $RXE_IP, mtu $(cat /sys/class/net/eth0/mtu)): UDP port 4791 is free"
+else
 modprobe rdma_rxe
 modprobe rdma_ucm # rdma_cm for user space (/dev/infiniband/rdma_cm)
 dmesg -n 1 # keep rxe's per-QP error messages off the console
@@ -235,6 +244,7 @@ export RXE_GID_INDEX RXE_DEV=rxe0 RXE_IP RXE_PEER RXE_ROLE
 ulimit -l unlimited
 mtu=$(ibv_devinfo -d rxe0 | awk '/active_mtu/ {print $2}')
 say "rxe0 ACTIVE on eth0 $RXE_IP (mtu $(cat /sys/class/net/eth0/mtu)), active_mtu $mtu, IPv4 GID index $RXE_GID_INDEX"
+fi
 trap - ERR
 
 cd "$RXE_CWD" 2>/dev/null || cd /
@@ -278,7 +288,7 @@ rxe_strip() {
 rxe_parse_opts() {
     RXE_OPT_SHARES=() RXE_OPT_ENV=(RUST_BACKTRACE RUST_LOG RUST_TEST_THREADS)
     RXE_OPT_TIMEOUT=${RXE_VM_TIMEOUT:-900} RXE_OPT_MTU=9000 RXE_OPT_CWD=$PWD
-    RXE_OPT_A='' RXE_OPT_B='' RXE_ARGS=()
+    RXE_OPT_A='' RXE_OPT_B='' RXE_OPT_B_NO_RXE=0 RXE_ARGS=()
     while [ $# -gt 0 ]; do
         case $1 in
         --share) RXE_OPT_SHARES+=("$(cd "$2" && pwd)"); shift 2 ;;
@@ -288,6 +298,7 @@ rxe_parse_opts() {
         --env) RXE_OPT_ENV+=("$2"); shift 2 ;;
         --a) RXE_OPT_A=$2; shift 2 ;;
         --b) RXE_OPT_B=$2; shift 2 ;;
+        --b-no-rxe) RXE_OPT_B_NO_RXE=1; shift ;;
         --) shift; RXE_ARGS=("$@"); return ;;
         *) echo "rxe-vm: unknown option $1" >&2; exit 2 ;;
         esac
@@ -316,7 +327,7 @@ rxe_shares() {
 }
 
 # Prepare the share of one VM: init, helpers, env and the command.
-rxe_prepare() { # RUNDIR ROLE IP PEER CMDTEXT
+rxe_prepare() { # RUNDIR ROLE IP PEER CMDTEXT [NO_RXE]
     local run=$1 i n cwd=/
     mkdir -p "$run"
     rxe_write_init "$run"
@@ -324,8 +335,8 @@ rxe_prepare() { # RUNDIR ROLE IP PEER CMDTEXT
         case $RXE_OPT_CWD/ in "$i"/*) cwd=$RXE_OPT_CWD ;; esac
     done
     {
-        printf 'RXE_ROLE=%q RXE_IP=%q RXE_PEER=%q RXE_MTU=%q RXE_CWD=%q\n' \
-            "$2" "$3" "$4" "$RXE_OPT_MTU" "$cwd"
+        printf 'RXE_ROLE=%q RXE_IP=%q RXE_PEER=%q RXE_MTU=%q RXE_CWD=%q RXE_NO_RXE=%q\n' \
+            "$2" "$3" "$4" "$RXE_OPT_MTU" "$cwd" "${6:-0}"
         printf 'RXE_SHARES=('
         for i in "${!RXE_OPT_SHARES[@]}"; do printf '%q ' "host$i=${RXE_OPT_SHARES[$i]}"; done
         printf ')\n'
@@ -439,7 +450,7 @@ rxe_run2() { # [OPTS] --a CMD --b CMD
     RXE_TMP=$(mktemp -d "${TMPDIR:-/tmp}/rxe-vm.XXXXXX")
     trap rxe_cleanup EXIT
     rxe_prepare "$RXE_TMP/a" a 10.77.0.1 10.77.0.2 "$RXE_OPT_A"
-    rxe_prepare "$RXE_TMP/b" b 10.77.0.2 10.77.0.1 "$RXE_OPT_B"
+    rxe_prepare "$RXE_TMP/b" b 10.77.0.2 10.77.0.1 "$RXE_OPT_B" "$RXE_OPT_B_NO_RXE"
     port=$(rxe_free_port)
     mapfile -d '' args_a < <(rxe_qemu_args "$RXE_TMP/a" "$RXE_TMP/a.pid" \
         "socket,id=n0,listen=127.0.0.1:$port" 52:54:00:77:00:01)

@@ -100,12 +100,18 @@ fuzz_target!(|data: &[u8]| {
             completions += 1;
         }
         let _ = pcq.poll_one();
-        assert!(start.elapsed() < DEADLINE, "the victim's polls took too long");
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the victim's polls took too long"
+        );
         if vqp.state() == QpState::Err && completions > 0 {
             break;
         }
     }
-    assert!(completions <= 1, "the receive completed {completions} times");
+    assert!(
+        completions <= 1,
+        "the receive completed {completions} times"
+    );
     assert!(
         matches!(vqp.state(), QpState::Rts | QpState::Err),
         "the victim QP is in {:?}",

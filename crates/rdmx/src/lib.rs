@@ -16,6 +16,8 @@
 //!     straight between the socket and registered memory;
 //!   - [`shm`]: between processes of one host (or within one), a pair of shared-memory
 //!     rings per queue pair;
+//!   - [`udp`]: RoCEv2 on UDP sockets, between rdmx processes and with Linux Soft-RoCE
+//!     and RoCE adapters;
 //!   - `verbs` (cargo feature `verbs`, on by default): rdma-core, for InfiniBand, RoCE and
 //!     iWARP adapters and Soft-RoCE, with its own rdma_cm connection setup.
 //!
@@ -144,6 +146,7 @@ pub mod tokio;
 pub mod loopback;
 pub mod shm;
 pub mod tcp;
+pub mod udp;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
@@ -152,11 +155,12 @@ pub(crate) const PROVIDERS: &[provider::Entry] = &[
     loopback::ENTRY,
     tcp::ENTRY,
     shm::ENTRY,
+    udp::ENTRY,
     #[cfg(feature = "verbs")]
     verbs::ENTRY,
 ];
 
-/// The names of the providers this build has (`loopback`, `tcp`, `shm`, `verbs`).
+/// The names of the providers this build has (`loopback`, `tcp`, `shm`, `udp`, `verbs`).
 pub fn provider_names() -> impl Iterator<Item = &'static str> {
     PROVIDERS.iter().map(|p| p.name)
 }

@@ -13,7 +13,6 @@
 
 use std::time::{Duration, Instant};
 
-use rdmx::loopback::fault_stats;
 use rdmx::loopback::faults::{FaultStats, Faults, PPM};
 use rdmx::{
     Access, Completion, CompletionQueue, ConnectOptions, Context, LocalSge, Mapping, MemoryRegion,
@@ -37,12 +36,22 @@ struct Side {
     mr: MemoryRegion,
 }
 
-fn side(faults: Option<Faults>) -> Side {
+/// A loopback context with `faults`. (This file is also a module of other providers'
+/// test files, whose crate roots define their own `open_faulty` and `fault_stats`.)
+#[allow(dead_code)]
+fn open_faulty(faults: Option<Faults>) -> Context {
     let mut opts = rdmx::loopback::Options::default();
     if let Some(f) = faults {
         opts = opts.faults(f);
     }
-    let ctx = Context::open(opts).expect("open a loopback context");
+    Context::open(opts).expect("open a loopback context")
+}
+
+#[allow(unused_imports)]
+use rdmx::loopback::fault_stats;
+
+fn side(faults: Option<Faults>) -> Side {
+    let ctx = crate::open_faulty(faults);
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(1024).expect("create a CQ");
     let qp = pd
@@ -189,8 +198,8 @@ fn run(f: Faults) -> (FaultStats, FaultStats) {
     fb.seed ^= 0xB;
     let (a, b) = pair(Some(f), Some(fb));
     workload(&a, &b);
-    let sa = fault_stats(&a.ctx).expect("A has faults");
-    let sb = fault_stats(&b.ctx).expect("B has faults");
+    let sa = crate::fault_stats(&a.ctx).expect("A has faults");
+    let sb = crate::fault_stats(&b.ctx).expect("B has faults");
     assert!(sa.packets > 0 && sb.packets > 0);
     eprintln!("fault counts: A {sa:?}, B {sb:?}");
     (sa, sb)
@@ -200,7 +209,7 @@ fn run(f: Faults) -> (FaultStats, FaultStats) {
 fn workload_without_faults() {
     let (a, b) = pair(None, None);
     workload(&a, &b);
-    assert_eq!(fault_stats(&a.ctx), None);
+    assert_eq!(crate::fault_stats(&a.ctx), None);
 }
 
 #[test]
@@ -305,7 +314,7 @@ fn total_loss(a_faults: Faults, b_faults: Option<Faults>) {
     }
     assert_eq!(a.qp.state(), QpState::Err);
     // Whatever B saw (nothing, or requests whose acks were lost), it stays consistent.
-    if fault_stats(&b.ctx).is_none() {
+    if crate::fault_stats(&b.ctx).is_none() {
         assert_bytes(
             &image(&b.mr, 0, REGION),
             &before,

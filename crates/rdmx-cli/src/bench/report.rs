@@ -283,14 +283,16 @@ pub(crate) struct RunInfo {
     pub(crate) peer: String,
     /// "local address: ..." and "remote address: ..." lines, per QP.
     pub(crate) addresses: Vec<String>,
-    /// How the provider moves payloads (shm: `rdmx::shm::data_path`).
+    /// How the provider moves payloads (shm: `rdmx::shm::data_path`; udp: RoCEv2, and
+    /// whether received ICRCs are checked).
     pub(crate) data_path: Option<&'static str>,
     /// The provider was chosen by default (no --provider, no -d).
     pub(crate) by_default: bool,
 }
 
 impl RunInfo {
-    /// How the provider moves payloads, for providers with more than one way (shm).
+    /// How the provider moves payloads, for providers with more than one way (shm) or
+    /// something to say about it (udp).
     fn data_path(&self) -> Option<&'static str> {
         self.data_path
     }

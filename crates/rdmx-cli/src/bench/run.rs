@@ -236,7 +236,11 @@ fn info(cfg: &Config, side: &Side, mine: &Hello, peer: &Hello, where_: String) -
         verify: p.verify,
         peer: where_,
         addresses,
-        data_path: (kind == rdmx::shm::NAME).then(|| shm_data_path(side)),
+        data_path: if kind == rdmx::shm::NAME {
+            Some(shm_data_path(side))
+        } else {
+            rdmx::udp::data_path(&side.ctx)
+        },
         by_default: cfg.providers.is_empty() && cfg.device.is_none(),
     }
 }

@@ -93,6 +93,11 @@ pub struct QpConfig {
     /// silent peer is a slow process far more often than a dead one, whose end the link
     /// reports itself; a floor keeps a loaded host from failing healthy connections.
     pub min_ack_timeout: Duration,
+    /// Most packets (PSNs) sent and not yet acknowledged; 0 for no limit. A datagram
+    /// transport sets it so that a burst never outruns the peer's receive buffer: the
+    /// requester waits for acknowledgements (and asks for them every quarter window)
+    /// rather than sending packets the link would drop.
+    pub send_window: u32,
 }
 
 impl QpConfig {
@@ -110,6 +115,7 @@ impl QpConfig {
             reliable_link: false,
             qp_type: QpType::Rc,
             min_ack_timeout: Duration::ZERO,
+            send_window: 0,
         }
     }
 }

@@ -64,6 +64,9 @@ pub(crate) struct Requester<Mr> {
     /// after a rewind. Those are in flight, and SQD still (re)sends them.
     started_hw: usize,
     next_psn: u32,
+    /// Every PSN before this one is known to have reached the peer (the send window's
+    /// start).
+    acked: u32,
     /// READs and atomics sent and not completed.
     rd_atomic: u32,
     retry_left: u8,
@@ -84,6 +87,7 @@ impl<Mr> Requester<Mr> {
             send_off: 0,
             started_hw: 0,
             next_psn: 0,
+            acked: 0,
             rd_atomic: 0,
             retry_left: 0,
             rnr_left: 0,
@@ -97,6 +101,7 @@ impl<Mr> Requester<Mr> {
 
     pub(crate) fn reset(&mut self, sq_psn: u32, retry_cnt: u8, rnr_retry: u8) {
         self.next_psn = sq_psn;
+        self.acked = sq_psn;
         self.set_retry_counts(retry_cnt, rnr_retry);
     }
 
@@ -162,6 +167,16 @@ impl<Mr> Requester<Mr> {
         self.rd_atomic = 0;
         self.timer = None;
         self.rnr_until = None;
+    }
+
+    /// The peer answered up to (not including) `next`: the send window moves on.
+    /// Returns whether it moved.
+    fn answered(&mut self, next: u32) -> bool {
+        let moved = psn_diff(next, self.acked) > 0;
+        if moved {
+            self.acked = next;
+        }
+        moved
     }
 
     /// Whether any started request has not completed.
@@ -339,6 +354,13 @@ pub(crate) fn transmit<M: MemAccess>(
         }
     }
     let psn = req.next_psn;
+    let window = qp.cfg.send_window;
+    if window > 0 && psn_diff(psn, req.acked) >= window as i32 {
+        return None;
+    }
+    // Asks for an acknowledgement every quarter window, so the window moves during long
+    // messages too.
+    let ask_ack = window > 0 && psn % (window / 4).max(1) == 0;
     // Payload bytes `(offset into the request, length)`.
     let mut payload = (0, 0);
     let mut hdr;
@@ -383,6 +405,7 @@ pub(crate) fn transmit<M: MemAccess>(
                 req.send_idx += 1;
                 req.send_off = 0;
             } else {
+                hdr.bth.ack_req = ask_ack;
                 req.send_off += chunk;
             }
             req.next_psn = psn_add(psn, 1);
@@ -494,6 +517,17 @@ pub(crate) fn handle_response<M: MemAccess>(
         return;
     }
     let syndrome = hdr.aeth.map(|a| a.syndrome);
+    // Every answer says the peer has the packets before it; an ACK (of any kind) and a
+    // response its own PSN too.
+    let moved = match syndrome {
+        Some(Syndrome::Ack { .. }) | None => qp.req.answered(psn_add(psn, 1)),
+        Some(_) => qp.req.answered(psn),
+    };
+    if moved && qp.cfg.send_window > 0 {
+        // Part of a long message arrived: that is progress too, or the ack timer would
+        // expire while the window holds the rest back.
+        progress(qp, now);
+    }
     if let Some(Syndrome::Ack { credits }) = syndrome {
         qp.req.peer_credits = credits.count();
     }

@@ -313,6 +313,12 @@ impl Qp {
             ))?;
             let gid = match peer.addr {
                 PeerAddr::Gid(g) => g.octets(),
+                // A RoCEv2 peer named by its IP address (rdmx's udp provider): its GID
+                // is the address, IPv4 ones mapped.
+                PeerAddr::Ip(a) => match a.ip() {
+                    std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+                    std::net::IpAddr::V6(v6) => v6.octets(),
+                },
                 _ => {
                     return Err(Error::InvalidArgument(
                         "a verbs peer endpoint needs the GID of its port",

@@ -822,3 +822,40 @@ fn retry_counts_changed_in_sqd_apply() {
         assert_eq!(p.ab.sent().count(), 2, "rnr {rnr}: one try and one retry");
     }
 }
+
+#[test]
+fn a_send_window_holds_packets_until_acknowledgements_arrive() {
+    let mut p = Pair::with(PairConfig {
+        mtu: crate::Mtu::Mtu256,
+        send_window: 8,
+        ..PairConfig::default()
+    });
+    let lat = Duration::from_millis(1);
+    p.ab.latency = lat;
+    p.ba.latency = lat;
+    let len: usize = 64 * 256;
+    let src = p.a.mem.register(len as u64, ALL);
+    p.a.mem.fill(src.addr, &pattern(3, len));
+    let dst = p.b.mem.register(len as u64, ALL);
+    p.a.post(wr(
+        1,
+        SendOp::Write(dst.remote(0)),
+        vec![src.sge(0, len as u32)],
+    ))
+    .unwrap();
+    p.drive();
+    assert_eq!(p.a.sends(), vec![(1, WcStatus::Success)]);
+    assert_eq!(p.b.mem.bytes(dst.addr, len), pattern(3, len));
+    let sent: Vec<_> = p.ab.sent().collect();
+    assert_eq!(sent.len(), 64, "each packet once");
+    // The first window leaves at once; the next packet waits for an acknowledgement,
+    // which takes a round trip.
+    let first = sent[0].at;
+    assert!(sent[7].at < first + lat, "the first window was held");
+    assert!(
+        sent[8].at >= first + 2 * lat,
+        "a packet beyond the window left early"
+    );
+    // Acknowledgements are asked for every quarter window, inside the message too.
+    assert!(sent[..63].iter().filter(|x| x.ack_req).count() >= 64 / 2 - 1);
+}

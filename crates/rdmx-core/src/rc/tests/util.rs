@@ -41,6 +41,8 @@ pub(super) struct PairConfig {
     pub(super) reliable_link: bool,
     /// `QpConfig::min_ack_timeout` on both QPs.
     pub(super) min_ack_timeout: Duration,
+    /// `QpConfig::send_window` on both QPs.
+    pub(super) send_window: u32,
 }
 
 impl Default for PairConfig {
@@ -65,6 +67,7 @@ impl Default for PairConfig {
             seed: 1,
             reliable_link: false,
             min_ack_timeout: Duration::ZERO,
+            send_window: 0,
         }
     }
 }
@@ -225,6 +228,7 @@ impl Pair {
             c.max_recv_sge = cfg.max_recv_sge;
             c.reliable_link = cfg.reliable_link;
             c.min_ack_timeout = cfg.min_ack_timeout;
+            c.send_window = cfg.send_window;
             c
         };
         let epoch = Instant::now();

@@ -1,0 +1,407 @@
+//! A udp context's socket, its receive path, its timers and its progress thread.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, RwLock};
+use rdmx_core::QpState;
+
+use super::icrc::{self, Reject};
+use super::qp::UdpQp;
+use super::sys::{self, CAddr, RxBatch, BATCH};
+use super::UdpStats;
+use crate::{Error, Result};
+
+/// The progress thread leaves the socket to an application that polled this recently.
+const HANDOVER: Duration = Duration::from_millis(1);
+/// Timer key of delayed datagrams (fault injection); QP numbers have 24 bits.
+const DELAYED: u32 = u32::MAX;
+
+/// Counters of what arrived and what was dropped.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    c: [AtomicU64; 11],
+}
+
+const RECEIVED: usize = 0;
+const DELIVERED: usize = 1;
+const BAD_LENGTH: usize = 2;
+const BAD_ICRC: usize = 3;
+const BAD_HEADER: usize = 4;
+const UNKNOWN_QP: usize = 5;
+const WRONG_SOURCE: usize = 6;
+const NOT_READY: usize = 7;
+const SENT: usize = 8;
+const SEND_FAILED: usize = 9;
+const JOINED: usize = 10;
+
+impl Stats {
+    fn add(&self, i: usize, n: u64) {
+        self.c[i].fetch_add(n, Ordering::Relaxed);
+    }
+    pub(crate) fn count_unrouted(&self) {
+        self.add(SEND_FAILED, 1);
+    }
+    pub(crate) fn get(&self) -> UdpStats {
+        let g = |i: usize| self.c[i].load(Ordering::Relaxed);
+        UdpStats {
+            received: g(RECEIVED),
+            delivered: g(DELIVERED),
+            bad_length: g(BAD_LENGTH),
+            bad_icrc: g(BAD_ICRC),
+            bad_header: g(BAD_HEADER),
+            unknown_qp: g(UNKNOWN_QP),
+            wrong_source: g(WRONG_SOURCE),
+            not_ready: g(NOT_READY),
+            sent: g(SENT),
+            send_failed: g(SEND_FAILED),
+            joined: g(JOINED),
+        }
+    }
+}
+
+/// A context's socket, queue pairs, timers and progress thread.
+pub(crate) struct Driver {
+    sock: UdpSocket,
+    /// The address the socket is bound to: the source of every packet sent.
+    pub(crate) local: SocketAddr,
+    /// Largest datagram accepted.
+    max_datagram: usize,
+    pub(crate) verify_icrc: bool,
+    /// Datagrams per `sendmmsg`/`recvmmsg`.
+    batch: usize,
+    /// Runs of equal-sized datagrams go as one GSO send.
+    gso: bool,
+    qps: RwLock<HashMap<u32, Arc<UdpQp>>>,
+    rx: Mutex<RxBatch>,
+    timers: Mutex<BinaryHeap<Reverse<(Instant, u32)>>>,
+    /// Datagrams held back by fault injection: when each is due, and where it goes.
+    delayed: Mutex<Vec<(Instant, SocketAddr, Vec<u8>)>>,
+    pub(crate) stats: Stats,
+    wake: OwnedFd,
+    /// The progress thread sleeps in `poll` until this instant (ns after `epoch`;
+    /// `u64::MAX`: not sleeping there).
+    sleeping_until: AtomicU64,
+    /// When an application last polled (ns after `epoch`; 0: not polling).
+    app_polled: AtomicU64,
+    nap: (Mutex<()>, Condvar),
+    epoch: Instant,
+    stop: AtomicBool,
+    next_qpn: AtomicU32,
+    #[cfg(feature = "testing")]
+    pub(crate) faults: Option<Arc<crate::loopback::faults::Injector>>,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("udp::Driver")
+            .field("local", &self.local)
+            .finish()
+    }
+}
+
+/// How a driver starts.
+pub(crate) struct Start {
+    pub(crate) sock: UdpSocket,
+    pub(crate) max_datagram: usize,
+    pub(crate) verify_icrc: bool,
+    pub(crate) batch: usize,
+    pub(crate) gso: bool,
+    pub(crate) qpn_seed: u32,
+    #[cfg(feature = "testing")]
+    pub(crate) faults: Option<crate::loopback::faults::Faults>,
+}
+
+impl Driver {
+    /// Takes the socket and starts the progress thread.
+    pub(crate) fn start(s: Start) -> Result<Arc<Driver>> {
+        if s.gso {
+            sys::enable_gro(s.sock.as_raw_fd()).map_err(|e| Error::Io("UDP_GRO", e))?;
+        }
+        // A run the kernel joined can be as long as a UDP payload gets.
+        let slot = if s.gso { 65536 } else { s.max_datagram + 1 };
+        let local = s
+            .sock
+            .local_addr()
+            .map_err(|e| Error::Io("getsockname", e))?;
+        let driver = Arc::new(Driver {
+            sock: s.sock,
+            local,
+            max_datagram: s.max_datagram,
+            verify_icrc: s.verify_icrc,
+            batch: s.batch.clamp(1, BATCH),
+            gso: s.gso,
+            qps: RwLock::new(HashMap::new()),
+            rx: Mutex::new(RxBatch::new(slot)),
+            timers: Mutex::new(BinaryHeap::new()),
+            delayed: Mutex::new(Vec::new()),
+            stats: Stats::default(),
+            wake: sys::eventfd().map_err(|e| Error::Io("eventfd", e))?,
+            sleeping_until: AtomicU64::new(u64::MAX),
+            app_polled: AtomicU64::new(0),
+            nap: (Mutex::new(()), Condvar::new()),
+            epoch: Instant::now(),
+            stop: AtomicBool::new(false),
+            // QP numbers 0 and 1 are special in InfiniBand.
+            next_qpn: AtomicU32::new((s.qpn_seed & 0x7f_ffff) | 0x10),
+            #[cfg(feature = "testing")]
+            faults: s
+                .faults
+                .map(|f| Arc::new(crate::loopback::faults::Injector::new(f))),
+        });
+        let d = driver.clone();
+        std::thread::Builder::new()
+            .name("rdmx-udp".into())
+            .spawn(move || d.run_thread())
+            .map_err(|e| Error::Io("spawn the progress thread", e))?;
+        Ok(driver)
+    }
+
+    /// Stops the progress thread.
+    pub(crate) fn shutdown(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        sys::wake(self.wake.as_raw_fd());
+        self.nap.1.notify_all();
+    }
+
+    /// A new QP number, not in use in this context.
+    pub(crate) fn alloc_qpn(&self) -> u32 {
+        loop {
+            let n = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
+            if n > 1 && !self.qps.read().contains_key(&n) {
+                return n;
+            }
+        }
+    }
+
+    pub(crate) fn add_qp(&self, qp: Arc<UdpQp>) {
+        self.qps.write().insert(qp.qpn, qp);
+    }
+
+    pub(crate) fn remove_qp(&self, qpn: u32) {
+        let qp = self.qps.write().remove(&qpn);
+        drop(qp);
+    }
+
+    fn ns(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
+    /// Asks for a timeout on QP `qpn` at `at`.
+    pub(crate) fn schedule(&self, at: Instant, qpn: u32) {
+        self.timers.lock().push(Reverse((at, qpn)));
+        if self.ns(at) < self.sleeping_until.load(Ordering::SeqCst) {
+            sys::wake(self.wake.as_raw_fd());
+        }
+    }
+
+    /// Sends datagrams to `to` now.
+    pub(crate) fn send_now(&self, to: SocketAddr, datagrams: &[Vec<u8>]) {
+        if datagrams.is_empty() {
+            return;
+        }
+        let failed = sys::send_all(
+            self.sock.as_raw_fd(),
+            &CAddr::new(to),
+            datagrams,
+            self.batch,
+            self.gso,
+        );
+        self.stats.add(SENT, (datagrams.len() - failed) as u64);
+        self.stats.add(SEND_FAILED, failed as u64);
+    }
+
+    /// Sends a datagram at `at` (fault injection).
+    #[cfg(feature = "testing")]
+    pub(crate) fn delay(&self, at: Instant, to: SocketAddr, d: Vec<u8>) {
+        self.delayed.lock().push((at, to, d));
+        self.schedule(at, DELAYED);
+    }
+
+    /// An application polled: receive and fire timers without waiting.
+    pub(crate) fn app_progress(&self) {
+        self.app_polled
+            .store(self.ns(Instant::now()).max(1), Ordering::Relaxed);
+        self.progress();
+    }
+
+    /// An application stops polling: the progress thread takes over at once.
+    pub(crate) fn idle(&self) {
+        self.app_polled.store(0, Ordering::Relaxed);
+        self.nap.1.notify_all();
+    }
+
+    /// Receives what waits and fires due timers.
+    fn progress(&self) {
+        self.receive();
+        self.fire_timers();
+    }
+
+    fn run_thread(self: Arc<Self>) {
+        while !self.stop.load(Ordering::SeqCst) {
+            let polled = self.app_polled.load(Ordering::Relaxed);
+            let now = Instant::now();
+            if polled != 0 && self.ns(now).saturating_sub(polled) < HANDOVER.as_nanos() as u64 {
+                let mut g = self.nap.0.lock();
+                self.nap.1.wait_for(&mut g, HANDOVER);
+                continue;
+            }
+            let next = self.timers.lock().peek().map(|Reverse((t, _))| *t);
+            // Sleeps are capped, so a timer pushed just before the flag was set is late by
+            // at most this much.
+            let cap = now + Duration::from_millis(50);
+            let until = next.map_or(cap, |t| t.min(cap));
+            self.sleeping_until.store(self.ns(until), Ordering::SeqCst);
+            // A timer pushed between the peek and the store is seen here.
+            let next = self.timers.lock().peek().map(|Reverse((t, _))| *t);
+            let until = next.map_or(until, |t| t.min(until));
+            let ms = until
+                .saturating_duration_since(Instant::now())
+                .as_micros()
+                .div_ceil(1000) as libc::c_int;
+            sys::wait(self.sock.as_raw_fd(), self.wake.as_raw_fd(), ms);
+            self.sleeping_until.store(u64::MAX, Ordering::SeqCst);
+            self.progress();
+        }
+    }
+
+    /// Reads every waiting datagram and hands each to its QP.
+    fn receive(&self) {
+        let Some(mut rx) = self.rx.try_lock() else {
+            return;
+        };
+        let fd = self.sock.as_raw_fd();
+        let mut touched: Vec<Arc<UdpQp>> = Vec::new();
+        loop {
+            let n = rx.recv(fd, self.batch);
+            let now = Instant::now();
+            for i in 0..n {
+                let (from, bytes, cut, seg) = rx.get(i);
+                let seg = seg.unwrap_or(bytes.len()).max(1);
+                if bytes.len() > seg {
+                    self.stats.add(JOINED, bytes.len().div_ceil(seg) as u64);
+                }
+                for d in bytes.chunks(seg) {
+                    let len = if cut { usize::MAX } else { d.len() };
+                    if let Some(qp) = self.deliver(from, d, len, now) {
+                        if !touched.iter().any(|t| t.qpn == qp.qpn) {
+                            touched.push(qp);
+                        }
+                    }
+                }
+                if bytes.is_empty() {
+                    self.deliver(from, bytes, 0, now);
+                }
+            }
+            if n < self.batch {
+                break;
+            }
+        }
+        drop(rx);
+        let now = Instant::now();
+        for qp in touched {
+            let mut g = qp.inner.lock();
+            qp.pump(&mut g, now);
+        }
+    }
+
+    /// Checks a datagram of `len` bytes (`usize::MAX`: cut short by the socket) and feeds
+    /// its packet to its QP; returns the QP to pump afterwards.
+    pub(crate) fn deliver(
+        &self,
+        from: Option<SocketAddr>,
+        bytes: &[u8],
+        len: usize,
+        now: Instant,
+    ) -> Option<Arc<UdpQp>> {
+        self.stats.add(RECEIVED, 1);
+        let Some(from) = from else {
+            self.stats.add(WRONG_SOURCE, 1);
+            return None;
+        };
+        let checked = if len > self.max_datagram {
+            Err(Reject::Length)
+        } else {
+            icrc::check(from, self.local, bytes, self.max_datagram, self.verify_icrc)
+        };
+        let (packet, qpn) = match checked {
+            Ok(p) => p,
+            Err(r) => {
+                self.stats.add(
+                    match r {
+                        Reject::Length => BAD_LENGTH,
+                        Reject::Icrc => BAD_ICRC,
+                        Reject::Header => BAD_HEADER,
+                    },
+                    1,
+                );
+                return None;
+            }
+        };
+        let Some(qp) = self.qps.read().get(&qpn).cloned() else {
+            self.stats.add(UNKNOWN_QP, 1);
+            return None;
+        };
+        let mut g = qp.inner.lock();
+        let from_peer = g.peer.is_some_and(|p| {
+            p.ip() == from.ip() && (p.port() == from.port() || p.port() == icrc::ROCE_PORT)
+        });
+        if !from_peer {
+            self.stats.add(WRONG_SOURCE, 1);
+            return None;
+        }
+        if !matches!(g.engine.state(), QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            self.stats.add(NOT_READY, 1);
+            return None;
+        }
+        self.stats.add(DELIVERED, 1);
+        qp.handle(&mut g, now, packet);
+        drop(g);
+        Some(qp)
+    }
+
+    fn fire_timers(&self) {
+        let now = Instant::now();
+        loop {
+            let qpn = {
+                let mut t = self.timers.lock();
+                match t.peek() {
+                    Some(Reverse((at, qpn))) if *at <= now => {
+                        let qpn = *qpn;
+                        t.pop();
+                        qpn
+                    }
+                    _ => break,
+                }
+            };
+            if qpn == DELAYED {
+                self.send_delayed(now);
+                continue;
+            }
+            let qp = self.qps.read().get(&qpn).cloned();
+            if let Some(qp) = qp {
+                let mut g = qp.inner.lock();
+                qp.timeout(&mut g, now);
+            }
+        }
+    }
+
+    fn send_delayed(&self, now: Instant) {
+        let due: Vec<(Instant, SocketAddr, Vec<u8>)> = {
+            let mut d = self.delayed.lock();
+            let (due, later) = std::mem::take(&mut *d)
+                .into_iter()
+                .partition(|(t, _, _)| *t <= now);
+            *d = later;
+            due
+        };
+        for (_, to, d) in due {
+            self.send_now(to, &[d]);
+        }
+    }
+}

@@ -1,0 +1,482 @@
+//! The udp provider: the RC engine on UDP sockets as IBTA RoCEv2, a peer of Linux
+//! Soft-RoCE (rxe) and of RoCE adapters.
+//!
+//! Every packet is one datagram to UDP port 4791 ([`ROCE_PORT`]): the BTH and extension
+//! headers as the engine makes them, the payload, the pad to 4 bytes, and the invariant CRC
+//! ([`icrc`], computed as rxe does). A context binds one socket to one address (port 4791
+//! unless told otherwise, [`Options::bind`]); all its queue pairs share it, and a datagram
+//! goes to the QP its BTH names. The path MTU is 256 to 4096 bytes, the smaller of both
+//! sides' offers (the endpoint carries each side's).
+//!
+//! ## What a datagram must pass
+//!
+//! Before its packet reaches the engine, a datagram must have a plausible length, a
+//! correct ICRC (unless [`Options::verify_icrc`] is off), an RC opcode, transport version
+//! 0 and the default partition; name a QP of this context; come from the exact address and
+//! port of the peer that QP was connected to; and find the QP in RTR, RTS or SQD. Anything
+//! else is dropped and counted ([`stats`]). A peer on port 4791 is a RoCE port, which
+//! may send from any source port (Linux rxe picks one per QP): only its address is
+//! compared. Everything no state is kept for strangers, so a flood
+//! costs only the time to look at it. The engine then checks PSNs, keys and bounds as on
+//! every provider.
+//!
+//! RoCEv2 has no field for the endpoint's connection secret: a queue pair is protected by
+//! the peer address it was bound to (spoofing a source address takes a privileged sender
+//! on the path) and by its random first PSN, as an RDMA adapter's would be.
+//!
+//! ## Reliability and pacing
+//!
+//! Loss, duplication and reordering are the engine's to recover from (retransmission on
+//! the ACK timer, PSN-sequence NAKs, RNR waits). So that a burst does not overrun the
+//! peer's socket buffer, the requester keeps at most [`Options::send_window`] packets
+//! unacknowledged and asks for an ACK every quarter window.
+//!
+//! ## Batching and progress
+//!
+//! Packets a QP produces in one go leave in `sendmmsg` batches; arriving datagrams are read
+//! with `recvmmsg`, every QP's packets of a batch handled before its answers are sent.
+//! Polling a CQ reads the socket without waiting; a progress thread takes over while
+//! nobody polls (as on tcp), so one-sided operations complete while the target application
+//! does nothing.
+
+mod driver;
+pub mod icrc;
+mod qp;
+mod sys;
+
+use std::any::Any;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdmx_core::Mtu;
+
+use self::driver::{Driver, Start};
+use self::qp::UdpQp;
+use crate::endpoint::{PeerAddr, QpEndpoint};
+use crate::provider::{self, Capabilities, CqCore, ProviderConfig};
+use crate::soft::{self, Engine, Keys, SoftDevice, SoftQp, SoftSrq, Transport};
+use crate::{Error, Result};
+
+pub use icrc::ROCE_PORT;
+
+/// The provider's name.
+pub const NAME: &str = "udp";
+const DEVICE: &str = "udp0";
+
+/// The environment variable naming the address a context opened by name binds
+/// (`ADDR:PORT`, or an address for port 4791).
+pub const BIND_ENV: &str = "RDMX_UDP_BIND";
+
+/// How to open a udp context.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Options {
+    /// The address to bind. It must be a specific address: the ICRC covers the IP source
+    /// address. Default: the first free one of 127.0.0.1, 127.0.0.2, ... on port 4791.
+    pub bind: Option<SocketAddr>,
+    /// The largest path MTU this side offers (256 to 4096 bytes; default 4096).
+    pub max_mtu: Mtu,
+    /// Check the ICRC of every received datagram (default on). On IPv4 the check assumes
+    /// the sender's IP identification is 0, as this provider's are; a peer that picks
+    /// others (Linux rxe) needs it off there. Over IPv6 it works with every peer.
+    pub verify_icrc: bool,
+    /// Most packets a queue pair keeps unacknowledged (default 256).
+    pub send_window: u32,
+    /// Datagrams per `sendmmsg` and `recvmmsg` call, 1 to 32 (default 32; 1 is a system
+    /// call per datagram, for comparison).
+    pub batch: usize,
+    /// Send each run of equal-sized datagrams to one peer (a multi-packet message) as one
+    /// UDP GSO message, and take joined runs (UDP GRO) on receipt (default off). Between
+    /// rdmx contexts only: the ICRCs are computed for IPv4 identification 0 on every
+    /// datagram, while the kernel numbers the segments of a GSO message 0, 1, 2, ... where
+    /// it splits them, so a receiver that checks against the real headers (Linux rxe, an
+    /// adapter) drops all but the first. Over loopback nothing is split.
+    pub gso: bool,
+    #[cfg(feature = "testing")]
+    faults: Option<crate::loopback::faults::Faults>,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            bind: None,
+            max_mtu: Mtu::Mtu4096,
+            verify_icrc: true,
+            send_window: 256,
+            batch: sys::BATCH,
+            gso: false,
+            #[cfg(feature = "testing")]
+            faults: None,
+        }
+    }
+}
+
+impl Options {
+    /// Sets [`bind`](Self::bind).
+    pub fn bind(mut self, addr: SocketAddr) -> Self {
+        self.bind = Some(addr);
+        self
+    }
+    /// Sets [`max_mtu`](Self::max_mtu).
+    pub fn max_mtu(mut self, mtu: Mtu) -> Self {
+        self.max_mtu = mtu;
+        self
+    }
+    /// Sets [`verify_icrc`](Self::verify_icrc).
+    pub fn verify_icrc(mut self, on: bool) -> Self {
+        self.verify_icrc = on;
+        self
+    }
+    /// Sets [`batch`](Self::batch).
+    pub fn batch(mut self, datagrams: usize) -> Self {
+        self.batch = datagrams;
+        self
+    }
+    /// Sets [`gso`](Self::gso).
+    pub fn gso(mut self, on: bool) -> Self {
+        self.gso = on;
+        self
+    }
+    /// Sets [`send_window`](Self::send_window).
+    pub fn send_window(mut self, packets: u32) -> Self {
+        self.send_window = packets;
+        self
+    }
+    /// Drops, delays, duplicates, reorders or corrupts the datagrams this context's queue
+    /// pairs send, at the socket, to test recovery. A corrupted datagram fails the
+    /// receiver's ICRC check.
+    #[cfg(feature = "testing")]
+    pub fn faults(mut self, faults: crate::loopback::faults::Faults) -> Self {
+        self.faults = Some(faults);
+        self
+    }
+
+    /// The options of a context opened by name: [`BIND_ENV`] gives the address, and
+    /// `RDMX_UDP_BATCH` the [`batch`](Self::batch), `RDMX_UDP_GSO=1` turns on
+    /// [`gso`](Self::gso), `RDMX_UDP_WINDOW` sets the [`send_window`](Self::send_window)
+    /// and `RDMX_UDP_VERIFY_ICRC=0` turns off
+    /// [`verify_icrc`](Self::verify_icrc).
+    pub fn from_env() -> Result<Options> {
+        let mut o = Options {
+            gso: std::env::var("RDMX_UDP_GSO").is_ok_and(|v| v == "1"),
+            verify_icrc: std::env::var("RDMX_UDP_VERIFY_ICRC").map_or(true, |v| v != "0"),
+            ..Options::default()
+        };
+        if let Ok(v) = std::env::var("RDMX_UDP_WINDOW") {
+            o.send_window = v
+                .parse()
+                .map_err(|_| Error::InvalidArgument("RDMX_UDP_WINDOW is not a number"))?;
+        }
+        if let Ok(v) = std::env::var("RDMX_UDP_BATCH") {
+            o.batch = v
+                .parse()
+                .ok()
+                .filter(|b| (1..=sys::BATCH).contains(b))
+                .ok_or(Error::InvalidArgument("RDMX_UDP_BATCH is not 1 to 32"))?;
+        }
+        if let Ok(v) = std::env::var(BIND_ENV) {
+            let addr = v
+                .parse::<SocketAddr>()
+                .or_else(|_| v.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, ROCE_PORT)))
+                .map_err(|_| Error::InvalidArgument("RDMX_UDP_BIND is not an address"))?;
+            o.bind = Some(addr);
+        }
+        Ok(o)
+    }
+}
+
+impl From<Options> for ProviderConfig {
+    fn from(opts: Options) -> ProviderConfig {
+        ProviderConfig::new(NAME, move || {
+            Ok(Arc::new(Device::open(&opts)?) as Arc<dyn provider::Device>)
+        })
+    }
+}
+
+/// The provider as the registry lists it.
+pub(crate) const ENTRY: provider::Entry = provider::Entry {
+    name: NAME,
+    devices: || {
+        vec![provider::DeviceInfo {
+            provider: NAME,
+            name: DEVICE.to_string(),
+            capabilities: soft::capabilities(&limits(Mtu::Mtu4096), Mtu::Mtu4096),
+            gid: None,
+        }]
+    },
+    open: |device| {
+        if let Some(d) = device.filter(|&d| d != DEVICE) {
+            return Err(Error::NoDevice(format!(
+                "provider {NAME} has no device {d}; its device is {DEVICE}"
+            )));
+        }
+        ProviderConfig::from(Options::from_env()?).open()
+    },
+};
+
+fn limits(max_mtu: Mtu) -> rdmx_core::QpLimits {
+    soft::limits(max_mtu)
+}
+
+/// Bytes of a datagram's headers beyond the payload, at most (BTH, RETH, immediate data or
+/// the atomic headers, pad, ICRC), with room to spare.
+const HEADROOM: usize = 64;
+
+/// What a udp context received and dropped so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UdpStats {
+    /// Datagrams read from the socket.
+    pub received: u64,
+    /// Datagrams whose packet was handed to a queue pair.
+    pub delivered: u64,
+    /// Dropped: too short for a BTH and an ICRC, or longer than the largest packet.
+    pub bad_length: u64,
+    /// Dropped: the ICRC did not match.
+    pub bad_icrc: u64,
+    /// Dropped: not an RC packet of transport version 0 in the default partition.
+    pub bad_header: u64,
+    /// Dropped: for a QP number this context does not have.
+    pub unknown_qp: u64,
+    /// Dropped: not from the address and port the QP was connected to.
+    pub wrong_source: u64,
+    /// Dropped: for a QP not in RTR, RTS or SQD.
+    pub not_ready: u64,
+    /// Datagrams sent.
+    pub sent: u64,
+    /// Datagrams the kernel refused (lost; the engine retransmits).
+    pub send_failed: u64,
+    /// Datagrams that arrived joined with others in one read (UDP GRO).
+    pub joined: u64,
+}
+
+/// What a udp context received and dropped so far; `None` for a context of another
+/// provider.
+pub fn stats(ctx: &crate::Context) -> Option<UdpStats> {
+    Some(device(ctx)?.driver.stats.get())
+}
+
+/// How a udp context moves packets, for a run's header: RoCEv2 on UDP, and whether it
+/// checks the ICRC of what it receives. `None` for a context of another provider.
+pub fn data_path(ctx: &crate::Context) -> Option<&'static str> {
+    Some(if device(ctx)?.driver.verify_icrc {
+        "RoCEv2 on UDP, received ICRCs checked"
+    } else {
+        "RoCEv2 on UDP, received ICRCs not checked"
+    })
+}
+
+/// The address a udp context's socket is bound to; `None` for a context of another
+/// provider.
+pub fn local_addr(ctx: &crate::Context) -> Option<SocketAddr> {
+    Some(device(ctx)?.driver.local)
+}
+
+/// Feeds `datagram` to a udp context's receive path as if it had arrived from `from` (for
+/// fuzzing and tests: it passes every check a datagram from the socket passes). Returns
+/// whether its packet reached a queue pair.
+#[cfg(feature = "testing")]
+pub fn inject(ctx: &crate::Context, from: SocketAddr, datagram: &[u8]) -> bool {
+    let Some(d) = device(ctx) else { return false };
+    let now = std::time::Instant::now();
+    match d.driver.deliver(Some(from), datagram, datagram.len(), now) {
+        Some(qp) => {
+            let mut g = qp.inner.lock();
+            qp.pump(&mut g, now);
+            true
+        }
+        None => false,
+    }
+}
+
+/// What fault injection did to a udp context's datagrams; `None` for a context of another
+/// provider or one opened without [`Options::faults`].
+#[cfg(feature = "testing")]
+pub fn fault_stats(ctx: &crate::Context) -> Option<crate::loopback::FaultStats> {
+    device(ctx)?.driver.faults.as_ref().map(|i| i.stats())
+}
+
+fn device(ctx: &crate::Context) -> Option<&Device> {
+    ctx.device().as_any().downcast_ref::<Device>()
+}
+
+/// A udp device: a key table and a driver.
+#[derive(Debug)]
+struct Device {
+    keys: Arc<Keys>,
+    caps: Capabilities,
+    max_mtu: Mtu,
+    send_window: u32,
+    driver: Arc<Driver>,
+}
+
+impl Device {
+    fn open(opts: &Options) -> Result<Device> {
+        let mtu = opts.max_mtu.bytes();
+        if !(256..=4096).contains(&mtu) {
+            return Err(Error::InvalidArgument(
+                "a udp path MTU is 256 to 4096 bytes",
+            ));
+        }
+        let sock = match opts.bind {
+            Some(a) if a.ip().is_unspecified() => {
+                return Err(Error::InvalidArgument(
+                    "a udp context binds a specific address (the ICRC covers it)",
+                ))
+            }
+            Some(a) => sys::bind(a).map_err(|e| Error::Io("bind", e))?,
+            None => bind_loopback()?,
+        };
+        let seed = soft::seed()?;
+        let driver = Driver::start(Start {
+            sock,
+            max_datagram: mtu as usize + HEADROOM,
+            verify_icrc: opts.verify_icrc,
+            batch: opts.batch,
+            gso: opts.gso,
+            qpn_seed: (seed >> 32) as u32,
+            #[cfg(feature = "testing")]
+            faults: opts.faults.clone(),
+        })?;
+        Ok(Device {
+            keys: Arc::new(Keys::new(seed)),
+            caps: soft::capabilities(&limits(opts.max_mtu), opts.max_mtu),
+            max_mtu: opts.max_mtu,
+            send_window: opts.send_window,
+            driver,
+        })
+    }
+}
+
+/// Binds the first free one of 127.0.0.1, 127.0.0.2, ... on port 4791.
+fn bind_loopback() -> Result<std::net::UdpSocket> {
+    let mut last = None;
+    for i in 1..=254u8 {
+        let a = SocketAddr::from((Ipv4Addr::new(127, 0, 0, i), ROCE_PORT));
+        match sys::bind(a) {
+            Ok(s) => return Ok(s),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = Some(e),
+            Err(e) => return Err(Error::Io("bind", e)),
+        }
+    }
+    Err(Error::Io(
+        "bind (every 127.0.0.x:4791 is taken)",
+        last.unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::AddrInUse)),
+    ))
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        tracing::debug!(local = %self.driver.local, stats = ?self.driver.stats.get(), "udp context closed");
+        self.driver.shutdown();
+    }
+}
+
+impl SoftDevice for Device {
+    const PROVIDER: &'static str = NAME;
+    const DEVICE: &'static str = DEVICE;
+    const AFTER_SRQ_POST: fn() = || {};
+    fn keys(&self) -> &Arc<Keys> {
+        &self.keys
+    }
+    fn caps(&self) -> &Capabilities {
+        &self.caps
+    }
+    fn address(&self) -> PeerAddr {
+        PeerAddr::Ip(self.driver.local)
+    }
+    fn create_cq(&self, _core: &Arc<CqCore>) -> Result<Box<dyn provider::Cq>> {
+        Ok(Box::new(Cq {
+            driver: self.driver.clone(),
+        }))
+    }
+    fn create_qp(&self, init: provider::QpInit<'_>) -> Result<Box<dyn provider::Qp>> {
+        let srq = SoftSrq::of(init.srq)?;
+        let qpn = self.driver.alloc_qpn();
+        let mut cfg = soft::config(&init, qpn);
+        cfg.send_window = self.send_window;
+        let engine = Engine::new(cfg, limits(self.max_mtu));
+        let qp = Arc::new(UdpQp::new(
+            qpn,
+            self.driver.clone(),
+            engine,
+            self.keys.clone(),
+            (init.send_cq.core.clone(), init.recv_cq.core.clone()),
+            srq,
+        ));
+        self.driver.add_qp(qp.clone());
+        Ok(Box::new(SoftQp {
+            qpn,
+            transport: Link { qp },
+        }))
+    }
+}
+
+/// A udp CQ: every poll reads the socket (see the module's "Batching and progress").
+#[derive(Debug)]
+struct Cq {
+    driver: Arc<Driver>,
+}
+
+impl provider::Cq for Cq {
+    fn progress(&self, _core: &CqCore) -> Result<()> {
+        self.driver.app_progress();
+        Ok(())
+    }
+    fn idle(&self) {
+        self.driver.idle();
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A udp QP as the software host sees it.
+#[derive(Debug)]
+struct Link {
+    qp: Arc<UdpQp>,
+}
+
+impl Transport for Link {
+    fn with<T>(&self, f: impl FnOnce(&mut Engine, &Keys) -> T) -> T {
+        self.qp.with(|i| f(&mut i.engine, &i.keys))
+    }
+    fn address(&self) -> PeerAddr {
+        PeerAddr::Ip(self.qp.driver.local)
+    }
+    fn bind_peer(&self, peer: &QpEndpoint, _timeout: Duration) -> Result<()> {
+        let addr = match peer.addr {
+            PeerAddr::Ip(a) => a,
+            // A RoCE port (verbs: Linux rxe, an adapter) names itself by its GID; an
+            // IPv4-mapped one is an IPv4 address. It listens on port 4791.
+            PeerAddr::Gid(g) => match g.to_ipv4_mapped() {
+                Some(v4) => SocketAddr::new(IpAddr::V4(v4), ROCE_PORT),
+                None => SocketAddr::new(IpAddr::V6(g), ROCE_PORT),
+            },
+            _ => {
+                return Err(Error::InvalidArgument(
+                    "a udp peer endpoint needs an IP address or a RoCE GID",
+                ))
+            }
+        };
+        if addr.ip().is_unspecified() || addr.port() == 0 {
+            return Err(Error::InvalidArgument(
+                "a udp peer endpoint needs a specific address and port",
+            ));
+        }
+        if addr.is_ipv4() != self.qp.driver.local.is_ipv4() {
+            return Err(Error::InvalidArgument(
+                "a udp peer must be of the context's address family",
+            ));
+        }
+        self.qp.inner.lock().peer = Some(addr);
+        Ok(())
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.qp.driver.remove_qp(self.qp.qpn);
+    }
+}

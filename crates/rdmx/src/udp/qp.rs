@@ -1,0 +1,201 @@
+//! A queue pair of the udp provider: the RC engine, and the peer its packets go to.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use rdmx_core::rc::Srq;
+
+use super::driver::Driver;
+use super::icrc;
+use super::sys::BATCH;
+use crate::provider::{CqCore, MrRef};
+use crate::soft::{self, Engine, Keys};
+
+/// A udp queue pair, shared by its handle and the driver.
+pub(crate) struct UdpQp {
+    pub(crate) qpn: u32,
+    pub(crate) driver: Arc<Driver>,
+    pub(crate) inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for UdpQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UdpQp").field("qpn", &self.qpn).finish()
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) engine: Engine,
+    pub(crate) keys: Arc<Keys>,
+    send_cq: Arc<CqCore>,
+    recv_cq: Arc<CqCore>,
+    pub(crate) srq: Option<Arc<Mutex<Srq<MrRef>>>>,
+    /// Where the peer QP is: the only source its packets are taken from, and where this
+    /// QP's packets go.
+    pub(crate) peer: Option<SocketAddr>,
+    /// Datagrams built and not yet sent.
+    tx: Vec<Vec<u8>>,
+    /// Buffers of sent datagrams, for reuse.
+    spare: Vec<Vec<u8>>,
+    /// The earliest deadline handed to the driver and not yet fired.
+    pub(crate) timer: Option<Instant>,
+    /// With fault injection: the QP's generator and a datagram held back.
+    #[cfg(feature = "testing")]
+    pub(crate) faults: Option<(crate::loopback::faults::Rng, Option<Vec<u8>>)>,
+}
+
+impl UdpQp {
+    pub(crate) fn new(
+        qpn: u32,
+        driver: Arc<Driver>,
+        engine: Engine,
+        keys: Arc<Keys>,
+        cqs: (Arc<CqCore>, Arc<CqCore>),
+        srq: Option<Arc<Mutex<Srq<MrRef>>>>,
+    ) -> UdpQp {
+        #[cfg(feature = "testing")]
+        let faults = driver.faults.as_ref().map(|inj| (inj.rng(qpn), None));
+        UdpQp {
+            qpn,
+            inner: Mutex::new(Inner {
+                engine,
+                keys,
+                send_cq: cqs.0,
+                recv_cq: cqs.1,
+                srq,
+                peer: None,
+                tx: Vec::with_capacity(BATCH),
+                spare: Vec::new(),
+                timer: None,
+                #[cfg(feature = "testing")]
+                faults,
+            }),
+            driver,
+        }
+    }
+
+    /// Runs `f` on the engine, then sends what it produced and routes completions.
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> T {
+        let mut g = self.inner.lock();
+        let out = f(&mut g);
+        self.pump(&mut g, Instant::now());
+        out
+    }
+
+    /// Feeds one packet (its ICRC checked and removed) from the peer.
+    pub(crate) fn handle(&self, g: &mut Inner, now: Instant, packet: &[u8]) {
+        let Inner {
+            engine, keys, srq, ..
+        } = g;
+        let mut srq = srq.as_ref().map(|s| s.lock());
+        engine.handle_packet_srq(now, &**keys, srq.as_deref_mut(), packet);
+    }
+
+    /// A timer may be due.
+    pub(crate) fn timeout(&self, g: &mut Inner, now: Instant) {
+        g.timer = None;
+        if g.engine.poll_timeout().is_some_and(|t| t <= now) {
+            g.engine.handle_timeout(now);
+        }
+        self.pump(g, now);
+    }
+
+    /// Sends what the engine has, in batches, routes its completions and arms its timer.
+    pub(crate) fn pump(&self, g: &mut Inner, now: Instant) {
+        let local = self.driver.local;
+        loop {
+            let mut more = true;
+            while g.tx.len() < BATCH {
+                let mut buf = g.spare.pop().unwrap_or_default();
+                let Inner { engine, keys, .. } = &mut *g;
+                if !engine.poll_transmit_into(now, &**keys, &mut buf) {
+                    g.spare.push(buf);
+                    more = false;
+                    break;
+                }
+                match g.peer {
+                    Some(peer) => {
+                        icrc::seal(local, peer, &mut buf);
+                        g.tx.push(buf);
+                    }
+                    // Connected without a peer (modified by hand): nowhere to send.
+                    None => {
+                        self.driver.stats.count_unrouted();
+                        g.spare.push(buf);
+                    }
+                }
+            }
+            if let (Some(peer), false) = (g.peer, g.tx.is_empty()) {
+                self.send(g, peer, now);
+            }
+            let Inner { tx, spare, .. } = &mut *g;
+            spare.append(tx);
+            if !more {
+                break;
+            }
+        }
+        #[cfg(feature = "testing")]
+        if let (Some(peer), Some((_, held))) = (g.peer, g.faults.as_mut()) {
+            // A datagram held back for reordering goes once nothing else overtakes it.
+            if let Some(d) = held.take() {
+                self.driver.send_now(peer, &[d]);
+            }
+        }
+        soft::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
+        // Only a deadline earlier than the one the driver holds is handed over; a later
+        // one is found when the earlier fires.
+        if let Some(t) = g.engine.poll_timeout() {
+            if g.timer.map_or(true, |held| t < held) {
+                g.timer = Some(t);
+                self.driver.schedule(t, self.qpn);
+            }
+        }
+    }
+
+    #[cfg(not(feature = "testing"))]
+    fn send(&self, g: &mut Inner, peer: SocketAddr, _now: Instant) {
+        self.driver.send_now(peer, &g.tx);
+    }
+
+    /// Sends the batch, through the context's faults if it has any.
+    #[cfg(feature = "testing")]
+    fn send(&self, g: &mut Inner, peer: SocketAddr, now: Instant) {
+        use crate::loopback::faults;
+        let (Some(inj), Some((rng, held))) = (self.driver.faults.as_ref(), g.faults.as_mut())
+        else {
+            self.driver.send_now(peer, &g.tx);
+            return;
+        };
+        let local = self.driver.local;
+        // What the faults made of a datagram, as it goes on the wire: a corrupted one is
+        // counted and sent as it is (the receiver's ICRC check drops it); one with mangled
+        // headers gets a fresh ICRC, so that the receiver's parser must reject it.
+        let wire = |orig: &[u8], w: faults::Wire| -> Vec<u8> {
+            let intact = w.intact(Some(inj));
+            let mut b = w.bytes;
+            if intact && b[..] != orig[..] {
+                if b.len() == orig.len() {
+                    b.truncate(b.len() - icrc::ICRC_LEN);
+                }
+                icrc::seal(local, peer, &mut b);
+            }
+            b
+        };
+        let mut out = Vec::with_capacity(g.tx.len());
+        for d in &g.tx {
+            let fate = faults::apply(inj, rng, now, self.qpn, d.clone());
+            let overtaken = match fate.hold {
+                Some(h) => held.replace(wire(d, h)),
+                None => held.take(),
+            };
+            if let Some((at, w)) = fate.later {
+                self.driver.delay(at, peer, wire(d, w));
+            }
+            out.extend(fate.now.into_iter().map(|w| wire(d, w)));
+            out.extend(overtaken);
+        }
+        self.driver.send_now(peer, &out);
+    }
+}

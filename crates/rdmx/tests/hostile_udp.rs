@@ -1,0 +1,344 @@
+//! Hostile traffic against the udp provider: a connected pair of queue pairs (A on
+//! 127.1.0.1, B on 127.1.0.2, each on port 4791 plus the test's offset) while a stranger
+//! sends random datagrams, valid headers with bad ICRCs, forged QP numbers and PSNs, and
+//! packets for QPs in other states, then floods B. Every such datagram is dropped and
+//! counted (`rdmx::udp::stats`), B's memory stays as it was, memory stays bounded, and the
+//! pair keeps working.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use rdmx::udp::{icrc::icrc, stats, UdpStats};
+use rdmx::{
+    Access, CompletionQueue, ConnectOptions, Context, LocalSge, MemoryRegion, Mtu, QpAttr,
+    QpAttrMask, QpCaps, QpState, QueuePair, RemoteAddr, SendRequest, WcStatus,
+};
+
+const LEN: usize = 64 * 1024;
+const DEADLINE: Duration = Duration::from_secs(30);
+
+struct Side {
+    ctx: Context,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    mr: MemoryRegion,
+    addr: SocketAddr,
+}
+
+fn side(addr: &str) -> Side {
+    let addr: SocketAddr = addr.parse().expect("an address");
+    let ctx = Context::open(rdmx::udp::Options::default().bind(addr)).expect("open udp");
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(256).expect("cq");
+    let qp = pd.create_qp(&cq, &cq, QpCaps::default()).expect("qp");
+    let mr = pd.register(vec![0u8; LEN], Access::ALL).expect("register");
+    Side {
+        ctx,
+        cq,
+        qp,
+        mr,
+        addr,
+    }
+}
+
+fn opts() -> ConnectOptions {
+    let mut o = ConnectOptions::default();
+    o.mtu = Some(Mtu::Mtu1024);
+    o
+}
+
+fn pair(port: u16) -> (Side, Side) {
+    let a = side(&format!("127.1.0.1:{port}"));
+    let b = side(&format!("127.1.0.2:{port}"));
+    a.qp.connect(b.qp.endpoint(), &opts()).expect("connect A");
+    b.qp.connect(a.qp.endpoint(), &opts()).expect("connect B");
+    (a, b)
+}
+
+fn image(mr: &MemoryRegion) -> Vec<u8> {
+    let mut v = vec![0u8; mr.len()];
+    mr.read_at(0, &mut v).expect("read");
+    v
+}
+
+/// A WRITE's data from A lands in B, and A's completion says so.
+fn write_works(a: &Side, b: &Side, seed: u8) {
+    let data: Vec<u8> = (0..8192u32).map(|i| (i as u8).wrapping_mul(seed)).collect();
+    a.mr.write_at(0, &data).expect("fill");
+    let remote = RemoteAddr {
+        addr: b.mr.addr() as u64 + 4096,
+        rkey: b.mr.rkey(),
+    };
+    a.qp.post_send(
+        SendRequest::write(u64::from(seed), remote)
+            .sge(LocalSge::new(&a.mr, 0, data.len()).expect("sge")),
+    )
+    .expect("post");
+    let start = Instant::now();
+    let c = loop {
+        if let Some(c) = a.cq.poll_one().expect("poll") {
+            break c;
+        }
+        assert!(start.elapsed() < DEADLINE, "the WRITE did not complete");
+        std::thread::sleep(Duration::from_micros(50));
+    };
+    assert_eq!((c.wr_id, c.status), (u64::from(seed), WcStatus::Success));
+    let mut got = vec![0u8; data.len()];
+    b.mr.read_at(4096, &mut got).expect("read");
+    assert_eq!(got, data, "WRITE data");
+    assert_eq!((a.qp.state(), b.qp.state()), (QpState::Rts, QpState::Rts));
+}
+
+/// A WRITE ONLY packet with a full RETH: to `qpn` at `psn`, 64 bytes of 0xEE aimed at the
+/// start of `b`'s region.
+fn write_packet(qpn: u32, psn: u32, b: &Side) -> Vec<u8> {
+    let mut p = vec![0x0a, 0, 0xff, 0xff, 0];
+    p.extend_from_slice(&qpn.to_be_bytes()[1..]);
+    p.push(0x80);
+    p.extend_from_slice(&psn.to_be_bytes()[1..]);
+    p.extend_from_slice(&(b.mr.addr() as u64).to_be_bytes());
+    p.extend_from_slice(&b.mr.rkey().to_be_bytes());
+    p.extend_from_slice(&64u32.to_be_bytes());
+    p.extend_from_slice(&[0xee; 64]);
+    p
+}
+
+fn sealed(from: SocketAddr, to: SocketAddr, mut p: Vec<u8>) -> Vec<u8> {
+    let c = icrc(from, to, &p);
+    p.extend_from_slice(&c.to_le_bytes());
+    p
+}
+
+/// Waits until B has received `n` more datagrams than `before` (or the deadline).
+fn received(b: &Side, before: UdpStats, n: u64) -> UdpStats {
+    let start = Instant::now();
+    loop {
+        let _ = b.cq.poll_one();
+        let s = stats(&b.ctx).expect("udp");
+        if s.received >= before.received + n || start.elapsed() > DEADLINE {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+#[test]
+fn strangers_datagrams_are_dropped_and_counted() {
+    let (a, b) = pair(24791);
+    write_works(&a, &b, 3);
+    let before_mem = image(&b.mr);
+    let stranger = UdpSocket::bind("127.1.0.9:0").expect("bind");
+    let me = stranger.local_addr().expect("addr");
+    let qpn = b.qp.qp_num();
+    let psn = b.qp.attrs().rq_psn;
+
+    // Random datagrams of every size up to beyond the largest packet.
+    let s0 = stats(&b.ctx).expect("udp");
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    for i in 0..200usize {
+        let len = (rng.next() % 5000) as usize;
+        let d: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        stranger.send_to(&d, b.addr).expect("send");
+        if i % 50 == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let s1 = received(&b, s0, 200);
+    assert_eq!(s1.received - s0.received, 200, "{s1:?}");
+    assert_eq!(s1.delivered, s0.delivered, "a random datagram reached a QP");
+    assert_eq!(
+        (s1.bad_length - s0.bad_length) + (s1.bad_icrc - s0.bad_icrc),
+        200,
+        "{s1:?}"
+    );
+
+    // Valid headers for B's QP at its expected PSN, but a wrong ICRC.
+    let mut bad = sealed(me, b.addr, write_packet(qpn, psn, &b));
+    let n = bad.len();
+    bad[n - 1] ^= 0x40;
+    stranger.send_to(&bad, b.addr).expect("send");
+    // Sealed for another destination address: the ICRC covers it.
+    let elsewhere: SocketAddr = "127.1.0.3:24791".parse().unwrap();
+    stranger
+        .send_to(&sealed(me, elsewhere, write_packet(qpn, psn, &b)), b.addr)
+        .expect("send");
+    let s2 = received(&b, s1, 2);
+    assert_eq!(s2.bad_icrc - s1.bad_icrc, 2, "{s2:?}");
+
+    // Correct ICRCs: a QP number B does not have, and B's QP from the wrong address.
+    stranger
+        .send_to(
+            &sealed(me, b.addr, write_packet(qpn ^ 0x5555, psn, &b)),
+            b.addr,
+        )
+        .expect("send");
+    stranger
+        .send_to(&sealed(me, b.addr, write_packet(qpn, psn, &b)), b.addr)
+        .expect("send");
+    // Another transport's opcode (UD SEND ONLY), and another partition.
+    let mut ud = write_packet(qpn, psn, &b);
+    ud[0] = 0x64;
+    stranger
+        .send_to(&sealed(me, b.addr, ud), b.addr)
+        .expect("send");
+    let mut pk = write_packet(qpn, psn, &b);
+    pk[2] = 0x12;
+    stranger
+        .send_to(&sealed(me, b.addr, pk), b.addr)
+        .expect("send");
+    let s3 = received(&b, s2, 4);
+    assert_eq!(s3.unknown_qp - s2.unknown_qp, 1, "{s3:?}");
+    assert_eq!(s3.wrong_source - s2.wrong_source, 1, "{s3:?}");
+    assert_eq!(s3.bad_header - s2.bad_header, 2, "{s3:?}");
+    assert_eq!(s3.delivered, s0.delivered, "{s3:?}");
+
+    assert_eq!(image(&b.mr), before_mem, "B's memory changed");
+    write_works(&a, &b, 5);
+}
+
+#[test]
+fn forged_psns_from_the_peers_address_are_harmless() {
+    let (a, b) = pair(25791);
+    write_works(&a, &b, 7);
+    let before_mem = image(&b.mr);
+    let qpn = b.qp.qp_num();
+    let epsn = b.qp.attrs().rq_psn;
+    // Spoofed as A (the provider's own receive path, as a spoofing sender on the path
+    // would reach it): PSNs far ahead, just ahead, and behind (duplicates).
+    let s0 = stats(&b.ctx).expect("udp");
+    for psn in [
+        (epsn + 0x40_0000) & 0xff_ffff,
+        (epsn + 1) & 0xff_ffff,
+        (epsn + 0xff_ffff) & 0xff_ffff,
+        (epsn + 0xf0_0000) & 0xff_ffff,
+    ] {
+        let d = sealed(a.addr, b.addr, write_packet(qpn, psn, &b));
+        assert!(rdmx::udp::inject(&b.ctx, a.addr, &d), "reached the QP");
+    }
+    let s1 = stats(&b.ctx).expect("udp");
+    assert_eq!(s1.delivered - s0.delivered, 4);
+    // The engine placed none of them: out of sequence or duplicates.
+    assert_eq!(image(&b.mr), before_mem, "a forged PSN placed data");
+    write_works(&a, &b, 9);
+}
+
+#[test]
+fn packets_for_queue_pairs_in_other_states_are_dropped() {
+    let (a, b) = pair(26791);
+    // A second pair on the same contexts; B's end is then moved to ERR.
+    let pd_a = a.qp.pd().clone();
+    let pd_b = b.qp.pd().clone();
+    let qa = pd_a.create_qp(&a.cq, &a.cq, QpCaps::default()).expect("qp");
+    let qb = pd_b.create_qp(&b.cq, &b.cq, QpCaps::default()).expect("qp");
+    qa.connect(qb.endpoint(), &opts()).expect("connect");
+    qb.connect(qa.endpoint(), &opts()).expect("connect");
+    let err = QpAttr {
+        qp_state: QpState::Err,
+        ..QpAttr::default()
+    };
+    qb.modify(&err, QpAttrMask::STATE).expect("to ERR");
+    // A third QP of B, never connected (RESET).
+    let qc = pd_b.create_qp(&b.cq, &b.cq, QpCaps::default()).expect("qp");
+    let before_mem = image(&b.mr);
+    let s0 = stats(&b.ctx).expect("udp");
+    let d = sealed(a.addr, b.addr, write_packet(qb.qp_num(), 0, &b));
+    assert!(!rdmx::udp::inject(&b.ctx, a.addr, &d));
+    let d = sealed(a.addr, b.addr, write_packet(qc.qp_num(), 0, &b));
+    assert!(!rdmx::udp::inject(&b.ctx, a.addr, &d));
+    let s1 = stats(&b.ctx).expect("udp");
+    assert_eq!(s1.not_ready - s0.not_ready, 1, "{s1:?}");
+    // The unconnected QP has no peer: nothing is from its peer.
+    assert_eq!(s1.wrong_source - s0.wrong_source, 1, "{s1:?}");
+    assert_eq!(image(&b.mr), before_mem);
+    write_works(&a, &b, 11);
+}
+
+fn rss_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").expect("status");
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+#[test]
+fn a_flood_is_dropped_with_bounded_memory_while_the_pair_keeps_working() {
+    let (a, b) = pair(27791);
+    write_works(&a, &b, 13);
+    let before_mem = image(&b.mr);
+    let qpn = b.qp.qp_num();
+    let rss0 = rss_kib();
+    let s0 = stats(&b.ctx).expect("udp");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let target = b.addr;
+    let (flag, region) = (stop.clone(), (b.mr.addr() as u64, b.mr.rkey()));
+    let flooder = std::thread::spawn(move || {
+        let s = UdpSocket::bind("127.1.0.9:0").expect("bind");
+        let me = s.local_addr().expect("addr");
+        let mut rng = Rng(99);
+        let mut sent = 0u64;
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) && sent < 200_000 {
+            // Mixed: garbage, and sealed WRITEs for B's QP at random PSNs.
+            let d = if sent % 2 == 0 {
+                (0..(rng.next() % 1500) as usize)
+                    .map(|_| rng.next() as u8)
+                    .collect()
+            } else {
+                let mut p = vec![0x0a, 0, 0xff, 0xff, 0];
+                p.extend_from_slice(&qpn.to_be_bytes()[1..]);
+                p.push(0x80);
+                p.extend_from_slice(&(rng.next() as u32).to_be_bytes()[1..]);
+                p.extend_from_slice(&region.0.to_be_bytes());
+                p.extend_from_slice(&region.1.to_be_bytes());
+                p.extend_from_slice(&64u32.to_be_bytes());
+                p.extend_from_slice(&[0xee; 64]);
+                sealed(me, target, p)
+            };
+            if s.send_to(&d, target).is_ok() {
+                sent += 1;
+            }
+        }
+        sent
+    });
+    // The pair works during the flood.
+    while stats(&b.ctx).expect("udp").received - s0.received < 1000 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for round in 0..20u8 {
+        write_works(&a, &b, 15 + round);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = flooder.join().expect("flooder");
+    // Let B read what is left in its socket.
+    std::thread::sleep(Duration::from_millis(50));
+    let _ = b.cq.poll_one();
+    let s1 = stats(&b.ctx).expect("udp");
+    let dropped = (s1.bad_length - s0.bad_length)
+        + (s1.bad_icrc - s0.bad_icrc)
+        + (s1.wrong_source - s0.wrong_source);
+    eprintln!("flood: {sent} sent, {dropped} dropped and counted: {s1:?}");
+    assert!(dropped > 0, "{s1:?}");
+    assert!(dropped <= sent);
+    // Every datagram from the flooder was dropped before reaching a QP: what B's QP got
+    // is exactly A's packets.
+    assert!(s1.delivered - s0.delivered <= s1.received - s0.received - dropped);
+    let grown = rss_kib().saturating_sub(rss0);
+    assert!(
+        grown < 32 * 1024,
+        "memory grew by {grown} KiB during the flood"
+    );
+    // The region the flood aimed at holds what A wrote, and nothing of the flood's.
+    let now = image(&b.mr);
+    assert_eq!(now[..4096], before_mem[..4096], "the flood placed data");
+    assert_eq!(now[12288..], before_mem[12288..], "the flood placed data");
+}

@@ -129,8 +129,10 @@ pub(crate) fn check(
     let opcode = packet[0];
     let tver = packet[1] & 0x0f;
     let pkey = u16::from_be_bytes([packet[2], packet[3]]);
-    // RC opcodes are 0x00..=0x1f; the partition is the default one (full or limited).
-    if opcode > 0x1f || tver != 0 || pkey & 0x7fff != 0x7fff {
+    // RC (0x00..=0x1f) and UC (0x20..=0x3f) opcodes the engine knows; the partition is
+    // the default one (full or limited).
+    let known = opcode <= 0x3f && rdmx_wire::header_len_of(opcode).is_some();
+    if !known || tver != 0 || pkey & 0x7fff != 0x7fff {
         return Err(Reject::Header);
     }
     let qpn = u32::from_be_bytes([0, packet[5], packet[6], packet[7]]);

@@ -197,9 +197,14 @@ impl Side {
         let pd = ctx.alloc_pd();
         let per_qp = layout.window + layout.rx_depth + 8;
         let cq = ctx.create_cq(p.qps * per_qp + 16)?;
+        // Inline data up to what the device takes (soft-iWARP: below the default).
+        let inline = QpCaps::default()
+            .max_inline_data
+            .min(ctx.capabilities().max_inline_data as usize);
         let caps = QpCaps::default()
             .max_send_wr(layout.window + 4)
-            .max_recv_wr(layout.rx_depth + 1);
+            .max_recv_wr(layout.rx_depth + 1)
+            .max_inline_data(inline);
         let mut qps = Vec::with_capacity(p.qps);
         let mut mrs = Vec::with_capacity(p.qps);
         for _ in 0..p.qps {

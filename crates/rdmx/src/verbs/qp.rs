@@ -249,8 +249,35 @@ impl Qp {
         self.machine.lock().attrs().clone()
     }
 
+    /// iWARP: the connection manager moved the adapter's QP to RTS itself (when the
+    /// MPA exchange finished); walks rdmx's state machine through RTR and RTS with
+    /// `steps` (the RTR and RTS attributes of the connection), touching nothing on the
+    /// adapter.
+    pub(super) fn connected_by_cm(&self, steps: [(QpAttr, QpAttrMask); 2]) -> Result<()> {
+        let hw = self.hw.query_state().map_err(verb("ibv_query_qp"))?;
+        if hw != sys::consts::qp_state::IBV_QPS_RTS {
+            return Err(Error::Protocol(
+                "rdma_cm reported the connection established, but the queue pair is not in RTS",
+            ));
+        }
+        let mut m = self.machine.lock();
+        for (attr, mask) in steps {
+            m.modify(&attr, mask, &self.dev.limits)?;
+        }
+        Ok(())
+    }
+
     /// `ibv_modify_qp`, checked against the verbs rules first.
     pub(crate) fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        if self.dev.caps.transport == crate::Transport::Iwarp
+            && mask.contains(QpAttrMask::STATE)
+            && matches!(attr.qp_state, QpState::Rtr | QpState::Rts)
+        {
+            return Err(Error::Unsupported(
+                "an iWARP queue pair connects only through rdma_cm (rdmx::verbs::cm), which \
+                 moves it to RTS",
+            ));
+        }
         self.state();
         let mut m = self.machine.lock();
         m.check(attr, mask, &self.dev.limits)?;
@@ -343,6 +370,22 @@ impl Qp {
         // The checks every provider makes (a device would say EINVAL, or fail an unaligned
         // atomic later with a remote error).
         wr.check(inline, self.caps.max_send_sge, self.caps.max_inline_data)?;
+        let caps = &self.dev.caps;
+        match wr.op {
+            SendOp::SendWithImm(_) | SendOp::WriteWithImm(..) if !caps.imm_data => {
+                return Err(PostError::Invalid("the device has no immediate data (iWARP)").into())
+            }
+            SendOp::Read(_) if wr.sges.len() > caps.max_read_sge as usize => {
+                return Err(PostError::Invalid(
+                    "more local elements on a READ than the device takes (max_read_sge)",
+                )
+                .into())
+            }
+            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } if !caps.atomics.supported() => {
+                return Err(PostError::Invalid("the device has no atomics").into())
+            }
+            _ => {}
+        }
         let mut flags = 0;
         for (f, bit) in [
             (SendFlags::SIGNALED, sys::consts::SEND_SIGNALED),

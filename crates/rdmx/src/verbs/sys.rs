@@ -96,6 +96,13 @@ impl Context {
         ctx
     }
 
+    /// Whether the device runs the iWARP transport (`ibv_device.transport_type`).
+    pub(crate) fn is_iwarp(&self) -> bool {
+        // SAFETY: an open context points to its device, which libibverbs keeps alive.
+        let t = unsafe { (*(*self.ptr.as_ptr()).device).transport_type };
+        t == ffi::ibv_transport_type::IBV_TRANSPORT_IWARP
+    }
+
     /// `ibv_query_device`.
     pub(crate) fn query_device(&self) -> io::Result<ffi::ibv_device_attr> {
         // SAFETY: ibv_device_attr is plain data; all-zero is a valid value.

@@ -64,7 +64,7 @@ pub(crate) fn drive(
         for c in &wc[..n] {
             // Once BYE is in, the requester may close at any moment and flush the
             // receives still posted here: what follows BYE is no error.
-            if c.status == WcStatus::Success && c.imm_data == Some(BYE) {
+            if c.status == WcStatus::Success && side.ctl_value(c)? == Some(BYE) {
                 bye = true;
                 break;
             }
@@ -132,7 +132,7 @@ fn serve(
                 continue; // a verdict's send completion
             }
             let i = side.qp_index(c.qp_num);
-            if let Some(imm) = c.imm_data {
+            if let Some(imm) = side.ctl_value(c)? {
                 counts[i] = Some(u64::from(imm));
             } else if p.verify && bad.is_none() {
                 // A data message: its stamp must be the next sequence number.

@@ -43,6 +43,10 @@ pub(crate) const VERDICT_BAD: u32 = 0x4241_4421;
 pub(crate) const BYE: u32 = 0x4259_4521;
 /// wr_id bit of control messages.
 pub(crate) const CTL: u64 = 1 << 63;
+/// Bytes of a control message's payload on a device without immediate data: [`CTL_MAGIC`]
+/// and the value, little-endian.
+const CTL_LEN: usize = 8;
+const CTL_MAGIC: u32 = 0x5844_4d52; // "RMDX"
 /// Receives a send_bw responder keeps posted per QP without --verify (perftest's rx depth).
 const RX_DEPTH: usize = 512;
 /// Most bytes of slots per QP when --verify stamps every message into its own slot.
@@ -82,6 +86,8 @@ pub(crate) struct Layout {
     /// One request in this many is signaled (`-Q`, at most the window: a window of
     /// unsignaled requests would never complete).
     pub(crate) signal_every: usize,
+    /// Whether receives take data (SEND tests) rather than control messages only.
+    pub(crate) recv_data: bool,
 }
 
 impl Layout {
@@ -121,6 +127,7 @@ impl Layout {
             window,
             batch: p.post_list.min(window),
             signal_every: p.cq_mod.min(window),
+            recv_data: op == Op::Send,
         }
     }
 
@@ -132,8 +139,14 @@ impl Layout {
         (self.src_slots + slot % self.dst_slots.max(1)) * self.stride
     }
 
-    fn len(&self) -> usize {
+    /// Where control messages land that no destination slot receives (devices without
+    /// immediate data carry them in the payload): past the slots.
+    pub(crate) fn ctl(&self) -> usize {
         (self.src_slots + self.dst_slots).max(1) * self.stride
+    }
+
+    fn len(&self) -> usize {
+        self.ctl() + CTL_LEN
     }
 }
 
@@ -148,6 +161,9 @@ pub(crate) struct Side {
     pub(crate) busy: bool,
     /// Whether its regions' pages are locked (see [`Side::open`]).
     pub(crate) pinned: bool,
+    /// Whether the device has immediate data; without it (iWARP) control messages carry
+    /// their value in the payload.
+    pub(crate) imm: bool,
 }
 
 /// Opens `provider` with the options the command line gives: `-d`, `--gid-index` and
@@ -217,6 +233,7 @@ impl Side {
             mrs.push(pd.register_with(Mapping::new(layout.len())?, Access::ALL, pinning)?);
         }
         Ok(Side {
+            imm: ctx.capabilities().imm_data,
             ctx,
             cq,
             qps,
@@ -255,8 +272,12 @@ impl Side {
     /// lands) on QP `i`.
     pub(crate) fn post_recv(&self, i: usize, r: u64) -> Result<(), BoxError> {
         let mut req = RecvRequest::new(r);
-        if self.layout.dst_slots > 0 {
-            let l = &self.layout;
+        let l = &self.layout;
+        if !self.imm && !(l.recv_data && l.dst_slots > 0) {
+            // Control messages only, in their payload: into the control area (never a
+            // slot a WRITE lands in).
+            req = req.sge(LocalSge::new(&self.mrs[i], l.ctl(), CTL_LEN)?);
+        } else if l.dst_slots > 0 {
             req = req.sge(LocalSge::new(&self.mrs[i], l.dst(r as usize), l.stride)?);
         }
         self.qps[i].post_recv(req)?;
@@ -279,8 +300,36 @@ impl Side {
 
     /// Sends a control message with immediate `imm` on QP `i`.
     pub(crate) fn send_ctl(&self, i: usize, imm: u32) -> Result<(), BoxError> {
-        self.qps[i].post_send(SendRequest::send_with_imm(CTL | u64::from(imm), imm))?;
+        let wr_id = CTL | u64::from(imm);
+        if self.imm {
+            self.qps[i].post_send(SendRequest::send_with_imm(wr_id, imm))?;
+        } else {
+            let mut msg = [0u8; CTL_LEN];
+            msg[..4].copy_from_slice(&CTL_MAGIC.to_le_bytes());
+            msg[4..].copy_from_slice(&imm.to_le_bytes());
+            self.qps[i].post_send(SendRequest::send(wr_id).inline(&msg))?;
+        }
         Ok(())
+    }
+
+    /// The value of control message `c` (a receive completion), or `None` for a data
+    /// message: the immediate data, or on a device without it the payload's.
+    pub(crate) fn ctl_value(&self, c: &Completion) -> Result<Option<u32>, BoxError> {
+        if self.imm || c.imm_data.is_some() {
+            return Ok(c.imm_data);
+        }
+        if c.status != WcStatus::Success || c.byte_len as usize != CTL_LEN {
+            return Ok(None);
+        }
+        let l = &self.layout;
+        let at = match l.recv_data && l.dst_slots > 0 {
+            false => l.ctl(),
+            true => l.dst(c.wr_id as usize),
+        };
+        let mut msg = [0u8; CTL_LEN];
+        self.mrs[self.qp_index(c.qp_num)].read_at(at, &mut msg)?;
+        let word = |k: usize| u32::from_le_bytes(msg[k..k + 4].try_into().expect("4 bytes"));
+        Ok((word(0) == CTL_MAGIC).then(|| word(4)))
     }
 
     /// What this side tells its peer.
@@ -401,10 +450,10 @@ pub(crate) fn wait_ctl(side: &Side, abort: &Abort, what: &str) -> Result<u32, Bo
         let mut got = None;
         for c in &wc[..n] {
             if matches!(c.opcode, WcOpcode::Recv) {
-                side.post_recv(0, c.wr_id)?;
-                if let Some(imm) = c.imm_data {
+                if let Some(imm) = side.ctl_value(c)? {
                     got = Some(imm);
                 }
+                side.post_recv(0, c.wr_id)?;
             }
         }
         if let Some(imm) = got {
@@ -619,8 +668,9 @@ pub(crate) fn connect_local(a: &Side, b: &Side, p: &Params) -> Result<(Hello, He
 /// With --rdma-cm the second exchange trades only the regions (they do not fit in
 /// rdma_cm's private data for every QP count), and then each queue pair connects through
 /// rdma_cm on the same port number (rdma_cm's port space on InfiniBand and RoCE is not the
-/// kernel's TCP one), in order: the server, which bound its rdma_cm listener before the
-/// first exchange, accepts `qps[i]` while the client connects its `qps[i]`.
+/// kernel's TCP one; on iWARP it is, so there rdma_cm takes the next port), in order: the
+/// server, which bound its rdma_cm listener before the first exchange, accepts `qps[i]`
+/// while the client connects its `qps[i]`.
 pub(crate) fn connect_remote(
     side: &Side,
     p: &Params,
@@ -663,13 +713,26 @@ pub(crate) fn connect_remote(
     }
     // The queue pairs the control connection connects (none with --rdma-cm).
     let control_qps: &[QueuePair] = if p.rdma_cm { &[] } else { &side.qps };
+    // iWARP's connection manager listens on a kernel TCP port: the next one.
+    let iwarp = side.ctx.capabilities().transport == rdmx::Transport::Iwarp;
+    let cm_port = |port: u16| -> Result<u16, BoxError> {
+        match iwarp {
+            false => Ok(port),
+            true => port
+                .checked_add(1)
+                .ok_or_else(|| "on iWARP rdma_cm takes the port after -p: pick a lower one".into()),
+        }
+    };
     let theirs = match peer {
         PeerMode::Listen(port) => {
             let rdma_cm = match p.rdma_cm {
-                true => Some(
-                    rdmx::verbs::cm::Listener::bind(("0.0.0.0", *port))
-                        .map_err(|e| format!("rdma_cm: listen on port {port}: {e}"))?,
-                ),
+                true => {
+                    let cm = cm_port(*port)?;
+                    Some(
+                        rdmx::verbs::cm::Listener::bind(("0.0.0.0", cm))
+                            .map_err(|e| format!("rdma_cm: listen on port {cm}: {e}"))?,
+                    )
+                }
                 false => None,
             };
             let l = rdmx::cm::Listener::bind(("0.0.0.0", *port))
@@ -703,6 +766,7 @@ pub(crate) fn connect_remote(
                 connect_retrying(host, *port, control_qps, &opts, &serde_json::to_vec(&mine)?)?;
             let mut theirs = check(second, true)?;
             if p.rdma_cm {
+                let port = &cm_port(*port)?;
                 for qp in &side.qps {
                     rdmx::verbs::cm::connect(
                         (host.as_str(), *port),

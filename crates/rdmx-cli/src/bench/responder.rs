@@ -77,6 +77,10 @@ pub(crate) fn drive(
             }
         }
         if bye {
+            if !side.ctx.capabilities().remote_error_completions {
+                // The requester waits for this before it closes (see say_bye).
+                side.send_ctl(0, BYE)?;
+            }
             break;
         }
         if since.elapsed() > STALL {

@@ -486,9 +486,17 @@ pub(crate) fn finish_size(side: &Side, counts: &[u64], abort: &Abort) -> Result<
 /// Requester, at the end: BYE, acknowledged (or not: the run is over either way).
 pub(crate) fn say_bye(side: &Side) -> Result<(), BoxError> {
     side.send_ctl(0, BYE)?;
-    linger(side, Duration::from_secs(1), |c| {
-        c.wr_id == CTL | u64::from(BYE)
-    });
+    if side.ctx.capabilities().remote_error_completions {
+        linger(side, Duration::from_secs(1), |c| {
+            c.wr_id == CTL | u64::from(BYE)
+        });
+    } else {
+        // A SEND that completed was only handed to the transport (iWARP), and closing
+        // now could take BYE with it: wait for the peer's BYE in return.
+        linger(side, Duration::from_secs(5), |c| {
+            c.opcode == WcOpcode::Recv && side.ctl_value(c).ok().flatten() == Some(BYE)
+        });
+    }
     Ok(())
 }
 

@@ -24,7 +24,7 @@ seconds="${FUZZ_SECONDS:-20}"
 sanitizer="${FUZZ_SANITIZER:-none}"
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(wire_packet engine_responder engine_requester tcp_stream cm_exchange shm_ring)
+    targets=(wire_packet engine_responder engine_requester tcp_stream cm_exchange shm_ring ud_datagram)
 fi
 
 if ! cargo fuzz --version >/dev/null 2>&1; then

@@ -8,8 +8,8 @@
 #     not fail (and says so if one starts passing);
 #   - `rdmx devices` and `rdmx bench` smoke runs on rxe0, if the rdmx CLI binary was built,
 #     and every transfer test between two VMs (server in one, client in the other), and the
-#     `pingpong` example against the stock ibv_rc_pingpong across the two VMs, each in
-#     both roles;
+#     `pingpong` example against the stock ibv_rc_pingpong, ibv_uc_pingpong and
+#     ibv_ud_pingpong across the two VMs, each in both roles;
 #   - soft-iWARP (siw0, `rxe-vm.sh --siw`): the verbs conformance suite, whose queue pairs
 #     connect through rdma_cm there and whose tests skip what siw0's capabilities lack
 #     (the tests listed in SIW_DEVIATIONS reported apart, as for rxe), the rdma_cm tests,
@@ -221,15 +221,18 @@ if [ -n "$rdmx" ] && [ $rc -eq 0 ]; then
         done
         echo "$out"; return 1
     }'
-    # Then the pingpong example against the stock ibv_rc_pingpong, each in both roles:
-    # the stock server in VM a with the rdmx client in VM b, then the other way round.
-    # The clients retry until the server listens (rxe-retry).
+    # Then the pingpong example against the stock ibv_{rc,uc,ud}_pingpong, each in both
+    # roles: the stock server in VM a with the rdmx client in VM b, then the other way
+    # round. The clients retry until the server listens (rxe-retry).
     pp="-d \$RXE_DEV -g \$RXE_GID_INDEX -n 100 -p \$((18515 + i))"
-    pp_a="ibv_rc_pingpong $pp; i=\$((i + 1)); $pingpong $pp"
-    pp_b="rxe-retry 60 $pingpong $pp \$RXE_PEER; i=\$((i + 1)); rxe-retry 60 ibv_rc_pingpong $pp \$RXE_PEER"
+    pp_a="for c in rc uc ud; do ibv_\${c}_pingpong $pp; i=\$((i + 1)); $pingpong -c \$c $pp; \
+          i=\$((i + 1)); done"
+    pp_b="for c in rc uc ud; do rxe-retry 60 $pingpong -c \$c $pp \$RXE_PEER; i=\$((i + 1)); \
+          rxe-retry 60 ibv_\${c}_pingpong $pp \$RXE_PEER; i=\$((i + 1)); done"
     [ -n "$pingpong" ] || { pp_a=true pp_b=true; }
     echo "== two hosts: rdmx bench {${tests// /,}} --server in VM a, client in VM b," \
-        "then {${cm_tests// /,}} with --rdma-cm, then pingpong against ibv_rc_pingpong both ways"
+        "then {${cm_tests// /,}} with --rdma-cm, then pingpong against ibv_{rc,uc,ud}_pingpong" \
+        "both ways"
     t2=$SECONDS
     if scripts/rxe-vm.sh run2 --timeout "$timeout" \
         --a "set -e; i=0; for t in $tests; do $rdmx $bench --server; i=\$((i + 1)); done; \

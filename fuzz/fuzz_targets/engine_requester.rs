@@ -410,6 +410,7 @@ impl Harness {
             op,
             sges,
             flags,
+            ud: None,
         };
         if self.qp.post_send(&self.mem, wr, inline_data).is_ok() {
             self.wrs.insert(

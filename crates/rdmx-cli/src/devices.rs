@@ -36,6 +36,8 @@ pub(crate) fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                     "max_read_sge": c.max_read_sge,
                     "rnr_retry": c.rnr_retry,
                     "remote_error_completions": c.remote_error_completions,
+                    "qp_types": c.qp_types().map(|t| t.name()).collect::<Vec<_>>(),
+                    "multicast": c.multicast,
                     "gid_index": d.gid.map(|(i, _)| i),
                     "gid": d.gid.map(|(_, g)| g.to_string()),
                 })
@@ -66,6 +68,9 @@ pub(crate) fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         println!("\tmax_read_sge:\t\t{}", c.max_read_sge);
         println!("\trnr_retry:\t\t{}", c.rnr_retry);
         println!("\tremote_error_completions: {}", c.remote_error_completions);
+        let types: Vec<_> = c.qp_types().map(|t| t.name()).collect();
+        println!("\tqp_types:\t\t{}", types.join(" "));
+        println!("\tmulticast:\t\t{}", if c.multicast { "yes" } else { "no" });
         if let Some((i, gid)) = d.gid {
             println!("\tactive_mtu:\t\t{}", c.active_mtu.bytes());
             println!("\tgid_index:\t\t{i} ({gid})");

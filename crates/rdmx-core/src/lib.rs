@@ -46,10 +46,10 @@ pub mod wr;
 pub use access::{Access, InvalidAccess};
 pub use mr::{KeyError, KeyUse, MrEntry, MrTable, PdId, TableError};
 pub use qp::{
-    ConnectParams, ModifyError, Mtu, QpAttr, QpAttrMask, QpLimits, QpState, QpStateMachine,
-    Transition,
+    ud_steps, ConnectParams, ModifyError, Mtu, QpAttr, QpAttrMask, QpLimits, QpState,
+    QpStateMachine, QpType, Transition,
 };
 pub use wr::{
-    Completion, PostError, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, SgeList,
-    SgeListFull, WcOpcode, WcStatus,
+    AddressVector, Completion, PostError, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge,
+    SgeList, SgeListFull, UdDest, WcOpcode, WcStatus, GRH_LEN, MULTICAST_QPN,
 };

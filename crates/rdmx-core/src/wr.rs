@@ -290,6 +290,46 @@ bitflags! {
     }
 }
 
+/// Where a datagram goes: the address vector of an address handle (`ibv_ah_attr`, the
+/// parts a software transport uses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct AddressVector {
+    /// Destination GID (a multicast GID for a multicast group).
+    pub dgid: [u8; 16],
+    /// Destination LID (InfiniBand; 0 on RoCE and the software providers).
+    pub dlid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// Hop limit of the GRH.
+    pub hop_limit: u8,
+}
+
+impl AddressVector {
+    /// Whether the destination is a multicast group (a GID in `ff00::/8`).
+    pub fn is_multicast(&self) -> bool {
+        self.dgid[0] == 0xff
+    }
+}
+
+/// The QP number that names a multicast group as the destination of a UD send.
+pub const MULTICAST_QPN: u32 = 0xff_ffff;
+
+/// The destination of a UD send (`ibv_send_wr.wr.ud`): the peer's address, QP number
+/// and Q_Key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct UdDest {
+    /// The address handle's address vector.
+    pub av: AddressVector,
+    /// The destination QP ([`MULTICAST_QPN`] for a multicast group).
+    pub remote_qpn: u32,
+    /// The Q_Key to send; with the high bit set, the sending QP's own Q_Key is sent.
+    pub remote_qkey: u32,
+}
+
+/// Bytes at the start of every UD receive buffer that hold the Global Routing Header
+/// (or nothing meaningful when the datagram came without one), as verbs defines it.
+pub const GRH_LEN: usize = 40;
+
 /// A send work request (`ibv_send_wr`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SendWr {
@@ -301,6 +341,8 @@ pub struct SendWr {
     pub sges: SgeList,
     /// Flags.
     pub flags: SendFlags,
+    /// UD only: where the datagram goes.
+    pub ud: Option<UdDest>,
 }
 
 /// A receive work request (`ibv_recv_wr`).
@@ -459,6 +501,11 @@ pub struct Completion {
     pub imm_data: Option<u32>,
     /// The local QP the request was posted on.
     pub qp_num: u32,
+    /// Receives on UD queue pairs: the sender's QP number (`ibv_wc.src_qp`); 0 elsewhere.
+    pub src_qp: u32,
+    /// Receives on UD queue pairs: the first 40 bytes of the buffer hold a GRH
+    /// (`IBV_WC_GRH`); the sender's GID is its `sgid`.
+    pub grh: bool,
 }
 
 impl Default for Completion {
@@ -471,6 +518,8 @@ impl Default for Completion {
             byte_len: 0,
             imm_data: None,
             qp_num: 0,
+            src_qp: 0,
+            grh: false,
         }
     }
 }

@@ -356,6 +356,7 @@ impl Bench {
             op,
             sges: sges.as_slice().try_into().unwrap(),
             flags: SendFlags::SIGNALED,
+            ud: None,
         };
         let sends = vec![
             // Three packets at a 256-byte MTU, gathered from two SGEs.
@@ -366,6 +367,7 @@ impl Bench {
             (
                 SendWr {
                     flags: SendFlags::SIGNALED | SendFlags::INLINE,
+                    ud: None,
                     ..wr(2, SendOp::Send, vec![])
                 },
                 Some(&INLINE[..]),

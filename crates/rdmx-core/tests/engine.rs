@@ -32,6 +32,7 @@ fn wr(wr_id: u64, op: SendOp, sges: Vec<Sge>) -> SendWr {
         op,
         sges: sges.as_slice().try_into().unwrap(),
         flags: SendFlags::SIGNALED,
+        ud: None,
     }
 }
 

@@ -44,6 +44,7 @@
 //! | [`AtomicAckEth`] | 8 | original remote value | ATOMIC ACKNOWLEDGE |
 //! | [`ImmDt`] | 4 | immediate data for the receive completion | `*_WITH_IMMEDIATE` |
 //! | [`Ieth`] | 4 | R_Key to invalidate | `*_WITH_INVALIDATE` |
+//! | DETH ([`DethRepr`]) | 8 | Q_Key and source QP | UD SENDs ([`UdRepr`]) |
 //!
 //! then the payload (SEND, RDMA WRITE and READ RESPONSE only) and 0–3 pad
 //! bytes making payload plus pad a multiple of 4.
@@ -101,6 +102,7 @@ mod imm;
 mod opcode;
 mod packet;
 mod reth;
+mod ud;
 
 pub use aeth::{Aeth, AethRepr, Credits, NakCode, RnrTimer, Syndrome, AETH_LEN, MSN_MASK};
 pub use atomic::{
@@ -114,3 +116,7 @@ pub use imm::{Ieth, IethRepr, ImmDt, ImmDtRepr, IETH_LEN, IMMDT_LEN};
 pub use opcode::Opcode;
 pub use packet::{pad_for, HeaderKind, RcPacket, RcRepr};
 pub use reth::{Reth, RethRepr, RETH_LEN};
+pub use ud::{
+    header_len_of, uc_to_rc, DethRepr, GrhRepr, UdRepr, DETH_LEN, GRH_LEN, GRH_NEXT_HEADER_BTH,
+    SERVICE_MASK, UC_PREFIX, UD_SEND_ONLY, UD_SEND_ONLY_WITH_IMMEDIATE,
+};

@@ -1,10 +1,12 @@
-//! A ping-pong that speaks the exchange of rdma-core's `ibv_rc_pingpong`, so an rdmx
-//! program and the stock tool run against each other, in either role.
+//! A ping-pong that speaks the exchange of rdma-core's `ibv_rc_pingpong`,
+//! `ibv_uc_pingpong` and `ibv_ud_pingpong`, so an rdmx program and the stock tools run
+//! against each other, in either role.
 //!
 //! ```text
 //! server:  cargo run --example pingpong -- [-d DEVICE] [-g GID_INDEX] [options]
 //! client:  cargo run --example pingpong -- [-d DEVICE] [-g GID_INDEX] [options] SERVER_HOST
-//! stock:   ibv_rc_pingpong -d rxe0 -g 1 [SERVER_HOST]
+//! stock:   ibv_rc_pingpong -d rxe0 -g 1 [SERVER_HOST]   (-c uc: ibv_uc_pingpong, -c ud:
+//!          ibv_ud_pingpong)
 //! ```
 //!
 //! The exchange (TCP, port 18515 by default): the client connects and writes its
@@ -17,7 +19,10 @@
 //!
 //! `-d` names a device (`rxe0`, `mlx5_0`) or a provider whose queue pairs have a GID;
 //! `-g` picks the GID index on verbs (the IPv4-mapped one for RoCE across hosts).
-//! `-c rc` is the transport; rdmx data are checked when both sides are rdmx (`--check`).
+//! `-c rc|uc|ud` is the transport. UD, as `ibv_ud_pingpong`: the queue pair is activated
+//! with Q_Key 0x11111111, sends go through an address handle of the peer's GID, messages
+//! are at most the path MTU, and each receive buffer starts with the 40-byte GRH area.
+//! rdmx data are checked when both sides are rdmx (`--check`).
 
 use std::io::{Read, Write};
 use std::net::{Ipv6Addr, TcpListener, TcpStream};
@@ -25,18 +30,18 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use rdmx::{
-    Access, Completion, CompletionQueue, ConnectOptions, Context, LocalSge, MemoryRegion, Mtu,
-    PeerAddr, QpAttr, QpAttrMask, QpCaps, QpEndpoint, QpState, QueuePair, RecvRequest, SendRequest,
-    WcOpcode, WcStatus,
+    Access, AddressHandle, AhAttr, Completion, CompletionQueue, ConnectOptions, Context, LocalSge,
+    MemoryRegion, Mtu, PeerAddr, QpAttr, QpAttrMask, QpCaps, QpEndpoint, QpState, QpType,
+    QueuePair, RecvRequest, SendRequest, WcOpcode, WcStatus,
 };
 
 const USAGE: &str = "usage: pingpong [OPTIONS] [HOST]
 
   -d, --ib-dev DEV     device (rxe0, ...) or provider (default: the first verbs device)
   -g, --gid-idx N      GID index on verbs (default: the provider's choice)
-  -c, --connection T   transport: rc (default)
+  -c, --connection T   transport: rc (default), uc or ud
   -p, --port N         TCP port of the exchange (default 18515)
-  -s, --size N         message size in bytes (default 4096)
+  -s, --size N         message size in bytes (default 4096; ud: 2048)
   -n, --iters N        messages each way (default 1000)
   -r, --rx-depth N     receives kept posted (default 500)
   -m, --mtu N          path MTU: 256, 512, 1024, 2048 or 4096 (default 1024)
@@ -49,6 +54,10 @@ const RECV_ID: u64 = 1;
 const SEND_ID: u64 = 2;
 /// `sizeof "0000:000000:000000:00000000000000000000000000000000"`.
 const MSG_LEN: usize = 52;
+/// The Q_Key `ibv_ud_pingpong` uses.
+const QKEY: u32 = 0x1111_1111;
+/// The GRH area at the start of every UD receive buffer.
+const GRH: usize = 40;
 
 type BoxError = Box<dyn std::error::Error>;
 
@@ -56,6 +65,18 @@ type BoxError = Box<dyn std::error::Error>;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Conn {
     Rc,
+    Uc,
+    Ud,
+}
+
+impl Conn {
+    fn qp_type(self) -> QpType {
+        match self {
+            Conn::Rc => QpType::Rc,
+            Conn::Uc => QpType::Uc,
+            Conn::Ud => QpType::Ud,
+        }
+    }
 }
 
 struct Args {
@@ -63,7 +84,7 @@ struct Args {
     gid_index: Option<u32>,
     conn: Conn,
     port: u16,
-    size: usize,
+    size: Option<usize>,
     iters: u64,
     rx_depth: usize,
     mtu: Mtu,
@@ -77,7 +98,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
         gid_index: None,
         conn: Conn::Rc,
         port: 18515,
-        size: 4096,
+        size: None,
         iters: 1000,
         rx_depth: 500,
         mtu: Mtu::Mtu1024,
@@ -100,11 +121,13 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
             "-c" | "--connection" => {
                 a.conn = match value("-c")?.to_ascii_lowercase().as_str() {
                     "rc" => Conn::Rc,
-                    other => return Err(format!("-c: unknown transport {other} (rc)")),
+                    "uc" => Conn::Uc,
+                    "ud" => Conn::Ud,
+                    other => return Err(format!("-c: unknown transport {other} (rc, uc, ud)")),
                 }
             }
             "-p" | "--port" => a.port = num("-p", value("-p")?)?,
-            "-s" | "--size" => a.size = num("-s", value("-s")?)?,
+            "-s" | "--size" => a.size = Some(num("-s", value("-s")?)?),
             "-n" | "--iters" => a.iters = num("-n", value("-n")?)?,
             "-r" | "--rx-depth" => a.rx_depth = num("-r", value("-r")?)?,
             "-m" | "--mtu" => {
@@ -120,7 +143,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
             s => return Err(format!("unexpected argument {s}")),
         }
     }
-    if a.size == 0 || a.iters == 0 || a.rx_depth == 0 {
+    if a.size == Some(0) || a.iters == 0 || a.rx_depth == 0 {
         return Err("-s, -n and -r must be at least 1".into());
     }
     Ok(a)
@@ -228,21 +251,35 @@ fn pattern(buf: &mut [u8], iter: u64, sender: u8) {
 struct Side {
     qp: QueuePair,
     cq: CompletionQueue,
-    /// `[0, size)`: where messages arrive; `[size, 2 * size)`: what is sent.
+    /// `[0, grh + size)`: where messages arrive (after the GRH area on UD);
+    /// `[grh + size, grh + 2 * size)`: what is sent.
     mr: MemoryRegion,
     size: usize,
+    /// UD: the GRH area's bytes (40), else 0.
+    grh: usize,
+    /// UD: the peer's address handle and QPN, once known.
+    ud: std::sync::OnceLock<(AddressHandle, u32)>,
 }
 
 impl Side {
     fn post_recv(&self) -> Result<(), BoxError> {
-        let sge = LocalSge::new(&self.mr, 0, self.size)?;
+        let sge = LocalSge::new(&self.mr, 0, self.grh + self.size)?;
         self.qp.post_recv(RecvRequest::new(RECV_ID).sge(sge))?;
         Ok(())
     }
 
+    /// Where a sent message's bytes are.
+    fn send_at(&self) -> usize {
+        self.grh + self.size
+    }
+
     fn post_send(&self) -> Result<(), BoxError> {
-        let sge = LocalSge::new(&self.mr, self.size, self.size)?;
-        self.qp.post_send(SendRequest::send(SEND_ID).sge(sge))?;
+        let sge = LocalSge::new(&self.mr, self.send_at(), self.size)?;
+        let req = SendRequest::send(SEND_ID).sge(sge);
+        match self.ud.get() {
+            Some((ah, qpn)) => self.qp.post_send(req.ud(ah, *qpn, QKEY))?,
+            None => self.qp.post_send(req)?,
+        }
         Ok(())
     }
 }
@@ -268,10 +305,18 @@ fn my_dest(qp: &QueuePair) -> Result<Dest, BoxError> {
     })
 }
 
-/// Connects the queue pair to `peer` with the stock tool's attributes.
+/// Connects the queue pair to `peer` with the stock tool's attributes (UD: makes the
+/// address handle of the peer; the queue pair is active already).
 fn connect(side: &Side, a: &Args, peer: &Dest) -> Result<(), BoxError> {
     if peer.gid == [0; 16] {
         return Err("the peer sent no GID (start the stock tool with -g INDEX)".into());
+    }
+    if a.conn == Conn::Ud {
+        let mut attr = AhAttr::gid(Ipv6Addr::from(peer.gid));
+        attr.hop_limit = 1;
+        let ah = side.qp.pd().create_ah(&attr)?;
+        side.ud.set((ah, peer.qpn)).map_err(|_| "connected twice")?;
+        return Ok(());
     }
     let ep = QpEndpoint {
         qp_num: peer.qpn,
@@ -302,6 +347,16 @@ fn options(a: &Args) -> ConnectOptions {
 
 fn run(a: Args) -> Result<(), BoxError> {
     let ctx = open(&a)?;
+    let size = a
+        .size
+        .unwrap_or(if a.conn == Conn::Ud { 2048 } else { 4096 });
+    if a.conn == Conn::Ud && size > ctx.capabilities().max_ud_message() {
+        return Err(format!(
+            "-s {size}: a UD message is at most the path MTU, {} bytes here",
+            ctx.capabilities().max_ud_message()
+        )
+        .into());
+    }
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(a.rx_depth + 2)?;
     let caps = QpCaps::default()
@@ -309,26 +364,37 @@ fn run(a: Args) -> Result<(), BoxError> {
         .max_recv_wr(a.rx_depth)
         .max_sge(1)
         .max_inline_data(0);
-    let qp = pd.create_qp(&cq, &cq, caps)?;
-    let mr = pd.register(vec![0u8; 2 * a.size], Access::LOCAL_WRITE)?;
+    let qp = pd.create_qp_of_type(a.conn.qp_type(), &cq, &cq, None, caps)?;
+    let grh = if a.conn == Conn::Ud { GRH } else { 0 };
+    let mr = pd.register(vec![0u8; grh + 2 * size], Access::LOCAL_WRITE)?;
     let side = Side {
         qp,
         cq,
         mr,
-        size: a.size,
+        size,
+        grh,
+        ud: std::sync::OnceLock::new(),
     };
-    // INIT, and every receive posted, before the peer can send.
-    let init = QpAttr {
-        qp_state: QpState::Init,
-        pkey_index: 0,
-        port_num: 1,
-        qp_access_flags: options(&a).access,
-        ..QpAttr::default()
-    };
-    side.qp.modify(
-        &init,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )?;
+    // INIT (UD: RTS, it has no peer to wait for), and every receive posted, before the
+    // peer can send.
+    if a.conn == Conn::Ud {
+        side.qp.activate(QKEY)?;
+    } else {
+        let init = QpAttr {
+            qp_state: QpState::Init,
+            pkey_index: 0,
+            port_num: 1,
+            qp_access_flags: options(&a).access,
+            ..QpAttr::default()
+        };
+        side.qp.modify(
+            &init,
+            QpAttrMask::STATE
+                | QpAttrMask::PKEY_INDEX
+                | QpAttrMask::PORT
+                | QpAttrMask::ACCESS_FLAGS,
+        )?;
+    }
     for _ in 0..a.rx_depth {
         side.post_recv()?;
     }
@@ -390,15 +456,16 @@ fn run(a: Args) -> Result<(), BoxError> {
 /// its previous send and the peer's message have both completed.
 fn ping_pong(side: &Side, a: &Args, client: bool) -> Result<(), BoxError> {
     let (me, peer) = if client { (1u8, 0u8) } else { (0, 1) };
-    let mut scratch = vec![0u8; a.size];
-    let mut expect = vec![0u8; a.size];
+    let size = side.size;
+    let mut scratch = vec![0u8; size];
+    let mut expect = vec![0u8; size];
     let (mut sent, mut received) = (0u64, 0u64);
     // What the next send waits for.
     let (mut send_pending, mut recv_pending) = (false, true);
     let send = |iter: u64, scratch: &mut [u8]| -> Result<(), BoxError> {
         if a.check {
             pattern(scratch, iter, me);
-            side.mr.write_at(a.size, scratch)?;
+            side.mr.write_at(side.send_at(), scratch)?;
         }
         side.post_send()
     };
@@ -427,12 +494,13 @@ fn ping_pong(side: &Side, a: &Args, client: bool) -> Result<(), BoxError> {
             }
             match c.opcode {
                 WcOpcode::Recv => {
-                    if c.byte_len as usize != a.size {
+                    // UD: the byte count includes the GRH area.
+                    if c.byte_len as usize != side.grh + size {
                         return Err(format!("a message of {} bytes", c.byte_len).into());
                     }
                     if a.check {
-                        let mut got = vec![0u8; a.size];
-                        side.mr.read_at(0, &mut got)?;
+                        let mut got = vec![0u8; size];
+                        side.mr.read_at(side.grh, &mut got)?;
                         pattern(&mut expect, received, peer);
                         if got != expect {
                             return Err(format!("message {received}: wrong bytes").into());
@@ -456,7 +524,7 @@ fn ping_pong(side: &Side, a: &Args, client: bool) -> Result<(), BoxError> {
         }
     }
     let secs = start.elapsed().as_secs_f64();
-    let bytes = a.size as u64 * a.iters * 2;
+    let bytes = size as u64 * a.iters * 2;
     println!(
         "{bytes} bytes in {secs:.2} seconds = {:.2} Mbit/sec",
         bytes as f64 * 8.0 / secs / 1e6

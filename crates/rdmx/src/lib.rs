@@ -84,6 +84,7 @@
 //!   operations as futures that own their buffers, async connection setup.
 //! - `testing`: test tools — the loopback provider's fault injection and seeded keys.
 
+mod ah;
 pub mod cm;
 mod context;
 mod cq;
@@ -125,6 +126,7 @@ pub fn devices() -> Vec<DeviceInfo> {
     PROVIDERS.iter().flat_map(|p| (p.devices)()).collect()
 }
 
+pub use ah::{AddressHandle, AhAttr, LOCAL_GID};
 pub use context::Context;
 pub use cq::CompletionQueue;
 pub use endpoint::{ConnectOptions, PeerAddr, QpEndpoint, RemoteRegion};
@@ -134,13 +136,15 @@ pub use owned::{CachedBuf, OwnedBuf};
 pub use provider::{AtomicCap, Capabilities, DeviceInfo, MrRef, ProviderConfig, QpCaps, Transport};
 pub use qp::{LocalSge, QueuePair, RecvRequest, SendRequest};
 pub use rdmx_core::{
-    Completion, KeyError, KeyUse, ModifyError, Mtu, PdId, PostError, QpAttr, QpAttrMask, QpState,
-    RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, SgeList, WcOpcode, WcStatus,
+    AddressVector, Completion, KeyError, KeyUse, ModifyError, Mtu, PdId, PostError, QpAttr,
+    QpAttrMask, QpState, QpType, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, SgeList,
+    UdDest, WcOpcode, WcStatus, GRH_LEN, MULTICAST_QPN,
 };
 pub use rdmx_mem::{
     Access, Backing, CacheConfig, CacheStats, HugePages, Invalidation, Mapping, MemlockLimit,
     Memory, Monitoring, Pinning, PoolConfig, PoolStats,
 };
+pub use rdmx_wire::GrhRepr;
 pub use srq::SharedReceiveQueue;
 
 /// A registration cache over a protection domain.

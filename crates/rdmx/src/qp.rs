@@ -1,13 +1,14 @@
-//! Queue pairs: connected RC endpoints, and the requests posted to them.
+//! Queue pairs (RC, UC and UD), and the requests posted to them.
 
 use std::borrow::Borrow;
 use std::sync::Arc;
 
 use rdmx_core::{
-    Completion, PostError, QpAttr, QpAttrMask, QpState, RecvWr, RemoteAddr, SendFlags, SendOp,
-    SendWr, Sge, SgeList,
+    Completion, PostError, QpAttr, QpAttrMask, QpState, QpType, RecvWr, RemoteAddr, SendFlags,
+    SendOp, SendWr, Sge, SgeList, UdDest,
 };
 
+use crate::ah::AddressHandle;
 use crate::cq::CompletionQueue;
 use crate::endpoint::{ConnectOptions, QpEndpoint};
 use crate::mr::MemoryRegion;
@@ -18,13 +19,15 @@ use crate::provider::{self, QpCaps, QpInit};
 use crate::srq::SharedReceiveQueue;
 use crate::{Error, Result};
 
-/// An RC queue pair (`ibv_qp`). Dropping it destroys it (on tcp, closing its stream, so
-/// the peer's outstanding requests complete with errors).
+/// A queue pair (`ibv_qp`): RC (the default), UC or UD ([`QpType`]). Dropping it
+/// destroys it (on tcp, closing its stream, so the peer's outstanding requests complete
+/// with errors).
 #[derive(Debug)]
 pub struct QueuePair {
     // Field order is drop order: the provider's QP goes first.
     imp: Box<dyn provider::Qp>,
     pd: ProtectionDomain,
+    qp_type: QpType,
     psn: u32,
     secret: u64,
     send_cq: Arc<CqCore>,
@@ -78,6 +81,8 @@ impl LocalSge {
 pub struct SendRequest<'a> {
     wr: SendWr,
     inline: Option<&'a [u8]>,
+    /// UD: the address handle the request goes through.
+    ah: Option<&'a AddressHandle>,
     /// Elements added beyond what the list holds: the post is refused with their count.
     overflow: usize,
 }
@@ -91,8 +96,10 @@ impl<'a> SendRequest<'a> {
                 op,
                 sges: SgeList::new(),
                 flags: SendFlags::SIGNALED,
+                ud: None,
             },
             inline: None,
+            ah: None,
             overflow: 0,
         }
     }
@@ -137,6 +144,19 @@ impl<'a> SendRequest<'a> {
         if self.wr.sges.try_push(sge.0).is_err() {
             self.overflow += 1;
         }
+        self
+    }
+    /// Sends the datagram through `ah` to QP `remote_qpn` with Q_Key `remote_qkey` (UD
+    /// only; `ibv_send_wr.wr.ud`). A Q_Key with the high bit set sends the QP's own. To a
+    /// multicast group: an [`AhAttr::multicast`](crate::AhAttr::multicast) handle and
+    /// [`MULTICAST_QPN`](crate::MULTICAST_QPN).
+    pub fn ud(mut self, ah: &'a AddressHandle, remote_qpn: u32, remote_qkey: u32) -> Self {
+        self.wr.ud = Some(UdDest {
+            av: ah.attr().av(),
+            remote_qpn,
+            remote_qkey,
+        });
+        self.ah = Some(ah);
         self
     }
     /// No completion on success (selective signaling).
@@ -235,7 +255,22 @@ impl ProtectionDomain {
         recv_cq: &CompletionQueue,
         caps: QpCaps,
     ) -> Result<QueuePair> {
-        self.create_qp_inner(send_cq, recv_cq, None, caps)
+        self.create_qp_inner(QpType::Rc, send_cq, recv_cq, None, caps)
+    }
+
+    /// Creates a queue pair of type `qp_type` in the RESET state (`ibv_create_qp` with
+    /// `qp_type`), taking its receives from `srq` if given. A type the provider lacks
+    /// ([`Capabilities::supports`](crate::Capabilities::supports)) is refused with
+    /// [`Error::Unsupported`].
+    pub fn create_qp_of_type(
+        &self,
+        qp_type: QpType,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        srq: Option<&SharedReceiveQueue>,
+        caps: QpCaps,
+    ) -> Result<QueuePair> {
+        self.create_qp_inner(qp_type, send_cq, recv_cq, srq, caps)
     }
 
     /// Creates an RC queue pair that takes its receives from `srq`.
@@ -246,17 +281,24 @@ impl ProtectionDomain {
         srq: &SharedReceiveQueue,
         caps: QpCaps,
     ) -> Result<QueuePair> {
-        self.create_qp_inner(send_cq, recv_cq, Some(srq), caps)
+        self.create_qp_inner(QpType::Rc, send_cq, recv_cq, Some(srq), caps)
     }
 
     fn create_qp_inner(
         &self,
+        qp_type: QpType,
         send_cq: &CompletionQueue,
         recv_cq: &CompletionQueue,
         srq: Option<&SharedReceiveQueue>,
         caps: QpCaps,
     ) -> Result<QueuePair> {
         let dev = self.context().capabilities();
+        if !dev.supports(qp_type) {
+            return Err(Error::Unsupported(match qp_type {
+                QpType::Uc => "this provider has no UC queue pairs",
+                _ => "this provider has no UD queue pairs",
+            }));
+        }
         if caps.max_send_wr.max(caps.max_recv_wr) > dev.max_qp_wr as usize
             || caps.max_send_sge.max(caps.max_recv_sge) > dev.max_sge as usize
             || caps.max_inline_data > dev.max_inline_data as usize
@@ -274,6 +316,7 @@ impl ProtectionDomain {
         let secret = u64::from_ne_bytes(random[4..].try_into().expect("8 bytes"));
         let imp = self.context().device().create_qp(QpInit {
             pd: self.id(),
+            qp_type,
             send_cq: &send_cq.parts,
             recv_cq: &recv_cq.parts,
             srq: srq.map(|s| s.imp()),
@@ -284,6 +327,7 @@ impl ProtectionDomain {
         Ok(QueuePair {
             imp,
             pd: self.clone(),
+            qp_type,
             psn,
             secret,
             send_cq: send_cq.core().clone(),
@@ -303,6 +347,66 @@ impl QueuePair {
     /// The sizes it was created with.
     pub fn caps(&self) -> QpCaps {
         self.caps
+    }
+
+    /// RC, UC or UD.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
+    /// Takes a UD queue pair in RESET through INIT and RTR to RTS with Q_Key `qkey`, as
+    /// `ibv_ud_pingpong` does: from then on it receives datagrams carrying `qkey` and
+    /// sends to any address handle.
+    pub fn activate(&self, qkey: u32) -> Result<()> {
+        if self.qp_type != QpType::Ud {
+            return Err(Error::InvalidArgument(
+                "activate is for UD queue pairs; connect RC and UC queue pairs",
+            ));
+        }
+        for (attr, mask) in rdmx_core::ud_steps(qkey, self.psn) {
+            self.modify(&attr, mask)?;
+        }
+        Ok(())
+    }
+
+    /// Attaches this UD queue pair to the multicast group `gid` (`ibv_attach_mcast`; `lid`
+    /// is the group's LID on InfiniBand, 0 elsewhere): a send to the group reaches every
+    /// attached queue pair.
+    pub fn attach_mcast(&self, gid: std::net::Ipv6Addr, lid: u16) -> Result<()> {
+        self.check_mcast(gid)?;
+        self.imp.attach_mcast(gid.octets(), lid)
+    }
+
+    /// Detaches this UD queue pair from the multicast group `gid` (`ibv_detach_mcast`).
+    pub fn detach_mcast(&self, gid: std::net::Ipv6Addr, lid: u16) -> Result<()> {
+        self.check_mcast(gid)?;
+        self.imp.detach_mcast(gid.octets(), lid)
+    }
+
+    fn check_mcast(&self, gid: std::net::Ipv6Addr) -> Result<()> {
+        if self.qp_type != QpType::Ud {
+            return Err(Error::InvalidArgument(
+                "only UD queue pairs join multicast groups",
+            ));
+        }
+        // RoCEv2 over IPv4 names an IPv4 group (224.0.0.0/4), IPv4-mapped.
+        let v4_group = gid.to_ipv4_mapped().is_some_and(|v4| v4.is_multicast());
+        if !gid.is_multicast() && !v4_group {
+            return Err(Error::InvalidArgument(
+                "not a multicast GID (ff00::/8, or an IPv4-mapped 224.0.0.0/4)",
+            ));
+        }
+        if !self.pd.context().capabilities().multicast {
+            return Err(Error::Unsupported("this provider has no multicast"));
+        }
+        Ok(())
+    }
+
+    /// Datagrams (UD) or whole messages (UC) this queue pair dropped on receipt: a wrong
+    /// Q_Key, no receive posted, too long for the receive, a lost packet, a malformed
+    /// packet. Always 0 for RC (which retransmits) and on providers that do not count.
+    pub fn dropped(&self) -> u64 {
+        self.imp.dropped()
     }
 
     /// Whether its send (`Side::Send`) or receive queue completes to `cq`.
@@ -363,7 +467,8 @@ impl QueuePair {
         }
     }
 
-    /// Takes a QP in RESET through INIT, RTR and RTS, connected to `peer`.
+    /// Takes a QP in RESET through INIT, RTR and RTS, connected to `peer` (RC and UC;
+    /// a UD queue pair is [`activate`](Self::activate)d instead).
     pub fn connect(&self, peer: QpEndpoint, opts: &ConnectOptions) -> Result<()> {
         self.to_rtr(&peer, opts)?;
         self.to_rts(&peer, opts)
@@ -373,9 +478,9 @@ impl QueuePair {
     /// (post receives now, before the peer can send, as `ibv_rc_pingpong` does), and
     /// [`to_rts`](Self::to_rts) lets it send.
     pub fn to_rtr(&self, peer: &QpEndpoint, opts: &ConnectOptions) -> Result<()> {
-        let params = self.connect_params(peer, opts);
+        let params = self.connect_params(peer, opts)?;
         self.imp.bind_peer(peer, opts.connect_timeout)?;
-        for (attr, mask) in params.steps().into_iter().take(2) {
+        for (attr, mask) in params.steps_for(self.qp_type).into_iter().take(2) {
             self.modify(&attr, mask)?;
         }
         Ok(())
@@ -383,20 +488,29 @@ impl QueuePair {
 
     /// Takes a QP in RTR to RTS (see [`to_rtr`](Self::to_rtr)).
     pub fn to_rts(&self, peer: &QpEndpoint, opts: &ConnectOptions) -> Result<()> {
-        let params = self.connect_params(peer, opts);
-        for (attr, mask) in params.steps().into_iter().skip(2) {
+        let params = self.connect_params(peer, opts)?;
+        for (attr, mask) in params.steps_for(self.qp_type).into_iter().skip(2) {
             self.modify(&attr, mask)?;
         }
         Ok(())
     }
 
-    fn connect_params(&self, peer: &QpEndpoint, opts: &ConnectOptions) -> rdmx_core::ConnectParams {
+    fn connect_params(
+        &self,
+        peer: &QpEndpoint,
+        opts: &ConnectOptions,
+    ) -> Result<rdmx_core::ConnectParams> {
+        if self.qp_type == QpType::Ud {
+            return Err(Error::InvalidArgument(
+                "a UD queue pair has no peer to connect to; activate it",
+            ));
+        }
         let caps = self.pd.context().capabilities();
         // The device's limits bound the defaults; the peer's MTU bounds the path's.
         let mtu = opts.mtu.unwrap_or_else(|| {
             rdmx_core::Mtu::from_bytes(peer.mtu).map_or(caps.active_mtu, |p| p.min(caps.active_mtu))
         });
-        rdmx_core::ConnectParams {
+        Ok(rdmx_core::ConnectParams {
             access: opts.access,
             mtu,
             dest_qpn: peer.qp_num,
@@ -408,17 +522,87 @@ impl QueuePair {
             retry_cnt: opts.retry_cnt,
             rnr_retry: opts.rnr_retry,
             min_rnr_timer: opts.min_rnr_timer,
-        }
+        })
     }
 
     /// Posts a send request (`ibv_post_send`).
+    ///
+    /// What the queue pair's type does not allow is refused here, on every provider: on
+    /// UC anything but SEND and WRITE (with or without immediate); on UD anything but
+    /// SEND (with or without immediate), a send without an address handle
+    /// ([`SendRequest::ud`]) or with one of another protection domain, and a message
+    /// longer than the path MTU.
     pub fn post_send<'a>(&self, req: impl Borrow<SendRequest<'a>>) -> Result<()> {
         let req = req.borrow();
         req.check_overflow()?;
+        self.check_type(&req.wr, req.inline, req.ah)?;
         // SAFETY: every element of a SendRequest was made by LocalSge::new from a
         // registered region that owns its memory, which safe code only reaches through
         // copies.
-        unsafe { self.imp.post_send(&req.wr, req.inline) }
+        unsafe { self.post_imp(self.imp.as_ref(), &req.wr, req.inline, req.ah) }
+    }
+
+    /// Posts through the provider, with the address handle for UD.
+    ///
+    /// # Safety
+    ///
+    /// As [`provider::Qp::post_send`].
+    unsafe fn post_imp(
+        &self,
+        imp: &dyn provider::Qp,
+        wr: &SendWr,
+        inline: Option<&[u8]>,
+        ah: Option<&AddressHandle>,
+    ) -> Result<()> {
+        match ah {
+            // SAFETY: forwarded; the caller upholds the contract.
+            Some(ah) => unsafe { imp.post_send_ud(wr, inline, ah.imp()) },
+            // SAFETY: as above.
+            None => unsafe { imp.post_send(wr, inline) },
+        }
+    }
+
+    /// The checks of [`post_send`](Self::post_send) that depend on the QP's type.
+    fn check_type(
+        &self,
+        wr: &SendWr,
+        inline: Option<&[u8]>,
+        ah: Option<&AddressHandle>,
+    ) -> Result<()> {
+        if !self.qp_type.allows(wr.op) {
+            return Err(PostError::Invalid(match self.qp_type {
+                QpType::Uc => {
+                    "a UC queue pair takes SEND and RDMA WRITE (with or without immediate) only"
+                }
+                _ => "a UD queue pair takes SEND (with or without immediate) only",
+            })
+            .into());
+        }
+        if self.qp_type != QpType::Ud {
+            if ah.is_some() || wr.ud.is_some() {
+                return Err(PostError::Invalid("only UD sends name an address handle").into());
+            }
+            return Ok(());
+        }
+        let Some(ah) = ah else {
+            return Err(
+                PostError::Invalid("a UD send needs an address handle (SendRequest::ud)").into(),
+            );
+        };
+        if ah.pd().id() != self.pd.id()
+            || ah.pd().context().device_name() != self.pd.context().device_name()
+        {
+            return Err(PostError::Invalid(
+                "the address handle belongs to another protection domain",
+            )
+            .into());
+        }
+        let len = inline.map_or_else(|| wr.sges.total_len(), |d| d.len() as u64);
+        let mtu = self.pd.context().capabilities().max_ud_message() as u64;
+        if len > mtu {
+            return Err(PostError::Invalid("a UD message is at most the path MTU").into());
+        }
+        Ok(())
     }
 
     /// Posts several send requests in order, as `ibv_post_send` takes a list; stops at the
@@ -510,10 +694,14 @@ impl QueuePair {
         }
         let mut wr = req.wr;
         wr.sges.push(buf.sge());
+        if let Err(e) = self.check_type(&wr, None, req.ah) {
+            return Err((e, buf));
+        }
         let wr_id = wr.wr_id;
+        let ah = req.ah;
         self.post_owned(wr_id, Side::Send, buf, |imp| {
             // SAFETY: as in post_recv_buf.
-            unsafe { imp.post_send(&wr, None) }
+            unsafe { self.post_imp(imp, &wr, None, ah) }
         })
     }
 

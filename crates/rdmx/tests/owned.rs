@@ -68,6 +68,8 @@ fn send_and_receive_through_owned_buffers(provider: &str) {
             wr_id: round,
             opcode: WcOpcode::Recv,
             qp_num: p.b.qp_num(),
+            src_qp: 0,
+            grh: false,
             ..Completion::default()
         };
         assert!(p.b.take_buf::<PoolBuf>(&forged).is_none());

@@ -40,6 +40,35 @@ pub(crate) enum Test {
     AtomicLat,
 }
 
+/// `-c`: the queue pairs' transport service (perftest's connection type).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub(crate) enum Conn {
+    /// Reliable connected.
+    #[default]
+    #[value(name = "RC", alias = "rc")]
+    Rc,
+    /// Unreliable connected: write and send tests.
+    #[value(name = "UC", alias = "uc")]
+    Uc,
+    /// Unreliable datagram: send tests, messages up to the path MTU.
+    #[value(name = "UD", alias = "ud")]
+    Ud,
+}
+
+impl Conn {
+    /// The QP type.
+    pub(crate) fn qp_type(self) -> rdmx::QpType {
+        match self {
+            Conn::Rc => rdmx::QpType::Rc,
+            Conn::Uc => rdmx::QpType::Uc,
+            Conn::Ud => rdmx::QpType::Ud,
+        }
+    }
+}
+
+/// Largest UD message of a sweep (`-a -c UD`): perftest sweeps UD up to the MTU.
+pub(crate) const UD_SWEEP_MAX: usize = 4096;
+
 /// What moves the data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Op {
@@ -161,6 +190,9 @@ pub(crate) struct Args {
     /// Report bandwidth in Gb/s instead of MiB/s.
     #[arg(long = "report_gbits", alias = "report-gbits")]
     pub(crate) report_gbits: bool,
+    /// Connection type: RC, UC (write and send tests) or UD (send tests), as perftest's -c.
+    #[arg(short = 'c', long = "connection", value_enum, default_value_t = Conn::Rc)]
+    pub(crate) connection: Conn,
     /// Port of the connection setup (--server listens on it, HOST is reached on it).
     #[arg(short = 'p', long, default_value_t = 18515)]
     pub(crate) port: u16,
@@ -217,6 +249,9 @@ pub(crate) struct Params {
     /// Queue pairs connect through rdma_cm (--rdma-cm).
     #[serde(default)]
     pub(crate) rdma_cm: bool,
+    /// The connection type (-c).
+    #[serde(default)]
+    pub(crate) conn: Conn,
 }
 
 impl Params {
@@ -297,8 +332,27 @@ impl Args {
         if size.is_some_and(|s| s > MAX_SIZE) {
             return Err(format!("-s/--size is at most {MAX_SIZE} bytes (1 GiB)").into());
         }
+        let conn = self.connection;
+        let allowed = match conn {
+            Conn::Rc => true,
+            Conn::Uc => matches!(test.op(), Op::Write | Op::Send),
+            Conn::Ud => test.op() == Op::Send,
+        };
+        if !allowed {
+            return Err(format!(
+                "{name} does not run over -c {}: UC takes the write and send tests, UD the \
+                 send tests (as perftest)",
+                conn.qp_type()
+            )
+            .into());
+        }
         let sizes = if atomic {
             vec![8]
+        } else if self.all && conn == Conn::Ud {
+            (SWEEP.0..=SWEEP.1)
+                .map(|k| 1usize << k)
+                .filter(|&s| s <= UD_SWEEP_MAX)
+                .collect()
         } else if self.all {
             (SWEEP.0..=SWEEP.1).map(|k| 1usize << k).collect()
         } else {
@@ -380,6 +434,12 @@ impl Args {
         if peer != PeerMode::Local && providers.len() > 1 {
             return Err("a run with a peer (--server or HOST) takes one provider".into());
         }
+        if self.rdma_cm && conn != Conn::Rc {
+            return Err("--rdma-cm connects RC queue pairs; drop -c or --rdma-cm".into());
+        }
+        if conn == Conn::Ud && peer != PeerMode::Local {
+            return Err("-c UD runs both sides in this process for now; drop --server/HOST".into());
+        }
         if self.rdma_cm && peer == PeerMode::Local {
             return Err(
                 "--rdma-cm connects to a peer: give it to both --server and the client".into(),
@@ -411,6 +471,7 @@ impl Args {
                 verify: self.verify,
                 mtu: self.mtu,
                 rdma_cm: self.rdma_cm,
+                conn,
             },
             providers,
             device: self.ib_dev.clone(),

@@ -135,7 +135,7 @@ pub(crate) fn requester(
                     if (seq + 1) % cq_mod != 0 && seq + 1 != target[i] {
                         req = req.unsignaled();
                     }
-                    match side.qps[i].post_send(req) {
+                    match side.qps[i].post_send(side.route(i, req)) {
                         Ok(()) => posted[i] += 1,
                         // Slots of unsignaled requests free up with the next signaled
                         // completion: poll and come back.

@@ -114,7 +114,7 @@ pub(crate) fn ping(
         } else {
             SendRequest::send(g)
         };
-        qp.post_send(req.sge(src))?;
+        qp.post_send(side.route(0, req.sge(src)))?;
         let (mut sent, mut got, mut len) = (false, false, size as u32);
         let mut last = [0u8];
         spin(side, abort, |wc| {
@@ -141,7 +141,7 @@ pub(crate) fn ping(
             rec.record(dt);
         }
         if p.verify {
-            if len as usize != size {
+            if len as usize != size + l.grh {
                 return Err(
                     format!("--verify: answer {g} has {len} bytes, expected {size}").into(),
                 );
@@ -210,7 +210,7 @@ pub(crate) fn pong(
             return Ok(bad.map_or(Ok(()), Err));
         }
         if p.verify && bad.is_none() {
-            if len as usize != size {
+            if len as usize != size + l.grh {
                 bad = Some(format!(
                     "--verify: ping {g} has {len} bytes, expected {size}"
                 ));
@@ -228,7 +228,7 @@ pub(crate) fn pong(
         } else {
             SendRequest::send(g)
         };
-        qp.post_send(req.sge(src))?;
+        qp.post_send(side.route(0, req.sge(src)))?;
         answered += 1;
         *round += 1;
     }

@@ -265,6 +265,8 @@ pub(crate) fn table_row(test: Test, row: &Row, gbits: bool) -> String {
 #[derive(Clone, Debug)]
 pub(crate) struct RunInfo {
     pub(crate) test: Test,
+    /// The connection type: `RC`, `UC` or `UD`.
+    pub(crate) conn: &'static str,
     pub(crate) provider: String,
     pub(crate) device: String,
     pub(crate) mtu: u32,
@@ -313,9 +315,14 @@ impl RunInfo {
                 "Number of qps",
                 self.qps.to_string(),
                 "Transport type",
-                "RC".into(),
+                "IB".into(),
             ),
-            ("Connection type", "RC".into(), "Peer", self.peer.clone()),
+            (
+                "Connection type",
+                self.conn.into(),
+                "Peer",
+                self.peer.clone(),
+            ),
             (
                 "TX depth",
                 self.tx_depth.to_string(),
@@ -362,7 +369,7 @@ impl RunInfo {
             "test": self.test.name(),
             "provider": self.provider,
             "device": self.device,
-            "transport": "RC",
+            "transport": self.conn,
             "mtu": self.mtu,
             "progress": self.progress(),
             "qps": self.qps,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use rdmx::{WcOpcode, WcStatus};
 
-use super::args::{Op, Params};
+use super::args::{Conn, Op, Params};
 use super::lat;
 use super::setup::{
     linger, poll, Abort, BoxError, Region, Role, Side, BYE, CTL, EMPTY, READY, STALL, VERDICT_BAD,
@@ -30,11 +30,16 @@ pub(crate) fn drive(
     prepare(p, side, p.sizes[0])?;
     side.send_ctl(0, READY)?;
     let mut round = 0u64;
+    let mut last_verdict = None;
     for (k, &size) in p.sizes.iter().enumerate() {
         let checked = if p.test.is_ping_pong() {
             lat::pong(p, size, side, remote, &mut round, abort)?
         } else {
-            serve(p, size, side, &mut counters, abort)?
+            let sizing = Sizing {
+                gen: k as u32 % 2,
+                last_verdict,
+            };
+            serve(p, size, side, &mut counters, sizing, abort)?
         };
         if let Some(&next) = p.sizes.get(k + 1) {
             prepare(p, side, next)?;
@@ -46,6 +51,7 @@ pub(crate) fn drive(
             abort.fail(Role::Responder);
             VERDICT_BAD
         };
+        last_verdict = Some(verdict);
         side.send_ctl(0, verdict)?;
         if let Err(e) = checked {
             linger(side, Duration::from_millis(500), |c| {
@@ -67,6 +73,13 @@ pub(crate) fn drive(
             if c.status == WcStatus::Success && side.ctl_value(c)? == Some(BYE) {
                 bye = true;
                 break;
+            }
+            if c.status == WcStatus::Success && c.imm_data.is_some() && p.conn != Conn::Rc {
+                // A DONE again: the last verdict was lost on the way.
+                side.post_recv(side.qp_index(c.qp_num), c.wr_id)?;
+                if let Some(v) = last_verdict {
+                    side.send_ctl(0, v)?;
+                }
             }
             if c.status != WcStatus::Success {
                 return Err(format!(
@@ -108,14 +121,32 @@ fn prepare(p: &Params, side: &Side, size: usize) -> Result<(), BoxError> {
     }
 }
 
+/// Which size a DONE is for, over UC and UD (which may lose messages, control ones too):
+/// the requester sends DONE again until the verdict comes, with the size's generation
+/// bit, so a DONE of the previous size is answered with its verdict again, not taken
+/// for this size's.
+#[derive(Clone, Copy, Debug)]
+struct Sizing {
+    /// This size's generation bit.
+    gen: u32,
+    /// The verdict of the previous size.
+    last_verdict: Option<u32>,
+}
+
 /// Serves one size until `DONE` has come on every QP; returns the verdict of the checks.
+///
+/// Over UC and UD a message may be lost (no receive posted when it came): messages are
+/// then checked to arrive whole and in order, and at most as many as were sent.
 fn serve(
     p: &Params,
     size: usize,
     side: &Side,
     counters: &mut [u64],
+    sizing: Sizing,
     abort: &Abort,
 ) -> Result<Result<(), String>, BoxError> {
+    let lossy = p.conn != Conn::Rc;
+    let mut received = vec![0u64; side.qps.len()];
     let l = &side.layout;
     let op = p.test.op();
     let q = side.qps.len();
@@ -137,16 +168,39 @@ fn serve(
             }
             let i = side.qp_index(c.qp_num);
             if let Some(imm) = side.ctl_value(c)? {
-                counts[i] = Some(u64::from(imm));
+                if lossy && imm >> 31 != sizing.gen {
+                    side.post_recv(i, c.wr_id)?;
+                    if let Some(v) = sizing.last_verdict {
+                        side.send_ctl(0, v)?;
+                    }
+                    continue;
+                }
+                let n = if lossy { imm & 0x7fff_ffff } else { imm };
+                counts[i] = Some(u64::from(n));
             } else if p.verify && bad.is_none() {
-                // A data message: its stamp must be the next sequence number.
+                // A data message: its stamp must be the next sequence number (over UC and
+                // UD, a later one: the ones between were lost).
                 let slot = c.wr_id as usize % slots;
-                let want = stamp_for(got[i], size).to_le_bytes();
                 side.mrs[i].read_at(l.dst(slot), &mut stamp[..stamp_len])?;
-                if c.byte_len as usize != size {
+                received[i] += 1;
+                if lossy {
+                    let bits = 8 * stamp_len as u32;
+                    let mask = if bits == 64 {
+                        u64::MAX
+                    } else {
+                        (1u64 << bits) - 1
+                    };
+                    let mut raw = [0u8; 8];
+                    raw[..stamp_len].copy_from_slice(&stamp[..stamp_len]);
+                    let low = (u64::from_le_bytes(raw) ^ stamp_for(0, size)) & mask;
+                    got[i] += low.wrapping_sub(got[i]) & mask;
+                }
+                let want = stamp_for(got[i], size).to_le_bytes();
+                if c.byte_len as usize != size + l.grh {
                     bad = Some(format!(
                         "--verify: QP {i}: message {} has {} bytes, expected {size}",
-                        got[i], c.byte_len
+                        got[i],
+                        c.byte_len as usize - l.grh.min(c.byte_len as usize)
                     ));
                 } else if stamp[..stamp_len] != want[..stamp_len] {
                     bad = Some(format!(
@@ -161,6 +215,7 @@ fn serve(
                 got[i] += 1;
             } else {
                 got[i] += 1;
+                received[i] += 1;
             }
             side.post_recv(i, c.wr_id)?;
         }
@@ -200,6 +255,20 @@ fn serve(
     }
     if let Some(b) = bad {
         return Ok(Err(b));
+    }
+    if lossy {
+        for (i, (&r, &n)) in received.iter().zip(&counts).enumerate() {
+            if r > n {
+                return Ok(Err(format!(
+                    "--verify: QP {i}: {r} messages arrived, the sender sent {n}"
+                )));
+            }
+        }
+        // Lost messages are no error here: the sequence check above saw the rest whole
+        // and in order.
+        if op == Op::Send {
+            return Ok(check(p, size, side, &got, &got, &last, counters));
+        }
     }
     Ok(check(p, size, side, &counts, &got, &last, counters))
 }

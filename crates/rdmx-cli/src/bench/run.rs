@@ -202,7 +202,11 @@ impl Out {
 fn info(cfg: &Config, side: &Side, mine: &Hello, peer: &Hello, where_: String) -> RunInfo {
     let p = &cfg.params;
     let kind = side.ctx.provider();
-    let mtu = side.qps[0].attrs().path_mtu.bytes();
+    let mtu = match p.conn.qp_type() {
+        // A UD queue pair has no path: its messages go up to the port's MTU.
+        rdmx::QpType::Ud => side.ctx.capabilities().active_mtu.bytes(),
+        _ => side.qps[0].attrs().path_mtu.bytes(),
+    };
     let mut addresses = Vec::new();
     for i in 0..side.qps.len() {
         addresses.push(format!("local address:  {}", mine.address(i)));
@@ -210,6 +214,7 @@ fn info(cfg: &Config, side: &Side, mine: &Hello, peer: &Hello, where_: String) -
     }
     RunInfo {
         test: p.test,
+        conn: p.conn.qp_type().name(),
         provider: kind.to_string(),
         device: side.ctx.device_name().to_string(),
         mtu,
@@ -369,7 +374,7 @@ fn drive(
         return Err(format!("the peer started with {first:#x}, not READY").into());
     }
     let mut round = 0u64;
-    for &size in &p.sizes {
+    for (k, &size) in p.sizes.iter().enumerate() {
         out.step(format!("{} on {provider}, {size} bytes", p.test.name()));
         let (row, counts) = if p.test.is_bw() {
             let run = bw::requester(p, size, side, remote, abort)?;
@@ -396,7 +401,7 @@ fn drive(
             };
             (row, vec![issued])
         };
-        finish_size(side, &counts, abort)?;
+        finish_size(side, &counts, k, abort)?;
         on_row(row);
     }
     say_bye(side)

@@ -28,7 +28,7 @@ use rdmx::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::args::{Budget, Config, Op, Params, PeerMode};
+use super::args::{Budget, Config, Conn, Op, Params, PeerMode};
 use super::verify::Expect;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -88,11 +88,14 @@ pub(crate) struct Layout {
     pub(crate) signal_every: usize,
     /// Whether receives take data (SEND tests) rather than control messages only.
     pub(crate) recv_data: bool,
+    /// Bytes before a received message in its slot: the GRH area of UD, else 0.
+    pub(crate) grh: usize,
 }
 
 impl Layout {
     pub(crate) fn new(p: &Params, role: Role) -> Layout {
-        let stride = p.max_size().max(8).next_multiple_of(64);
+        let grh = if p.conn == Conn::Ud { rdmx::GRH_LEN } else { 0 };
+        let stride = (p.max_size().max(8) + grh).next_multiple_of(64);
         let slots = if p.verify {
             (VERIFY_BYTES / stride).clamp(1, p.tx_depth)
         } else {
@@ -128,6 +131,7 @@ impl Layout {
             batch: p.post_list.min(window),
             signal_every: p.cq_mod.min(window),
             recv_data: op == Op::Send,
+            grh,
         }
     }
 
@@ -135,14 +139,26 @@ impl Layout {
         (slot % self.src_slots.max(1)) * self.stride
     }
 
+    /// Where the message of destination slot `slot` starts (after the GRH area on UD).
     pub(crate) fn dst(&self, slot: usize) -> usize {
+        self.dst_slot(slot) + self.grh
+    }
+
+    /// Where destination slot `slot` starts: what a receive names.
+    fn dst_slot(&self, slot: usize) -> usize {
         (self.src_slots + slot % self.dst_slots.max(1)) * self.stride
     }
 
-    /// Where control messages land that no destination slot receives (devices without
-    /// immediate data carry them in the payload): past the slots.
-    pub(crate) fn ctl(&self) -> usize {
+    /// UD: the GRH area of receives that land no message (control messages), after the
+    /// slots.
+    fn scratch(&self) -> usize {
         (self.src_slots + self.dst_slots).max(1) * self.stride
+    }
+
+    /// Where control messages land that no destination slot receives (devices without
+    /// immediate data carry them in the payload): after the scratch area.
+    pub(crate) fn ctl(&self) -> usize {
+        self.scratch() + self.grh
     }
 
     fn len(&self) -> usize {
@@ -164,7 +180,12 @@ pub(crate) struct Side {
     /// Whether the device has immediate data; without it (iWARP) control messages carry
     /// their value in the payload.
     pub(crate) imm: bool,
+    /// UD: per QP, the address handle of the peer QP and its number, once connected.
+    pub(crate) ud_peers: std::sync::OnceLock<Vec<(rdmx::AddressHandle, u32)>>,
 }
+
+/// The Q_Key of the bench's UD queue pairs.
+const UD_QKEY: u32 = 0x1111_1111;
 
 /// Opens `provider` with the options the command line gives: `-d`, `--gid-index` and
 /// the progress mode.
@@ -221,15 +242,37 @@ impl Side {
             .max_send_wr(layout.window + 4)
             .max_recv_wr(layout.rx_depth + 1)
             .max_inline_data(inline);
+        let qp_type = p.conn.qp_type();
+        if !ctx.capabilities().supports(qp_type) {
+            return Err(format!(
+                "provider {} has no {qp_type} queue pairs (see its capabilities in `rdmx \
+                 devices`)",
+                ctx.provider()
+            )
+            .into());
+        }
+        if qp_type == rdmx::QpType::Ud {
+            let most = ctx.capabilities().max_ud_message();
+            if p.max_size() > most {
+                return Err(format!(
+                    "-c UD: messages are at most the path MTU, {most} bytes on {}",
+                    ctx.provider()
+                )
+                .into());
+            }
+        }
         let mut qps = Vec::with_capacity(p.qps);
         let mut mrs = Vec::with_capacity(p.qps);
         for _ in 0..p.qps {
-            qps.push(pd.create_qp(&cq, &cq, caps).map_err(|e| {
-                format!(
-                    "create a QP with {} send and {} receive requests: {e}",
-                    caps.max_send_wr, caps.max_recv_wr
-                )
-            })?);
+            qps.push(
+                pd.create_qp_of_type(qp_type, &cq, &cq, None, caps)
+                    .map_err(|e| {
+                        format!(
+                            "create a QP with {} send and {} receive requests: {e}",
+                            caps.max_send_wr, caps.max_recv_wr
+                        )
+                    })?,
+            );
             mrs.push(pd.register_with(Mapping::new(layout.len())?, Access::ALL, pinning)?);
         }
         Ok(Side {
@@ -242,7 +285,16 @@ impl Side {
             role,
             busy,
             pinned: pinning == Pinning::Pinned,
+            ud_peers: std::sync::OnceLock::new(),
         })
+    }
+
+    /// `req` on QP `i`, addressed to the peer QP when the queue pairs are UD.
+    pub(crate) fn route<'a>(&'a self, i: usize, req: SendRequest<'a>) -> SendRequest<'a> {
+        match self.ud_peers.get().and_then(|v| v.get(i)) {
+            Some((ah, qpn)) => req.ud(ah, *qpn, UD_QKEY),
+            None => req,
+        }
     }
 
     /// The index of the QP numbered `qp_num`.
@@ -278,7 +330,14 @@ impl Side {
             // slot a WRITE lands in).
             req = req.sge(LocalSge::new(&self.mrs[i], l.ctl(), CTL_LEN)?);
         } else if l.dst_slots > 0 {
-            req = req.sge(LocalSge::new(&self.mrs[i], l.dst(r as usize), l.stride)?);
+            req = req.sge(LocalSge::new(
+                &self.mrs[i],
+                l.dst_slot(r as usize),
+                l.stride,
+            )?);
+        } else if l.grh > 0 {
+            // A control message still brings its GRH.
+            req = req.sge(LocalSge::new(&self.mrs[i], l.scratch(), l.grh)?);
         }
         self.qps[i].post_recv(req)?;
         Ok(())
@@ -302,12 +361,12 @@ impl Side {
     pub(crate) fn send_ctl(&self, i: usize, imm: u32) -> Result<(), BoxError> {
         let wr_id = CTL | u64::from(imm);
         if self.imm {
-            self.qps[i].post_send(SendRequest::send_with_imm(wr_id, imm))?;
+            self.qps[i].post_send(self.route(i, SendRequest::send_with_imm(wr_id, imm)))?;
         } else {
             let mut msg = [0u8; CTL_LEN];
             msg[..4].copy_from_slice(&CTL_MAGIC.to_le_bytes());
             msg[4..].copy_from_slice(&imm.to_le_bytes());
-            self.qps[i].post_send(SendRequest::send(wr_id).inline(&msg))?;
+            self.qps[i].post_send(self.route(i, SendRequest::send(wr_id).inline(&msg)))?;
         }
         Ok(())
     }
@@ -403,6 +462,8 @@ pub(crate) const EMPTY: Completion = Completion {
     byte_len: 0,
     imm_data: None,
     qp_num: 0,
+    src_qp: 0,
+    grh: false,
 };
 
 /// Which side of a run in one process failed first; the other side's loops give up once
@@ -469,18 +530,72 @@ pub(crate) fn wait_ctl(side: &Side, abort: &Abort, what: &str) -> Result<u32, Bo
     }
 }
 
-/// Requester, after a size: DONE with `counts[i]` on every QP, then the verdict.
-pub(crate) fn finish_size(side: &Side, counts: &[u64], abort: &Abort) -> Result<(), BoxError> {
-    for (i, &n) in counts.iter().enumerate() {
-        side.send_ctl(i, n as u32)?;
-    }
-    match wait_ctl(side, abort, "verdict")? {
+/// Requester, after size number `k`: DONE with `counts[i]` on every QP, then the
+/// verdict. Over UC and UD, where DONE or the verdict may be lost, DONE carries the
+/// size's generation bit and goes again until the verdict comes.
+pub(crate) fn finish_size(
+    side: &Side,
+    counts: &[u64],
+    k: usize,
+    abort: &Abort,
+) -> Result<(), BoxError> {
+    let lossy = side
+        .qps
+        .first()
+        .is_some_and(|q| q.qp_type() != rdmx::QpType::Rc);
+    let verdict = if lossy {
+        let gen = (k as u32 % 2) << 31;
+        let since = Instant::now();
+        loop {
+            for (i, &n) in counts.iter().enumerate() {
+                side.send_ctl(i, (n as u32 & 0x7fff_ffff) | gen)?;
+            }
+            if let Some(v) = wait_ctl_for(side, abort, Duration::from_millis(100))? {
+                break v;
+            }
+            if since.elapsed() > STALL {
+                return Err(format!("the peer sent no verdict within {STALL:?}").into());
+            }
+        }
+    } else {
+        for (i, &n) in counts.iter().enumerate() {
+            side.send_ctl(i, n as u32)?;
+        }
+        wait_ctl(side, abort, "verdict")?
+    };
+    match verdict {
         VERDICT_OK => Ok(()),
         VERDICT_BAD => {
             Err("--verify: the receiving side found wrong data (its error says where)".into())
         }
         other => Err(format!("unexpected control message {other:#x} from the peer").into()),
     }
+}
+
+/// [`wait_ctl`] for at most `timeout`: `None` if no control message came.
+fn wait_ctl_for(side: &Side, abort: &Abort, timeout: Duration) -> Result<Option<u32>, BoxError> {
+    let mut wc = [EMPTY; 16];
+    let since = Instant::now();
+    while since.elapsed() < timeout {
+        let n = poll(&side.cq, &mut wc)?;
+        let mut got = None;
+        for c in &wc[..n] {
+            if matches!(c.opcode, WcOpcode::Recv) {
+                side.post_recv(0, c.wr_id)?;
+                if let Some(imm) = c.imm_data {
+                    got = Some(imm);
+                }
+            }
+        }
+        if got.is_some() {
+            return Ok(got);
+        }
+        if n == 0 {
+            abort.check()?;
+            std::thread::yield_now();
+        }
+    }
+    Ok(None)
 }
 
 /// Requester, at the end: BYE, acknowledged (or not: the run is over either way).
@@ -656,9 +771,23 @@ fn connect_options(p: &Params) -> ConnectOptions {
 /// Connects two sides of this process QP by QP; returns each one's view of the other.
 pub(crate) fn connect_local(a: &Side, b: &Side, p: &Params) -> Result<(Hello, Hello), BoxError> {
     let opts = connect_options(p);
-    for (qa, qb) in a.qps.iter().zip(&b.qps) {
-        qa.connect(qb.endpoint(), &opts)?;
-        qb.connect(qa.endpoint(), &opts)?;
+    if p.conn == Conn::Ud {
+        for (x, y) in [(a, b), (b, a)] {
+            let mut peers = Vec::new();
+            for (qx, qy) in x.qps.iter().zip(&y.qps) {
+                qx.activate(UD_QKEY)?;
+                let ah = qx
+                    .pd()
+                    .create_ah(&rdmx::AhAttr::to_endpoint(&qy.endpoint()))?;
+                peers.push((ah, qy.qp_num()));
+            }
+            let _ = x.ud_peers.set(peers);
+        }
+    } else {
+        for (qa, qb) in a.qps.iter().zip(&b.qps) {
+            qa.connect(qb.endpoint(), &opts)?;
+            qb.connect(qa.endpoint(), &opts)?;
+        }
     }
     let (ha, hb) = (a.hello(p), b.hello(p));
     check_peer(&ha, &hb)?;
@@ -880,6 +1009,7 @@ mod tests {
             verify,
             mtu: None,
             rdma_cm: false,
+            conn: Conn::Rc,
         }
     }
 

@@ -37,7 +37,7 @@ bitflags! {
         const PKEY_INDEX = 1 << 4;
         /// `IBV_QP_PORT`: [`QpAttr::port_num`].
         const PORT = 1 << 5;
-        /// `IBV_QP_QKEY`: UD only; no RC transition accepts it.
+        /// `IBV_QP_QKEY`: [`QpAttr::qkey`]; UD only, no RC or UC transition accepts it.
         const QKEY = 1 << 6;
         /// `IBV_QP_AV`: the primary address vector, passed to the provider alongside.
         const AV = 1 << 7;
@@ -82,7 +82,7 @@ pub const MAX_RETRY: u8 = 7;
 /// The [`QpAttr::rnr_retry`] value that means "retry RNR NAKs forever".
 pub const RNR_RETRY_INFINITE: u8 = 7;
 
-/// The attributes of an RC queue pair (`struct ibv_qp_attr`, RC fields only).
+/// The attributes of a queue pair (`struct ibv_qp_attr`, the RC, UC and UD fields).
 ///
 /// A modify reads only the fields whose bit is in its [`QpAttrMask`]; the others are
 /// ignored, so `..QpAttr::default()` fills them harmlessly.
@@ -135,6 +135,10 @@ pub struct QpAttr {
     /// Retries after an RNR NAK before failing, at most 7; 7 means forever
     /// ([`QpAttrMask::RNR_RETRY`]).
     pub rnr_retry: u8,
+    /// The Q_Key of a UD queue pair ([`QpAttrMask::QKEY`]): a datagram is accepted only
+    /// if its DETH carries it, and a send whose work request names a Q_Key with the high
+    /// bit set sends this one instead.
+    pub qkey: u32,
 }
 
 /// The local ACK timeout that the 5-bit code `code` stands for: 4.096 µs × 2^code, or
@@ -417,6 +421,9 @@ pub(super) fn apply(to: &mut QpAttr, from: &QpAttr, mask: QpAttrMask) {
     }
     if set(QpAttrMask::SQ_PSN) {
         to.sq_psn = from.sq_psn;
+    }
+    if set(QpAttrMask::QKEY) {
+        to.qkey = from.qkey;
     }
     if set(QpAttrMask::MAX_DEST_RD_ATOMIC) {
         to.max_dest_rd_atomic = from.max_dest_rd_atomic;

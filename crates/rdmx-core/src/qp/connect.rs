@@ -1,6 +1,6 @@
-//! The three modifies that take an RC queue pair from RESET to RTS.
+//! The three modifies that take a queue pair from RESET to RTS.
 
-use super::{Mtu, QpAttr, QpAttrMask, QpState};
+use super::{Mtu, QpAttr, QpAttrMask, QpState, QpType};
 use crate::access::Access;
 
 /// What one side needs to bring an RC queue pair from RESET to RTS, the fields
@@ -89,4 +89,47 @@ impl ConnectParams {
             ),
         ]
     }
+}
+
+impl ConnectParams {
+    /// [`steps`](Self::steps) for a connected queue pair of type `qp_type` (RC or UC):
+    /// a UC queue pair is given only what its transitions take (no read/atomic depths,
+    /// RNR timer, ack timeout or retry counts). For UD see [`ud_steps`].
+    pub fn steps_for(&self, qp_type: QpType) -> [(QpAttr, QpAttrMask); 3] {
+        let mut steps = self.steps();
+        if qp_type != QpType::Rc {
+            steps[1].1 -= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
+            steps[2].1 = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
+        }
+        steps
+    }
+}
+
+/// The RESET→INIT, INIT→RTR and RTR→RTS modifies of a UD queue pair with Q_Key `qkey`
+/// and first PSN `sq_psn` (port 1, P_Key index 0), as `ibv_ud_pingpong` makes them.
+pub fn ud_steps(qkey: u32, sq_psn: u32) -> [(QpAttr, QpAttrMask); 3] {
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        qkey,
+        ..QpAttr::default()
+    };
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        ..init.clone()
+    };
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        sq_psn,
+        ..init.clone()
+    };
+    [
+        (
+            init,
+            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
+        ),
+        (rtr, QpAttrMask::STATE),
+        (rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN),
+    ]
 }

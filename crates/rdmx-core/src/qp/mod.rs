@@ -111,8 +111,67 @@ pub use attr::{
     timeout_duration, Mtu, QpAttr, QpAttrMask, QpLimits, MAX_RETRY, MAX_TIMER_CODE, PSN_LIMIT,
     RNR_RETRY_INFINITE,
 };
-pub use connect::ConnectParams;
-pub use table::{rc_rule, TransitionRule};
+pub use connect::{ud_steps, ConnectParams};
+pub use table::{rc_rule, rule_for, TransitionRule};
+
+/// The transport service of a queue pair (`enum ibv_qp_type`), chosen at creation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum QpType {
+    /// `IBV_QPT_RC`, reliable connected: ordered, acknowledged, retransmitted; every
+    /// operation.
+    #[default]
+    Rc,
+    /// `IBV_QPT_UC`, unreliable connected: no acknowledgement, no retransmission; a
+    /// message that loses a packet is dropped whole. SEND and RDMA WRITE (with or without
+    /// immediate) only.
+    Uc,
+    /// `IBV_QPT_UD`, unreliable datagram: connectionless, one QP reaches many through
+    /// address handles, messages of at most the path MTU, SEND (with or without
+    /// immediate) only, each receive buffer starting with a 40-byte GRH area.
+    Ud,
+}
+
+impl QpType {
+    /// Every type.
+    pub const ALL: [QpType; 3] = [QpType::Rc, QpType::Uc, QpType::Ud];
+
+    /// The name perftest's `-c` takes: `RC`, `UC` or `UD`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            QpType::Rc => "RC",
+            QpType::Uc => "UC",
+            QpType::Ud => "UD",
+        }
+    }
+
+    /// The type named `RC`, `UC` or `UD` (any case).
+    pub fn from_name(name: &str) -> Option<QpType> {
+        QpType::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(name))
+    }
+
+    /// Whether a send request of this opcode may be posted on this type: everything on
+    /// RC; SEND and WRITE (with or without immediate) on UC; SEND (with or without
+    /// immediate) on UD.
+    pub fn allows(self, op: crate::wr::SendOp) -> bool {
+        use crate::wr::SendOp;
+        match self {
+            QpType::Rc => true,
+            QpType::Uc => matches!(
+                op,
+                SendOp::Send | SendOp::SendWithImm(_) | SendOp::Write(_) | SendOp::WriteWithImm(..)
+            ),
+            QpType::Ud => matches!(op, SendOp::Send | SendOp::SendWithImm(_)),
+        }
+    }
+}
+
+impl fmt::Display for QpType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// The state of a queue pair (`enum ibv_qp_state`; the discriminants are its values).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -285,12 +344,26 @@ pub enum ModifyError {
 pub struct QpStateMachine {
     attrs: QpAttr,
     sq_draining: bool,
+    qp_type: QpType,
 }
 
 impl QpStateMachine {
     /// A QP as created: in RESET, with default attributes.
     pub fn new() -> QpStateMachine {
         QpStateMachine::default()
+    }
+
+    /// A QP of type `qp_type` as created: in RESET, with default attributes.
+    pub fn with_type(qp_type: QpType) -> QpStateMachine {
+        QpStateMachine {
+            qp_type,
+            ..QpStateMachine::default()
+        }
+    }
+
+    /// The QP's type, which chooses its transition table.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
     }
 
     /// The current state.
@@ -333,7 +406,8 @@ impl QpStateMachine {
                 actual: from,
             });
         }
-        let rule = rc_rule(from, to).ok_or(ModifyError::IllegalTransition { from, to })?;
+        let rule =
+            rule_for(self.qp_type, from, to).ok_or(ModifyError::IllegalTransition { from, to })?;
         let missing = rule.required.difference(mask);
         if !missing.is_empty() {
             return Err(ModifyError::MissingAttrs(missing));
@@ -365,7 +439,7 @@ impl QpStateMachine {
         let t = self.check(attr, mask, limits)?;
         match t.to {
             QpState::Reset => {
-                *self = QpStateMachine::new();
+                *self = QpStateMachine::with_type(self.qp_type);
                 return Ok(t);
             }
             QpState::Err => self.sq_draining = false,

@@ -56,6 +56,7 @@ fn full_attr(to: QpState) -> QpAttr {
         timeout: 14,
         retry_cnt: 7,
         rnr_retry: 7,
+        qkey: 0x1111_1111,
     }
 }
 
@@ -740,4 +741,62 @@ fn ib_sized_byte_mtus_are_stored_as_named_variants() {
     m.modify(&attr, required(Init, Rtr) | QpAttrMask::STATE, &limits())
         .unwrap();
     assert!(matches!(m.attrs().path_mtu, Mtu::Mtu2048));
+}
+
+#[test]
+fn ud_and_uc_take_their_own_columns() {
+    let limits = QpLimits::default();
+    // UD: INIT needs the Q_Key, and no transition takes a peer or a path.
+    let mut ud = QpStateMachine::with_type(QpType::Ud);
+    let init = QpAttr {
+        qp_state: Init,
+        port_num: 1,
+        qkey: 7,
+        ..QpAttr::default()
+    };
+    let rc_init = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
+    assert_eq!(
+        ud.modify(&init, rc_init | QpAttrMask::ACCESS_FLAGS, &limits),
+        Err(ModifyError::MissingAttrs(QpAttrMask::QKEY))
+    );
+    for (attr, mask) in ud_steps(0x1234, 5) {
+        ud.modify(&attr, mask, &limits).unwrap();
+    }
+    assert_eq!((ud.state(), ud.attrs().qkey), (Rts, 0x1234));
+    let to_rtr_again = rule_for(QpType::Ud, Init, Rtr).unwrap();
+    assert!(to_rtr_again.required.is_empty());
+    assert!(!to_rtr_again.allowed().contains(QpAttrMask::DEST_QPN));
+    // UC: no read/atomic depths, RNR timer, ack timeout or retries; RC takes no Q_Key.
+    let params = ConnectParams {
+        access: Access::REMOTE_WRITE,
+        mtu: Mtu::Mtu1024,
+        dest_qpn: 0x12,
+        rq_psn: 1,
+        sq_psn: 2,
+        max_rd_atomic: 1,
+        max_dest_rd_atomic: 1,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        min_rnr_timer: 12,
+    };
+    let mut uc = QpStateMachine::with_type(QpType::Uc);
+    let rc_steps = params.steps();
+    uc.modify(&rc_steps[0].0, rc_steps[0].1, &limits).unwrap();
+    assert!(matches!(
+        uc.modify(&rc_steps[1].0, rc_steps[1].1, &limits),
+        Err(ModifyError::UnexpectedAttrs(_))
+    ));
+    for (attr, mask) in params.steps_for(QpType::Uc).into_iter().skip(1) {
+        uc.modify(&attr, mask, &limits).unwrap();
+    }
+    assert_eq!(uc.state(), Rts);
+    assert!(!rc_rule(Reset, Init)
+        .unwrap()
+        .allowed()
+        .contains(QpAttrMask::QKEY));
+    // A reset keeps the type.
+    uc.modify(&QpAttr::default(), QpAttrMask::STATE, &limits)
+        .unwrap();
+    assert_eq!(uc.qp_type(), QpType::Uc);
 }

@@ -61,6 +61,8 @@ pub struct Transmit<Mr> {
     pub gather: Vec<Span<Mr>>,
     /// Zero bytes after the payload (IBTA pad, 0..=3).
     pub pad: u8,
+    /// A UD datagram: the address vector it goes to (its QP number is in the BTH).
+    pub ud_dest: Option<crate::wr::AddressVector>,
 }
 
 impl<Mr> Default for Transmit<Mr> {
@@ -69,6 +71,7 @@ impl<Mr> Default for Transmit<Mr> {
             header: Vec::new(),
             gather: Vec::new(),
             pad: 0,
+            ud_dest: None,
         }
     }
 }
@@ -90,6 +93,7 @@ impl<Mr> Transmit<Mr> {
         self.header.clear();
         self.gather.clear();
         self.pad = 0;
+        self.ud_dest = None;
     }
 
     /// Appends the packet to `out` as one run of bytes, reading the gathered spans through

@@ -40,6 +40,7 @@ mod mem;
 mod requester;
 mod responder;
 mod srq;
+mod unreliable;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -47,10 +48,11 @@ use std::time::{Duration, Instant};
 pub use io::{Placement, Span, Transmit};
 pub use mem::MemAccess;
 pub use srq::Srq;
+pub use unreliable::DatagramInfo;
 
 use crate::access::Access;
 use crate::mr::{KeyUse, PdId};
-use crate::qp::{ModifyError, QpAttr, QpAttrMask, QpLimits, QpState, QpStateMachine};
+use crate::qp::{ModifyError, QpAttr, QpAttrMask, QpLimits, QpState, QpStateMachine, QpType};
 use crate::wr::{Completion, PostError, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus};
 
 use io::Payload;
@@ -82,6 +84,8 @@ pub struct QpConfig {
     /// retransmitted, since what was sent is still on its way. A peer that stays
     /// silent for `timeout × (retry_cnt + 1)` still ends in `RetryExcErr`.
     pub reliable_link: bool,
+    /// The transport service: RC (the default), UC or UD.
+    pub qp_type: QpType,
 }
 
 impl QpConfig {
@@ -97,6 +101,7 @@ impl QpConfig {
             max_inline_data: 256,
             srq: false,
             reliable_link: false,
+            qp_type: QpType::Rc,
         }
     }
 }
@@ -276,6 +281,10 @@ pub struct RcQp<M: MemAccess> {
     /// The packet [`poll_transmit_into`](Self::poll_transmit_into) builds before copying.
     scratch: Transmit<M::Mr>,
     sq_drained_event: bool,
+    /// The UC responder (unused by RC and UD).
+    pub(crate) uc: unreliable::UcResponder<M::Mr>,
+    /// UD datagrams and UC messages dropped on receipt.
+    pub(crate) dropped: u64,
 }
 
 impl<M: MemAccess> RcQp<M> {
@@ -283,7 +292,7 @@ impl<M: MemAccess> RcQp<M> {
     pub fn new(cfg: QpConfig, limits: QpLimits) -> Self {
         RcQp {
             cfg,
-            sm: QpStateMachine::new(),
+            sm: QpStateMachine::with_type(cfg.qp_type),
             limits,
             req: Requester::new(),
             resp: Responder::new(),
@@ -296,6 +305,8 @@ impl<M: MemAccess> RcQp<M> {
             ),
             scratch: Transmit::default(),
             sq_drained_event: false,
+            uc: unreliable::UcResponder::new(),
+            dropped: 0,
         }
     }
 
@@ -331,6 +342,7 @@ impl<M: MemAccess> RcQp<M> {
         match t.to {
             QpState::Rtr if t.from == QpState::Init => {
                 self.resp.reset(self.sm.attrs().rq_psn);
+                self.uc.reset(self.sm.attrs().rq_psn);
             }
             QpState::Rts if t.from == QpState::Rtr => {
                 let a = self.sm.attrs();
@@ -351,6 +363,7 @@ impl<M: MemAccess> RcQp<M> {
             QpState::Reset => {
                 self.req = Requester::new();
                 self.resp = Responder::new();
+                self.uc = unreliable::UcResponder::new();
                 self.rq.clear();
             }
             _ => {}
@@ -396,6 +409,7 @@ impl<M: MemAccess> RcQp<M> {
             });
         }
         wr.check(inline, self.cfg.max_send_sge, self.cfg.max_inline_data)?;
+        self.check_type(wr, inline)?;
         let (local, error) = match inline {
             Some(data) => {
                 let mut bytes = self.spare.bytes();
@@ -419,6 +433,33 @@ impl<M: MemAccess> RcQp<M> {
         self.req.push(wr, local, total, error);
         if state == QpState::Err {
             self.flush();
+        }
+        Ok(())
+    }
+
+    /// What the QP's type refuses at post: on UC, READ and atomics; on UD, anything but
+    /// SEND (with or without immediate), a send without a destination, and a message
+    /// longer than the largest path MTU.
+    fn check_type(&self, wr: &SendWr, inline: Option<&[u8]>) -> Result<(), PostError> {
+        let t = self.cfg.qp_type;
+        if !t.allows(wr.op) {
+            return Err(PostError::Invalid(match t {
+                QpType::Uc => "a UC queue pair takes SEND and RDMA WRITE only",
+                _ => "a UD queue pair takes SEND only",
+            }));
+        }
+        if t != QpType::Ud {
+            return match wr.ud {
+                Some(_) => Err(PostError::Invalid("only UD sends name a destination")),
+                None => Ok(()),
+            };
+        }
+        if wr.ud.is_none() {
+            return Err(PostError::Invalid("a UD send needs a destination"));
+        }
+        let len = inline.map_or_else(|| wr.sges.total_len(), |d| d.len() as u64);
+        if len > u64::from(self.limits.max_mtu.bytes()) {
+            return Err(PostError::Invalid("a UD message is at most the path MTU"));
         }
         Ok(())
     }
@@ -470,6 +511,25 @@ impl<M: MemAccess> RcQp<M> {
         self.poll_transmit_into(now, mem, &mut out).then_some(out)
     }
 
+    /// The next datagram of a UD QP (or packet of another), copied into one new buffer,
+    /// with the address vector it goes to (UD only; its QP number is in the BTH).
+    pub fn poll_datagram(
+        &mut self,
+        now: Instant,
+        mem: &M,
+    ) -> Option<(Vec<u8>, Option<crate::wr::AddressVector>)> {
+        let mut out = Vec::new();
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let sent = self.poll_transmit_parts(now, &mut scratch);
+        let dest = scratch.ud_dest;
+        if sent {
+            scratch.flatten_into(mem, &mut out);
+        }
+        scratch.clear();
+        self.scratch = scratch;
+        sent.then_some((out, dest))
+    }
+
     /// The next packet to send to the peer QP, copied into `out` (cleared first); `false`
     /// when there is none. This is the whole-packet path of a datagram transport: with a
     /// reused `out` it allocates nothing once `out` is as large as a packet gets.
@@ -490,6 +550,15 @@ impl<M: MemAccess> RcQp<M> {
     /// in registered memory for the transport to gather; `false` when there is none. See
     /// [`io`] for the contract.
     pub fn poll_transmit_parts(&mut self, now: Instant, out: &mut Transmit<M::Mr>) -> bool {
+        if self.cfg.qp_type == QpType::Ud {
+            out.clear();
+            if !matches!(self.sm.state(), QpState::Rts) {
+                return false;
+            }
+            let sent = unreliable::ud_transmit(self, out);
+            self.retire();
+            return sent;
+        }
         if self
             .resp
             .poll_transmit(self.sm.attrs(), self.credits(), out)
@@ -522,9 +591,112 @@ impl<M: MemAccess> RcQp<M> {
         srq: Option<&mut Srq<M::Mr>>,
         bytes: &[u8],
     ) {
-        if let Some(hdr) = codec::decode(bytes) {
-            self.handle(now, mem, srq, &hdr, &mut Payload::Bytes(hdr.payload));
+        match self.cfg.qp_type {
+            QpType::Rc => {
+                if let Some(hdr) = codec::decode(bytes) {
+                    self.handle(now, mem, srq, &hdr, &mut Payload::Bytes(hdr.payload));
+                }
+            }
+            QpType::Uc => {
+                let hlen = bytes
+                    .first()
+                    .and_then(|&op| rdmx_wire::header_len_of(op))
+                    .filter(|&h| h <= bytes.len());
+                let Some(hlen) = hlen else {
+                    self.dropped += 1;
+                    return;
+                };
+                let mut place = Vec::new();
+                let Some(len) = self.uc_header(
+                    now,
+                    mem,
+                    srq,
+                    &bytes[..hlen],
+                    bytes.len() - hlen,
+                    &mut place,
+                ) else {
+                    return;
+                };
+                for p in place {
+                    let at = hlen + p.offset as usize;
+                    mem.write(&p.mr, p.addr, &bytes[at..at + p.len as usize]);
+                }
+                let _ = len;
+            }
+            QpType::Ud => {
+                let info = unreliable::DatagramInfo::default();
+                unreliable::ud_receive(self, mem, srq, &info, bytes);
+            }
         }
+    }
+
+    /// Feeds a UD datagram with the addresses the transport saw it come from and go to
+    /// (for the GRH the receive buffer starts with). Datagrams with a wrong Q_Key, for
+    /// another QP, malformed, or with no receive to take them are dropped and counted
+    /// ([`dropped`](Self::dropped)).
+    pub fn handle_datagram(
+        &mut self,
+        mem: &M,
+        srq: Option<&mut Srq<M::Mr>>,
+        info: &DatagramInfo,
+        bytes: &[u8],
+    ) {
+        if self.cfg.qp_type == QpType::Ud {
+            unreliable::ud_receive(self, mem, srq, info, bytes);
+        } else {
+            self.dropped += 1;
+        }
+    }
+
+    /// Datagrams (UD) and whole messages (UC) dropped on receipt: wrong Q_Key, wrong QP,
+    /// malformed, lost packets, no receive posted, too long for the receive.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// [`handle_header`](Self::handle_header) for a UC QP: the UC prefix is checked and
+    /// taken off a copy of the headers, which then run the RC parser.
+    fn uc_header(
+        &mut self,
+        now: Instant,
+        mem: &M,
+        srq: Option<&mut Srq<M::Mr>>,
+        header: &[u8],
+        rest_len: usize,
+        place: &mut Vec<Placement<M::Mr>>,
+    ) -> Option<usize> {
+        let _ = now;
+        place.clear();
+        let mut copy = [0u8; 64];
+        let ok = header.len() <= copy.len()
+            && header
+                .first()
+                .is_some_and(|&op| op & rdmx_wire::SERVICE_MASK == rdmx_wire::UC_PREFIX);
+        let rc_op = header.first().and_then(|&op| rdmx_wire::uc_to_rc(op));
+        let (true, Some(rc_op)) = (ok, rc_op) else {
+            self.dropped += 1;
+            return None;
+        };
+        let copy = &mut copy[..header.len()];
+        copy.copy_from_slice(header);
+        copy[0] = rc_op;
+        let Some((hdr, len)) = codec::decode_split(copy, rest_len) else {
+            self.dropped += 1;
+            return None;
+        };
+        if hdr.bth.dest_qpn != self.cfg.qpn
+            || !matches!(self.sm.state(), QpState::Rtr | QpState::Rts | QpState::Sqd)
+        {
+            return Some(len);
+        }
+        unreliable::uc_request(
+            self,
+            mem,
+            srq,
+            &hdr,
+            &mut Payload::Deferred { len, out: place },
+        );
+        Some(len)
     }
 
     /// Feeds the headers of a packet whose payload and pad (`rest_len` bytes) are still
@@ -542,6 +714,15 @@ impl<M: MemAccess> RcQp<M> {
         place: &mut Vec<Placement<M::Mr>>,
     ) -> Option<usize> {
         place.clear();
+        match self.cfg.qp_type {
+            QpType::Rc => {}
+            QpType::Uc => return self.uc_header(now, mem, srq, header, rest_len, place),
+            // UD datagrams come whole (handle_datagram).
+            QpType::Ud => {
+                self.dropped += 1;
+                return None;
+            }
+        }
         let (hdr, len) = codec::decode_split(header, rest_len)?;
         self.handle(
             now,
@@ -637,12 +818,17 @@ impl<M: MemAccess> RcQp<M> {
                     byte_len: 0,
                     imm_data: None,
                     qp_num: qpn,
+                    src_qp: 0,
+                    grh: false,
                 },
                 false,
             ));
         }
         self.req.after_flush();
         if let Some(cur) = self.resp.take_receive() {
+            self.rq.push_front(cur);
+        }
+        if let Some(cur) = self.uc.take_receive() {
             self.rq.push_front(cur);
         }
         for r in self.rq.drain(..) {
@@ -656,6 +842,8 @@ impl<M: MemAccess> RcQp<M> {
                     byte_len: 0,
                     imm_data: None,
                     qp_num: qpn,
+                    src_qp: 0,
+                    grh: false,
                 },
                 false,
             ));
@@ -681,6 +869,8 @@ impl<M: MemAccess> RcQp<M> {
                     },
                     imm_data: None,
                     qp_num: self.cfg.qpn,
+                    src_qp: 0,
+                    grh: false,
                 };
                 self.completions.push_back((CqSide::Send, c, false));
             }

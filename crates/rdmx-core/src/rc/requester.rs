@@ -39,6 +39,8 @@ pub(crate) struct SendWqe<Mr> {
     pub(crate) next_resp: u32,
     /// Final status, once known.
     pub(crate) done: Option<WcStatus>,
+    /// UD: where the datagram goes.
+    pub(crate) ud: Option<crate::wr::UdDest>,
 }
 
 impl<Mr> SendWqe<Mr> {
@@ -124,7 +126,26 @@ impl<Mr> Requester<Mr> {
             npsn: 0,
             next_resp: 0,
             done: None,
+            ud: wr.ud,
         });
+    }
+
+    /// Index in the queue of the next request to send.
+    pub(crate) fn send_idx(&self) -> usize {
+        self.send_idx
+    }
+
+    /// The next PSN, taken by a one-packet request (UD).
+    pub(crate) fn take_psn(&mut self) -> u32 {
+        let psn = self.next_psn;
+        self.next_psn = psn_add(psn, 1);
+        psn
+    }
+
+    /// The request at `send_idx` was sent whole (UD).
+    pub(crate) fn advance_send(&mut self) {
+        self.send_idx += 1;
+        self.started_hw = self.started_hw.max(self.send_idx);
     }
 
     pub(crate) fn pop_front(&mut self) -> SendWqe<Mr> {
@@ -292,6 +313,7 @@ pub(crate) fn transmit<M: MemAccess>(
         }
         qp.req.rnr_until = None;
     }
+    let uc = qp.cfg.qp_type == crate::qp::QpType::Uc;
     let attrs = qp.sm.attrs();
     let mtu = attrs.path_mtu.bytes() as u64;
     let max_rd = u32::from(attrs.max_rd_atomic.max(1));
@@ -352,7 +374,11 @@ pub(crate) fn transmit<M: MemAccess>(
             }
             if last {
                 hdr.immdt = imm.map(|imm| rdmx_wire::ImmDtRepr { imm });
-                hdr.bth.ack_req = true;
+                hdr.bth.ack_req = !uc;
+                if uc {
+                    // UC awaits no acknowledgement: sent is done.
+                    w.done = Some(WcStatus::Success);
+                }
                 hdr.bth.solicited = w.flags.contains(SendFlags::SOLICITED);
                 req.send_idx += 1;
                 req.send_off = 0;
@@ -411,10 +437,13 @@ pub(crate) fn transmit<M: MemAccess>(
             req.send_idx += 1;
         }
     }
-    if qp.req.timer.is_none() {
+    if qp.req.timer.is_none() && !uc {
         qp.req.timer = timeout_of(qp).map(|t| now + t);
     }
     out.pad = codec::encode_header(&hdr, payload.1, &mut out.header);
+    if uc {
+        out.header[0] |= rdmx_wire::UC_PREFIX;
+    }
     gather(&qp.req.sq[idx].local, payload.0, payload.1, out);
     Some(())
 }

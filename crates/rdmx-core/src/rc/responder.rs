@@ -523,6 +523,8 @@ fn write<M: MemAccess>(
                 byte_len: if status == WcStatus::Success { len } else { 0 },
                 imm_data: hdr.immdt.map(|i| i.imm),
                 qp_num: 0,
+                src_qp: 0,
+                grh: false,
             };
             recycle(qp, &mut srq, wqe);
             qp.complete(CqSide::Recv, c, hdr.bth.solicited);
@@ -708,6 +710,8 @@ fn complete_recv<M: MemAccess>(
         byte_len,
         imm_data: imm,
         qp_num: 0,
+        src_qp: 0,
+        grh: false,
     };
     recycle(qp, srq, wqe);
     qp.complete(CqSide::Recv, c, solicited);

@@ -24,12 +24,14 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use rdmx_core::rc::{RcQp, Srq};
+use rdmx_core::rc::{DatagramInfo, RcQp, Srq};
+use rdmx_core::{QpType, MULTICAST_QPN};
 
 #[cfg(feature = "testing")]
 pub use faults::{FaultStats, Faults};
 
 use self::faults::{Injector, Rng, Wire};
+use crate::ah::LOCAL_GID;
 use crate::endpoint::PeerAddr;
 use crate::provider::{self, Capabilities, CqCore, MrRef, ProviderConfig};
 use crate::soft::{self, Engine, Keys, SoftDevice, SoftQp, SoftSrq, Transport};
@@ -109,8 +111,22 @@ pub(crate) const ENTRY: provider::Entry = provider::Entry {
 
 fn caps() -> Capabilities {
     let limits = limits();
-    soft::capabilities(&limits, limits.max_mtu)
+    let mut caps = soft::capabilities(&limits, limits.max_mtu);
+    // The fabric routes each datagram by its own destination, and fans groups out.
+    caps.ud = true;
+    caps.multicast = true;
+    caps
 }
+
+/// Datagrams the fabric carried to no queue pair: an unknown QP number, or a multicast
+/// group nobody joined.
+pub fn stray_datagrams() -> u64 {
+    fabric().lock().stray
+}
+
+/// Wire destinations from here up name multicast groups (index in `Fabric::groups`), not
+/// QPs (whose numbers are 24 bits).
+const GROUP_BASE: u32 = 1 << 24;
 
 /// What fault injection did to this context's packets; `None` for a context of another
 /// provider or one opened without [`Options::faults`].
@@ -224,10 +240,46 @@ impl Transport for Link {
     fn address(&self) -> PeerAddr {
         PeerAddr::Local
     }
+    fn multicast(&self, gid: [u8; 16], attach: bool) -> Result<()> {
+        let mut fab = fabric().lock();
+        let i = match fab.groups.iter().position(|(g, _)| *g == gid) {
+            Some(i) => i,
+            None if attach => {
+                fab.groups.push((gid, Vec::new()));
+                fab.groups.len() - 1
+            }
+            None => {
+                return Err(crate::Error::InvalidArgument(
+                    "the queue pair is not attached to that group",
+                ))
+            }
+        };
+        let members = &mut fab.groups[i].1;
+        let at = members.iter().position(|&q| q == self.qpn);
+        match (attach, at) {
+            (true, None) => members.push(self.qpn),
+            // Attaching twice is harmless, as in verbs.
+            (true, Some(_)) => {}
+            (false, Some(j)) => {
+                members.swap_remove(j);
+            }
+            (false, None) => {
+                return Err(crate::Error::InvalidArgument(
+                    "the queue pair is not attached to that group",
+                ))
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Link {
     fn drop(&mut self) {
+        let mut fab = fabric().lock();
+        for (_, members) in fab.groups.iter_mut() {
+            members.retain(|&q| q != self.qpn);
+        }
+        drop(fab);
         let entry = fabric().lock().qps.remove(&self.qpn);
         // Completion queues and regions the QP held are released outside the lock.
         drop(entry);
@@ -251,6 +303,10 @@ struct Fabric {
     next_qpn: u32,
     /// Delayed packets: when each is due, and who sent it.
     delayed: Vec<(Instant, u32, Wire)>,
+    /// Multicast groups and their members; a group keeps its index for good.
+    groups: Vec<([u8; 16], Vec<u32>)>,
+    /// Datagrams that reached no queue pair.
+    stray: u64,
 }
 
 fn fabric() -> &'static Mutex<Fabric> {
@@ -261,6 +317,8 @@ fn fabric() -> &'static Mutex<Fabric> {
             // QP numbers 0 and 1 are special in InfiniBand.
             next_qpn: 0x11,
             delayed: Vec::new(),
+            groups: Vec::new(),
+            stray: 0,
         })
     })
 }
@@ -278,14 +336,38 @@ impl Fabric {
                     if e.engine.poll_timeout().is_some_and(|t| t <= now) {
                         e.engine.handle_timeout(now);
                     }
-                    while let Some(p) = e.engine.poll_transmit(now, &*e.keys) {
-                        packets.push(Wire::plain(e.engine.dest_qpn(), p));
+                    if e.engine.config().qp_type == QpType::Ud {
+                        while let Some((p, av)) = e.engine.poll_datagram(now, &*e.keys) {
+                            packets.push((p, av));
+                        }
+                    } else {
+                        while let Some(p) = e.engine.poll_transmit(now, &*e.keys) {
+                            packets.push((p, None));
+                        }
                     }
                     moved |= route_completions(e);
                 }
-                for w in packets {
+                let dest_qpn = self.qps.get(&qpn).map(|e| e.engine.dest_qpn());
+                for (p, av) in packets {
                     moved = true;
-                    self.send(qpn, w, now);
+                    let dest = match av {
+                        None => dest_qpn.unwrap_or(0),
+                        Some(av) => {
+                            let to = u32::from_be_bytes([0, p[5], p[6], p[7]]);
+                            if av.is_multicast() && to == MULTICAST_QPN {
+                                match self.groups.iter().position(|(g, _)| *g == av.dgid) {
+                                    Some(i) => GROUP_BASE + i as u32,
+                                    None => {
+                                        self.stray += 1;
+                                        continue;
+                                    }
+                                }
+                            } else {
+                                to
+                            }
+                        }
+                    };
+                    self.send(qpn, Wire::plain(dest, p), now);
                 }
             }
             if !moved {
@@ -373,10 +455,44 @@ impl Fabric {
         if !w.intact(inj) {
             return;
         }
-        if let Some(peer) = self.qps.get_mut(&w.dest) {
-            let mut srq = peer.srq.as_ref().map(|s| s.lock());
+        if w.dest >= GROUP_BASE {
+            let Some((gid, members)) = self.groups.get((w.dest - GROUP_BASE) as usize) else {
+                return;
+            };
+            let (gid, members) = (*gid, members.clone());
+            if members.is_empty() {
+                self.stray += 1;
+            }
+            for m in members {
+                self.deliver_to(m, gid, &w.bytes, now);
+            }
+        } else {
+            self.deliver_to(w.dest, LOCAL_GID.octets(), &w.bytes, now);
+        }
+    }
+
+    /// Hands a packet to QP `dest`; `dgid` is where a datagram was sent.
+    fn deliver_to(&mut self, dest: u32, dgid: [u8; 16], bytes: &[u8], now: Instant) {
+        let Some(peer) = self.qps.get_mut(&dest) else {
+            if matches!(
+                bytes.first(),
+                Some(&(rdmx_wire::UD_SEND_ONLY | rdmx_wire::UD_SEND_ONLY_WITH_IMMEDIATE))
+            ) {
+                self.stray += 1;
+            }
+            return;
+        };
+        let mut srq = peer.srq.as_ref().map(|s| s.lock());
+        if peer.engine.config().qp_type == QpType::Ud {
+            let info = DatagramInfo {
+                sgid: LOCAL_GID.octets(),
+                dgid,
+            };
             peer.engine
-                .handle_packet_srq(now, &*peer.keys, srq.as_deref_mut(), &w.bytes);
+                .handle_datagram(&*peer.keys, srq.as_deref_mut(), &info, bytes);
+        } else {
+            peer.engine
+                .handle_packet_srq(now, &*peer.keys, srq.as_deref_mut(), bytes);
         }
     }
 }

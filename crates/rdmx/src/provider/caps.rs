@@ -1,7 +1,7 @@
 //! What devices can do: [`Capabilities`], [`DeviceInfo`], and the queue sizes a queue pair
 //! asks for ([`QpCaps`]).
 
-use rdmx_core::Mtu;
+use rdmx_core::{Mtu, QpType};
 
 /// What a device can do (a subset of `ibv_device_attr` and `ibv_port_attr`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,6 +50,34 @@ pub struct Capabilities {
     /// SEND or WRITE has completed once handed to TCP, a READ completes with `WrFlushErr`,
     /// and the requester's queue pair goes to ERR.
     pub remote_error_completions: bool,
+    /// Unreliable connected queue pairs ([`QpType::Uc`]) can be created.
+    pub uc: bool,
+    /// Unreliable datagram queue pairs ([`QpType::Ud`]) and address handles can be
+    /// created.
+    pub ud: bool,
+    /// UD queue pairs can attach to multicast groups (`ibv_attach_mcast`).
+    pub multicast: bool,
+}
+
+impl Capabilities {
+    /// Whether queue pairs of type `qp_type` can be created (RC always can).
+    pub fn supports(&self, qp_type: QpType) -> bool {
+        match qp_type {
+            QpType::Rc => true,
+            QpType::Uc => self.uc,
+            QpType::Ud => self.ud,
+        }
+    }
+
+    /// The QP types this device has, in `RC`, `UC`, `UD` order.
+    pub fn qp_types(&self) -> impl Iterator<Item = QpType> + '_ {
+        QpType::ALL.into_iter().filter(|&t| self.supports(t))
+    }
+
+    /// The largest UD message: the active path MTU (`ibv_ud_pingpong`'s limit).
+    pub fn max_ud_message(&self) -> usize {
+        self.active_mtu.bytes() as usize
+    }
 }
 
 /// The transport protocol a device runs.

@@ -26,7 +26,9 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdmx_core::{KeyError, KeyUse, PdId, QpAttr, QpAttrMask, QpState, RecvWr, SendWr};
+use rdmx_core::{
+    AddressVector, KeyError, KeyUse, PdId, QpAttr, QpAttrMask, QpState, QpType, RecvWr, SendWr,
+};
 use rdmx_mem::{Access, Memory, Pinning};
 
 use crate::endpoint::{PeerAddr, QpEndpoint};
@@ -142,8 +144,16 @@ pub(crate) trait Device: Send + Sync + fmt::Debug {
 
     /// Creates the provider half of a CQ whose completions go to `core`.
     fn create_cq(&self, core: &Arc<CqCore>) -> Result<Box<dyn Cq>>;
-    /// Creates an RC queue pair in RESET.
+    /// Creates a queue pair of type `init.qp_type` in RESET (the facade has checked that
+    /// [`Capabilities::supports`] it).
     fn create_qp(&self, init: QpInit<'_>) -> Result<Box<dyn Qp>>;
+    /// Creates an address handle (`ibv_create_ah`) for UD sends.
+    fn create_ah(&self, _pd: PdId, av: &AddressVector) -> Result<Arc<dyn Ah>> {
+        let _ = av;
+        Err(crate::Error::Unsupported(
+            "this provider has no UD queue pairs, so no address handles",
+        ))
+    }
     /// Creates a shared receive queue.
     fn create_srq(&self, pd: PdId, max_wr: usize, max_sge: usize) -> Result<Box<dyn Srq>>;
     /// As `Any`, for the provider's own downcasts (only test tools need it).
@@ -161,6 +171,8 @@ pub(crate) struct CqParts {
 /// What a new queue pair is made of.
 pub(crate) struct QpInit<'a> {
     pub(crate) pd: PdId,
+    /// RC, UC or UD.
+    pub(crate) qp_type: QpType,
     pub(crate) send_cq: &'a Arc<CqParts>,
     pub(crate) recv_cq: &'a Arc<CqParts>,
     pub(crate) srq: Option<&'a dyn Srq>,
@@ -228,6 +240,32 @@ pub(crate) trait Qp: Send + Sync + fmt::Debug + Any {
     /// The caller must not hold Rust references to the memory the elements name while the
     /// request is outstanding.
     unsafe fn post_send(&self, wr: &SendWr, inline: Option<&[u8]>) -> Result<()>;
+    /// `ibv_post_send` of a UD send through address handle `ah` (made by this provider's
+    /// [`Device::create_ah`]); `wr.ud` holds the same address vector, the remote QPN and
+    /// the Q_Key. Software providers route by `wr.ud` alone.
+    ///
+    /// # Safety
+    ///
+    /// As [`post_send`](Self::post_send).
+    unsafe fn post_send_ud(&self, wr: &SendWr, inline: Option<&[u8]>, ah: &dyn Ah) -> Result<()> {
+        let _ = ah;
+        // SAFETY: forwarded; the caller upholds the contract.
+        unsafe { self.post_send(wr, inline) }
+    }
+    /// Attaches a UD queue pair to the multicast group `gid` (`ibv_attach_mcast`).
+    fn attach_mcast(&self, _gid: [u8; 16], _lid: u16) -> Result<()> {
+        Err(crate::Error::Unsupported("this provider has no multicast"))
+    }
+    /// Detaches a UD queue pair from the multicast group `gid` (`ibv_detach_mcast`).
+    fn detach_mcast(&self, _gid: [u8; 16], _lid: u16) -> Result<()> {
+        Err(crate::Error::Unsupported("this provider has no multicast"))
+    }
+    /// UD datagrams this queue pair dropped on receipt (wrong Q_Key, no receive posted,
+    /// too long for the receive, malformed), and UC messages it dropped whole (a lost
+    /// packet, no receive posted).
+    fn dropped(&self) -> u64 {
+        0
+    }
     /// `ibv_post_recv`.
     ///
     /// # Safety
@@ -236,6 +274,15 @@ pub(crate) trait Qp: Send + Sync + fmt::Debug + Any {
     unsafe fn post_recv(&self, wr: &RecvWr) -> Result<()>;
     /// As `Any`, for the provider's own downcasts (the verbs provider's).
     #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// The provider half of an address handle.
+pub(crate) trait Ah: Send + Sync + fmt::Debug + Any {
+    /// Its address vector.
+    fn av(&self) -> AddressVector;
+    /// As `Any`, for the provider's own downcasts (the verbs provider's).
+    #[allow(dead_code)]
     fn as_any(&self) -> &dyn Any;
 }
 

@@ -272,9 +272,8 @@ impl Inner {
             self.prefix.resize(rec.prefix, 0);
             // SAFETY: `prefix` is a local buffer of `rec.prefix` bytes.
             unsafe { seg.read(ring, &rec, false, 0, self.prefix.as_mut_ptr(), rec.prefix) };
-            let op = rdmx_wire::Opcode::try_from(self.prefix[0])
-                .map_err(|_| RingError::Garbage("a packet with an unknown opcode"))?;
-            let h = op.header_len();
+            let h = rdmx_wire::header_len_of(self.prefix[0])
+                .ok_or(RingError::Garbage("a packet with an unknown opcode"))?;
             if h > rec.prefix {
                 return Err(RingError::Garbage("a packet shorter than its headers"));
             }

@@ -53,6 +53,11 @@ pub(crate) fn capabilities(limits: &QpLimits, active_mtu: Mtu) -> Capabilities {
         max_read_sge: 32,
         rnr_retry: true,
         remote_error_completions: true,
+        // The engine runs UC over any transport; UD and multicast need a transport that
+        // routes each packet by its own destination, which each provider says it has.
+        uc: true,
+        ud: false,
+        multicast: false,
     }
 }
 
@@ -72,6 +77,7 @@ pub(crate) fn config(init: &provider::QpInit<'_>, qpn: u32) -> rdmx_core::rc::Qp
     cfg.max_recv_sge = init.caps.max_recv_sge;
     cfg.max_inline_data = init.caps.max_inline_data;
     cfg.srq = init.srq.is_some();
+    cfg.qp_type = init.qp_type;
     cfg
 }
 
@@ -138,6 +144,14 @@ impl<D: SoftDevice> provider::Device for D {
     fn create_qp(&self, init: provider::QpInit<'_>) -> Result<Box<dyn provider::Qp>> {
         SoftDevice::create_qp(self, init)
     }
+    fn create_ah(&self, _pd: PdId, av: &rdmx_core::AddressVector) -> Result<Arc<dyn provider::Ah>> {
+        if !SoftDevice::caps(self).ud {
+            return Err(crate::Error::Unsupported(
+                "this provider has no UD queue pairs, so no address handles",
+            ));
+        }
+        Ok(Arc::new(SoftAh(*av)))
+    }
     fn create_srq(
         &self,
         pd: PdId,
@@ -151,6 +165,19 @@ impl<D: SoftDevice> provider::Device for D {
             max_sge,
             D::AFTER_SRQ_POST,
         )))
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A software address handle: the address vector, which the engine routes by.
+#[derive(Debug)]
+pub(crate) struct SoftAh(rdmx_core::AddressVector);
+
+impl provider::Ah for SoftAh {
+    fn av(&self) -> rdmx_core::AddressVector {
+        self.0
     }
     fn as_any(&self) -> &dyn Any {
         self
@@ -259,6 +286,10 @@ pub(crate) trait Transport: Send + Sync + std::fmt::Debug + 'static {
     fn bind_peer(&self, _peer: &QpEndpoint, _timeout: Duration) -> Result<()> {
         Ok(())
     }
+    /// Attaches to (or, with `attach` false, detaches from) the multicast group `gid`.
+    fn multicast(&self, _gid: [u8; 16], _attach: bool) -> Result<()> {
+        Err(crate::Error::Unsupported("this provider has no multicast"))
+    }
 }
 
 /// A software queue pair: the RC engine over transport `T`.
@@ -300,9 +331,32 @@ impl<T: Transport> provider::Qp for SoftQp<T> {
             .post_with(|e, keys| e.post_send_ref(keys, wr, inline))?;
         Ok(())
     }
+    unsafe fn post_send_ud(
+        &self,
+        wr: &SendWr,
+        inline: Option<&[u8]>,
+        ah: &dyn provider::Ah,
+    ) -> Result<()> {
+        // The handle, not a copy a request made of it, says where the datagram goes.
+        let mut wr = wr.clone();
+        if let Some(ud) = wr.ud.as_mut() {
+            ud.av = ah.av();
+        }
+        // SAFETY: forwarded; the caller upholds the contract.
+        unsafe { provider::Qp::post_send(self, &wr, inline) }
+    }
     unsafe fn post_recv(&self, wr: &RecvWr) -> Result<()> {
         self.transport.with(|e, keys| e.post_recv_ref(keys, wr))?;
         Ok(())
+    }
+    fn attach_mcast(&self, gid: [u8; 16], _lid: u16) -> Result<()> {
+        self.transport.multicast(gid, true)
+    }
+    fn detach_mcast(&self, gid: [u8; 16], _lid: u16) -> Result<()> {
+        self.transport.multicast(gid, false)
+    }
+    fn dropped(&self) -> u64 {
+        self.transport.with(|e, _| e.dropped())
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -335,10 +335,9 @@ impl Rx {
             if have >= PREFIX + rdmx_wire::BTH_LEN {
                 let b = &self.buf[self.start..self.end];
                 let frame = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize;
-                let op = rdmx_wire::Opcode::try_from(b[PREFIX]).map_err(|_| {
+                let hlen = rdmx_wire::header_len_of(b[PREFIX]).ok_or_else(|| {
                     StreamError::Protocol(format!("unknown opcode {:#04x}", b[PREFIX]))
                 })?;
-                let hlen = op.header_len();
                 if frame < hlen || frame > self.max_frame {
                     return Err(StreamError::Protocol(format!(
                         "frame of {frame} bytes (headers {hlen}, at most {})",

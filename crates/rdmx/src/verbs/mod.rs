@@ -172,6 +172,10 @@ impl Device {
             max_read_sge: if iwarp { 1 } else { dev.max_sge.max(0) as u32 },
             rnr_retry: !iwarp,
             remote_error_completions: !iwarp,
+            // UC, UD and multicast where the device has them (not iWARP).
+            uc: !iwarp,
+            ud: !iwarp,
+            multicast: !iwarp && dev.max_mcast_grp > 0,
         };
         tracing::info!(
             device = %name,
@@ -496,6 +500,8 @@ impl Cq {
             byte_len: wc.byte_len,
             imm_data,
             qp_num: wc.qp_num,
+            src_qp: wc.src_qp,
+            grh: wc.wc_flags & sys::consts::WC_GRH != 0,
         })
     }
 

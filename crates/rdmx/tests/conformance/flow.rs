@@ -239,6 +239,8 @@ fn wait_slot() -> rdmx::Completion {
         byte_len: 0,
         imm_data: None,
         qp_num: 0,
+        src_qp: 0,
+        grh: false,
     }
 }
 

@@ -53,6 +53,7 @@ pub(crate) mod data;
 pub(crate) mod errors;
 pub(crate) mod flow;
 pub(crate) mod srq;
+pub(crate) mod unreliable;
 
 /// Expands to one `#[test]` per conformance test, each running it on `$provider` (an
 /// expression of type [`Provider`], e.g. a `const`).
@@ -91,6 +92,13 @@ macro_rules! conformance_suite {
             errors::deregistered_keys,
             errors::send_longer_than_receive,
             srq::shared_receive_queue,
+            unreliable::ud_datagrams_to_several_qps,
+            unreliable::ud_qkey_mismatch,
+            unreliable::ud_oversize_refused,
+            unreliable::refused_opcodes,
+            unreliable::ud_multicast,
+            unreliable::ud_unordered_delivery,
+            unreliable::uc_send_and_write,
         );
     };
     (@tests $p:expr; $($topic:ident :: $test:ident),* $(,)?) => {

@@ -492,6 +492,7 @@ pub(super) fn wr(wr_id: u64, op: SendOp, sges: Vec<Sge>) -> SendWr {
         op,
         sges: sges.as_slice().try_into().unwrap(),
         flags: SendFlags::SIGNALED,
+        ud: None,
     }
 }
 
@@ -502,6 +503,7 @@ pub(super) fn wr_flags(wr_id: u64, op: SendOp, sges: Vec<Sge>, flags: SendFlags)
         op,
         sges: sges.as_slice().try_into().unwrap(),
         flags: flags | SendFlags::SIGNALED,
+        ud: None,
     }
 }
 
@@ -512,6 +514,7 @@ pub(super) fn wr_unsignaled(wr_id: u64, op: SendOp, sges: Vec<Sge>) -> SendWr {
         op,
         sges: sges.as_slice().try_into().unwrap(),
         flags: SendFlags::empty(),
+        ud: None,
     }
 }
 

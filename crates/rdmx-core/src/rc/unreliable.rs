@@ -1,0 +1,409 @@
+//! The unreliable services on the same engine: the UC responder and the UD send and
+//! receive paths. (The UC requester is the RC requester with no acknowledgement awaited:
+//! a request completes once its last packet is sent.)
+//!
+//! **UC.** No ACK, no NAK, no retransmission. The responder expects the next PSN; a gap
+//! means a lost packet, and the message it belonged to is dropped whole: a receive being
+//! filled goes back to the head of its queue without a completion (its bytes may have
+//! been written, never reported), a WRITE being placed stops (bytes placed stay, as on an
+//! adapter), and every packet is dropped until the next FIRST or ONLY starts a message,
+//! which is delivered normally. A message with no receive posted, a bad R_Key, or that
+//! does not fit its receive is dropped the same way, and counted.
+//!
+//! **UD.** One packet per message (`UD_SEND_ONLY`, with or without immediate), each with
+//! its own destination (address vector, QP number, Q_Key). A datagram is accepted when
+//! the QP is in RTR or later, its DETH carries the QP's Q_Key and a receive is posted that
+//! holds the GRH area plus the payload; it lands after the 40-byte GRH area, which gets a
+//! GRH naming the source and destination GIDs. Everything else is dropped and counted,
+//! never delivered.
+
+use rdmx_wire::{psn_add, psn_diff, DethRepr, GrhRepr, UdRepr, GRH_LEN, GRH_NEXT_HEADER_BTH};
+
+use super::codec::RcRepr;
+use super::io::{Payload, Span, Transmit};
+use super::{for_each_span, CqSide, Local, MemAccess, RcQp, RecvWqe, Srq};
+use crate::access::Access;
+use crate::mr::KeyUse;
+use crate::qp::QpState;
+use crate::wr::{Completion, SendOp, WcOpcode, WcStatus, MULTICAST_QPN};
+
+/// The UC responder's state.
+#[derive(Debug)]
+pub(crate) struct UcResponder<Mr> {
+    epsn: u32,
+    /// The receive a SEND is filling, and the bytes it holds so far.
+    filling: Option<(RecvWqe<Mr>, u64)>,
+    /// The WRITE being placed: region, next address, bytes left, total length.
+    placing: Option<(Option<Mr>, u64, u64, u32)>,
+    /// A message was lost: drop until one starts.
+    resync: bool,
+}
+
+impl<Mr> UcResponder<Mr> {
+    pub(crate) fn new() -> Self {
+        UcResponder {
+            epsn: 0,
+            filling: None,
+            placing: None,
+            resync: false,
+        }
+    }
+
+    pub(crate) fn reset(&mut self, rq_psn: u32) {
+        *self = UcResponder::new();
+        self.epsn = rq_psn;
+    }
+
+    /// The receive being filled, if a SEND is half-way.
+    pub(crate) fn take_receive(&mut self) -> Option<RecvWqe<Mr>> {
+        self.filling.take().map(|(w, _)| w)
+    }
+}
+
+/// Where a datagram came from and went to, as the transport knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct DatagramInfo {
+    /// The sender's GID.
+    pub sgid: [u8; 16],
+    /// The GID it was sent to (a multicast group's, for a multicast datagram).
+    pub dgid: [u8; 16],
+}
+
+fn take_recv<M: MemAccess>(
+    qp: &mut RcQp<M>,
+    srq: &mut Option<&mut Srq<M::Mr>>,
+) -> Option<RecvWqe<M::Mr>> {
+    match srq {
+        Some(srq) if qp.cfg.srq => srq.take(),
+        _ if qp.cfg.srq => None,
+        _ => qp.rq.pop_front(),
+    }
+}
+
+/// Puts a receive that was taken but not completed back at the head of its queue.
+fn put_back<M: MemAccess>(
+    qp: &mut RcQp<M>,
+    srq: &mut Option<&mut Srq<M::Mr>>,
+    wqe: RecvWqe<M::Mr>,
+) {
+    match srq {
+        Some(srq) if qp.cfg.srq => srq.queue.push_front(wqe),
+        _ => qp.rq.push_front(wqe),
+    }
+}
+
+fn complete<M: MemAccess>(
+    qp: &mut RcQp<M>,
+    srq: &mut Option<&mut Srq<M::Mr>>,
+    wqe: RecvWqe<M::Mr>,
+    mut c: Completion,
+    solicited: bool,
+) {
+    c.wr_id = wqe.wr_id;
+    match srq {
+        Some(srq) if qp.cfg.srq => srq.spare.put_segs(wqe.segs),
+        _ => qp.spare.put_segs(wqe.segs),
+    }
+    qp.complete(CqSide::Recv, c, solicited);
+}
+
+fn recv_completion(status: WcStatus, opcode: WcOpcode, len: u32, imm: Option<u32>) -> Completion {
+    Completion {
+        wr_id: 0,
+        status,
+        opcode,
+        byte_len: if status == WcStatus::Success { len } else { 0 },
+        imm_data: imm,
+        qp_num: 0,
+        src_qp: 0,
+        grh: false,
+    }
+}
+
+/// Drops the message in progress (and counts it): its receive goes back unreported.
+fn abort_message<M: MemAccess>(qp: &mut RcQp<M>, srq: &mut Option<&mut Srq<M::Mr>>) {
+    let mut lost = qp.uc.placing.take().is_some();
+    if let Some((wqe, _)) = qp.uc.filling.take() {
+        put_back(qp, srq, wqe);
+        lost = true;
+    }
+    if lost {
+        qp.dropped += 1;
+    }
+}
+
+/// Handles a UC request packet (SEND or WRITE; the caller stripped the UC prefix).
+pub(crate) fn uc_request<M: MemAccess>(
+    qp: &mut RcQp<M>,
+    mem: &M,
+    mut srq: Option<&mut Srq<M::Mr>>,
+    hdr: &RcRepr<'_>,
+    payload: &mut Payload<'_, M::Mr>,
+) {
+    let op = hdr.bth.opcode;
+    if !(op.is_send() || op.is_write()) || op.has_ieth() {
+        qp.dropped += 1;
+        return;
+    }
+    let psn = hdr.bth.psn;
+    let in_order = psn_diff(psn, qp.uc.epsn) == 0;
+    qp.uc.epsn = psn_add(psn, 1);
+    if !in_order || op.starts_message() {
+        // A gap, or a new message where one was half-way: what was in progress is lost.
+        abort_message(qp, &mut srq);
+        qp.uc.resync = !op.starts_message();
+    }
+    if qp.uc.resync {
+        return;
+    }
+    if op.is_send() {
+        uc_send(qp, mem, srq, hdr, payload);
+    } else {
+        uc_write(qp, mem, srq, hdr, payload);
+    }
+}
+
+fn uc_send<M: MemAccess>(
+    qp: &mut RcQp<M>,
+    mem: &M,
+    mut srq: Option<&mut Srq<M::Mr>>,
+    hdr: &RcRepr<'_>,
+    payload: &mut Payload<'_, M::Mr>,
+) {
+    let op = hdr.bth.opcode;
+    if op.starts_message() {
+        let Some(wqe) = take_recv(qp, &mut srq) else {
+            qp.dropped += 1;
+            qp.uc.resync = !op.ends_message();
+            return;
+        };
+        qp.uc.filling = Some((wqe, 0));
+    }
+    let Some((wqe, off)) = qp.uc.filling.as_mut() else {
+        return;
+    };
+    if let Some(err) = wqe.error {
+        let (wqe, _) = qp.uc.filling.take().expect("just seen");
+        let c = recv_completion(err, WcOpcode::Recv, 0, None);
+        complete(qp, &mut srq, wqe, c, false);
+        qp.uc.resync = !op.ends_message();
+        return;
+    }
+    if *off + payload.len() as u64 > wqe.len {
+        // Too long for the receive: the message is dropped, the receive stays posted.
+        let (wqe, _) = qp.uc.filling.take().expect("just seen");
+        put_back(qp, &mut srq, wqe);
+        qp.dropped += 1;
+        qp.uc.resync = !op.ends_message();
+        return;
+    }
+    let len = payload.len();
+    for_each_span(&wqe.segs, *off, len, |s, addr, r| {
+        payload.place(mem, &s.mr, addr, r)
+    });
+    *off += len as u64;
+    if op.ends_message() {
+        let (wqe, off) = qp.uc.filling.take().expect("just seen");
+        let c = recv_completion(
+            WcStatus::Success,
+            WcOpcode::Recv,
+            off as u32,
+            hdr.immdt.map(|i| i.imm),
+        );
+        complete(qp, &mut srq, wqe, c, hdr.bth.solicited);
+    }
+}
+
+fn uc_write<M: MemAccess>(
+    qp: &mut RcQp<M>,
+    mem: &M,
+    mut srq: Option<&mut Srq<M::Mr>>,
+    hdr: &RcRepr<'_>,
+    payload: &mut Payload<'_, M::Mr>,
+) {
+    let op = hdr.bth.opcode;
+    if op.starts_message() {
+        let Some(reth) = hdr.reth else {
+            qp.dropped += 1;
+            qp.uc.resync = true;
+            return;
+        };
+        let mr = if reth.dma_len == 0 {
+            None
+        } else {
+            let granted = qp.sm.attrs().qp_access_flags.contains(Access::REMOTE_WRITE);
+            match mem.resolve(
+                reth.rkey,
+                KeyUse::Remote,
+                qp.cfg.pd,
+                reth.va,
+                u64::from(reth.dma_len),
+                Access::REMOTE_WRITE,
+            ) {
+                Ok(mr) if granted => Some(mr),
+                _ => {
+                    // UC has no NAK: a bad R_Key drops the message.
+                    qp.dropped += 1;
+                    qp.uc.resync = !op.ends_message();
+                    return;
+                }
+            }
+        };
+        qp.uc.placing = Some((mr, reth.va, u64::from(reth.dma_len), reth.dma_len));
+    }
+    let Some((mr, next, left, total)) = qp.uc.placing.as_mut() else {
+        return;
+    };
+    let n = payload.len() as u64;
+    if n > *left || (op.ends_message() && n != *left) {
+        qp.uc.placing = None;
+        qp.dropped += 1;
+        qp.uc.resync = !op.ends_message();
+        return;
+    }
+    if let Some(mr) = mr {
+        if n > 0 {
+            payload.place(mem, mr, *next, 0..n as usize);
+        }
+    }
+    *next += n;
+    *left -= n;
+    let total = *total;
+    if op.ends_message() {
+        qp.uc.placing = None;
+        if op.has_immdt() {
+            let Some(wqe) = take_recv(qp, &mut srq) else {
+                qp.dropped += 1;
+                return;
+            };
+            let status = wqe.error.unwrap_or(WcStatus::Success);
+            let c = recv_completion(
+                status,
+                WcOpcode::RecvRdmaWithImm,
+                total,
+                hdr.immdt.map(|i| i.imm),
+            );
+            complete(qp, &mut srq, wqe, c, hdr.bth.solicited);
+        }
+    }
+}
+
+/// Builds the next UD datagram of the send queue into `out`, and completes its request.
+pub(crate) fn ud_transmit<M: MemAccess>(qp: &mut RcQp<M>, out: &mut Transmit<M::Mr>) -> bool {
+    let idx = qp.req.send_idx();
+    let Some(w) = qp.req.sq.get(idx) else {
+        return false;
+    };
+    if let Some(err) = w.error {
+        if idx == 0 {
+            qp.req.sq[0].done = Some(err);
+        }
+        return false;
+    }
+    let Some(ud) = w.ud else {
+        // The post checks make this unreachable; fail the request rather than guess.
+        qp.req.sq[idx].done = Some(WcStatus::LocQpOpErr);
+        return false;
+    };
+    let imm = match w.op {
+        SendOp::SendWithImm(i) => Some(i),
+        _ => None,
+    };
+    let qkey = if ud.remote_qkey & 0x8000_0000 != 0 {
+        qp.sm.attrs().qkey
+    } else {
+        ud.remote_qkey
+    };
+    let (solicited, len) = (
+        w.flags.contains(crate::wr::SendFlags::SOLICITED),
+        w.len as usize,
+    );
+    let psn = qp.req.take_psn();
+    let w = &qp.req.sq[idx];
+    let repr = UdRepr {
+        dest_qpn: ud.remote_qpn,
+        psn,
+        solicited,
+        pkey: 0xffff,
+        deth: DethRepr {
+            qkey,
+            src_qpn: qp.cfg.qpn,
+        },
+        imm,
+        payload: &[],
+    };
+    out.pad = repr.emit_header(len, &mut out.header);
+    match &w.local {
+        Local::Inline(data) => out.header.extend_from_slice(data),
+        Local::Segs(segs) => for_each_span(segs, 0, len, |s, addr, r| {
+            out.gather.push(Span {
+                mr: s.mr.clone(),
+                addr,
+                len: r.len() as u32,
+            })
+        }),
+    }
+    out.ud_dest = Some(ud.av);
+    qp.req.sq[idx].done = Some(WcStatus::Success);
+    qp.req.advance_send();
+    true
+}
+
+/// Handles a UD datagram.
+pub(crate) fn ud_receive<M: MemAccess>(
+    qp: &mut RcQp<M>,
+    mem: &M,
+    mut srq: Option<&mut Srq<M::Mr>>,
+    info: &DatagramInfo,
+    bytes: &[u8],
+) {
+    let Ok(p) = UdRepr::parse_bytes(bytes) else {
+        qp.dropped += 1;
+        return;
+    };
+    let accepting = matches!(qp.sm.state(), QpState::Rtr | QpState::Rts | QpState::Sqd);
+    if !accepting
+        || (p.dest_qpn != qp.cfg.qpn && p.dest_qpn != MULTICAST_QPN)
+        || p.deth.qkey != qp.sm.attrs().qkey
+    {
+        qp.dropped += 1;
+        return;
+    }
+    let Some(wqe) = take_recv(qp, &mut srq) else {
+        qp.dropped += 1;
+        return;
+    };
+    if let Some(err) = wqe.error {
+        let c = recv_completion(err, WcOpcode::Recv, 0, None);
+        complete(qp, &mut srq, wqe, c, false);
+        return;
+    }
+    let total = GRH_LEN + p.payload.len();
+    if total as u64 > wqe.len {
+        put_back(qp, &mut srq, wqe);
+        qp.dropped += 1;
+        return;
+    }
+    let grh = GrhRepr {
+        traffic_class: 0,
+        flow_label: 0,
+        payload_len: bytes.len().min(usize::from(u16::MAX)) as u16,
+        next_header: GRH_NEXT_HEADER_BTH,
+        hop_limit: 64,
+        sgid: info.sgid,
+        dgid: info.dgid,
+    }
+    .to_bytes();
+    let mut head: Payload<'_, M::Mr> = Payload::Bytes(&grh);
+    for_each_span(&wqe.segs, 0, GRH_LEN, |s, addr, r| {
+        head.place(mem, &s.mr, addr, r)
+    });
+    let mut body: Payload<'_, M::Mr> = Payload::Bytes(p.payload);
+    for_each_span(&wqe.segs, GRH_LEN as u64, p.payload.len(), |s, addr, r| {
+        body.place(mem, &s.mr, addr, r)
+    });
+    let mut c = recv_completion(WcStatus::Success, WcOpcode::Recv, total as u32, p.imm);
+    c.src_qp = p.deth.src_qpn;
+    c.grh = true;
+    complete(qp, &mut srq, wqe, c, p.solicited);
+}

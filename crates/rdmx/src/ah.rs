@@ -1,0 +1,123 @@
+//! Address handles: where a UD send goes (`ibv_ah`).
+
+use std::net::{IpAddr, Ipv6Addr};
+use std::sync::Arc;
+
+use rdmx_core::AddressVector;
+
+use crate::endpoint::{PeerAddr, QpEndpoint};
+use crate::pd::ProtectionDomain;
+use crate::provider;
+use crate::Result;
+
+/// The GID of the software providers' own host: `::ffff:127.0.0.1`, the RoCEv2 GID of the
+/// IPv4 loopback address. Loopback datagrams carry it as their source in the GRH.
+pub const LOCAL_GID: Ipv6Addr = Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0x7f00, 0x0001);
+
+/// What an address handle names (`ibv_ah_attr`): the peer's GID (or a multicast group's)
+/// and, on InfiniBand, its LID.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct AhAttr {
+    /// Destination GID (`grh.dgid`); a multicast GID (`ff00::/8`) names a group.
+    pub dgid: Ipv6Addr,
+    /// Destination LID (InfiniBand only; 0 elsewhere).
+    pub dlid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// GRH hop limit.
+    pub hop_limit: u8,
+}
+
+impl AhAttr {
+    /// An address handle attribute for the GID `dgid`.
+    pub fn gid(dgid: Ipv6Addr) -> AhAttr {
+        AhAttr {
+            dgid,
+            dlid: 0,
+            sl: 0,
+            hop_limit: 64,
+        }
+    }
+
+    /// The multicast group `gid`; send to it with remote QPN
+    /// [`MULTICAST_QPN`](crate::MULTICAST_QPN).
+    pub fn multicast(gid: Ipv6Addr) -> AhAttr {
+        AhAttr::gid(gid)
+    }
+
+    /// The address of the queue pair whose endpoint is `peer` (its QPN is
+    /// `peer.qp_num`): the GID of its port (verbs), its IP as a RoCEv2 GID (an IPv4 one
+    /// mapped), or [`LOCAL_GID`] for a queue pair of this process or host.
+    pub fn to_endpoint(peer: &QpEndpoint) -> AhAttr {
+        let gid = match peer.addr {
+            PeerAddr::Gid(g) => g,
+            PeerAddr::Ip(sa) => match sa.ip() {
+                IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+                IpAddr::V6(v6) => v6,
+            },
+            _ => LOCAL_GID,
+        };
+        AhAttr::gid(gid)
+    }
+
+    /// The address vector the engine uses.
+    pub fn av(&self) -> AddressVector {
+        AddressVector {
+            dgid: self.dgid.octets(),
+            dlid: self.dlid,
+            sl: self.sl,
+            hop_limit: self.hop_limit,
+        }
+    }
+}
+
+/// An address handle (`ibv_ah`): the destination of UD sends, created in a protection
+/// domain with [`ProtectionDomain::create_ah`] and named by each UD send request
+/// ([`SendRequest::ud`](crate::SendRequest::ud)). Cloning is cheap and yields the same
+/// handle; it is destroyed when the last clone goes.
+#[derive(Clone, Debug)]
+pub struct AddressHandle {
+    imp: Arc<dyn provider::Ah>,
+    attr: AhAttr,
+    pd: ProtectionDomain,
+}
+
+impl AddressHandle {
+    /// What it was created with.
+    pub fn attr(&self) -> &AhAttr {
+        &self.attr
+    }
+
+    /// The protection domain it belongs to.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.pd
+    }
+
+    pub(crate) fn imp(&self) -> &dyn provider::Ah {
+        self.imp.as_ref()
+    }
+}
+
+impl PartialEq for AddressHandle {
+    /// The same handle (clones of one creation).
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.imp, &other.imp)
+    }
+}
+
+impl Eq for AddressHandle {}
+
+impl ProtectionDomain {
+    /// Creates an address handle (`ibv_create_ah`). Refused with
+    /// [`Error::Unsupported`](crate::Error::Unsupported) by a provider without UD queue
+    /// pairs ([`Capabilities::ud`](crate::Capabilities::ud)).
+    pub fn create_ah(&self, attr: &AhAttr) -> Result<AddressHandle> {
+        let imp = self.context().device().create_ah(self.id(), &attr.av())?;
+        Ok(AddressHandle {
+            imp,
+            attr: *attr,
+            pd: self.clone(),
+        })
+    }
+}

@@ -325,7 +325,8 @@ impl Side {
     pub(crate) fn post_recv(&self, i: usize, r: u64) -> Result<(), BoxError> {
         let mut req = RecvRequest::new(r);
         let l = &self.layout;
-        if !self.imm && !(l.recv_data && l.dst_slots > 0) {
+        let data_slot = l.recv_data && l.dst_slots > 0;
+        if !self.imm && !data_slot {
             // Control messages only, in their payload: into the control area (never a
             // slot a WRITE lands in).
             req = req.sge(LocalSge::new(&self.mrs[i], l.ctl(), CTL_LEN)?);

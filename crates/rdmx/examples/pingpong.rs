@@ -41,7 +41,7 @@ const USAGE: &str = "usage: pingpong [OPTIONS] [HOST]
   -g, --gid-idx N      GID index on verbs (default: the provider's choice)
   -c, --connection T   transport: rc (default), uc or ud
   -p, --port N         TCP port of the exchange (default 18515)
-  -s, --size N         message size in bytes (default 4096; ud: 2048)
+  -s, --size N         message size in bytes (default 4096; ud: 1024)
   -n, --iters N        messages each way (default 1000)
   -r, --rx-depth N     receives kept posted (default 500)
   -m, --mtu N          path MTU: 256, 512, 1024, 2048 or 4096 (default 1024)
@@ -349,7 +349,7 @@ fn run(a: Args) -> Result<(), BoxError> {
     let ctx = open(&a)?;
     let size = a
         .size
-        .unwrap_or(if a.conn == Conn::Ud { 2048 } else { 4096 });
+        .unwrap_or(if a.conn == Conn::Ud { 1024 } else { 4096 });
     if a.conn == Conn::Ud && size > ctx.capabilities().max_ud_message() {
         return Err(format!(
             "-s {size}: a UD message is at most the path MTU, {} bytes here",

@@ -55,6 +55,7 @@ functions=(
     ibv_get_cq_event ibv_ack_cq_events
     ibv_create_qp ibv_modify_qp ibv_query_qp ibv_destroy_qp
     ibv_create_srq ibv_modify_srq ibv_destroy_srq
+    ibv_create_ah ibv_destroy_ah ibv_attach_mcast ibv_detach_mcast
     rdma_create_event_channel rdma_destroy_event_channel rdma_get_cm_event
     rdma_ack_cm_event rdma_create_id rdma_destroy_id rdma_resolve_addr rdma_resolve_route
     rdma_connect rdma_establish rdma_bind_addr rdma_listen rdma_reject rdma_migrate_id

@@ -7,7 +7,13 @@
 #     listed in RXE_DEVIATIONS below run in a step of their own that reports them but does
 #     not fail (and says so if one starts passing);
 #   - `rdmx devices` and `rdmx bench` smoke runs on rxe0, if the rdmx CLI binary was built,
-#     and every transfer test between two VMs (server in one, client in the other);
+#     and every transfer test between two VMs (server in one, client in the other), and the
+#     `pingpong` example against the stock ibv_rc_pingpong, ibv_uc_pingpong and
+#     ibv_ud_pingpong across the two VMs, each in both roles;
+#   - soft-iWARP (siw0, `rxe-vm.sh --siw`): the verbs conformance suite, whose queue pairs
+#     connect through rdma_cm there and whose tests skip what siw0's capabilities lack
+#     (the tests listed in SIW_DEVIATIONS reported apart, as for rxe), the rdma_cm tests,
+#     and `rdmx bench --rdma-cm` in one VM and across two.
 #   - rxe against rdmx's udp provider: rdmx bench on rxe0 in one VM and on the udp
 #     provider in another VM without rxe, in both roles.
 # Exits non-zero if any of them fails. The rootfs (cached, see rxe-vm.sh) is built in
@@ -30,6 +36,16 @@ RXE_DEVIATIONS=(
     "deregistered_keys: a SEND with a stale lkey completes WR_FLUSH_ERR, not LOC_PROT_ERR (the requester moves the QP to ERR and the completer flushes the failed WQE too)"
     "qp_without_remote_access: a responder QP without the access flag NAKs with Invalid Request (REM_INV_REQ_ERR), not Remote Access Error"
     "send_longer_than_receive: the receiver completes LOC_QP_OP_ERR, not LOC_LEN_ERR"
+    "ud_multicast: a multicast SEND reaches none of the QPs of the same device attached to the group (the datagram leaves through the netdev and is not delivered back to this host)"
+)
+# The same for soft-iWARP (siw of kernel 6.12, rdma-core 56).
+SIW_DEVIATIONS=(
+    "deregistered_keys: a SEND with a stale lkey completes LOC_QP_OP_ERR, not LOC_PROT_ERR"
+    "error_flushes_outstanding: the READ the responder refused never completes, while the requests after it do"
+    "notify_solicited_only: a solicited SEND does not wake a CQ armed for solicited completions"
+    "qp_without_remote_access: the responder QP's access flags are not enforced: a WRITE through a QP without remote write lands"
+    "region_without_remote_access: a READ of a region registered without remote read succeeds"
+    "send_longer_than_receive: a receive with no elements is refused at post (EINVAL)"
 )
 start=$SECONDS
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/rxe-test.XXXXXX")
@@ -42,12 +58,13 @@ cleanup() {
 trap cleanup EXIT
 
 echo "== building the VM rootfs (if not cached) and the test binaries"
-scripts/rxe-vm.sh build &
+scripts/rxe-vm.sh build-siw & # the rootfs, then siw.ko for its kernel
 build_pid=$!
 {
     cargo build --locked --message-format=json -p rdmx --test conformance_verbs --test conformance_verbs_async \
         --test conformance_verbs_rdma_cm
     cargo build --locked --message-format=json -p rdmx-cli --bin rdmx
+    cargo build --locked --message-format=json -p rdmx --example pingpong
 } >"$tmp/cargo.json"
 rc=0
 wait "$build_pid" || rc=$?
@@ -57,31 +74,44 @@ build_pid=''
 # "KIND NAME MANIFEST EXECUTABLE" for every artifact with an executable.
 sed -n 's/.*"manifest_path":"\([^"]*\)".*"kind":\["\([a-z-]*\)"\].*"name":"\([^"]*\)".*"executable":"\([^"]*\)".*/\2 \3 \1 \4/p' \
     "$tmp/cargo.json" >"$tmp/artifacts"
-# Each test binary to run: "DIR EXECUTABLE EXTRA-ARGS" (DIR is its package's, as cargo test).
-: >"$tmp/tests"
+# Each test binary to run: "DIR EXECUTABLE EXTRA-ARGS" (DIR is its package's, as cargo test),
+# in $tmp/tests.rxe and $tmp/tests.siw; the deviations in $tmp/deviations.{rxe,siw}.
+: >"$tmp/tests.rxe"
+: >"$tmp/tests.siw"
 while read -r kind name manifest exe; do
     case $kind:$name in
     test:conformance_verbs*)
-        skips='' names=''
-        if [ "$name" = conformance_verbs ]; then # the deviations are the suite's tests
-            for d in "${RXE_DEVIATIONS[@]}"; do
-                skips+=" --skip conformance_verbs::${d%%:*}" names+=" conformance_verbs::${d%%:*}"
-            done
-            echo "$(dirname "$manifest") $exe --test-threads=1 --exact$names" >"$tmp/deviations"
-        fi
-        echo "$(dirname "$manifest") $exe --test-threads=1$skips" >>"$tmp/tests"
+        for dev in rxe siw; do
+            if [ $dev = rxe ]; then devs=("${RXE_DEVIATIONS[@]}"); else devs=("${SIW_DEVIATIONS[@]}"); fi
+            # On siw0: the suite (through rdma_cm) and the rdma_cm tests.
+            [ $dev = rxe ] || [ "$name" = conformance_verbs ] || [ "$name" = conformance_verbs_rdma_cm ] ||
+                continue
+            skips='' names=''
+            if [ "$name" = conformance_verbs ]; then # the deviations are the suite's tests
+                for d in "${devs[@]}"; do
+                    skips+=" --skip conformance_verbs::${d%%:*}" names+=" conformance_verbs::${d%%:*}"
+                done
+                echo "$(dirname "$manifest") $exe --test-threads=1 --exact$names" >"$tmp/deviations.$dev"
+            fi
+            echo "$(dirname "$manifest") $exe --test-threads=1$skips" >>"$tmp/tests.$dev"
+        done
         ;;
     esac
 done <"$tmp/artifacts"
 rdmx=$(awk '$1 == "bin" && $2 == "rdmx" && $4 !~ /\/deps\// {print $4; exit}' "$tmp/artifacts")
-grep -q conformance_verbs "$tmp/tests" || {
+pingpong=$(awk '$1 == "example" && $2 == "pingpong" {print $4; exit}' "$tmp/artifacts")
+grep -q conformance_verbs "$tmp/tests.rxe" || {
     echo "rxe-test: no conformance_verbs test binary in the build" >&2; exit 1
 }
 echo "== built in $((SECONDS - start)) s; running in the VM:"
-sed 's/^/   /' "$tmp/tests"
+sed 's/^/   /' "$tmp/tests.rxe"
 [ -z "$rdmx" ] || echo "   $rdmx devices; $rdmx bench ... --provider verbs -d rxe0"
 echo "   known rxe deviations (reported, not failing):"
 printf '     %s\n' "${RXE_DEVIATIONS[@]}"
+echo "   then on siw0:"
+sed 's/^/   /' "$tmp/tests.siw"
+echo "   known siw deviations (reported, not failing):"
+printf '     %s\n' "${SIW_DEVIATIONS[@]}"
 
 # The part that runs inside the VM. $1: the rdmx binary or empty; then one word list per
 # test binary, "DIR EXE ARGS...", as lines of $2; $3 the same for the deviations.
@@ -113,9 +143,10 @@ pingpong() {
 in_dir() { # DIR CMD...: run CMD in DIR with CARGO_MANIFEST_DIR=DIR, as cargo test does
     (cd "$1" && shift && CARGO_MANIFEST_DIR=$PWD "$@")
 }
-rdmx=$1
+rdmx=$1 siw=$4
 step "ibv_devinfo -d $RXE_DEV" ibv_devinfo -d "$RXE_DEV"
-step "ibv_rc_pingpong on $RXE_DEV (GID index $RXE_GID_INDEX)" pingpong
+# ibv_rc_pingpong exchanges QP numbers, which iWARP does not connect by.
+[ "$siw" = 1 ] || step "ibv_rc_pingpong on $RXE_DEV (GID index $RXE_GID_INDEX)" pingpong
 while read -r dir exe args; do
     [ -n "$exe" ] || continue
     # shellcheck disable=SC2086
@@ -123,15 +154,29 @@ while read -r dir exe args; do
 done <<<"$2"
 if [ -n "$3" ]; then
     read -r dir exe args <<<"$3"
-    echo "== known rxe deviations (expected to fail; not counted)"
+    echo "== known $RXE_DEV deviations (expected to fail; not counted)"
     # shellcheck disable=SC2086
     if in_dir "$dir" "$exe" --color=never $args; then
-        echo "== known rxe deviations: all passed now; remove them from RXE_DEVIATIONS"
+        echo "== known $RXE_DEV deviations: all passed now; remove them from the list"
     else
-        echo "== known rxe deviations: failed, as expected"
+        echo "== known $RXE_DEV deviations: failed, as expected"
     fi
 fi
-if [ -n "$rdmx" ]; then
+cm_bench() { # TEST PORT: rdmx bench --rdma-cm, server and client in this VM
+    local srv rc=0
+    "$rdmx" bench "$1" --provider verbs -d "$RXE_DEV" -n 100 --verify --rdma-cm -p "$2" --server \
+        >/tmp/cm-server.log 2>&1 &
+    srv=$!
+    rxe-wait-listen "$2" 20 || { kill $srv; return 1; }
+    "$rdmx" bench "$1" --provider verbs -d "$RXE_DEV" -n 100 --verify --rdma-cm -p "$2" "$RXE_IP" || rc=$?
+    wait $srv || { rc=1; cat /tmp/cm-server.log; }
+    return $rc
+}
+if [ -n "$rdmx" ] && [ "$siw" = 1 ]; then
+    step "rdmx devices" "$rdmx" devices
+    step "rdmx bench write_bw --rdma-cm on $RXE_DEV" cm_bench write_bw 18600
+    step "rdmx bench send_lat --rdma-cm on $RXE_DEV" cm_bench send_lat 18602
+elif [ -n "$rdmx" ]; then
     step "rdmx devices" "$rdmx" devices
     for t in write_bw read_bw send_bw write_lat atomic_bw; do
         step "rdmx bench $t on $RXE_DEV" "$rdmx" bench "$t" --provider verbs -d "$RXE_DEV" -n 100 --verify
@@ -148,8 +193,17 @@ rc=0
 # Inside the VM the verbs tests must run: "no RDMA device" there is a failure, not a skip.
 export RDMX_REQUIRE_VERBS=1
 scripts/rxe-vm.sh run --timeout "$timeout" --env RDMX_REQUIRE_VERBS -- bash -c "$guest" rxe-test \
-    "$rdmx" "$(cat "$tmp/tests")" "$(cat "$tmp/deviations" 2>/dev/null)" ||
+    "$rdmx" "$(cat "$tmp/tests.rxe")" "$(cat "$tmp/deviations.rxe" 2>/dev/null)" 0 ||
     rc=$?
+# soft-iWARP: the suite's queue pairs connect through rdma_cm on siw0.
+t1=$SECONDS
+if scripts/rxe-vm.sh run --siw --timeout "$timeout" --env RDMX_REQUIRE_VERBS -- bash -c "$guest" \
+    rxe-test "$rdmx" "$(cat "$tmp/tests.siw")" "$(cat "$tmp/deviations.siw" 2>/dev/null)" 1; then
+    echo "== siw0: ok ($((SECONDS - t1)) s)"
+else
+    rc=1
+    echo "== siw0: FAILED ($((SECONDS - t1)) s)"
+fi
 
 # Two hosts: `rdmx bench --server` in one VM and the client in the other, over rxe0 on a
 # link between them: the facade's connection setup across hosts, real GIDs, --verify
@@ -170,18 +224,45 @@ if [ -n "$rdmx" ] && [ $rc -eq 0 ]; then
         done
         echo "$out"; return 1
     }'
+    # Then the pingpong example against the stock ibv_{rc,uc,ud}_pingpong, each in both
+    # roles: the stock server in VM a with the rdmx client in VM b, then the other way
+    # round. The clients retry until the server listens (rxe-retry).
+    # Sizes are given: the tools' defaults differ between rdma-core versions (UD: at most
+    # the path MTU).
+    pp="-d \$RXE_DEV -g \$RXE_GID_INDEX -n 100 -s \$s -p \$((18515 + i))"
+    pp_sizes="for c in rc uc ud; do s=4096; [ \$c != ud ] || s=1024;"
+    pp_a="$pp_sizes ibv_\${c}_pingpong $pp; i=\$((i + 1)); $pingpong -c \$c $pp; \
+          i=\$((i + 1)); done"
+    pp_b="$pp_sizes rxe-retry 60 $pingpong -c \$c $pp \$RXE_PEER; i=\$((i + 1)); \
+          rxe-retry 60 ibv_\${c}_pingpong $pp \$RXE_PEER; i=\$((i + 1)); done"
+    [ -n "$pingpong" ] || { pp_a=true pp_b=true; }
     echo "== two hosts: rdmx bench {${tests// /,}} --server in VM a, client in VM b," \
-        "then {${cm_tests// /,}} with --rdma-cm"
+        "then {${cm_tests// /,}} with --rdma-cm, then pingpong against ibv_{rc,uc,ud}_pingpong" \
+        "both ways"
     t2=$SECONDS
     if scripts/rxe-vm.sh run2 --timeout "$timeout" \
         --a "set -e; i=0; for t in $tests; do $rdmx $bench --server; i=\$((i + 1)); done; \
-             for t in $cm_tests; do $rdmx $bench --rdma-cm --server; i=\$((i + 1)); done" \
+             for t in $cm_tests; do $rdmx $bench --rdma-cm --server; i=\$((i + 1)); done; $pp_a" \
         --b "set -e; $client; i=0; for t in $tests; do connect $rdmx $bench \$RXE_PEER; i=\$((i + 1)); done; \
-             for t in $cm_tests; do connect $rdmx $bench --rdma-cm \$RXE_PEER; i=\$((i + 1)); done"; then
+             for t in $cm_tests; do connect $rdmx $bench --rdma-cm \$RXE_PEER; i=\$((i + 1)); done; $pp_b"; then
         echo "== two hosts: ok ($((SECONDS - t2)) s)"
     else
         rc=1
         echo "== two hosts: FAILED ($((SECONDS - t2)) s)"
+    fi
+    # The same over soft-iWARP: rdmx bench --rdma-cm across two VMs on siw0 (rdma_cm
+    # takes the port after -p there, so the ports step by two).
+    siw_tests="write_bw read_bw"
+    siw_bench="bench \$t --provider verbs -d \$RXE_DEV -n 100 --verify --rdma-cm -p \$((18515 + 2 * i))"
+    echo "== two hosts on siw0: rdmx bench {${siw_tests// /,}} --rdma-cm --server in VM a, client in VM b"
+    t2=$SECONDS
+    if scripts/rxe-vm.sh run2 --siw --timeout "$timeout" \
+        --a "set -e; i=0; for t in $siw_tests; do $rdmx $siw_bench --server; i=\$((i + 1)); done" \
+        --b "set -e; $client; i=0; for t in $siw_tests; do connect $rdmx $siw_bench \$RXE_PEER; i=\$((i + 1)); done"; then
+        echo "== two hosts on siw0: ok ($((SECONDS - t2)) s)"
+    else
+        rc=1
+        echo "== two hosts on siw0: FAILED ($((SECONDS - t2)) s)"
     fi
 fi
 # Linux Soft-RoCE against rdmx's udp provider: `rdmx bench` on rxe0 (verbs) in VM a, on the

@@ -8,6 +8,7 @@
 #
 # Usage:
 #   scripts/rxe-vm.sh build                     build the rootfs + initrd (no-op when cached)
+#   scripts/rxe-vm.sh build-siw                 build siw.ko for its kernel (no-op when cached)
 #   scripts/rxe-vm.sh path                      print the cache directory in use (builds it)
 #   scripts/rxe-vm.sh run [OPTS] -- CMD [ARG...]
 #         boot one VM (eth0 10.0.2.15/24 on a restricted user netdev, rxe0 on it), run CMD;
@@ -20,13 +21,15 @@
 #   --timeout SECS   kill the VM after SECS (default $RXE_VM_TIMEOUT or 900)
 #   --mtu N          eth0 MTU (default 9000, giving rxe active_mtu 4096; 1500 gives 1024)
 #   --cwd DIR        working directory of the command (default: $PWD if shared, else /)
+#   --siw            soft-iWARP instead of Soft-RoCE: load siw.ko (built once, cached under
+#                    a key of its own) and create siw0 on eth0 instead of rxe0
 #   --env NAME       pass the host's NAME=value into the VM (repeatable; RUST_BACKTRACE,
 #                    RUST_LOG and RUST_TEST_THREADS always pass)
 #   --b-no-rxe       run2: VM b gets no rxe0 (rdma_rxe is not loaded, so UDP port 4791 is
 #                    free for a user-space RoCEv2 peer); RXE_DEV and RXE_GID_INDEX are
 #                    empty there
 #
-# Inside the VM the command sees: RXE_DEV=rxe0, RXE_IP (eth0's address), RXE_PEER (the
+# Inside the VM the command sees: RXE_DEV=rxe0 (siw0 with --siw), RXE_IP (eth0's address), RXE_PEER (the
 # other VM's address in run2, else RXE_IP), RXE_GID_INDEX (index of the IPv4-mapped GID,
 # for perftest -x / ibv_*_pingpong -g), RXE_ROLE (vm, a or b), and two helpers on PATH:
 #   rxe-wait-listen PORT [SECS]   wait until something in this VM listens on TCP PORT
@@ -100,6 +103,81 @@ rxe_build_into() { # DIR MIRROR: debootstrap into DIR/rootfs, leave DIR/vmlinuz,
     rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
     mv "$root/boot/initrd.rxe9p" "$dir/initrd"
     cp "$root/boot/vmlinuz-$kver" "$dir/vmlinuz"
+}
+# ---------------------------------------------------------------------------------------
+
+# ---------------------------------------------------------------------------------------
+# soft-iWARP. Debian's kernels do not build siw (CONFIG_RDMA_SIW is unset); the module is
+# built out of tree for the rootfs's kernel, in a throwaway overlay over the rootfs (which
+# stays untouched), and cached under a key of its own: a hash of rxe_siw_build_into and the
+# kernel version, so changing this never rebuilds the rootfs.
+rxe_kver() { # ROOTFS
+    basename "$(echo "$1"/lib/modules/*)"
+}
+
+rxe_siw_cache_dir() {
+    local kver
+    kver=$(rxe_kver "$(rxe_cache_dir)/rootfs")
+    echo "${RDMX_VM_CACHE:-$HOME/.cache/rdmx-vm}/siw-$({ echo "$kver"; declare -f rxe_siw_build_into; } |
+        sha256sum | cut -c1-16)"
+}
+
+rxe_siw_build_into() { # DIR ROOTFS MIRROR KVER: leave DIR/siw.ko, built for kernel KVER
+    local dir=$1 lower=$2 mirror=$3 kver=$4 ovl=$1/ovl series
+    series=${kver%%-*}
+    series=${series%.*}
+    mkdir -p "$ovl/upper" "$ovl/work" "$ovl/root"
+    mount -t overlay -o "lowerdir=$lower,upperdir=$ovl/upper,workdir=$ovl/work" overlay "$ovl/root"
+    mount -t proc proc "$ovl/root/proc"
+    trap 'umount -l "$ovl/root/proc" "$ovl/root" 2>/dev/null || true' EXIT
+    cp /etc/resolv.conf "$ovl/root/etc/resolv.conf"
+    printf 'deb %s trixie main\n' "$mirror" >"$ovl/root/etc/apt/sources.list"
+    chroot "$ovl/root" apt-get update -qq
+    chroot "$ovl/root" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends "linux-headers-$kver" "linux-source-$series" make gcc xz-utils bc
+    chroot "$ovl/root" bash -c "set -euo pipefail; mkdir -p /siw; cd /siw
+        tar -xJf /usr/src/linux-source-$series.tar.xz --strip-components=1 \
+            linux-source-$series/drivers/infiniband/sw/siw
+        make -s -C /lib/modules/$kver/build M=/siw/drivers/infiniband/sw/siw CONFIG_RDMA_SIW=m modules"
+    cp "$ovl/root/siw/drivers/infiniband/sw/siw/siw.ko" "$dir/siw.ko"
+    umount -l "$ovl/root/proc" "$ovl/root"
+    trap - EXIT
+    rm -rf "$ovl"
+}
+
+# Build siw.ko unless cached (after the rootfs), under the same kind of lock and
+# rename-into-place as the rootfs.
+rxe_siw_build() {
+    local dest base tmp start kver
+    rxe_build
+    dest=$(rxe_siw_cache_dir)
+    [ -e "$dest/siw.ko" ] && return 0
+    kver=$(rxe_kver "$(rxe_cache_dir)/rootfs")
+    base=$(dirname "$dest")
+    exec {lockfd}>"$base/.lock"
+    flock "$lockfd"
+    if [ ! -e "$dest/siw.ko" ]; then
+        tmp=$(mktemp -d "$base/.tmp-siw-XXXXXX")
+        # shellcheck disable=SC2064 # expand now: the trap must remove this build's dir
+        trap "rxe_rm_tree '$tmp'" EXIT
+        start=$SECONDS
+        echo "rxe-vm: building siw.ko for $kver into $dest (about 2 minutes)" >&2
+        if ! rxe_sudo bash -c "set -euo pipefail; $(declare -f rxe_siw_build_into)
+                rxe_siw_build_into '$tmp' '$(rxe_cache_dir)/rootfs' '${RXE_VM_MIRROR:-http://deb.debian.org/debian}' '$kver'" \
+            >"$tmp.log" 2>&1; then
+            tail -n 30 "$tmp.log" >&2
+            echo "rxe-vm: siw build failed (log above)" >&2
+            rm -f "$tmp.log"
+            exit 1
+        fi
+        rm -f "$tmp.log"
+        chmod 755 "$tmp"
+        mv "$tmp" "$dest"
+        trap - EXIT
+        echo "rxe-vm: siw.ko built in $((SECONDS - start)) s" >&2
+    fi
+    flock -u "$lockfd"
+    exec {lockfd}>&-
 }
 # ---------------------------------------------------------------------------------------
 
@@ -222,28 +300,46 @@ if [ "${RXE_NO_RXE:-0}" = 1 ]; then
     ulimit -l unlimited
     say "no rxe here (eth0 $RXE_IP, mtu $(cat /sys/class/net/eth0/mtu)): UDP port 4791 is free"
 else
-modprobe rdma_rxe
 modprobe rdma_ucm # rdma_cm for user space (/dev/infiniband/rdma_cm)
 dmesg -n 1 # keep rxe's per-QP error messages off the console
-rdma link add rxe0 type rxe netdev eth0 || fail "rdma link add rxe0 failed"
-port=/sys/class/infiniband/rxe0/ports/1
-IFS=. read -r a b c d <<<"$RXE_IP"
-want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$a" "$b" "$c" "$d")
-RXE_GID_INDEX=
-for _ in $(seq 200); do
-    if [ "$(cat $port/state 2>/dev/null)" = "4: ACTIVE" ]; then
-        for g in $port/gids/*; do
-            if [ "$(cat "$g" 2>/dev/null)" = "$want" ]; then RXE_GID_INDEX=${g##*/}; break; fi
-        done
-        [ -n "$RXE_GID_INDEX" ] && break
-    fi
-    sleep 0.05
-done
-[ -n "$RXE_GID_INDEX" ] || fail "rxe0 not ACTIVE with the IPv4 GID ($(cat $port/state 2>&1))"
-export RXE_GID_INDEX RXE_DEV=rxe0 RXE_IP RXE_PEER RXE_ROLE
-ulimit -l unlimited
-mtu=$(ibv_devinfo -d rxe0 | awk '/active_mtu/ {print $2}')
-say "rxe0 ACTIVE on eth0 $RXE_IP (mtu $(cat /sys/class/net/eth0/mtu)), active_mtu $mtu, IPv4 GID index $RXE_GID_INDEX"
+if [ "$RXE_SIW" = 1 ]; then
+    # soft-iWARP instead of Soft-RoCE: the out-of-tree siw.ko (unsigned: loads with a taint)
+    # needs these loaded first, libcrc32c for its CRC32c.
+    modprobe -a ib_core rdma_cm iw_cm libcrc32c
+    insmod /rxe/siw.ko || fail "insmod siw.ko failed"
+    rdma link add siw0 type siw netdev eth0 || fail "rdma link add siw0 failed"
+    port=/sys/class/infiniband/siw0/ports/1
+    for _ in $(seq 200); do
+        [ "$(cat $port/state 2>/dev/null)" = "4: ACTIVE" ] && break
+        sleep 0.05
+    done
+    [ "$(cat $port/state 2>/dev/null)" = "4: ACTIVE" ] || fail "siw0 not ACTIVE ($(cat $port/state 2>&1))"
+    # iWARP addresses peers by IP through rdma_cm; GID index 0 carries the MAC.
+    export RXE_GID_INDEX=0 RXE_DEV=siw0 RXE_IP RXE_PEER RXE_ROLE
+    ulimit -l unlimited
+    say "siw0 ACTIVE on eth0 $RXE_IP (mtu $(cat /sys/class/net/eth0/mtu))"
+else
+    modprobe rdma_rxe
+    rdma link add rxe0 type rxe netdev eth0 || fail "rdma link add rxe0 failed"
+    port=/sys/class/infiniband/rxe0/ports/1
+    IFS=. read -r a b c d <<<"$RXE_IP"
+    want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$a" "$b" "$c" "$d")
+    RXE_GID_INDEX=
+    for _ in $(seq 200); do
+        if [ "$(cat $port/state 2>/dev/null)" = "4: ACTIVE" ]; then
+            for g in $port/gids/*; do
+                if [ "$(cat "$g" 2>/dev/null)" = "$want" ]; then RXE_GID_INDEX=${g##*/}; break; fi
+            done
+            [ -n "$RXE_GID_INDEX" ] && break
+        fi
+        sleep 0.05
+    done
+    [ -n "$RXE_GID_INDEX" ] || fail "rxe0 not ACTIVE with the IPv4 GID ($(cat $port/state 2>&1))"
+    export RXE_GID_INDEX RXE_DEV=rxe0 RXE_IP RXE_PEER RXE_ROLE
+    ulimit -l unlimited
+    mtu=$(ibv_devinfo -d rxe0 | awk '/active_mtu/ {print $2}')
+    say "rxe0 ACTIVE on eth0 $RXE_IP (mtu $(cat /sys/class/net/eth0/mtu)), active_mtu $mtu, IPv4 GID index $RXE_GID_INDEX"
+fi
 fi
 trap - ERR
 
@@ -288,7 +384,7 @@ rxe_strip() {
 rxe_parse_opts() {
     RXE_OPT_SHARES=() RXE_OPT_ENV=(RUST_BACKTRACE RUST_LOG RUST_TEST_THREADS)
     RXE_OPT_TIMEOUT=${RXE_VM_TIMEOUT:-900} RXE_OPT_MTU=9000 RXE_OPT_CWD=$PWD
-    RXE_OPT_A='' RXE_OPT_B='' RXE_OPT_B_NO_RXE=0 RXE_ARGS=()
+    RXE_OPT_A='' RXE_OPT_B='' RXE_OPT_B_NO_RXE=0 RXE_ARGS=() RXE_OPT_SIW=0
     while [ $# -gt 0 ]; do
         case $1 in
         --share) RXE_OPT_SHARES+=("$(cd "$2" && pwd)"); shift 2 ;;
@@ -296,6 +392,7 @@ rxe_parse_opts() {
         --mtu) RXE_OPT_MTU=$2; shift 2 ;;
         --cwd) RXE_OPT_CWD=$2; shift 2 ;;
         --env) RXE_OPT_ENV+=("$2"); shift 2 ;;
+        --siw) RXE_OPT_SIW=1; shift ;;
         --a) RXE_OPT_A=$2; shift 2 ;;
         --b) RXE_OPT_B=$2; shift 2 ;;
         --b-no-rxe) RXE_OPT_B_NO_RXE=1; shift ;;
@@ -335,8 +432,8 @@ rxe_prepare() { # RUNDIR ROLE IP PEER CMDTEXT [NO_RXE]
         case $RXE_OPT_CWD/ in "$i"/*) cwd=$RXE_OPT_CWD ;; esac
     done
     {
-        printf 'RXE_ROLE=%q RXE_IP=%q RXE_PEER=%q RXE_MTU=%q RXE_CWD=%q RXE_NO_RXE=%q\n' \
-            "$2" "$3" "$4" "$RXE_OPT_MTU" "$cwd" "${6:-0}"
+        printf 'RXE_ROLE=%q RXE_IP=%q RXE_PEER=%q RXE_MTU=%q RXE_CWD=%q RXE_SIW=%q RXE_NO_RXE=%q\n' \
+            "$2" "$3" "$4" "$RXE_OPT_MTU" "$cwd" "$RXE_OPT_SIW" "${6:-0}"
         printf 'RXE_SHARES=('
         for i in "${!RXE_OPT_SHARES[@]}"; do printf '%q ' "host$i=${RXE_OPT_SHARES[$i]}"; done
         printf ')\n'
@@ -345,6 +442,7 @@ rxe_prepare() { # RUNDIR ROLE IP PEER CMDTEXT [NO_RXE]
         done
     } >"$run/env"
     printf '%s\n' "$5" >"$run/cmd"
+    if [ "$RXE_OPT_SIW" = 1 ]; then cp "$(rxe_siw_cache_dir)/siw.ko" "$run/siw.ko"; fi
 }
 
 # Print the qemu command line for one VM, NUL-separated.
@@ -413,6 +511,7 @@ rxe_run() { # [OPTS] -- CMD...
     rxe_parse_opts "$@"
     [ ${#RXE_ARGS[@]} -gt 0 ] || { echo "usage: rxe-vm.sh run [OPTS] -- CMD [ARG...]" >&2; exit 2; }
     rxe_build
+    [ "$RXE_OPT_SIW" = 0 ] || rxe_siw_build
     rxe_shares
     RXE_TMP=$(mktemp -d "${TMPDIR:-/tmp}/rxe-vm.XXXXXX")
     trap rxe_cleanup EXIT
@@ -446,6 +545,7 @@ rxe_run2() { # [OPTS] --a CMD --b CMD
         echo "usage: rxe-vm.sh run2 [OPTS] --a 'CMD A' --b 'CMD B'" >&2; exit 2
     fi
     rxe_build
+    [ "$RXE_OPT_SIW" = 0 ] || rxe_siw_build
     rxe_shares
     RXE_TMP=$(mktemp -d "${TMPDIR:-/tmp}/rxe-vm.XXXXXX")
     trap rxe_cleanup EXIT
@@ -499,6 +599,7 @@ rxe_main() {
     [ $# -eq 0 ] || shift
     case $cmd in
     build) rxe_build ;;
+    build-siw) rxe_siw_build ;;
     path) rxe_build; rxe_cache_dir ;;
     run) rxe_run "$@" ;;
     run2) rxe_run2 "$@" ;;

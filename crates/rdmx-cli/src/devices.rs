@@ -31,6 +31,11 @@ pub(crate) fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                     "max_mtu": c.max_mtu.bytes(),
                     "max_inline_data": c.max_inline_data,
                     "atomics": c.atomics.name(),
+                    "transport": c.transport.name(),
+                    "imm_data": c.imm_data,
+                    "max_read_sge": c.max_read_sge,
+                    "rnr_retry": c.rnr_retry,
+                    "remote_error_completions": c.remote_error_completions,
                     "qp_types": c.qp_types().map(|t| t.name()).collect::<Vec<_>>(),
                     "multicast": c.multicast,
                     "gid_index": d.gid.map(|(i, _)| i),
@@ -58,6 +63,11 @@ pub(crate) fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         println!("\tmax_mtu:\t\t{}", c.max_mtu.bytes());
         println!("\tmax_inline_data:\t{}", c.max_inline_data);
         println!("\tatomics:\t\t{}", c.atomics.name());
+        println!("\ttransport:\t\t{}", c.transport.name());
+        println!("\timm_data:\t\t{}", c.imm_data);
+        println!("\tmax_read_sge:\t\t{}", c.max_read_sge);
+        println!("\trnr_retry:\t\t{}", c.rnr_retry);
+        println!("\tremote_error_completions: {}", c.remote_error_completions);
         let types: Vec<_> = c.qp_types().map(|t| t.name()).collect();
         println!("\tqp_types:\t\t{}", types.join(" "));
         println!("\tmulticast:\t\t{}", if c.multicast { "yes" } else { "no" });

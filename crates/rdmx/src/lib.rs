@@ -178,7 +178,7 @@ pub use endpoint::{ConnectOptions, PeerAddr, QpEndpoint, RemoteRegion};
 pub use error::{Error, Result};
 pub use mr::MemoryRegion;
 pub use owned::{CachedBuf, OwnedBuf};
-pub use provider::{AtomicCap, Capabilities, DeviceInfo, MrRef, ProviderConfig, QpCaps};
+pub use provider::{AtomicCap, Capabilities, DeviceInfo, MrRef, ProviderConfig, QpCaps, Transport};
 pub use qp::{LocalSge, QueuePair, RecvRequest, SendRequest};
 pub use rdmx_core::{
     AddressVector, Completion, KeyError, KeyUse, ModifyError, Mtu, PdId, PostError, QpAttr,

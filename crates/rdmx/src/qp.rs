@@ -389,8 +389,12 @@ impl QueuePair {
                 "only UD queue pairs join multicast groups",
             ));
         }
-        if !gid.is_multicast() {
-            return Err(Error::InvalidArgument("not a multicast GID (ff00::/8)"));
+        // RoCEv2 over IPv4 names an IPv4 group (224.0.0.0/4), IPv4-mapped.
+        let v4_group = gid.to_ipv4_mapped().is_some_and(|v4| v4.is_multicast());
+        if !gid.is_multicast() && !v4_group {
+            return Err(Error::InvalidArgument(
+                "not a multicast GID (ff00::/8, or an IPv4-mapped 224.0.0.0/4)",
+            ));
         }
         if !self.pd.context().capabilities().multicast {
             return Err(Error::Unsupported("this provider has no multicast"));

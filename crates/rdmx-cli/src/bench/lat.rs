@@ -120,7 +120,7 @@ pub(crate) fn ping(
         spin(side, abort, |wc| {
             for c in wc {
                 match c.opcode {
-                    WcOpcode::Recv if c.imm_data.is_some() => {
+                    WcOpcode::Recv if side.ctl_value(c)?.is_some() => {
                         return Err("a control message arrived in the middle of a round".into())
                     }
                     WcOpcode::Recv => {
@@ -184,8 +184,9 @@ pub(crate) fn pong(
             let n = poll(&side.cq, &mut wc)?;
             for c in &wc[..n] {
                 if c.opcode == WcOpcode::Recv {
+                    let ctl = side.ctl_value(c)?;
                     side.post_recv(0, c.wr_id)?;
-                    match c.imm_data {
+                    match ctl {
                         Some(imm) => done = Some(imm),
                         None => (ping, len) = (true, c.byte_len),
                     }

@@ -70,7 +70,7 @@ pub(crate) fn drive(
         for c in &wc[..n] {
             // Once BYE is in, the requester may close at any moment and flush the
             // receives still posted here: what follows BYE is no error.
-            if c.status == WcStatus::Success && c.imm_data == Some(BYE) {
+            if c.status == WcStatus::Success && side.ctl_value(c)? == Some(BYE) {
                 bye = true;
                 break;
             }
@@ -90,6 +90,10 @@ pub(crate) fn drive(
             }
         }
         if bye {
+            if !side.ctx.capabilities().remote_error_completions {
+                // The requester waits for this before it closes (see say_bye).
+                side.send_ctl(0, BYE)?;
+            }
             break;
         }
         if since.elapsed() > STALL {
@@ -163,7 +167,7 @@ fn serve(
                 continue; // a verdict's send completion
             }
             let i = side.qp_index(c.qp_num);
-            if let Some(imm) = c.imm_data {
+            if let Some(imm) = side.ctl_value(c)? {
                 if lossy && imm >> 31 != sizing.gen {
                     side.post_recv(i, c.wr_id)?;
                     if let Some(v) = sizing.last_verdict {

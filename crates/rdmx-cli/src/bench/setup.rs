@@ -43,6 +43,10 @@ pub(crate) const VERDICT_BAD: u32 = 0x4241_4421;
 pub(crate) const BYE: u32 = 0x4259_4521;
 /// wr_id bit of control messages.
 pub(crate) const CTL: u64 = 1 << 63;
+/// Bytes of a control message's payload on a device without immediate data: [`CTL_MAGIC`]
+/// and the value, little-endian.
+const CTL_LEN: usize = 8;
+const CTL_MAGIC: u32 = 0x5844_4d52; // "RMDX"
 /// Receives a send_bw responder keeps posted per QP without --verify (perftest's rx depth).
 const RX_DEPTH: usize = 512;
 /// Most bytes of slots per QP when --verify stamps every message into its own slot.
@@ -82,6 +86,8 @@ pub(crate) struct Layout {
     /// One request in this many is signaled (`-Q`, at most the window: a window of
     /// unsignaled requests would never complete).
     pub(crate) signal_every: usize,
+    /// Whether receives take data (SEND tests) rather than control messages only.
+    pub(crate) recv_data: bool,
     /// Bytes before a received message in its slot: the GRH area of UD, else 0.
     pub(crate) grh: usize,
 }
@@ -124,6 +130,7 @@ impl Layout {
             window,
             batch: p.post_list.min(window),
             signal_every: p.cq_mod.min(window),
+            recv_data: op == Op::Send,
             grh,
         }
     }
@@ -148,8 +155,14 @@ impl Layout {
         (self.src_slots + self.dst_slots).max(1) * self.stride
     }
 
-    fn len(&self) -> usize {
+    /// Where control messages land that no destination slot receives (devices without
+    /// immediate data carry them in the payload): after the scratch area.
+    pub(crate) fn ctl(&self) -> usize {
         self.scratch() + self.grh
+    }
+
+    fn len(&self) -> usize {
+        self.ctl() + CTL_LEN
     }
 }
 
@@ -164,6 +177,9 @@ pub(crate) struct Side {
     pub(crate) busy: bool,
     /// Whether its regions' pages are locked (see [`Side::open`]).
     pub(crate) pinned: bool,
+    /// Whether the device has immediate data; without it (iWARP) control messages carry
+    /// their value in the payload.
+    pub(crate) imm: bool,
     /// UD: per QP, the address handle of the peer QP and its number, once connected.
     pub(crate) ud_peers: std::sync::OnceLock<Vec<(rdmx::AddressHandle, u32)>>,
 }
@@ -218,9 +234,14 @@ impl Side {
         let pd = ctx.alloc_pd();
         let per_qp = layout.window + layout.rx_depth + 8;
         let cq = ctx.create_cq(p.qps * per_qp + 16)?;
+        // Inline data up to what the device takes (soft-iWARP: below the default).
+        let inline = QpCaps::default()
+            .max_inline_data
+            .min(ctx.capabilities().max_inline_data as usize);
         let caps = QpCaps::default()
             .max_send_wr(layout.window + 4)
-            .max_recv_wr(layout.rx_depth + 1);
+            .max_recv_wr(layout.rx_depth + 1)
+            .max_inline_data(inline);
         let qp_type = p.conn.qp_type();
         if !ctx.capabilities().supports(qp_type) {
             return Err(format!(
@@ -255,6 +276,7 @@ impl Side {
             mrs.push(pd.register_with(Mapping::new(layout.len())?, Access::ALL, pinning)?);
         }
         Ok(Side {
+            imm: ctx.capabilities().imm_data,
             ctx,
             cq,
             qps,
@@ -303,7 +325,12 @@ impl Side {
     pub(crate) fn post_recv(&self, i: usize, r: u64) -> Result<(), BoxError> {
         let mut req = RecvRequest::new(r);
         let l = &self.layout;
-        if l.dst_slots > 0 {
+        let data_slot = l.recv_data && l.dst_slots > 0;
+        if !self.imm && !data_slot {
+            // Control messages only, in their payload: into the control area (never a
+            // slot a WRITE lands in).
+            req = req.sge(LocalSge::new(&self.mrs[i], l.ctl(), CTL_LEN)?);
+        } else if l.dst_slots > 0 {
             req = req.sge(LocalSge::new(
                 &self.mrs[i],
                 l.dst_slot(r as usize),
@@ -333,9 +360,36 @@ impl Side {
 
     /// Sends a control message with immediate `imm` on QP `i`.
     pub(crate) fn send_ctl(&self, i: usize, imm: u32) -> Result<(), BoxError> {
-        self.qps[i]
-            .post_send(self.route(i, SendRequest::send_with_imm(CTL | u64::from(imm), imm)))?;
+        let wr_id = CTL | u64::from(imm);
+        if self.imm {
+            self.qps[i].post_send(self.route(i, SendRequest::send_with_imm(wr_id, imm)))?;
+        } else {
+            let mut msg = [0u8; CTL_LEN];
+            msg[..4].copy_from_slice(&CTL_MAGIC.to_le_bytes());
+            msg[4..].copy_from_slice(&imm.to_le_bytes());
+            self.qps[i].post_send(self.route(i, SendRequest::send(wr_id).inline(&msg)))?;
+        }
         Ok(())
+    }
+
+    /// The value of control message `c` (a receive completion), or `None` for a data
+    /// message: the immediate data, or on a device without it the payload's.
+    pub(crate) fn ctl_value(&self, c: &Completion) -> Result<Option<u32>, BoxError> {
+        if self.imm || c.imm_data.is_some() {
+            return Ok(c.imm_data);
+        }
+        if c.status != WcStatus::Success || c.byte_len as usize != CTL_LEN {
+            return Ok(None);
+        }
+        let l = &self.layout;
+        let at = match l.recv_data && l.dst_slots > 0 {
+            false => l.ctl(),
+            true => l.dst(c.wr_id as usize),
+        };
+        let mut msg = [0u8; CTL_LEN];
+        self.mrs[self.qp_index(c.qp_num)].read_at(at, &mut msg)?;
+        let word = |k: usize| u32::from_le_bytes(msg[k..k + 4].try_into().expect("4 bytes"));
+        Ok((word(0) == CTL_MAGIC).then(|| word(4)))
     }
 
     /// What this side tells its peer.
@@ -458,10 +512,10 @@ pub(crate) fn wait_ctl(side: &Side, abort: &Abort, what: &str) -> Result<u32, Bo
         let mut got = None;
         for c in &wc[..n] {
             if matches!(c.opcode, WcOpcode::Recv) {
-                side.post_recv(0, c.wr_id)?;
-                if let Some(imm) = c.imm_data {
+                if let Some(imm) = side.ctl_value(c)? {
                     got = Some(imm);
                 }
+                side.post_recv(0, c.wr_id)?;
             }
         }
         if let Some(imm) = got {
@@ -548,9 +602,17 @@ fn wait_ctl_for(side: &Side, abort: &Abort, timeout: Duration) -> Result<Option<
 /// Requester, at the end: BYE, acknowledged (or not: the run is over either way).
 pub(crate) fn say_bye(side: &Side) -> Result<(), BoxError> {
     side.send_ctl(0, BYE)?;
-    linger(side, Duration::from_secs(1), |c| {
-        c.wr_id == CTL | u64::from(BYE)
-    });
+    if side.ctx.capabilities().remote_error_completions {
+        linger(side, Duration::from_secs(1), |c| {
+            c.wr_id == CTL | u64::from(BYE)
+        });
+    } else {
+        // A SEND that completed was only handed to the transport (iWARP), and closing
+        // now could take BYE with it: wait for the peer's BYE in return.
+        linger(side, Duration::from_secs(5), |c| {
+            c.opcode == WcOpcode::Recv && side.ctl_value(c).ok().flatten() == Some(BYE)
+        });
+    }
     Ok(())
 }
 
@@ -754,8 +816,9 @@ pub(crate) fn connect_local(a: &Side, b: &Side, p: &Params) -> Result<(Hello, He
 /// With --rdma-cm the second exchange trades only the regions (they do not fit in
 /// rdma_cm's private data for every QP count), and then each queue pair connects through
 /// rdma_cm on the same port number (rdma_cm's port space on InfiniBand and RoCE is not the
-/// kernel's TCP one), in order: the server, which bound its rdma_cm listener before the
-/// first exchange, accepts `qps[i]` while the client connects its `qps[i]`.
+/// kernel's TCP one; on iWARP it is, so there rdma_cm takes the next port), in order: the
+/// server, which bound its rdma_cm listener before the first exchange, accepts `qps[i]`
+/// while the client connects its `qps[i]`.
 ///
 /// Returns with the side's receives posted: without --rdma-cm before the peer learns
 /// that the queue pairs are connected, so no message of the peer finds none.
@@ -814,13 +877,26 @@ pub(crate) fn connect_remote(
         })
     };
     let post_error = || failed.borrow_mut().take();
+    // iWARP's connection manager listens on a kernel TCP port: the next one.
+    let iwarp = side.ctx.capabilities().transport == rdmx::Transport::Iwarp;
+    let cm_port = |port: u16| -> Result<u16, BoxError> {
+        match iwarp {
+            false => Ok(port),
+            true => port
+                .checked_add(1)
+                .ok_or_else(|| "on iWARP rdma_cm takes the port after -p: pick a lower one".into()),
+        }
+    };
     let theirs = match peer {
         PeerMode::Listen(port) => {
             let rdma_cm = match p.rdma_cm {
-                true => Some(
-                    rdmx::verbs::cm::Listener::bind(("0.0.0.0", *port))
-                        .map_err(|e| format!("rdma_cm: listen on port {port}: {e}"))?,
-                ),
+                true => {
+                    let cm = cm_port(*port)?;
+                    Some(
+                        rdmx::verbs::cm::Listener::bind(("0.0.0.0", cm))
+                            .map_err(|e| format!("rdma_cm: listen on port {cm}: {e}"))?,
+                    )
+                }
                 false => None,
             };
             let l = rdmx::cm::Listener::bind(("0.0.0.0", *port))
@@ -878,6 +954,7 @@ pub(crate) fn connect_remote(
             .map_err(|e| post_error().unwrap_or(e))?;
             let mut theirs = check(second, true)?;
             if p.rdma_cm {
+                let port = &cm_port(*port)?;
                 for qp in &side.qps {
                     rdmx::verbs::cm::connect(
                         (host.as_str(), *port),

@@ -32,6 +32,24 @@ pub struct Capabilities {
     /// Whether 8-byte atomics (CMP_SWAP, FETCH_ADD) are supported, and against what they
     /// are atomic (`ibv_device_attr.atomic_cap`).
     pub atomics: AtomicCap,
+    /// The transport the device runs, which decides how its queue pairs connect.
+    pub transport: Transport,
+    /// Whether SEND_WITH_IMM and RDMA_WRITE_WITH_IMM are supported (not on iWARP, whose
+    /// soft-iWARP provider refuses them at post).
+    pub imm_data: bool,
+    /// Most elements on the local side of an RDMA READ (iWARP: 1, the READ response lands
+    /// in one buffer); other requests take up to [`max_sge`](Self::max_sge).
+    pub max_read_sge: u32,
+    /// Whether a SEND that finds no posted receive waits for one (Receiver Not Ready,
+    /// retried as the queue pair's `rnr_retry` says). iWARP has no RNR: such a SEND breaks
+    /// the connection.
+    pub rnr_retry: bool,
+    /// Whether a request the responder refuses (a bad key, bounds, access, a receive too
+    /// short) completes with the remote error (`RemAccessErr`, `RemInvReqErr`, ...), as
+    /// InfiniBand's NAK makes it. On iWARP the responder ends the connection instead: a
+    /// SEND or WRITE has completed once handed to TCP, a READ completes with `WrFlushErr`,
+    /// and the requester's queue pair goes to ERR.
+    pub remote_error_completions: bool,
     /// Unreliable connected queue pairs ([`QpType::Uc`]) can be created.
     pub uc: bool,
     /// Unreliable datagram queue pairs ([`QpType::Ud`]) and address handles can be
@@ -59,6 +77,31 @@ impl Capabilities {
     /// The largest UD message: the active path MTU (`ibv_ud_pingpong`'s limit).
     pub fn max_ud_message(&self) -> usize {
         self.active_mtu.bytes() as usize
+    }
+}
+
+/// The transport protocol a device runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Transport {
+    /// InfiniBand's transport (InfiniBand, RoCE, and the software providers, which run
+    /// its RC protocol): queue pairs connect by exchanging endpoints
+    /// ([`QueuePair::connect`](crate::QueuePair::connect)) or through a connection
+    /// manager.
+    InfiniBand,
+    /// iWARP (RDMAP/DDP/MPA over TCP; soft-iWARP, iWARP adapters): queue pairs connect
+    /// only through rdma_cm ([`verbs::cm`](crate::verbs::cm)), which also moves them to
+    /// RTS; a queue pair has no peer QP number.
+    Iwarp,
+}
+
+impl Transport {
+    /// The name `rdmx devices` prints: `InfiniBand` or `iWARP`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::InfiniBand => "InfiniBand",
+            Transport::Iwarp => "iWARP",
+        }
     }
 }
 

@@ -38,7 +38,7 @@ pub(crate) mod caps;
 pub(crate) mod cq;
 pub(crate) mod mem;
 
-pub use caps::{AtomicCap, Capabilities, DeviceInfo, QpCaps};
+pub use caps::{AtomicCap, Capabilities, DeviceInfo, QpCaps, Transport};
 pub(crate) use cq::CqCore;
 pub use mem::MrRef;
 pub(crate) use mem::MrShared;

@@ -48,6 +48,11 @@ pub(crate) fn capabilities(limits: &QpLimits, active_mtu: Mtu) -> Capabilities {
         active_mtu,
         max_inline_data: 4096,
         atomics: AtomicCap::Global,
+        transport: provider::Transport::InfiniBand,
+        imm_data: true,
+        max_read_sge: 32,
+        rnr_retry: true,
+        remote_error_completions: true,
         // The engine runs UC over any transport; UD and multicast need a transport that
         // routes each packet by its own destination, which each provider says it has.
         uc: true,

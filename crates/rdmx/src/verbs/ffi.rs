@@ -54,6 +54,7 @@ pub(crate) use bindings::{
     ibv_send_wr__bindgen_ty_2 as ibv_send_wr_wr,
     ibv_send_wr__bindgen_ty_2__bindgen_ty_1 as ibv_send_wr_rdma,
     ibv_send_wr__bindgen_ty_2__bindgen_ty_2 as ibv_send_wr_atomic,
+    ibv_send_wr__bindgen_ty_2__bindgen_ty_3 as ibv_send_wr_ud,
 };
 
 /// `struct ibv_wc` with its anonymous `imm_data`/`invalidated_rkey` union named
@@ -228,6 +229,10 @@ loaded! { ibverbs, IBVERBS_FUNCTIONS:
     fn ibv_modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr, attr_mask: c_int) -> c_int =
         EOPNOTSUPP;
     fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int = EOPNOTSUPP;
+    fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah = ptr::null_mut();
+    fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int = EOPNOTSUPP;
+    fn ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int = EOPNOTSUPP;
+    fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int = EOPNOTSUPP;
 }
 
 loaded! { rdmacm, RDMACM_FUNCTIONS:

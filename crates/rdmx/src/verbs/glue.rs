@@ -134,11 +134,6 @@ impl provider::Device for Dev {
         )?))
     }
     fn create_qp(&self, init: provider::QpInit<'_>) -> Result<Box<dyn provider::Qp>> {
-        if init.qp_type != rdmx_core::QpType::Rc {
-            return Err(Error::Unsupported(
-                "the verbs provider creates RC queue pairs only so far",
-            ));
-        }
         let srq = match init.srq {
             None => None,
             Some(s) => Some(
@@ -150,7 +145,17 @@ impl provider::Device for Dev {
             ),
         };
         let cqs = (cq_of(init.send_cq)?, cq_of(init.recv_cq)?);
-        Ok(Box::new(Qp::create(&self.0, init.pd, cqs, srq, init.caps)?))
+        Ok(Box::new(Qp::create(
+            &self.0,
+            init.pd,
+            init.qp_type,
+            cqs,
+            srq,
+            init.caps,
+        )?))
+    }
+    fn create_ah(&self, pd: PdId, av: &rdmx_core::AddressVector) -> Result<Arc<dyn provider::Ah>> {
+        Ok(Arc::new(super::qp::Ah::create(&self.0, pd, av)?))
     }
     fn create_srq(
         &self,
@@ -225,7 +230,28 @@ impl provider::Qp for Qp {
     }
     unsafe fn post_send(&self, wr: &SendWr, inline: Option<&[u8]>) -> Result<()> {
         // SAFETY: forwarded; the caller upholds the contract.
-        unsafe { Qp::post_send(self, wr, inline) }
+        unsafe { Qp::post_send(self, wr, inline, None) }
+    }
+    unsafe fn post_send_ud(
+        &self,
+        wr: &SendWr,
+        inline: Option<&[u8]>,
+        ah: &dyn provider::Ah,
+    ) -> Result<()> {
+        let ah = ah
+            .as_any()
+            .downcast_ref::<super::qp::Ah>()
+            .ok_or(Error::InvalidArgument(
+                "the address handle belongs to another provider",
+            ))?;
+        // SAFETY: forwarded; the caller upholds the contract.
+        unsafe { Qp::post_send(self, wr, inline, Some(ah)) }
+    }
+    fn attach_mcast(&self, gid: [u8; 16], lid: u16) -> Result<()> {
+        Qp::mcast(self, true, gid, lid)
+    }
+    fn detach_mcast(&self, gid: [u8; 16], lid: u16) -> Result<()> {
+        Qp::mcast(self, false, gid, lid)
     }
     unsafe fn post_recv(&self, wr: &RecvWr) -> Result<()> {
         // SAFETY: forwarded; the caller upholds the contract.

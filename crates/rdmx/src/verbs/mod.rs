@@ -42,7 +42,7 @@ use rdmx_mem::Access;
 
 pub(crate) use qp::{Qp, Srq};
 
-use crate::provider::{AtomicCap, Capabilities, MrRef, MrShared};
+use crate::provider::{AtomicCap, Capabilities, MrRef, MrShared, Transport};
 use crate::{Error, Result};
 
 /// The port every context uses.
@@ -133,6 +133,7 @@ impl Device {
         let dev = ctx.query_device().map_err(verb("ibv_query_device"))?;
         let port = ctx.query_port(PORT).map_err(verb("ibv_query_port"))?;
         let (gid_index, gid) = pick_gid(&ctx, port.gid_tbl_len.max(0) as u32, gid_index)?;
+        let iwarp = ctx.is_iwarp();
         let mtu = |code: u32| Mtu::from_ib_code(code as u8).unwrap_or(Mtu::Mtu1024);
         let clamp = |v: i32| v.clamp(0, i32::from(u8::MAX)) as u8;
         let mut limits = QpLimits::default();
@@ -155,14 +156,26 @@ impl Device {
             active_mtu: mtu(port.active_mtu),
             max_inline_data: qp::probe_max_inline(&ctx),
             atomics: match dev.atomic_cap {
+                _ if iwarp => AtomicCap::None,
                 sys::consts::atomic_cap::IBV_ATOMIC_GLOB => AtomicCap::Global,
                 sys::consts::atomic_cap::IBV_ATOMIC_HCA => AtomicCap::Device,
                 _ => AtomicCap::None,
             },
-            // Queue pairs are created as RC only so far.
-            uc: false,
-            ud: false,
-            multicast: false,
+            // What iWARP lacks: immediate data (RDMAP has none), RNR, and (soft-iWARP)
+            // more than one local element of a READ.
+            transport: if iwarp {
+                Transport::Iwarp
+            } else {
+                Transport::InfiniBand
+            },
+            imm_data: !iwarp,
+            max_read_sge: if iwarp { 1 } else { dev.max_sge.max(0) as u32 },
+            rnr_retry: !iwarp,
+            remote_error_completions: !iwarp,
+            // UC, UD and multicast where the device has them (not iWARP).
+            uc: !iwarp,
+            ud: !iwarp,
+            multicast: !iwarp && dev.max_mcast_grp > 0,
         };
         tracing::info!(
             device = %name,
@@ -487,8 +500,8 @@ impl Cq {
             byte_len: wc.byte_len,
             imm_data,
             qp_num: wc.qp_num,
-            src_qp: 0,
-            grh: false,
+            src_qp: wc.src_qp,
+            grh: wc.wc_flags & sys::consts::WC_GRH != 0,
         })
     }
 

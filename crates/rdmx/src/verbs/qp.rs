@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use rdmx_core::{
-    PostError, QpAttr, QpAttrMask, QpState, QpStateMachine, RecvWr, SendFlags, SendOp, SendWr,
-    WcOpcode,
+    PostError, QpAttr, QpAttrMask, QpState, QpStateMachine, QpType, RecvWr, SendFlags, SendOp,
+    SendWr, WcOpcode,
 };
 
 use super::{sys, verb, Device};
@@ -40,19 +40,68 @@ pub(super) fn probe_max_inline(ctx: &Arc<sys::Context>) -> u32 {
             max_recv_sge: 1,
             max_inline_data: inline,
         };
-        if sys::Qp::create(&pd, &cq, &cq, None, &mut cap).is_ok() {
+        let rc = sys::consts::qp_type::IBV_QPT_RC;
+        if sys::Qp::create(&pd, rc, &cq, &cq, None, &mut cap).is_ok() {
             return cap.max_inline_data.max(inline);
         }
     }
     0
 }
 
-/// A request in flight: the caller's `wr_id` and the regions it uses.
+/// A request in flight: the caller's `wr_id` and the regions it uses (and, for a UD send,
+/// its address handle).
 struct Slot {
     seq: u64,
     wr_id: u64,
     opcode: WcOpcode,
     _refs: Refs,
+    _ah: Option<Arc<sys::Ah>>,
+}
+
+/// An address handle on a verbs device (`ibv_create_ah`).
+pub(crate) struct Ah {
+    hw: Arc<sys::Ah>,
+    av: rdmx_core::AddressVector,
+}
+
+impl std::fmt::Debug for Ah {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("verbs::Ah").field("av", &self.av).finish()
+    }
+}
+
+impl Ah {
+    /// `ibv_create_ah` in rdmx domain `pd` for `av`, from the context's GID.
+    pub(crate) fn create(
+        dev: &Arc<Device>,
+        pd: rdmx_core::PdId,
+        av: &rdmx_core::AddressVector,
+    ) -> Result<Ah> {
+        let hw_pd = dev.pd(pd)?;
+        let hw = sys::Ah::create(
+            &hw_pd,
+            dev.port,
+            dev.gid_index as u8,
+            av.dgid,
+            av.dlid,
+            av.sl,
+            av.hop_limit,
+        )
+        .map_err(verb("ibv_create_ah"))?;
+        Ok(Ah {
+            hw: Arc::new(hw),
+            av: *av,
+        })
+    }
+}
+
+impl crate::provider::Ah for Ah {
+    fn av(&self) -> rdmx_core::AddressVector {
+        self.av
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 #[derive(Default)]
@@ -102,6 +151,7 @@ impl Shared {
 /// An RC queue pair on a verbs device.
 pub(crate) struct Qp {
     hw: sys::Qp,
+    qp_type: QpType,
     dev: Arc<Device>,
     shared: Arc<Shared>,
     machine: Mutex<QpStateMachine>,
@@ -159,6 +209,7 @@ impl Qp {
     pub(crate) fn create(
         dev: &Arc<Device>,
         pd: rdmx_core::PdId,
+        qp_type: QpType,
         cqs: (&super::Cq, &super::Cq),
         srq: Option<&Srq>,
         caps: QpCaps,
@@ -179,8 +230,20 @@ impl Qp {
             },
             max_inline_data: caps.max_inline_data as u32,
         };
-        let hw = sys::Qp::create(&hw_pd, &cqs.0.hw, &cqs.1.hw, srq.map(|s| &s.hw), &mut cap)
-            .map_err(verb("ibv_create_qp"))?;
+        let hw_type = match qp_type {
+            QpType::Rc => sys::consts::qp_type::IBV_QPT_RC,
+            QpType::Uc => sys::consts::qp_type::IBV_QPT_UC,
+            QpType::Ud => sys::consts::qp_type::IBV_QPT_UD,
+        };
+        let hw = sys::Qp::create(
+            &hw_pd,
+            hw_type,
+            &cqs.0.hw,
+            &cqs.1.hw,
+            srq.map(|s| &s.hw),
+            &mut cap,
+        )
+        .map_err(verb("ibv_create_qp"))?;
         let shared = Arc::new(Shared {
             sq: Mutex::new(Queue::default()),
             rq: Mutex::new(Queue::default()),
@@ -189,9 +252,10 @@ impl Qp {
         dev.qps.write().insert(hw.qp_num(), Arc::downgrade(&shared));
         Ok(Qp {
             hw,
+            qp_type,
             dev: dev.clone(),
             shared,
-            machine: Mutex::new(QpStateMachine::new()),
+            machine: Mutex::new(QpStateMachine::with_type(qp_type)),
             caps,
             peer: Mutex::new(None),
             cm_path: Mutex::new(None),
@@ -249,8 +313,35 @@ impl Qp {
         self.machine.lock().attrs().clone()
     }
 
+    /// iWARP: the connection manager moved the adapter's QP to RTS itself (when the
+    /// MPA exchange finished); walks rdmx's state machine through RTR and RTS with
+    /// `steps` (the RTR and RTS attributes of the connection), touching nothing on the
+    /// adapter.
+    pub(super) fn connected_by_cm(&self, steps: [(QpAttr, QpAttrMask); 2]) -> Result<()> {
+        let hw = self.hw.query_state().map_err(verb("ibv_query_qp"))?;
+        if hw != sys::consts::qp_state::IBV_QPS_RTS {
+            return Err(Error::Protocol(
+                "rdma_cm reported the connection established, but the queue pair is not in RTS",
+            ));
+        }
+        let mut m = self.machine.lock();
+        for (attr, mask) in steps {
+            m.modify(&attr, mask, &self.dev.limits)?;
+        }
+        Ok(())
+    }
+
     /// `ibv_modify_qp`, checked against the verbs rules first.
     pub(crate) fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        if self.dev.caps.transport == crate::Transport::Iwarp
+            && mask.contains(QpAttrMask::STATE)
+            && matches!(attr.qp_state, QpState::Rtr | QpState::Rts)
+        {
+            return Err(Error::Unsupported(
+                "an iWARP queue pair connects only through rdma_cm (rdmx::verbs::cm), which \
+                 moves it to RTS",
+            ));
+        }
         self.state();
         let mut m = self.machine.lock();
         m.check(attr, mask, &self.dev.limits)?;
@@ -289,6 +380,8 @@ impl Qp {
         set(QpAttrMask::SQ_PSN, m::SQ_PSN);
         set(QpAttrMask::MAX_DEST_RD_ATOMIC, m::MAX_DEST_RD_ATOMIC);
         set(QpAttrMask::DEST_QPN, m::DEST_QPN);
+        set(QpAttrMask::QKEY, m::QKEY);
+        a.qkey = attr.qkey;
         a.qp_state = state(attr.qp_state);
         a.cur_qp_state = state(attr.cur_qp_state);
         a.en_sqd_async_notify = u8::from(attr.en_sqd_async_notify);
@@ -341,7 +434,12 @@ impl Qp {
     /// # Safety
     ///
     /// As [`provider::Qp::post_send`](crate::provider::Qp::post_send).
-    pub(crate) unsafe fn post_send(&self, wr: &SendWr, inline: Option<&[u8]>) -> Result<()> {
+    pub(crate) unsafe fn post_send(
+        &self,
+        wr: &SendWr,
+        inline: Option<&[u8]>,
+        ah: Option<&Ah>,
+    ) -> Result<()> {
         let state = self.machine.lock().state();
         if !state.post_send_allowed() {
             return Err(PostError::WrongState(state).into());
@@ -349,6 +447,22 @@ impl Qp {
         // The checks every provider makes (a device would say EINVAL, or fail an unaligned
         // atomic later with a remote error).
         wr.check(inline, self.caps.max_send_sge, self.caps.max_inline_data)?;
+        let caps = &self.dev.caps;
+        match wr.op {
+            SendOp::SendWithImm(_) | SendOp::WriteWithImm(..) if !caps.imm_data => {
+                return Err(PostError::Invalid("the device has no immediate data (iWARP)").into())
+            }
+            SendOp::Read(_) if wr.sges.len() > caps.max_read_sge as usize => {
+                return Err(PostError::Invalid(
+                    "more local elements on a READ than the device takes (max_read_sge)",
+                )
+                .into())
+            }
+            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } if !caps.atomics.supported() => {
+                return Err(PostError::Invalid("the device has no atomics").into())
+            }
+            _ => {}
+        }
         let mut flags = 0;
         for (f, bit) in [
             (SendFlags::SIGNALED, sys::consts::SEND_SIGNALED),
@@ -387,6 +501,19 @@ impl Qp {
         }
         let seq = q.next_seq;
         let mut hw_wr = sys::SendWr::new(seq, kind, flags, sges);
+        let ah = match (ah, &wr.ud) {
+            (Some(ah), Some(ud)) => {
+                hw_wr.set_ud(&ah.hw, ud.remote_qpn, ud.remote_qkey);
+                Some(ah.hw.clone())
+            }
+            (None, None) => None,
+            _ => {
+                return Err(PostError::Invalid(
+                    "a UD send names an address handle and a destination",
+                )
+                .into())
+            }
+        };
         // SAFETY: the regions the elements name are held by `refs` until the completion is
         // reaped; inline data is copied during the call; the caller upholds the rest.
         unsafe { self.hw.post_send(&mut hw_wr) }
@@ -397,6 +524,7 @@ impl Qp {
             wr_id: wr.wr_id,
             opcode: wr.op.wc_opcode(),
             _refs: refs,
+            _ah: ah,
         });
         drop(q);
         if state == QpState::Err {
@@ -419,6 +547,21 @@ impl Qp {
                 tracing::debug!(error = %e, "ibv_modify_qp(ERR) after a post in ERR");
             }
         }
+    }
+
+    /// `ibv_attach_mcast` or `ibv_detach_mcast` (UD queue pairs only).
+    pub(crate) fn mcast(&self, attach: bool, gid: [u8; 16], lid: u16) -> Result<()> {
+        if self.qp_type != QpType::Ud {
+            return Err(Error::InvalidArgument(
+                "only UD queue pairs join multicast groups",
+            ));
+        }
+        let what = if attach {
+            "ibv_attach_mcast"
+        } else {
+            "ibv_detach_mcast"
+        };
+        self.hw.mcast(attach, gid, lid).map_err(verb(what))
     }
 
     /// `ibv_post_recv` of one request.
@@ -454,6 +597,7 @@ impl Qp {
             wr_id: wr.wr_id,
             opcode: WcOpcode::Recv,
             _refs: refs,
+            _ah: None,
         });
         drop(q);
         if state == QpState::Err {
@@ -556,6 +700,7 @@ impl Srq {
                 wr_id: wr.wr_id,
                 opcode: WcOpcode::Recv,
                 _refs: refs,
+                _ah: None,
             },
         );
         Ok(())

@@ -451,6 +451,35 @@ fn move_to(
     qp.modify(&attr, mask)
 }
 
+/// Whether the QP's device runs iWARP.
+fn iwarp(qp: &Qp) -> bool {
+    qp.device().caps.transport == crate::Transport::Iwarp
+}
+
+/// iWARP, once the connection is established: the kernel has moved the adapter's QP to
+/// RTS; rdmx's state follows, with the attributes this side chose (iWARP has no peer QP
+/// number or PSNs to record).
+fn iwarp_connected(qp: &Qp, opts: &ConnectOptions, depths: (u8, u8)) -> Result<()> {
+    let dev = qp.device();
+    let params = ConnectParams {
+        access: opts.access,
+        mtu: opts
+            .mtu
+            .map_or(dev.caps.active_mtu, |m| m.min(dev.caps.active_mtu)),
+        dest_qpn: 0,
+        rq_psn: 0,
+        sq_psn: 0,
+        max_rd_atomic: depths.0,
+        max_dest_rd_atomic: depths.1,
+        timeout: opts.timeout,
+        retry_cnt: opts.retry_cnt,
+        rnr_retry: opts.rnr_retry,
+        min_rnr_timer: opts.min_rnr_timer,
+    };
+    let [_, rtr, rts] = params.steps();
+    qp.connected_by_cm([rtr, rts])
+}
+
 /// The connection parameters for `rdma_connect`/`rdma_accept`.
 fn conn_param(
     qp: &Qp,
@@ -518,6 +547,19 @@ pub(crate) fn connect(
     let rc = unsafe { ffi::rdma_connect(id.ptr.as_ptr(), &mut param) };
     check(rc, "rdma_connect")?;
     let during = "rdma_cm: waiting for the peer to accept";
+    if iwarp(qp) {
+        // iWARP: the kernel moves the QP to RTS when MPA finishes and reports the
+        // connection established; there is no RTU to send.
+        let reply = channel
+            .next(deadline, during)?
+            .expect(ev::RDMA_CM_EVENT_ESTABLISHED, during)?;
+        iwarp_connected(qp, opts, depths)?;
+        qp.keep_cm(Conn {
+            _id: id,
+            _channel: channel,
+        });
+        return Ok(reply.private);
+    }
     let reply = channel
         .next(deadline, during)?
         .expect(ev::RDMA_CM_EVENT_CONNECT_RESPONSE, during)?;
@@ -624,18 +666,27 @@ impl Listener {
             resp.min(req.initiator_depth),
         );
         move_to(qp, id, QpState::Init, opts, depths)?;
-        move_to(qp, id, QpState::Rtr, opts, depths)?;
+        let iwarp = iwarp(qp);
+        if !iwarp {
+            move_to(qp, id, QpState::Rtr, opts, depths)?;
+        }
         let mut param = conn_param(qp, opts, private, depths);
         // SAFETY: the id is live in the connect-request state; `param` and its private
         // data live across the call (librdmacm copies them).
         let rc = unsafe { ffi::rdma_accept(id.ptr.as_ptr(), &mut param) };
         check(rc, "rdma_accept")?;
-        // The accept set this side's starting PSN; only now does RTS have it.
-        move_to(qp, id, QpState::Rts, opts, depths)?;
+        // The accept set this side's starting PSN; only now does RTS have it. (iWARP:
+        // the kernel moves the QP to RTS once MPA finishes.)
+        if !iwarp {
+            move_to(qp, id, QpState::Rts, opts, depths)?;
+        }
         let during = "rdma_cm: waiting for the peer to establish the connection";
         channel
             .next(deadline, during)?
             .expect(ev::RDMA_CM_EVENT_ESTABLISHED, during)?;
+        if iwarp {
+            iwarp_connected(qp, opts, depths)?;
+        }
         Ok(())
     }
 }

@@ -96,6 +96,13 @@ impl Context {
         ctx
     }
 
+    /// Whether the device runs the iWARP transport (`ibv_device.transport_type`).
+    pub(crate) fn is_iwarp(&self) -> bool {
+        // SAFETY: an open context points to its device, which libibverbs keeps alive.
+        let t = unsafe { (*(*self.ptr.as_ptr()).device).transport_type };
+        t == ffi::ibv_transport_type::IBV_TRANSPORT_IWARP
+    }
+
     /// `ibv_query_device`.
     pub(crate) fn query_device(&self) -> io::Result<ffi::ibv_device_attr> {
         // SAFETY: ibv_device_attr is plain data; all-zero is a valid value.
@@ -410,9 +417,11 @@ impl Drop for Qp {
 }
 
 impl Qp {
-    /// `ibv_create_qp` for an RC QP; `cap` is updated with what the device granted.
+    /// `ibv_create_qp` for a QP of `qp_type` (IBV_QPT_*); `cap` is updated with what the
+    /// device granted.
     pub(crate) fn create(
         pd: &Arc<Pd>,
+        qp_type: u32,
         send_cq: &Arc<Cq>,
         recv_cq: &Arc<Cq>,
         srq: Option<&Arc<Srq>>,
@@ -424,7 +433,7 @@ impl Qp {
             recv_cq: recv_cq.cq.as_ptr(),
             srq: srq.map_or(ptr::null_mut(), |s| s.ptr.as_ptr()),
             cap: *cap,
-            qp_type: ffi::ibv_qp_type::IBV_QPT_RC,
+            qp_type,
             sq_sig_all: 0,
         };
         // SAFETY: the PD, CQs and SRQ are live objects of one context; `init` is valid.
@@ -449,6 +458,20 @@ impl Qp {
     pub(crate) fn modify(&self, attr: &mut QpAttr, mask: u32) -> io::Result<()> {
         // SAFETY: the QP is live and `attr` a valid attribute block.
         check(unsafe { ffi::ibv_modify_qp(self.ptr.as_ptr(), attr, mask as i32) })
+    }
+
+    /// `ibv_attach_mcast` (`attach`) or `ibv_detach_mcast` of multicast group `gid`.
+    pub(crate) fn mcast(&self, attach: bool, gid: [u8; 16], lid: u16) -> io::Result<()> {
+        let gid = ffi::ibv_gid { raw: gid };
+        let qp = self.ptr.as_ptr();
+        // SAFETY: the QP is live (a UD one, checked by the caller) and `gid` valid.
+        check(unsafe {
+            if attach {
+                ffi::ibv_attach_mcast(qp, &gid, lid)
+            } else {
+                ffi::ibv_detach_mcast(qp, &gid, lid)
+            }
+        })
     }
 
     /// The state as `ibv_query_qp` reports it (an `ibv_qp_state` value).
@@ -627,6 +650,70 @@ impl SendWr {
     }
 }
 
+impl SendWr {
+    /// Makes the request a UD send through `ah` to QP `remote_qpn` with Q_Key
+    /// `remote_qkey`.
+    pub(crate) fn set_ud(&mut self, ah: &Ah, remote_qpn: u32, remote_qkey: u32) {
+        self.wr.wr = ffi::ibv_send_wr_wr {
+            ud: ffi::ibv_send_wr_ud {
+                ah: ah.ptr.as_ptr(),
+                remote_qpn,
+                remote_qkey,
+            },
+        };
+    }
+}
+
+/// An address handle (`ibv_ah`).
+pub(crate) struct Ah {
+    ptr: NonNull<ffi::ibv_ah>,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: see Context.
+unsafe impl Send for Ah {}
+// SAFETY: see Context.
+unsafe impl Sync for Ah {}
+
+impl Drop for Ah {
+    fn drop(&mut self) {
+        // SAFETY: the AH is destroyed once; sends through it hold an Arc until they
+        // complete, and its PD outlives it.
+        unsafe { ffi::ibv_destroy_ah(self.ptr.as_ptr()) };
+    }
+}
+
+impl Ah {
+    /// `ibv_create_ah` in `pd` for the GID `dgid` (with a GRH, as RoCE requires) from GID
+    /// index `sgid_index` of `port`.
+    pub(crate) fn create(
+        pd: &Arc<Pd>,
+        port: u8,
+        sgid_index: u8,
+        dgid: [u8; 16],
+        dlid: u16,
+        sl: u8,
+        hop_limit: u8,
+    ) -> io::Result<Ah> {
+        // SAFETY: ibv_ah_attr is plain data; all-zero is a valid value.
+        let mut attr: AhAttr = unsafe { std::mem::zeroed() };
+        attr.port_num = port;
+        attr.dlid = dlid;
+        attr.sl = sl;
+        attr.is_global = 1;
+        attr.grh.dgid = ffi::ibv_gid { raw: dgid };
+        attr.grh.sgid_index = sgid_index;
+        attr.grh.hop_limit = hop_limit;
+        // SAFETY: the PD is live; `attr` is a valid attribute block for the call.
+        let p = unsafe { ffi::ibv_create_ah(pd.ptr.as_ptr(), &mut attr) };
+        let ptr = NonNull::new(p).ok_or_else(|| last_error(libc::EINVAL))?;
+        Ok(Ah {
+            ptr,
+            _pd: pd.clone(),
+        })
+    }
+}
+
 /// A shared receive queue (`ibv_srq`).
 pub(crate) struct Srq {
     ptr: NonNull<ffi::ibv_srq>,
@@ -706,6 +793,10 @@ pub(crate) mod consts {
 
     /// IBV_WC_WITH_IMM.
     pub(crate) const WC_WITH_IMM: u32 = ffi::ibv_wc_flags::IBV_WC_WITH_IMM;
+    /// IBV_WC_GRH.
+    pub(crate) const WC_GRH: u32 = ffi::ibv_wc_flags::IBV_WC_GRH;
+    /// IBV_QPT_*.
+    pub(crate) use ffi::ibv_qp_type as qp_type;
     /// IBV_EVENT_SRQ_LIMIT_REACHED.
     pub(crate) const EVENT_SRQ_LIMIT_REACHED: u32 =
         ffi::ibv_event_type::IBV_EVENT_SRQ_LIMIT_REACHED;
@@ -736,5 +827,6 @@ pub(crate) mod consts {
         pub(crate) const SQ_PSN: u32 = m::IBV_QP_SQ_PSN;
         pub(crate) const MAX_DEST_RD_ATOMIC: u32 = m::IBV_QP_MAX_DEST_RD_ATOMIC;
         pub(crate) const DEST_QPN: u32 = m::IBV_QP_DEST_QPN;
+        pub(crate) const QKEY: u32 = m::IBV_QP_QKEY;
     }
 }

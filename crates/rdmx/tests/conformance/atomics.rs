@@ -6,7 +6,7 @@ use std::time::Instant;
 use rdmx::{AtomicCap, RemoteAddr, SendOp, SendRequest, WcOpcode};
 
 use super::{
-    assert_bytes, check_ok, fill, image, raddr, register_page, sge, u64_at, wait_one, Pair,
+    assert_bytes, check_ok, fill, image, lacks, raddr, register_page, sge, u64_at, wait_one, Pair,
     Provider, ALL, DEADLINE, LOCAL,
 };
 
@@ -15,6 +15,9 @@ use super::{
 /// Runs one atomic per case against a fresh target value and checks the value returned
 /// into the local element, the target after, and that no neighbouring byte moved.
 fn atomic_cases(p: &Provider, kind: &str, cases: &[(u64, SendOpFn, u64, u64)]) {
+    if lacks(p, "atomics", |c| c.atomics.supported()) {
+        return;
+    }
     let pair = p.pair();
     let target = register_page(&pair.b.pd, 4096, ALL);
     let local = register_page(&pair.a.pd, 4096, LOCAL);
@@ -106,6 +109,9 @@ pub(crate) fn fetch_add_values(p: &Provider) {
 /// (`IBV_ATOMIC_HCA`, as Soft-RoCE's), a CPU add racing a remote one may be lost, as the
 /// verbs contract allows, so there the remote adds race each other alone.
 pub(crate) fn concurrent_fetch_add_from_qps_and_cpu(p: &Provider) {
+    if lacks(p, "atomics", |c| c.atomics.supported()) {
+        return;
+    }
     const QPS: usize = 4;
     const ADDS: usize = 500;
     const CPU_STEP: u64 = 1 << 32;

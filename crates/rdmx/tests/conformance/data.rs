@@ -4,8 +4,8 @@
 use rdmx::{MemoryRegion, RecvRequest, SendFlags, SendOp, SendRequest, WcOpcode, WcStatus};
 
 use super::{
-    assert_bytes, assert_drained, big_memory, check_ok, fill, image, pattern, raddr, register,
-    register_page, sge, u64_at, wait_n, wait_one, Pair, Provider, ALL, LOCAL,
+    assert_bytes, assert_drained, big_memory, check_ok, fill, image, lacks, pattern, raddr,
+    register, register_page, sge, u64_at, wait_n, wait_one, Pair, Provider, ALL, LOCAL,
 };
 
 // ---- every opcode, every size ----------------------------------------------------------
@@ -120,6 +120,10 @@ fn scatter(images: &mut [Vec<u8>; 2], segs: &[Seg], mut data: &[u8]) {
 /// Runs `xfer` at every size with both layouts on one connection, checking every byte of
 /// both sides' regions after each transfer.
 fn sizes_and_sges(p: &Provider, xfer: Xfer) {
+    let imm = matches!(xfer, Xfer::SendWithImm | Xfer::WriteWithImm);
+    if imm && lacks(p, "immediate data", |c| c.imm_data) {
+        return;
+    }
     let _big = big_memory();
     let pair = p.pair();
     let sizes = sizes(p);
@@ -130,6 +134,10 @@ fn sizes_and_sges(p: &Provider, xfer: Xfer) {
     for &len in &sizes {
         for layout in [Layout::OneSge, Layout::ThreeSges] {
             if layout == Layout::ThreeSges && len < 3 {
+                continue;
+            }
+            // A READ scatters into one element on devices that take no more.
+            if xfer == Xfer::Read && layout == Layout::ThreeSges && pair.a.caps().max_read_sge < 3 {
                 continue;
             }
             round += 1;
@@ -264,17 +272,20 @@ pub(crate) fn read_sizes_and_sges(p: &Provider) {
 
 // ---- inline ----------------------------------------------------------------------------
 
-/// SEND and WRITE with inline data (up to the default `max_inline_data`, 256 bytes).
+/// SEND and WRITE with inline data (up to the default `max_inline_data`, 256 bytes, or
+/// the device's limit if lower).
 pub(crate) fn inline_send_and_write(p: &Provider) {
     let pair = p.pair();
     let (qa, qb) = (pair.a.qp.qp_num(), pair.b.qp.qp_num());
+    let max = pair.a.qp.caps().max_inline_data;
+    let (send_len, write_len) = (200.min(max), 256.min(max));
     let inbox = register(&pair.b.pd, 512, LOCAL);
     let dst = register(&pair.b.pd, 512, ALL);
     let mut exp_in = fill(&inbox, 1);
     let mut exp_dst = fill(&dst, 2);
 
     let what = format!("{}: inline SEND", p.name);
-    let data = pattern(3, 200);
+    let data = pattern(3, send_len);
     pair.b
         .qp
         .post_recv(RecvRequest::new(1).sge(sge(&inbox, 0, 512)))
@@ -286,14 +297,14 @@ pub(crate) fn inline_send_and_write(p: &Provider) {
     check_ok(&wait_one(&pair.a.scq, &what), 11, WcOpcode::Send, qa, &what);
     let r = wait_one(&pair.b.rcq, &what);
     check_ok(&r, 1, WcOpcode::Recv, qb, &what);
-    assert_eq!(r.byte_len, 200, "{what}: byte_len");
+    assert_eq!(r.byte_len as usize, send_len, "{what}: byte_len");
     let got = image(&inbox);
-    exp_in[200..].copy_from_slice(&got[200..]);
-    exp_in[..200].copy_from_slice(&data);
+    exp_in[send_len..].copy_from_slice(&got[send_len..]);
+    exp_in[..send_len].copy_from_slice(&data);
     assert_bytes(&got, &exp_in, &what);
 
     let what = format!("{}: inline WRITE", p.name);
-    let data = pattern(4, 256);
+    let data = pattern(4, write_len);
     pair.a
         .qp
         .post_send(SendRequest::write(12, raddr(&dst, 100)).inline(&data))
@@ -305,7 +316,7 @@ pub(crate) fn inline_send_and_write(p: &Provider) {
         qa,
         &what,
     );
-    exp_dst[100..356].copy_from_slice(&data);
+    exp_dst[100..100 + write_len].copy_from_slice(&data);
     assert_bytes(&image(&dst), &exp_dst, &what);
 }
 
@@ -326,6 +337,9 @@ pub(crate) fn write_then_send_ordering(p: &Provider) {
     let inbox = register(&pair.b.pd, 64, LOCAL);
     for round in 0..16u64 {
         let (signaled, blocked) = (round % 2 == 0, round % 4 >= 2);
+        if blocked && !pair.a.caps().rnr_retry {
+            continue; // no RNR to queue them behind (iWARP)
+        }
         let what = format!(
             "{}: WRITE then SEND, round {round} (WRITE signaled: {signaled}, queued behind \
              an RNR: {blocked})",
@@ -413,6 +427,11 @@ pub(crate) fn write_then_send_ordering(p: &Provider) {
 /// the READ and the fenced requests are outstanding together and start together once the
 /// receive is posted, even on providers that make progress inside every verb call.
 pub(crate) fn fence_after_read_and_atomic(p: &Provider) {
+    if lacks(p, "RNR waits (which queue each chain)", |c| c.rnr_retry)
+        || lacks(p, "atomics", |c| c.atomics.supported())
+    {
+        return;
+    }
     let mut cfg = p.config();
     cfg.opts.rnr_retry = 7;
     let pair = p.pair_with(cfg, p.config());
@@ -516,6 +535,9 @@ pub(crate) fn fence_after_read_and_atomic(p: &Provider) {
 /// with immediate consumes a receive (opcode RecvRdmaWithImm, byte_len = WRITE length,
 /// receive buffer untouched), a plain WRITE consumes none.
 pub(crate) fn immediate_data(p: &Provider) {
+    if lacks(p, "immediate data", |c| c.imm_data) {
+        return;
+    }
     let pair = p.pair();
     let (qa, qb) = (pair.a.qp.qp_num(), pair.b.qp.qp_num());
     let src = register(&pair.a.pd, 4096, LOCAL);

@@ -9,7 +9,7 @@ use rdmx::{
 };
 
 use super::{
-    assert_bytes, assert_drained, assert_quiet, check_ok, check_status, fill, image, raddr,
+    assert_bytes, assert_drained, assert_quiet, check_ok, check_status, fill, image, lacks, raddr,
     register, sge, wait_n, wait_one, wait_readable, Pair, Provider, ALL, DEADLINE, LOCAL,
 };
 
@@ -72,6 +72,9 @@ pub(crate) fn selective_signaling(p: &Provider) {
 /// fails at once with QueueFull; once receives are posted, all of them complete, in
 /// order, with their data, and the SQ takes as many again.
 pub(crate) fn send_queue_full(p: &Provider) {
+    if lacks(p, "RNR waits", |c| c.rnr_retry) {
+        return;
+    }
     const DEPTH: usize = 8;
     let mut cfg = p.config();
     cfg.caps = cfg.caps.max_send_wr(DEPTH);
@@ -244,6 +247,9 @@ fn wait_slot() -> rdmx::Completion {
 /// A SEND and a WRITE_WITH_IMM to a peer with no receive posted wait (rnr_retry 7) and
 /// complete successfully once the receive is posted.
 pub(crate) fn rnr_then_success(p: &Provider) {
+    if lacks(p, "RNR waits", |c| c.rnr_retry) {
+        return;
+    }
     let mut cfg = p.config();
     cfg.opts.rnr_retry = 7;
     let pair = p.pair_with(cfg, p.config());
@@ -317,6 +323,9 @@ pub(crate) fn rnr_then_success(p: &Provider) {
 /// With a small rnr_retry (0, 1, 2), a SEND that never finds a receive fails with
 /// RnrRetryExcErr and the requester enters ERR.
 pub(crate) fn rnr_retries_exhausted(p: &Provider) {
+    if lacks(p, "RNR waits", |c| c.rnr_retry) {
+        return;
+    }
     for retries in [0u8, 1, 2] {
         let what = format!("{}: rnr_retry {retries}", p.name);
         let mut cfg = p.config();

@@ -43,8 +43,9 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rdmx::{
-    Access, Completion, CompletionQueue, ConnectOptions, Context, LocalSge, Mapping, MemoryRegion,
-    Mtu, ProtectionDomain, QpCaps, QpState, QueuePair, RemoteAddr, WcOpcode, WcStatus,
+    Access, Capabilities, Completion, CompletionQueue, ConnectOptions, Context, LocalSge, Mapping,
+    MemoryRegion, Mtu, ProtectionDomain, QpCaps, QpState, QueuePair, RemoteAddr, Transport,
+    WcOpcode, WcStatus,
 };
 
 pub(crate) mod atomics;
@@ -180,8 +181,14 @@ impl Provider {
         let rcq = ctx
             .create_cq(cfg.recv_cq)
             .unwrap_or_else(|e| panic!("{}: create a receive CQ: {e}", self.name));
+        // Inline data up to what the device takes (soft-iWARP: well below the default).
+        let caps = cfg.caps.max_inline_data(
+            cfg.caps
+                .max_inline_data
+                .min(ctx.capabilities().max_inline_data as usize),
+        );
         let qp = pd
-            .create_qp(&scq, &rcq, cfg.caps)
+            .create_qp(&scq, &rcq, caps)
             .unwrap_or_else(|e| panic!("{}: create a QP: {e}", self.name));
         assert_eq!(
             qp.state(),
@@ -211,10 +218,7 @@ impl Provider {
         b: &Side,
         b_opts: &ConnectOptions,
     ) {
-        a.qp.connect(b.qp.endpoint(), a_opts)
-            .unwrap_or_else(|e| panic!("{}: connect A to B: {e}", self.name));
-        b.qp.connect(a.qp.endpoint(), b_opts)
-            .unwrap_or_else(|e| panic!("{}: connect B to A: {e}", self.name));
+        self.connect_qps(&a.qp, a_opts, &b.qp, b_opts);
         for (name, s, o) in [("A", a, a_opts), ("B", b, b_opts)] {
             assert_eq!(
                 s.qp.state(),
@@ -229,6 +233,41 @@ impl Provider {
                 self.name
             );
         }
+    }
+
+    /// Connects two queue pairs in RESET: by exchanging endpoints, or, on a device that
+    /// connects only through rdma_cm (iWARP), `b` accepting on the device's IPv4 address
+    /// and `a` connecting to it.
+    pub(crate) fn connect_qps(
+        &self,
+        a: &QueuePair,
+        a_opts: &ConnectOptions,
+        b: &QueuePair,
+        b_opts: &ConnectOptions,
+    ) {
+        let ctx = a.pd().context();
+        if ctx.capabilities().transport != Transport::Iwarp {
+            a.connect(b.endpoint(), a_opts)
+                .unwrap_or_else(|e| panic!("{}: connect A to B: {e}", self.name));
+            b.connect(a.endpoint(), b_opts)
+                .unwrap_or_else(|e| panic!("{}: connect B to A: {e}", self.name));
+            return;
+        }
+        use rdmx::verbs::cm;
+        let ip = rdma_cm_ip(ctx);
+        let listener = cm::Listener::bind((ip, 0))
+            .unwrap_or_else(|e| panic!("{}: rdma_cm listen on {ip}: {e}", self.name));
+        let addr = listener.local_addr().expect("the listener's address");
+        std::thread::scope(|s| {
+            let accepted =
+                s.spawn(|| listener.accept(std::slice::from_ref(b), b_opts, b"", DEADLINE));
+            cm::connect(addr, std::slice::from_ref(a), a_opts, b"", DEADLINE)
+                .unwrap_or_else(|e| panic!("{}: rdma_cm connect A to B: {e}", self.name));
+            accepted
+                .join()
+                .expect("the accepting thread")
+                .unwrap_or_else(|e| panic!("{}: rdma_cm accept B: {e}", self.name));
+        });
     }
 
     /// Two connected queue pairs with the default configuration, in two contexts.
@@ -266,6 +305,51 @@ pub(crate) struct Side {
     pub(crate) scq: CompletionQueue,
     pub(crate) rcq: CompletionQueue,
     pub(crate) qp: QueuePair,
+}
+
+impl Side {
+    /// The capabilities of the side's device.
+    pub(crate) fn caps(&self) -> Capabilities {
+        self.pd.context().capabilities().clone()
+    }
+}
+
+/// The IPv4 address rdma_cm reaches `ctx`'s device at: `RDMX_VERBS_IP` or `RXE_IP` (the
+/// Soft-RoCE/soft-iWARP VM of `scripts/rxe-test.sh` sets it), else the address the
+/// device's GID maps.
+fn rdma_cm_ip(ctx: &Context) -> std::net::Ipv4Addr {
+    std::env::var("RDMX_VERBS_IP")
+        .or_else(|_| std::env::var("RXE_IP"))
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .or_else(|| {
+            rdmx::devices()
+                .into_iter()
+                .find(|d| d.name == ctx.device_name())
+                .and_then(|d| d.gid)
+                .and_then(|(_, g)| g.to_ipv4_mapped())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "{} connects through rdma_cm, but has no IPv4 address (set RDMX_VERBS_IP)",
+                ctx.device_name()
+            )
+        })
+}
+
+/// Returns true (after saying why) when the provider lacks what a test needs, as its
+/// [`Capabilities`] report; the test then returns without checking anything.
+pub(crate) fn lacks(p: &Provider, what: &str, has: impl FnOnce(&Capabilities) -> bool) -> bool {
+    let ctx = p.open();
+    if has(ctx.capabilities()) {
+        return false;
+    }
+    eprintln!(
+        "skipped: {} ({}) has no {what}, by its capabilities",
+        p.name,
+        ctx.device_name()
+    );
+    true
 }
 
 /// Two connected sides: `a` is the requester in most tests, `b` the responder.

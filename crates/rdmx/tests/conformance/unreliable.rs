@@ -104,12 +104,24 @@ pub(crate) fn ud_datagrams_to_several_qps(p: &Provider) {
         let got = image(&buf);
         assert_bytes(&got[GRH_LEN..], &data, "the datagram after the GRH area");
         if c.grh {
-            let grh = GrhRepr::parse(&got[..GRH_LEN]).expect("a GRH in the GRH area");
             assert_eq!(
-                Ipv6Addr::from(grh.dgid),
+                grh_dgid(&got[..GRH_LEN]),
                 AhAttr::to_endpoint(&r.qp.endpoint()).dgid
             );
         }
+    }
+}
+
+/// The destination GID the GRH area of a received datagram names. On RoCEv2 over IPv4
+/// verbs puts the datagram's IPv4 header in the area's last 20 bytes (the first 20 are
+/// undefined); its destination is named as an IPv4-mapped GID. Otherwise the area holds
+/// a GRH.
+fn grh_dgid(area: &[u8]) -> Ipv6Addr {
+    let ip = &area[20..40];
+    if ip[0] >> 4 == 4 {
+        std::net::Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]).to_ipv6_mapped()
+    } else {
+        Ipv6Addr::from(GrhRepr::parse(area).expect("a GRH in the GRH area").dgid)
     }
 }
 
@@ -285,7 +297,13 @@ pub(crate) fn refused_opcodes(p: &Provider) {
 pub(crate) fn ud_multicast(p: &Provider) {
     let Some(tx) = ud(p) else { return };
     let caps = tx.pd.context().capabilities().clone();
-    let group: Ipv6Addr = "ff0e::1:2:3".parse().unwrap();
+    // RoCEv2 over IPv4 (a context whose GID maps an IPv4 address) joins IPv4 groups.
+    let group: Ipv6Addr = match tx.qp.endpoint().addr {
+        rdmx::PeerAddr::Gid(g) if g.to_ipv4_mapped().is_some() => {
+            std::net::Ipv4Addr::new(239, 1, 2, 3).to_ipv6_mapped()
+        }
+        _ => "ff0e::1:2:3".parse().unwrap(),
+    };
     let members: Vec<Ep> = (0..3).filter_map(|_| ud(p)).collect();
     if !caps.multicast {
         assert!(
@@ -332,8 +350,11 @@ pub(crate) fn ud_multicast(p: &Provider) {
             "the multicast payload",
         );
         if c.grh {
-            let grh = GrhRepr::parse(&image(b)[..GRH_LEN]).unwrap();
-            assert_eq!(Ipv6Addr::from(grh.dgid), group, "the GRH names the group");
+            assert_eq!(
+                grh_dgid(&image(b)[..GRH_LEN]),
+                group,
+                "the GRH names the group"
+            );
         }
     }
     // The last member leaves; the next datagram reaches the other two only.

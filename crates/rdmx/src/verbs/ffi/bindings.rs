@@ -1189,6 +1189,30 @@ pub struct Lib {
         unsafe extern "C" fn(qp: *mut ibv_qp) -> ::std::os::raw::c_int,
         ::libloading::Error,
     >,
+    pub ibv_create_ah: Result<
+        unsafe extern "C" fn(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah,
+        ::libloading::Error,
+    >,
+    pub ibv_destroy_ah: Result<
+        unsafe extern "C" fn(ah: *mut ibv_ah) -> ::std::os::raw::c_int,
+        ::libloading::Error,
+    >,
+    pub ibv_attach_mcast: Result<
+        unsafe extern "C" fn(
+            qp: *mut ibv_qp,
+            gid: *const ibv_gid,
+            lid: u16,
+        ) -> ::std::os::raw::c_int,
+        ::libloading::Error,
+    >,
+    pub ibv_detach_mcast: Result<
+        unsafe extern "C" fn(
+            qp: *mut ibv_qp,
+            gid: *const ibv_gid,
+            lid: u16,
+        ) -> ::std::os::raw::c_int,
+        ::libloading::Error,
+    >,
     pub rdma_create_event_channel: Result<
         unsafe extern "C" fn() -> *mut rdma_event_channel,
         ::libloading::Error,
@@ -1358,6 +1382,13 @@ impl Lib {
         let ibv_query_qp = unsafe { __library.get(b"ibv_query_qp\0") }.map(|sym| *sym);
         let ibv_destroy_qp = unsafe { __library.get(b"ibv_destroy_qp\0") }
             .map(|sym| *sym);
+        let ibv_create_ah = unsafe { __library.get(b"ibv_create_ah\0") }.map(|sym| *sym);
+        let ibv_destroy_ah = unsafe { __library.get(b"ibv_destroy_ah\0") }
+            .map(|sym| *sym);
+        let ibv_attach_mcast = unsafe { __library.get(b"ibv_attach_mcast\0") }
+            .map(|sym| *sym);
+        let ibv_detach_mcast = unsafe { __library.get(b"ibv_detach_mcast\0") }
+            .map(|sym| *sym);
         let rdma_create_event_channel = unsafe {
             __library.get(b"rdma_create_event_channel\0")
         }
@@ -1420,6 +1451,10 @@ impl Lib {
             ibv_modify_qp,
             ibv_query_qp,
             ibv_destroy_qp,
+            ibv_create_ah,
+            ibv_destroy_ah,
+            ibv_attach_mcast,
+            ibv_detach_mcast,
             rdma_create_event_channel,
             rdma_destroy_event_channel,
             rdma_create_id,
@@ -1734,6 +1769,49 @@ impl Lib {
     pub unsafe fn ibv_destroy_qp(&self, qp: *mut ibv_qp) -> ::std::os::raw::c_int {
         unsafe {
             (self.ibv_destroy_qp.as_ref().expect("Expected function, got error."))(qp)
+        }
+    }
+    pub unsafe fn ibv_create_ah(
+        &self,
+        pd: *mut ibv_pd,
+        attr: *mut ibv_ah_attr,
+    ) -> *mut ibv_ah {
+        unsafe {
+            (self
+                .ibv_create_ah
+                .as_ref()
+                .expect("Expected function, got error."))(pd, attr)
+        }
+    }
+    pub unsafe fn ibv_destroy_ah(&self, ah: *mut ibv_ah) -> ::std::os::raw::c_int {
+        unsafe {
+            (self.ibv_destroy_ah.as_ref().expect("Expected function, got error."))(ah)
+        }
+    }
+    pub unsafe fn ibv_attach_mcast(
+        &self,
+        qp: *mut ibv_qp,
+        gid: *const ibv_gid,
+        lid: u16,
+    ) -> ::std::os::raw::c_int {
+        unsafe {
+            (self
+                .ibv_attach_mcast
+                .as_ref()
+                .expect("Expected function, got error."))(qp, gid, lid)
+        }
+    }
+    pub unsafe fn ibv_detach_mcast(
+        &self,
+        qp: *mut ibv_qp,
+        gid: *const ibv_gid,
+        lid: u16,
+    ) -> ::std::os::raw::c_int {
+        unsafe {
+            (self
+                .ibv_detach_mcast
+                .as_ref()
+                .expect("Expected function, got error."))(qp, gid, lid)
         }
     }
     pub unsafe fn rdma_create_event_channel(&self) -> *mut rdma_event_channel {

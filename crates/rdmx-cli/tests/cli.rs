@@ -20,7 +20,12 @@ fn rdmx(args: &[&str]) -> serde_json::Value {
 fn devices_json_lists_every_software_provider_with_capabilities() {
     let v = rdmx(&["devices", "--json"]);
     let devs = v["devices"].as_array().expect("a devices list");
-    for (provider, device) in [("loopback", "loopback0"), ("tcp", "tcp0"), ("shm", "shm0")] {
+    for (provider, device) in [
+        ("loopback", "loopback0"),
+        ("tcp", "tcp0"),
+        ("shm", "shm0"),
+        ("udp", "udp0"),
+    ] {
         let d = devs
             .iter()
             .find(|d| d["provider"] == provider)
@@ -30,7 +35,8 @@ fn devices_json_lists_every_software_provider_with_capabilities() {
     }
     for d in devs {
         assert!(
-            ["loopback", "tcp", "shm", "verbs"].contains(&d["provider"].as_str().unwrap_or("")),
+            ["loopback", "tcp", "shm", "udp", "verbs"]
+                .contains(&d["provider"].as_str().unwrap_or("")),
             "{d}"
         );
         assert!(d["device"].as_str().is_some_and(|n| !n.is_empty()), "{d}");

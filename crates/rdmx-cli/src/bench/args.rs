@@ -203,6 +203,9 @@ pub(crate) struct Args {
     /// Path MTU in bytes [default: the device's active MTU].
     #[arg(long)]
     pub(crate) mtu: Option<u32>,
+    /// The queue pairs' ack timeout, 4.096 µs × 2^N (perftest's -u) [default: 14].
+    #[arg(short = 'u', long = "qp-timeout", value_parser = clap::value_parser!(u8).range(1..=31))]
+    pub(crate) qp_timeout: Option<u8>,
     /// verbs: GID index [default: the RoCEv2 GID of an IPv4 address, else the first RoCEv2
     /// GID, else 0].
     #[arg(short = 'x', long = "gid-index")]
@@ -246,6 +249,9 @@ pub(crate) struct Params {
     pub(crate) post_list: usize,
     pub(crate) verify: bool,
     pub(crate) mtu: Option<u32>,
+    /// The ack timeout code (-u); this side's own choice.
+    #[serde(skip)]
+    pub(crate) qp_timeout: Option<u8>,
     /// Queue pairs connect through rdma_cm (--rdma-cm).
     #[serde(default)]
     pub(crate) rdma_cm: bool,
@@ -470,6 +476,7 @@ impl Args {
                 post_list,
                 verify: self.verify,
                 mtu: self.mtu,
+                qp_timeout: self.qp_timeout,
                 rdma_cm: self.rdma_cm,
                 conn,
             },
@@ -566,6 +573,9 @@ mod tests {
         assert!(e.contains("needs the verbs provider"), "{e}");
         let e = resolve(&["write_bw", "-R"]).unwrap_err();
         assert!(e.contains("connects to a peer"), "{e}");
+        let c = resolve(&["write_bw", "-u", "18", "--server"]).unwrap();
+        assert_eq!(c.params.qp_timeout, Some(18));
+        assert!(resolve(&["write_bw", "-u", "0"]).is_err());
         let c = resolve(&["write_bw", "-R", "--provider", "verbs", "--server"]).unwrap();
         assert!(c.params.rdma_cm);
         assert!(!resolve(&["write_bw", "--server"]).unwrap().params.rdma_cm);

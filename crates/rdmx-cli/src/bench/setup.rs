@@ -776,6 +776,9 @@ fn check_peer(mine: &Hello, theirs: &Hello) -> Result<(), BoxError> {
 fn connect_options(p: &Params) -> ConnectOptions {
     let mut opts = ConnectOptions::default();
     opts.mtu = p.mtu.and_then(Mtu::from_bytes);
+    if let Some(t) = p.qp_timeout {
+        opts.timeout = t;
+    }
     opts
 }
 
@@ -1069,6 +1072,7 @@ mod tests {
             post_list: 1,
             verify,
             mtu: None,
+            qp_timeout: None,
             rdma_cm: false,
             conn: Conn::Rc,
         }

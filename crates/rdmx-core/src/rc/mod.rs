@@ -37,6 +37,7 @@
 //! remain for callers that hold owned requests or want a new buffer per packet.
 
 mod codec;
+mod direct;
 pub mod io;
 mod mem;
 mod requester;
@@ -47,6 +48,7 @@ mod unreliable;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+pub use direct::DirectRequest;
 pub use io::{Placement, Span, Transmit};
 pub use mem::MemAccess;
 pub use srq::Srq;

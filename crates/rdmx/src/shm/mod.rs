@@ -74,6 +74,7 @@
 
 mod copy;
 pub use copy::copy_slice;
+mod direct;
 mod qp;
 mod ring;
 mod sys;
@@ -115,6 +116,16 @@ pub fn data_path(qp: &crate::QueuePair) -> Option<&'static str> {
     g.conn.as_ref().map(qp::Conn::data_path)
 }
 
+/// How many send requests of `qp` its initiator executed at post time, with one memcpy
+/// between the two contexts' registered memory (the `direct` data path's shortcut for
+/// WRITEs and READs; see the [module docs](self)); `None` for a queue pair of another
+/// provider.
+pub fn executed_at_post(qp: &crate::QueuePair) -> Option<u64> {
+    let link = qp.provider_qp().as_any().downcast_ref::<SoftQp<Link>>()?;
+    let n = link.transport.qp.inner.lock().executed_at_post;
+    Some(n)
+}
+
 /// How to open an shm context.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -132,6 +143,11 @@ pub struct Options {
     /// data path); both contexts must allow it. Default: on, unless the environment has
     /// `RDMX_SHM_DATA_PATH=ring` or `=cma`.
     pub direct: bool,
+    /// On the `direct` data path, let the initiator of an RDMA WRITE or READ execute it
+    /// when it is posted, if nothing earlier on its send queue is outstanding: it checks
+    /// the target queue pair and key as the target would and copies with one memcpy,
+    /// with no handoff to another thread (see the [module docs](self)). Default: on.
+    pub execute_at_post: bool,
     /// Users, besides this process's own, whose processes may connect to this context
     /// and whose contexts this one connects to (checked with `SO_PEERCRED` on the socket
     /// both ways). Default: none.
@@ -145,6 +161,7 @@ impl Default for Options {
             cma: std::env::var_os("RDMX_SHM_DATA_PATH").is_some_and(|v| v == "cma"),
             direct: !std::env::var_os("RDMX_SHM_DATA_PATH")
                 .is_some_and(|v| v == "ring" || v == "cma"),
+            execute_at_post: true,
             allowed_uids: Vec::new(),
         }
     }
@@ -172,6 +189,12 @@ impl Options {
     /// Sets [`direct`](Self::direct).
     pub fn direct(mut self, on: bool) -> Self {
         self.direct = on;
+        self
+    }
+
+    /// Sets [`execute_at_post`](Self::execute_at_post).
+    pub fn execute_at_post(mut self, on: bool) -> Self {
+        self.execute_at_post = on;
         self
     }
 }
@@ -244,7 +267,7 @@ impl Device {
         let keys = Arc::new(Keys::new(seed));
         let driver = Driver::start(seed, opts)?;
         if opts.direct {
-            local_devices().push((driver.id, Arc::downgrade(&keys)));
+            local_devices().push((driver.id, Arc::downgrade(&keys), Arc::downgrade(&driver)));
         }
         Ok(Device {
             keys,
@@ -257,31 +280,46 @@ impl Device {
 
 impl Drop for Device {
     fn drop(&mut self) {
-        local_devices().retain(|(id, _)| *id != self.driver.id);
+        local_devices().retain(|(id, ..)| *id != self.driver.id);
         self.driver.shutdown();
     }
 }
 
-/// The key tables of this process's shm contexts that copy directly, by context id: a
-/// queue pair whose peer is in this process copies payloads straight out of the peer's
-/// registered memory (the `direct` data path), finding it through the peer's table.
-fn local_devices() -> std::sync::MutexGuard<'static, Vec<(u32, Weak<Keys>)>> {
-    static LOCAL: std::sync::Mutex<Vec<(u32, Weak<Keys>)>> = std::sync::Mutex::new(Vec::new());
+/// This process's shm contexts that copy directly, by context id: their key tables and
+/// drivers. A queue pair whose peer is in this process copies payloads straight out of
+/// the peer's registered memory (the `direct` data path), finding it through the peer's
+/// table, and finds the peer queue pair through its driver.
+type LocalDevices = Vec<(u32, Weak<Keys>, Weak<Driver>)>;
+
+fn local_devices() -> std::sync::MutexGuard<'static, LocalDevices> {
+    static LOCAL: std::sync::Mutex<LocalDevices> = std::sync::Mutex::new(Vec::new());
     LOCAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// The key table of context `id` of process `pid`, if that process is this one and both
-/// contexts copy directly (`direct` is this context's option).
-fn local_keys(direct: bool, pid: i32, id: u32) -> Option<Arc<Keys>> {
-    if !direct || u32::try_from(pid).ok()? != std::process::id() {
-        return None;
+/// The key table of context `id` of process `pid`, and its queue pair `qpn`, if that
+/// process is this one and both contexts copy directly (`direct` is this context's
+/// option).
+fn local_peer(
+    direct: bool,
+    pid: i32,
+    id: u32,
+    qpn: u32,
+) -> (Option<Arc<Keys>>, Option<Weak<ShmQp>>) {
+    if !direct || u32::try_from(pid).ok() != Some(std::process::id()) {
+        return (None, None);
     }
-    local_devices()
+    let found = local_devices()
         .iter()
-        .find(|(i, _)| *i == id)
-        .and_then(|(_, k)| k.upgrade())
+        .find(|(i, ..)| *i == id)
+        .and_then(|(_, k, d)| Some((k.upgrade()?, d.upgrade()?)));
+    let Some((keys, driver)) = found else {
+        return (None, None);
+    };
+    let token = driver.by_qpn.lock().get(&qpn).copied();
+    let qp = token.and_then(|t| driver.qps.lock().get(t).cloned());
+    (Some(keys), qp)
 }
 
 impl SoftDevice for Device {
@@ -361,6 +399,9 @@ struct Link {
 impl Transport for Link {
     fn with<T>(&self, f: impl FnOnce(&mut Engine, &Keys) -> T) -> T {
         self.qp.with(|i| f(&mut i.engine, &i.keys))
+    }
+    fn post_send(&self, wr: &rdmx_core::SendWr, inline: Option<&[u8]>) -> Result<()> {
+        direct::post_send(&self.qp, wr, inline)
     }
     fn entered_rtr(&self) -> Result<()> {
         self.qp.driver.establish(&self.qp, self.ring_bytes)
@@ -466,6 +507,8 @@ pub(crate) struct Driver {
     cma: bool,
     /// Copy payloads straight out of the memory of peers in this process.
     direct: bool,
+    /// Execute WRITEs and READs to peers in this process at post time.
+    execute_at_post: bool,
     /// Other users whose processes may be peers.
     allowed_uids: Vec<u32>,
 }
@@ -528,6 +571,7 @@ impl Driver {
             next_qpn: AtomicU32::new(((seed as u32) & 0x7f_ffff) | 0x10),
             cma: opts.cma,
             direct: opts.direct,
+            execute_at_post: opts.execute_at_post,
             allowed_uids: opts.allowed_uids.clone(),
         });
         let d = Arc::downgrade(&driver);
@@ -852,7 +896,7 @@ impl Driver {
             return Err(Error::Protocol("the shm peer's answer is not rdmx's"));
         };
         let peer_probe = u64::from_be_bytes(reply[8..16].try_into().expect("8 bytes"));
-        let direct = local_keys(self.direct, peer_pid, peer.dev);
+        let (direct, peer_qp) = local_peer(self.direct, peer_pid, peer.dev, peer.qpn);
         let pulls = direct.is_some() || self.try_pull(qp.qpn, peer_pid, peer_probe);
         if pulls {
             seg.set_pulls(0);
@@ -870,6 +914,7 @@ impl Driver {
                 peer_pid,
                 pulls,
                 direct,
+                peer_qp: peer_qp.filter(|_| self.execute_at_post),
             },
         );
         Ok(())
@@ -1011,7 +1056,7 @@ impl Driver {
         let seg = Segment::open(&memfd, cap).map_err(|e| format!("the segment: {e}"))?;
         drop(memfd);
         let peer_probe = u64::from_be_bytes(hello[32..40].try_into().expect("8 bytes"));
-        let direct = local_keys(self.direct, pid, be32(40));
+        let (direct, peer_qp) = local_peer(self.direct, pid, be32(40), from);
         let pulls = direct.is_some() || self.try_pull(to, pid, peer_probe);
         if pulls {
             seg.set_pulls(1);
@@ -1029,6 +1074,7 @@ impl Driver {
             peer_pid: pid,
             pulls,
             direct,
+            peer_qp: peer_qp.filter(|_| self.execute_at_post),
         };
         let mut g = qp.inner.lock();
         if g.attached() {

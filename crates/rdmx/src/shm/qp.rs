@@ -3,7 +3,7 @@
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -46,6 +46,9 @@ pub(crate) struct Conn {
     /// The peer's key table, when the peer is in this process: payloads are then copied
     /// straight out of its registered memory with memcpy (the `direct` data path).
     pub(crate) direct: Option<Arc<Keys>>,
+    /// The peer queue pair, when it is in this process and its context copies directly:
+    /// WRITEs and READs may then be executed at post time (see `direct`).
+    pub(crate) peer_qp: Option<Weak<ShmQp>>,
 }
 
 impl Conn {
@@ -119,6 +122,8 @@ pub(crate) struct Inner {
     pub(crate) connect_timeout: Duration,
     /// The earliest deadline handed to the driver and not yet fired.
     timer: Option<Instant>,
+    /// Requests executed at post time (the `direct` data path's shortcut).
+    pub(crate) executed_at_post: u64,
 }
 
 impl ShmQp {
@@ -162,6 +167,7 @@ impl ShmQp {
                 my_psn: 0,
                 connect_timeout: Duration::from_secs(10),
                 timer: None,
+                executed_at_post: 0,
             }),
         }
     }
@@ -240,6 +246,13 @@ impl Inner {
     /// Whether the QP has a connection.
     pub(crate) fn attached(&self) -> bool {
         self.conn.is_some()
+    }
+
+    /// Whether the peer has read every packet this QP sent (its engine handled them).
+    pub(crate) fn peer_took_all(&self) -> bool {
+        self.conn
+            .as_ref()
+            .is_some_and(|c| !self.held && c.seg.drained(c.side, &self.prod))
     }
 
     /// Whether a packet waits in the incoming ring, or one of ours waits for room.

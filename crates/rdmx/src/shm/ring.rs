@@ -366,6 +366,11 @@ impl Segment {
         unsafe { copy(dst, self.data(ring).add(rec.pos + start + at), len) };
     }
 
+    /// Whether the consumer of ring `ring` has taken every record `p` wrote into it.
+    pub(crate) fn drained(&self, ring: usize, p: &Producer) -> bool {
+        self.atomic64(HEAD_OFF[ring]).load(Ordering::Acquire) == p.tail
+    }
+
     /// Releases `rec` (and any wrap record before it) to the producer.
     pub(crate) fn consume(&self, ring: usize, c: &mut Consumer, rec: &Record) {
         c.head += rec.size as u64;

@@ -291,6 +291,13 @@ pub(crate) trait Transport: Send + Sync + std::fmt::Debug + 'static {
     fn post_with<T>(&self, f: impl FnOnce(&mut Engine, &Keys) -> T) -> T {
         self.with(f)
     }
+    /// Posts a send request: by default, to the engine through
+    /// [`post_with`](Self::post_with). A transport that can execute some requests itself
+    /// (shm between two contexts of one process) takes them here.
+    fn post_send(&self, wr: &SendWr, inline: Option<&[u8]>) -> Result<()> {
+        self.post_with(|e, keys| e.post_send_ref(keys, wr, inline))?;
+        Ok(())
+    }
     /// The QP just entered RTR.
     fn entered_rtr(&self) -> Result<()> {
         Ok(())
@@ -342,9 +349,7 @@ impl<T: Transport> provider::Qp for SoftQp<T> {
         self.transport.bind_peer(peer, timeout)
     }
     unsafe fn post_send(&self, wr: &SendWr, inline: Option<&[u8]>) -> Result<()> {
-        self.transport
-            .post_with(|e, keys| e.post_send_ref(keys, wr, inline))?;
-        Ok(())
+        self.transport.post_send(wr, inline)
     }
     unsafe fn post_send_ud(
         &self,

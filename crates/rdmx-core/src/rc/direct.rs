@@ -1,0 +1,187 @@
+//! Requests a transport executes itself, at post time, when the peer's memory is its to
+//! reach (a peer queue pair in the same process): an RDMA WRITE or READ that nothing
+//! earlier on the send queue could be overtaken by.
+//!
+//! The initiator asks [`RcQp::direct_request`] whether a request qualifies, and gets it
+//! validated with its local keys resolved; the transport then asks the target's engine
+//! with [`RcQp::direct_target`] whether it would accept the access now, exactly as its
+//! responder checks a request packet (state, the QP's access flags, the rkey's
+//! protection domain, rights and bounds). When both agree, the transport copies the
+//! bytes and completes the request with [`RcQp::direct_complete`]; when either says no,
+//! the request is posted as usual ([`RcQp::post_send_ref`]) and the packets carry it,
+//! errors included, so a refused access gets the responder's own answer.
+//!
+//! A direct request takes no PSN on either side and leaves both engines' sequence state
+//! as it was: the packets that follow it continue where the last ones stopped.
+
+use super::{resolve_sges, CqSide, MemAccess, RcQp, Seg};
+use crate::access::Access;
+use crate::mr::KeyUse;
+use crate::qp::{QpState, QpType};
+use crate::wr::{Completion, SendFlags, SendOp, SendWr, WcStatus};
+
+/// An RDMA WRITE or READ validated for execution by the transport: its local memory
+/// (resolved segments, or the inline bytes the caller holds) and its remote target.
+#[derive(Debug)]
+pub struct DirectRequest<Mr> {
+    wr_id: u64,
+    op: SendOp,
+    signaled: bool,
+    len: u32,
+    segs: Vec<Seg<Mr>>,
+}
+
+impl<Mr> DirectRequest<Mr> {
+    /// Whether it is a READ (the bytes go from the target to the local segments).
+    pub fn is_read(&self) -> bool {
+        matches!(self.op, SendOp::Read(_))
+    }
+
+    /// The remote address and rkey.
+    pub fn remote(&self) -> (u64, u32) {
+        match self.op {
+            SendOp::Write(r) | SendOp::Read(r) => (r.addr, r.rkey),
+            _ => unreachable!("direct requests are WRITEs and READs"),
+        }
+    }
+
+    /// Bytes moved.
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// Whether it moves nothing (never: zero-length requests take the packets).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The local memory, in order: region, address, length of each segment. Empty for
+    /// an inline WRITE (the bytes are the caller's inline data).
+    pub fn local(&self) -> impl Iterator<Item = (&Mr, u64, u32)> {
+        self.segs.iter().map(|s| (&s.mr, s.addr, s.len))
+    }
+}
+
+impl<M: MemAccess> RcQp<M> {
+    /// `wr` as a request the transport may execute at once, or `None` when it must be
+    /// posted with [`post_send_ref`](Self::post_send_ref): only an RDMA WRITE (without
+    /// immediate data) or READ on an RC queue pair, or an RDMA WRITE on a UC one, in
+    /// RTS, with an empty send queue (nothing posted earlier is outstanding, so nothing
+    /// can be overtaken and no fence can be pending), of a non-zero length, valid as a
+    /// post and whose local keys resolve. Anything else, a malformed request or a bad
+    /// local key included, is left to `post_send_ref`, which reports it as usual.
+    ///
+    /// On a UC queue pair the transport must also know that every packet it sent before
+    /// has been handled by the peer (UC requests complete when sent).
+    pub fn direct_request(
+        &mut self,
+        mem: &M,
+        wr: &SendWr,
+        inline: Option<&[u8]>,
+    ) -> Option<DirectRequest<M::Mr>> {
+        let qualifies = match (self.cfg.qp_type, wr.op) {
+            (QpType::Rc, SendOp::Write(_) | SendOp::Read(_)) => true,
+            (QpType::Uc, SendOp::Write(_)) => true,
+            _ => false,
+        };
+        if !qualifies
+            || self.sm.state() != QpState::Rts
+            || !self.req.sq.is_empty()
+            || wr.ud.is_some()
+            || wr
+                .check(inline, self.cfg.max_send_sge, self.cfg.max_inline_data)
+                .is_err()
+        {
+            return None;
+        }
+        let (segs, len) = match inline {
+            Some(data) => (self.spare.segs(), data.len() as u64),
+            None => {
+                let need = if wr.op.writes_local() {
+                    Access::LOCAL_WRITE
+                } else {
+                    Access::empty()
+                };
+                let mut segs = self.spare.segs();
+                if resolve_sges(mem, self.cfg.pd, &wr.sges, need, &mut segs).is_some() {
+                    self.spare.put_segs(segs);
+                    return None;
+                }
+                let len = segs.iter().map(|s| u64::from(s.len)).sum();
+                (segs, len)
+            }
+        };
+        let Ok(len @ 1..) = u32::try_from(len) else {
+            self.spare.put_segs(segs);
+            return None;
+        };
+        Some(DirectRequest {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            signaled: wr.flags.contains(SendFlags::SIGNALED),
+            len,
+            segs,
+        })
+    }
+
+    /// The region a peer's direct `req` reaches on this (the target) queue pair, if this
+    /// QP's responder would accept the request's packets now: a connected QP of the
+    /// request's type in RTR, RTS or SQD, whose access flags grant the access, and
+    /// whose table has the rkey, in this QP's protection domain, with the access and
+    /// covering the range. `None`: the request must take the packets.
+    pub fn direct_target<Mr>(
+        &self,
+        mem: &M,
+        req: &DirectRequest<Mr>,
+        peer_type: QpType,
+    ) -> Option<M::Mr> {
+        if self.cfg.qp_type != peer_type
+            || !matches!(self.sm.state(), QpState::Rtr | QpState::Rts | QpState::Sqd)
+        {
+            return None;
+        }
+        let need = if req.is_read() {
+            Access::REMOTE_READ
+        } else {
+            Access::REMOTE_WRITE
+        };
+        if !self.sm.attrs().qp_access_flags.contains(need) {
+            return None;
+        }
+        let (va, rkey) = req.remote();
+        mem.resolve(
+            rkey,
+            KeyUse::Remote,
+            self.cfg.pd,
+            va,
+            u64::from(req.len),
+            need,
+        )
+        .ok()
+    }
+
+    /// The transport executed `req`: its completion (when signalled) joins the others,
+    /// after every earlier one.
+    pub fn direct_complete(&mut self, req: DirectRequest<M::Mr>) {
+        if req.signaled {
+            let c = Completion {
+                wr_id: req.wr_id,
+                status: WcStatus::Success,
+                opcode: req.op.wc_opcode(),
+                byte_len: req.len,
+                imm_data: None,
+                qp_num: self.cfg.qpn,
+                src_qp: 0,
+                grh: false,
+            };
+            self.completions.push_back((CqSide::Send, c, false));
+        }
+        self.spare.put_segs(req.segs);
+    }
+
+    /// The transport did not execute `req` (the target refused it): gives its room back.
+    /// The caller posts the request as usual.
+    pub fn direct_cancel(&mut self, req: DirectRequest<M::Mr>) {
+        self.spare.put_segs(req.segs);
+    }
+}

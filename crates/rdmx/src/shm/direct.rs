@@ -1,0 +1,167 @@
+//! Posting on the `direct` data path: an RDMA WRITE or READ to a peer queue pair in this
+//! process is executed by the initiator when it is posted, with one memcpy, when nothing
+//! posted before it on the queue pair is outstanding.
+//!
+//! Carried by packets, such a request would cost a handoff between threads: the target's
+//! engine runs on whichever thread makes its context's progress (usually the progress
+//! thread, since the target application of a one-sided operation does not poll), and
+//! the initiator's completion waits for the acknowledgement to come back. Here the
+//! initiator does what the target's responder would do, under the target queue pair's
+//! lock: the engine checks the target QP's state, its access flags and the rkey (its
+//! protection domain, rights and bounds) exactly as for a request packet
+//! ([`RcQp::direct_target`](rdmx_core::rc::RcQp::direct_target)), then the bytes are
+//! copied and the request completes at once. The copy holds both regions, so memory
+//! deregistered meanwhile is never freed under it.
+//!
+//! What it must not change, it leaves to the packets:
+//!
+//! - Order: only a request posted on an empty send queue (nothing in flight, nothing
+//!   awaiting its acknowledgement or completion, hence no fence pending) is executed;
+//!   on UC, whose requests complete when sent, the peer must also have read every
+//!   packet sent before. Anything later goes behind what is queued. Neither engine's
+//!   PSNs move, so the packets that follow continue where the last ones stopped.
+//! - Errors: a request the target refuses (bad rkey, bounds, rights, QP state), or one
+//!   whose own checks fail, is posted as usual, and the packets give the responder's
+//!   own answer: the same status, the same state changes, on both sides.
+//! - SENDs, WRITEs with immediate data (they take a receive at the target) and atomics
+//!   always take the packets.
+//!
+//! Locks: the initiator holds its own queue pair's lock and takes the target's. It
+//! waits for it only when the target's lock comes first in a fixed order (by
+//! address); otherwise it tries briefly and, failing that, posts the request as usual,
+//! so two queue pairs posting to each other at once never wait on each other.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use rdmx_core::rc::DirectRequest;
+use rdmx_core::SendWr;
+
+use super::copy::copy;
+use super::qp::{Inner, ShmQp};
+use crate::provider::MrRef;
+use crate::Result;
+
+/// How long an initiator tries for a target lock that comes after its own in the order.
+const TRY_TARGET: Duration = Duration::from_micros(20);
+
+/// Posts `wr` on `qp`: executed now when it can be (see the module docs), else to the
+/// engine, whose packets carry it.
+pub(crate) fn post_send(qp: &ShmQp, wr: &SendWr, inline: Option<&[u8]>) -> Result<()> {
+    let mut g = qp.inner.lock();
+    let posted = if execute(qp, &mut g, wr, inline) {
+        g.executed_at_post += 1;
+        Ok(())
+    } else {
+        let i = &mut *g;
+        i.engine.post_send_ref(&i.keys, wr, inline)
+    };
+    qp.pump(&mut g, Instant::now());
+    posted?;
+    Ok(())
+}
+
+/// Executes `wr` if it qualifies and the target accepts it; returns whether it did (its
+/// completion is then queued in the engine).
+fn execute(qp: &ShmQp, g: &mut Inner, wr: &SendWr, inline: Option<&[u8]>) -> bool {
+    let Some(peer) = g
+        .conn
+        .as_ref()
+        .and_then(|c| c.peer_qp.as_ref())
+        .and_then(Weak::upgrade)
+    else {
+        return false;
+    };
+    let ty = g.engine.config().qp_type;
+    if ty == rdmx_core::QpType::Uc && !g.peer_took_all() {
+        return false;
+    }
+    let i = &mut *g;
+    let Some(req) = i.engine.direct_request(&i.keys, wr, inline) else {
+        return false;
+    };
+    if std::ptr::eq(Arc::as_ptr(&peer), qp) {
+        // A queue pair connected to itself: its packets carry it.
+        i.engine.direct_cancel(req);
+        return false;
+    }
+    let first = Arc::as_ptr(&peer) < (qp as *const ShmQp);
+    let target = if first {
+        Some(peer.inner.lock())
+    } else {
+        peer.inner.try_lock_for(TRY_TARGET)
+    };
+    let target_mr = target
+        .as_ref()
+        .and_then(|t| t.engine.direct_target(&t.keys, &req, ty));
+    let Some(target_mr) = target_mr else {
+        drop(target);
+        i.engine.direct_cancel(req);
+        return false;
+    };
+    // The target's lock stays held through the copy, as when its engine places a
+    // packet: the access happens while the target QP is in the state that allowed it.
+    // SAFETY: the local spans lie in regions the engine resolved (held by `req`), the
+    // remote range in the region the target's engine resolved (held by `target_mr`),
+    // both checked against their bounds; `inline` is the caller's slice.
+    unsafe { transfer(&req, inline, &target_mr) };
+    drop(target);
+    i.engine.direct_complete(req);
+    true
+}
+
+/// Copies a direct request's bytes: the local memory (segments, or `inline`) to the
+/// target region for a WRITE, the other way for a READ.
+///
+/// # Safety
+///
+/// `req`'s segments were resolved by the initiator's engine and `target` by the target's
+/// for `req`'s remote range (so every range is inside its region, which the references
+/// keep alive).
+unsafe fn transfer(req: &DirectRequest<MrRef>, inline: Option<&[u8]>, target: &MrRef) {
+    let (va, _) = req.remote();
+    let remote = target
+        .raw_range(va, req.len() as usize)
+        .expect("the target's engine resolved the range");
+    if let Some(data) = inline {
+        // SAFETY: `data` is readable for its length, `remote` writable for `req.len()`
+        // bytes, which is `data.len()` (the engine took the length from it).
+        unsafe { move_bytes(remote, data.as_ptr(), data.len()) };
+        return;
+    }
+    let mut at = 0usize;
+    for (mr, addr, len) in req.local() {
+        let local = mr
+            .raw_range(addr, len as usize)
+            .expect("the engine resolved the segment");
+        let far = remote.wrapping_add(at);
+        // SAFETY: both ranges lie inside live registered regions (the contract); `at +
+        // len` stays within the request's length, the sum of the segments.
+        unsafe {
+            if req.is_read() {
+                move_bytes(local, far, len as usize);
+            } else {
+                move_bytes(far, local, len as usize);
+            }
+        }
+        at += len as usize;
+    }
+}
+
+/// Copies `len` bytes from `src` to `dst`, which may overlap (two regions of one process
+/// can share memory).
+///
+/// # Safety
+///
+/// `src` readable and `dst` writable for `len` bytes; either may be written
+/// concurrently by others (registered memory), which leaves the bytes unspecified.
+unsafe fn move_bytes(dst: *mut u8, src: *const u8, len: usize) {
+    let (d, s) = (dst as usize, src as usize);
+    if d < s.wrapping_add(len) && s < d.wrapping_add(len) {
+        // SAFETY: forwarded; `ptr::copy` allows overlap.
+        unsafe { std::ptr::copy(src, dst, len) };
+    } else {
+        // SAFETY: forwarded; the ranges do not overlap.
+        unsafe { copy(dst, src, len) };
+    }
+}

@@ -286,6 +286,9 @@ pub(crate) struct RunInfo {
     /// How the provider moves payloads (shm: `rdmx::shm::data_path`; udp: RoCEv2, and
     /// whether received ICRCs are checked).
     pub(crate) data_path: Option<&'static str>,
+    /// shm in one process: how many requests the initiator executed at post time (known
+    /// once the run is over).
+    pub(crate) executed_at_post: Option<u64>,
     /// The provider was chosen by default (no --provider, no -d).
     pub(crate) by_default: bool,
 }
@@ -394,6 +397,7 @@ impl RunInfo {
             "verify": self.verify,
             "pinned": self.pinned,
             "data_path": self.data_path(),
+            "executed_at_post": self.executed_at_post,
             "provider_by_default": self.by_default,
             "peer": self.peer,
             "results": rows.iter().map(Row::json).collect::<Vec<_>>(),

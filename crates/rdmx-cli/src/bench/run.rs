@@ -242,6 +242,7 @@ fn info(cfg: &Config, side: &Side, mine: &Hello, peer: &Hello, where_: String) -
             rdmx::udp::data_path(&side.ctx)
         },
         by_default: cfg.providers.is_empty() && cfg.device.is_none(),
+        executed_at_post: None,
     }
 }
 
@@ -310,7 +311,7 @@ fn run_provider(cfg: &Config, name: &str, out: &Out) -> Result<(RunInfo, Vec<Row
             let (hb, ha) = connect_local(&a, &b, p)?;
             a.post_receives()?;
             b.post_receives()?;
-            let info = info(cfg, &a, &ha, &hb, "this process".into());
+            let mut info = info(cfg, &a, &ha, &hb, "this process".into());
             out.print(&info.header());
             out.print(&table_header(p.test, cfg.report_gbits));
             let abort = &abort;
@@ -335,6 +336,14 @@ fn run_provider(cfg: &Config, name: &str, out: &Out) -> Result<(RunInfo, Vec<Row
                     (Ok(()), Ok(()), _) => Ok(()),
                 }
             })?;
+            if info.data_path.is_some_and(|d| d.starts_with("direct")) {
+                let n = a.qps.iter().filter_map(rdmx::shm::executed_at_post).sum();
+                out.print(&format!(
+                    " {:<15} : {n} requests executed by the initiator at post time",
+                    "Data path"
+                ));
+                info.executed_at_post = Some(n);
+            }
             info
         }
         PeerMode::Listen(_) => {

@@ -26,30 +26,43 @@
 //! - SENDs, WRITEs with immediate data (they take a receive at the target) and atomics
 //!   always take the packets.
 //!
-//! Locks: the initiator holds its own queue pair's lock and takes the target's. It
-//! waits for it only when the target's lock comes first in a fixed order (by
-//! address); otherwise it tries briefly and, failing that, posts the request as usual,
-//! so two queue pairs posting to each other at once never wait on each other.
+//! Locks: the initiator takes its own queue pair's lock and the target's in a fixed
+//! order (by address), the only place that holds two queue pairs' locks, so two queue
+//! pairs posting to each other at once never wait on each other for good.
 
-use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
+use parking_lot::MutexGuard;
 use rdmx_core::rc::DirectRequest;
-use rdmx_core::SendWr;
+use rdmx_core::{SendOp, SendWr};
 
 use super::copy::copy;
 use super::qp::{Inner, ShmQp};
 use crate::provider::MrRef;
 use crate::Result;
 
-/// How long an initiator tries for a target lock that comes after its own in the order.
-const TRY_TARGET: Duration = Duration::from_micros(20);
-
 /// Posts `wr` on `qp`: executed now when it can be (see the module docs), else to the
 /// engine, whose packets carry it.
 pub(crate) fn post_send(qp: &ShmQp, wr: &SendWr, inline: Option<&[u8]>) -> Result<()> {
     let mut g = qp.inner.lock();
-    let posted = if execute(qp, &mut g, wr, inline) {
+    let peer = candidate(&g, wr);
+    let mut executed = false;
+    if let Some(peer) = peer.filter(|p| !std::ptr::eq(Arc::as_ptr(p), qp)) {
+        // Both locks, in address order (no other code holds two queue pairs' locks).
+        let target = if Arc::as_ptr(&peer) < (qp as *const ShmQp) {
+            drop(g);
+            let t = peer.inner.lock();
+            g = qp.inner.lock();
+            t
+        } else {
+            peer.inner.lock()
+        };
+        // The connection may have changed while the locks were taken.
+        let same = candidate(&g, wr).is_some_and(|p| Arc::ptr_eq(&p, &peer));
+        executed = same && target.conn.is_some() && execute(&mut g, target, wr, inline);
+    }
+    let posted = if executed {
         g.executed_at_post += 1;
         Ok(())
     } else {
@@ -61,17 +74,23 @@ pub(crate) fn post_send(qp: &ShmQp, wr: &SendWr, inline: Option<&[u8]>) -> Resul
     Ok(())
 }
 
+/// The peer queue pair, if `wr` is a WRITE or READ that might run at post on this
+/// connection (the engine decides with both queue pairs locked).
+fn candidate(g: &Inner, wr: &SendWr) -> Option<Arc<ShmQp>> {
+    if !matches!(wr.op, SendOp::Write(_) | SendOp::Read(_)) {
+        return None;
+    }
+    g.conn.as_ref()?.peer_qp.as_ref()?.upgrade()
+}
+
 /// Executes `wr` if it qualifies and the target accepts it; returns whether it did (its
 /// completion is then queued in the engine).
-fn execute(qp: &ShmQp, g: &mut Inner, wr: &SendWr, inline: Option<&[u8]>) -> bool {
-    let Some(peer) = g
-        .conn
-        .as_ref()
-        .and_then(|c| c.peer_qp.as_ref())
-        .and_then(Weak::upgrade)
-    else {
-        return false;
-    };
+fn execute(
+    g: &mut Inner,
+    target: MutexGuard<'_, Inner>,
+    wr: &SendWr,
+    inline: Option<&[u8]>,
+) -> bool {
     let ty = g.engine.config().qp_type;
     if ty == rdmx_core::QpType::Uc && !g.peer_took_all() {
         return false;
@@ -80,21 +99,7 @@ fn execute(qp: &ShmQp, g: &mut Inner, wr: &SendWr, inline: Option<&[u8]>) -> boo
     let Some(req) = i.engine.direct_request(&i.keys, wr, inline) else {
         return false;
     };
-    if std::ptr::eq(Arc::as_ptr(&peer), qp) {
-        // A queue pair connected to itself: its packets carry it.
-        i.engine.direct_cancel(req);
-        return false;
-    }
-    let first = Arc::as_ptr(&peer) < (qp as *const ShmQp);
-    let target = if first {
-        Some(peer.inner.lock())
-    } else {
-        peer.inner.try_lock_for(TRY_TARGET)
-    };
-    let target_mr = target
-        .as_ref()
-        .and_then(|t| t.engine.direct_target(&t.keys, &req, ty));
-    let Some(target_mr) = target_mr else {
+    let Some(target_mr) = target.engine.direct_target(&target.keys, &req, ty) else {
         drop(target);
         i.engine.direct_cancel(req);
         return false;

@@ -77,7 +77,7 @@ pub(crate) fn post_send(qp: &ShmQp, wr: &SendWr, inline: Option<&[u8]>) -> Resul
 /// The peer queue pair, if `wr` is a WRITE or READ that might run at post on this
 /// connection (the engine decides with both queue pairs locked).
 fn candidate(g: &Inner, wr: &SendWr) -> Option<Arc<ShmQp>> {
-    if !matches!(wr.op, SendOp::Write(_) | SendOp::Read(_)) {
+    if !matches!(wr.op, SendOp::Write(_) | SendOp::Read(_)) || g.engine.outstanding().0 > 0 {
         return None;
     }
     g.conn.as_ref()?.peer_qp.as_ref()?.upgrade()

@@ -19,6 +19,19 @@
 //!   the source up in the sender's key table and copies it with one memcpy. The lookup
 //!   holds the source region for the copy, so a region deregistered meanwhile is never
 //!   read (the pull fails, as below). [`Options::direct`] turns it off.
+//!
+//!   An RDMA WRITE or READ posted while nothing earlier is outstanding on its send queue
+//!   (UC: and the peer has read every packet sent before) does not take the rings at
+//!   all: the initiator executes it at post time. With both queue pairs locked, the
+//!   target's engine checks the access exactly as its responder checks a request
+//!   packet (state, access flags, rkey: protection domain, rights, bounds), the bytes
+//!   go with one memcpy, and the request completes before the post returns. There is
+//!   no handoff between threads: the target application never polls for a one-sided
+//!   operation, so on the rings its engine runs on the progress thread, and the
+//!   initiator waits for it. Requests behind an outstanding one, refused ones (so a
+//!   bad key gets the responder's own answer, on both sides), SENDs, WRITEs with
+//!   immediate data and atomics take the rings; neither engine's PSNs move. It counts
+//!   in [`executed_at_post`]; [`Options::execute_at_post`] turns it off.
 //! - **ring** (the default between processes): every payload is copied into the ring
 //!   and out of it (two copies, by the two sides at once).
 //! - **cma** (opt-in on both sides, [`Options::cma`] or `RDMX_SHM_DATA_PATH=cma`): a

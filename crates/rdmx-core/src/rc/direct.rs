@@ -79,11 +79,10 @@ impl<M: MemAccess> RcQp<M> {
         wr: &SendWr,
         inline: Option<&[u8]>,
     ) -> Option<DirectRequest<M::Mr>> {
-        let qualifies = match (self.cfg.qp_type, wr.op) {
-            (QpType::Rc, SendOp::Write(_) | SendOp::Read(_)) => true,
-            (QpType::Uc, SendOp::Write(_)) => true,
-            _ => false,
-        };
+        let qualifies = matches!(
+            (self.cfg.qp_type, wr.op),
+            (QpType::Rc, SendOp::Write(_) | SendOp::Read(_)) | (QpType::Uc, SendOp::Write(_))
+        );
         if !qualifies
             || self.sm.state() != QpState::Rts
             || !self.req.sq.is_empty()

@@ -9,6 +9,7 @@
 //! - `flood`: a peer that sends requests and never takes the answers.
 
 mod basic;
+mod direct;
 mod failure;
 mod flood;
 mod link;

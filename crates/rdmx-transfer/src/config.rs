@@ -134,12 +134,19 @@ pub struct Config {
     pub qps_per_rail: usize,
     /// Send-queue depth of each queue pair (default 64).
     pub queue_depth: usize,
+    /// How long a rail's worker keeps polling, with work in flight, after its last
+    /// completion or post before it sleeps until the next completion (default 1 ms;
+    /// zero: sleep at once). Polling on keeps software providers' progress in the
+    /// worker instead of a wake-up per completion.
+    pub spin: Duration,
     /// How many times a failed slice is retried on another path (default 9).
     pub max_retries: u32,
     /// How long a failed path is set aside before it is rebuilt on demand (default 30 s).
     pub set_aside: Duration,
-    /// A slice not completed after this long fails its request, and its path is set
-    /// aside (default 30 s).
+    /// A slice not completed after this long sets its path aside (its queue pair is moved
+    /// to the error state, so its slices flush and are retried on other paths, as after
+    /// an error completion: a peer gone silent); one not even flushed within another
+    /// `timeout` fails its request (default 30 s).
     pub timeout: Duration,
     /// How long connection setup with a peer may take (default 10 s).
     pub connect_timeout: Duration,
@@ -166,6 +173,7 @@ impl Default for Config {
             slice_size: 64 << 10,
             qps_per_rail: 2,
             queue_depth: 64,
+            spin: Duration::from_millis(1),
             max_retries: 9,
             set_aside: Duration::from_secs(30),
             timeout: Duration::from_secs(30),
@@ -200,6 +208,8 @@ impl Config {
         qps_per_rail: usize,
         /// Sets [`queue_depth`](Self::queue_depth).
         queue_depth: usize,
+        /// Sets [`spin`](Self::spin).
+        spin: Duration,
         /// Sets [`max_retries`](Self::max_retries).
         max_retries: u32,
         /// Sets [`set_aside`](Self::set_aside).

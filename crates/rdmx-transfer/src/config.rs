@@ -39,6 +39,19 @@ impl Transport {
         }
     }
 
+    /// The slice size used on this transport unless [`Config::slice_size`] says
+    /// otherwise. Striping pays where paths are independent and a slice's cost is small
+    /// against its bytes: 64 KiB on tcp (a stream per queue pair) and verbs (as
+    /// Mooncake's slices). On shm and loopback every path is a memory copy by the same
+    /// cores, so cutting gains nothing and each slice costs a work request, a completion
+    /// and an acknowledgement: 1 MiB there.
+    pub fn default_slice_size(self) -> usize {
+        match self {
+            Transport::Shm | Transport::Loopback => 1 << 20,
+            Transport::Tcp | Transport::Verbs => 64 << 10,
+        }
+    }
+
     /// Parses a provider name.
     pub fn parse(s: &str) -> Option<Transport> {
         [
@@ -127,9 +140,11 @@ pub struct Config {
     /// Where segment descriptors live: `p2p` (the default: exchanged in the handshake)
     /// or `etcd://host:port[,host:port...]`.
     pub metadata: String,
-    /// Requests are cut into slices of this many bytes (default 64 KiB); a tail smaller
-    /// than a quarter slice is merged into the slice before it.
-    pub slice_size: usize,
+    /// Requests are cut into slices of this many bytes, at least 4 KiB; a tail smaller
+    /// than a quarter slice is merged into the slice before it. Default (`None`): per
+    /// transport, [`Transport::default_slice_size`] (64 KiB on tcp and verbs, 1 MiB on
+    /// shm and loopback).
+    pub slice_size: Option<usize>,
     /// Queue pairs per rail and peer (default 2).
     pub qps_per_rail: usize,
     /// Send-queue depth of each queue pair (default 64).
@@ -170,7 +185,7 @@ impl Default for Config {
             rails: vec![Rail::Shm, Rail::tcp(SocketAddr::from(([0, 0, 0, 0], 0)))],
             listen: SocketAddr::from(([0, 0, 0, 0], 0)),
             metadata: "p2p".into(),
-            slice_size: 64 << 10,
+            slice_size: None,
             qps_per_rail: 2,
             queue_depth: 64,
             spin: Duration::from_millis(1),
@@ -202,8 +217,6 @@ impl Config {
         rails: Vec<Rail>,
         /// Sets [`listen`](Self::listen).
         listen: SocketAddr,
-        /// Sets [`slice_size`](Self::slice_size).
-        slice_size: usize,
         /// Sets [`qps_per_rail`](Self::qps_per_rail).
         qps_per_rail: usize,
         /// Sets [`queue_depth`](Self::queue_depth).
@@ -224,6 +237,20 @@ impl Config {
         mtu: Option<u32>,
         /// Sets [`lease_ttl`](Self::lease_ttl).
         lease_ttl: Duration,
+    }
+
+    /// Sets [`slice_size`](Self::slice_size) for every transport.
+    pub fn slice_size(mut self, v: usize) -> Self {
+        self.slice_size = Some(v);
+        self
+    }
+
+    /// The slice size on transport `t`: [`slice_size`](Self::slice_size) if set, else
+    /// `t`'s default.
+    pub fn slice_size_for(&self, t: Transport) -> usize {
+        self.slice_size
+            .unwrap_or_else(|| t.default_slice_size())
+            .max(4096)
     }
 
     /// Sets [`token`](Self::token).

@@ -12,9 +12,10 @@
 //!   own secret) and returns a [`Segment`].
 //! - A [`Batch`] of READ and WRITE requests (local buffer and offset, segment, target by
 //!   offset or buffer name, length) is [submitted](Engine::submit); requests are cut into
-//!   slices ([`Config::slice_size`], 64 KiB) spread over every path to the peer
-//!   ([`Config::qps_per_rail`] queue pairs on each rail of the chosen transport), by each
-//!   path's bytes queued and in flight over its measured bandwidth.
+//!   slices ([`Config::slice_size`]: 64 KiB on tcp and verbs, 1 MiB on shm) spread over
+//!   every path to the peer ([`Config::qps_per_rail`] queue pairs on each rail of the
+//!   chosen transport), by each path's bytes queued and in flight over its measured
+//!   bandwidth.
 //! - A path that fails, or whose slices get no completion within [`Config::timeout`], is
 //!   set aside ([`Config::set_aside`]), its slices retried on others (up to
 //!   [`Config::max_retries`]), and it is rebuilt on demand later; a request fails only

@@ -11,7 +11,7 @@
 //! the target's buffer itself; an initiator against a target elsewhere reads each
 //! WRITE's span back into a buffer of its own (and a READ reads a pattern it wrote
 //! first). An initiator ends its run with a notification to the target, which with
-//! `--once` then exits.
+//! `--runs N` exits after N of them.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -79,9 +79,10 @@ pub(crate) struct Args {
     /// Queue pairs per rail.
     #[arg(long, default_value_t = 2)]
     qps_per_rail: usize,
-    /// Slice size in bytes.
-    #[arg(long, default_value_t = 64 << 10)]
-    slice_size: usize,
+    /// Slice size in bytes (default: the transport's, 64 KiB on tcp and verbs, 1 MiB on
+    /// shm; shown in the header).
+    #[arg(long)]
+    slice_size: Option<usize>,
     /// target: bytes to register (default: what the sweep needs, at least 256 MiB).
     #[arg(long)]
     buffer_size: Option<u64>,
@@ -89,9 +90,15 @@ pub(crate) struct Args {
     /// in this process, else by reading them back.
     #[arg(long)]
     verify: bool,
-    /// target: exit after the first initiator's run (its closing notification).
-    #[arg(long)]
-    once: bool,
+    /// Every request uses the same block of the local and the target's buffer, as
+    /// perftest's bandwidth tests (and `rdmx bench write_bw`) reuse one buffer: the bytes
+    /// stay in the caches. Without it each request of a batch, and each thread, has its
+    /// own block (`--block-size` x `--batch-size` x `--threads` bytes on each side).
+    #[arg(long, conflicts_with = "verify")]
+    reuse_block: bool,
+    /// target: exit after this many initiators' runs (their closing notifications).
+    #[arg(long, value_name = "N")]
+    runs: Option<u64>,
     /// One JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -105,6 +112,7 @@ struct Point {
     op: &'static str,
     transport: String,
     paths: usize,
+    slice_size: usize,
     block_size: u64,
     batch_size: usize,
     threads: usize,
@@ -128,18 +136,28 @@ fn config(a: &Args) -> Result<Config, BoxError> {
         None => None,
         Some(t) => Some(Transport::parse(t).ok_or_else(|| format!("--transport {t:?}"))?),
     };
-    Ok(Config::default()
+    let mut c = Config::default()
         .rails(rails)
         .listen(a.listen.parse()?)
         .transport(transport)
-        .qps_per_rail(a.qps_per_rail)
-        .slice_size(a.slice_size))
+        .qps_per_rail(a.qps_per_rail);
+    c.slice_size = a.slice_size;
+    Ok(c)
 }
 
+/// Bytes each initiator thread's requests span.
+fn per_thread(a: &Args) -> u64 {
+    let block = a.block_size.iter().max().copied().unwrap_or(0);
+    if a.reuse_block {
+        block
+    } else {
+        block * a.batch_size.iter().max().copied().unwrap_or(0) as u64
+    }
+}
+
+/// Bytes of the target's buffer the run touches.
 fn needed(a: &Args) -> u64 {
-    let per = a.block_size.iter().max().copied().unwrap_or(0)
-        * a.batch_size.iter().max().copied().unwrap_or(0) as u64;
-    per * a.threads as u64
+    per_thread(a) * if a.reuse_block { 1 } else { a.threads as u64 }
 }
 
 /// Runs the benchmark.
@@ -157,6 +175,7 @@ pub(crate) fn run(a: Args) -> Result<(), BoxError> {
                 Access::REMOTE_READ | Access::REMOTE_WRITE,
             )?;
             println!("target listening on {}", t.control_addr());
+            let mut runs = 0;
             loop {
                 if let Some(n) = t.recv_notification(Duration::from_secs(3600)) {
                     println!(
@@ -164,7 +183,8 @@ pub(crate) fn run(a: Args) -> Result<(), BoxError> {
                         n.from,
                         String::from_utf8_lossy(&n.data)
                     );
-                    if a.once {
+                    runs += 1;
+                    if a.runs.is_some_and(|n| runs >= n) {
                         return Ok(());
                     }
                 }
@@ -193,6 +213,7 @@ fn measure(
 ) -> Result<(), BoxError> {
     let mut cfg = config(a)?;
     cfg.listen = "127.0.0.1:0".parse()?;
+    let slice_for = cfg.clone();
     let e = Arc::new(Engine::new(
         &format!("bench-initiator-{}", std::process::id()),
         cfg,
@@ -212,7 +233,7 @@ fn measure(
         )
         .into());
     }
-    let per_thread = needed(a) / a.threads as u64;
+    let per_thread = per_thread(a);
     let locals = (0..a.threads)
         .map(|i| e.register(&format!("src{i}"), per_thread as usize, Access::LOCAL_WRITE))
         .collect::<Result<Vec<_>, _>>()?;
@@ -233,15 +254,27 @@ fn measure(
     };
     let paths = seg.paths().len();
     let transport = seg.transport().to_string();
+    let slice = slice_for.slice_size_for(seg.transport());
     if !a.json {
         println!(
-            "rdmx bench transfer: {} over {transport} ({paths} paths: {}), {} thread(s), {:.1} s per point",
+            "rdmx bench transfer: {} over {transport} ({paths} paths: {}), slices of {} KiB, \
+             {} thread(s){}, {:.1} s per point",
             match a.op {
                 OpArg::Read => "READ",
                 OpArg::Write => "WRITE",
             },
-            seg.paths().iter().map(|p| p.name.split(" qp").next().unwrap_or("").to_string()).collect::<Vec<_>>().join(", "),
+            seg.paths()
+                .iter()
+                .map(|p| p.name.split(" qp").next().unwrap_or("").to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            slice >> 10,
             a.threads,
+            if a.reuse_block {
+                ", every request on one block (--reuse-block)"
+            } else {
+                ""
+            },
             a.duration
         );
         println!(
@@ -262,7 +295,7 @@ fn measure(
                 block,
                 batch,
                 &transport,
-                paths,
+                (paths, slice),
             )?;
             if !a.json {
                 println!(
@@ -290,10 +323,12 @@ fn measure(
         plot(path, &points)?;
     }
     if target_buf.is_none() {
-        // Tell the target the run is over (with --once it exits).
+        // Tell the target the run is over (with --runs it counts them).
         let bytes: u64 = points.iter().map(|p| p.bytes).sum();
         let msg = format!("rdmx bench transfer: done, {bytes} bytes");
-        let st = e.notify(&seg, msg.as_bytes())?.wait(Duration::from_secs(30))?;
+        let st = e
+            .notify(&seg, msg.as_bytes())?
+            .wait(Duration::from_secs(30))?;
         if !st.is_success() {
             return Err(format!("the closing notification failed: {st:?}").into());
         }
@@ -312,17 +347,18 @@ fn point(
     block: u64,
     batch: usize,
     transport: &str,
-    paths: usize,
+    (paths, slice_size): (usize, usize),
 ) -> Result<Point, BoxError> {
     let span = block * batch as u64;
-    let stop_at = Instant::now() + Duration::from_secs_f64(a.duration);
+    let started = Instant::now();
+    let stop_at = started + Duration::from_secs_f64(a.duration);
     let results = std::thread::scope(|s| {
         let hs: Vec<_> = locals
             .iter()
             .zip(checks)
             .enumerate()
             .map(|(t, (local, check))| {
-                let base = t as u64 * span;
+                let base = if a.reuse_block { 0 } else { t as u64 * span };
                 let check = check.as_ref();
                 s.spawn(
                     move || -> Result<(Histogram<u64>, Histogram<u64>, u64), String> {
@@ -334,7 +370,7 @@ fn point(
                         let batch_of = |op: OpArg, buf: &rdmx_transfer::LocalBuf| {
                             let mut b = Batch::with_capacity(batch);
                             for i in 0..batch as u64 {
-                                let off = i * block;
+                                let off = if a.reuse_block { 0 } else { i * block };
                                 let to = Target::Buffer("bench", base + off);
                                 match op {
                                     OpArg::Write => b.write((buf, off), seg, to, block),
@@ -368,7 +404,8 @@ fn point(
                                 .map_err(|e| e.to_string())?;
                             run(batch_of(OpArg::Write, local)?)?;
                         }
-                        while Instant::now() < stop_at {
+                        // At least one batch per point, however short the duration.
+                        while n == 0 || Instant::now() < stop_at {
                             round = round.wrapping_add(1);
                             if a.verify {
                                 // WRITE: this round's pattern; READ: poison, so that
@@ -441,7 +478,8 @@ fn point(
         batches += n;
     }
     let bytes = batches * span;
-    let secs = a.duration.max(1e-9);
+    // From the start to the last batch's end (which may come after --duration).
+    let secs = started.elapsed().as_secs_f64().max(1e-9);
     Ok(Point {
         op: match a.op {
             OpArg::Read => "read",
@@ -449,6 +487,7 @@ fn point(
         },
         transport: transport.to_string(),
         paths,
+        slice_size,
         block_size: block,
         batch_size: batch,
         threads: a.threads,

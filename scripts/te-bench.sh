@@ -103,7 +103,7 @@ med() { [ -s "$out/$1" ] || { echo nan; return; }; sort -g "$out/$1" | awk '{a[N
 printf '%-18s %10s   (median of %s rounds of %s s)\n' figure value "$ROUNDS" "$D"
 for f in mc_64k mc_1m te_tcp_64k_2p te_tcp_1m_2p write_bw_tcp_64k te_tcp_64k te_tcp_64k_spread \
     write_bw_shm_1m te_shm_1m te_shm_1m_spread submit_4k_x1024; do
-    unit=GB/s; case $f in *write_bw*|te_tcp_64k*|te_shm_1m*) unit=MiB/s;; submit*) unit=us;; esac
+    unit=GB/s; case $f in *_2p) ;; *write_bw*|te_tcp_64k*|te_shm_1m*) unit=MiB/s;; submit*) unit=us;; esac
     printf '%-18s %10s %s\n' "$f" "$(med $f)" "$unit"
 done
 [ -n "$MC" ] || echo "Mooncake: not measured in this run (not installed); ratios use its recorded 0.71 / 0.85 GB/s"

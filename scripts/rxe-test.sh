@@ -16,6 +16,9 @@
 #     and `rdmx bench --rdma-cm` in one VM (across two VMs with RXE_TEST_SIW_TWO_HOSTS=1).
 #   - rxe against rdmx's udp provider: rdmx bench on rxe0 in one VM and on the udp
 #     provider in another VM without rxe, in both roles.
+#   - the transfer engine (rdmx-transfer) on rxe0: its verbs test (two rails, one broken
+#     mid-batch) with the suite, and `rdmx bench transfer --verify` between the two VMs
+#     (the te_* blocks).
 # Exits non-zero if any of them fails. The rootfs (cached, see rxe-vm.sh) is built in
 # parallel with the crates on the first run.
 #
@@ -66,6 +69,8 @@ build_pid=$!
     cargo build --locked --message-format=json -p rdmx-cli --bin rdmx
     cargo build --locked --message-format=json -p rdmx --example pingpong
 } >"$tmp/cargo.json"
+# --- The transfer engine on verbs (1/3): its test binary (see te_tests and te_two_hosts).
+cargo build --locked --message-format=json -p rdmx-transfer --test verbs >>"$tmp/cargo.json"
 rc=0
 wait "$build_pid" || rc=$?
 build_pid=''
@@ -100,6 +105,17 @@ while read -r kind name manifest exe; do
 done <"$tmp/artifacts"
 rdmx=$(awk '$1 == "bin" && $2 == "rdmx" && $4 !~ /\/deps\// {print $4; exit}' "$tmp/artifacts")
 pingpong=$(awk '$1 == "example" && $2 == "pingpong" {print $4; exit}' "$tmp/artifacts")
+# --- The transfer engine on verbs (2/3): rdmx-transfer's `verbs` test (two engines, each
+# with two rails on rxe0: a verified batch, and one rail broken mid-batch) runs on rxe0
+# with the suite.
+te_tests() {
+    local manifest exe
+    read -r manifest exe < <(awk '$1 == "test" && $2 == "verbs" && $3 ~ /rdmx-transfer/ {print $3, $4; exit}' \
+        "$tmp/artifacts") || true
+    [ -n "${exe:-}" ] || { echo "rxe-test: no rdmx-transfer verbs test binary in the build" >&2; return 1; }
+    echo "$(dirname "$manifest") $exe --test-threads=1" >>"$tmp/tests.rxe"
+}
+te_tests
 grep -q conformance_verbs "$tmp/tests.rxe" || {
     echo "rxe-test: no conformance_verbs test binary in the build" >&2; exit 1
 }
@@ -250,6 +266,41 @@ if [ -n "$rdmx" ] && [ $rc -eq 0 ]; then
         rc=1
         echo "== two hosts: FAILED ($((SECONDS - t2)) s)"
     fi
+fi
+# --- The transfer engine on verbs (3/3): `rdmx bench transfer` across two VMs over rxe0,
+# two rails on it each side: the target in VM a, the initiator in VM b, WRITE then READ,
+# --verify reading every WRITE batch back and checking what each READ brought against a
+# pattern written first. Each initiator run ends with a notification the target counts
+# (--runs 2, then it exits; one lost fails the step at the target's timeout). The
+# initiator retries only while nobody listens yet.
+te_two_hosts() {
+    local te tgt ini t2=$SECONDS
+    te="bench transfer --rails verbs:\$RXE_DEV,verbs:\$RXE_DEV"
+    tgt="timeout 150 $rdmx $te --mode target --listen \$RXE_IP:18700 --buffer-size 4194304 --runs 2"
+    ini="$rdmx $te --mode initiator --segment \$RXE_PEER:18700 --block-size 65536,200000 \
+         --batch-size 8 --duration 2 --verify"
+    # shellcheck disable=SC2016 # expanded inside the VM
+    local retry='te() {
+        local n out
+        for n in $(seq 60); do
+            out=$("$@" 2>&1) && { echo "$out"; return 0; }
+            case $out in *"control listener"*) sleep 1 ;; *) echo "$out"; return 1 ;; esac
+        done
+        echo "$out"; return 1
+    }'
+    echo "== two hosts: rdmx bench transfer over rxe0 (two rails), target in VM a," \
+        "initiator in VM b, WRITE then READ with --verify"
+    if scripts/rxe-vm.sh run2 --timeout "$timeout" \
+        --a "set -e; $tgt" \
+        --b "set -e; $retry; te $ini --op write; te $ini --op read"; then
+        echo "== two hosts, transfer engine: ok ($((SECONDS - t2)) s)"
+    else
+        echo "== two hosts, transfer engine: FAILED ($((SECONDS - t2)) s)"
+        return 1
+    fi
+}
+if [ -n "$rdmx" ] && [ $rc -eq 0 ]; then
+    te_two_hosts || rc=1
 fi
 # The same over soft-iWARP: rdmx bench --rdma-cm across two VMs on siw0 (rdma_cm takes
 # the port after -p there, so the ports step by two). Not run by default

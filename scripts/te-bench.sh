@@ -7,7 +7,12 @@
 #   - `rdmx bench write_bw --provider tcp` at 64 KiB against the engine over tcp at 64 KiB
 #     (both in one process, the engine with two threads keeping batches in flight as
 #     write_bw keeps its queue full: the engine's cost over the bare queue pair);
-#   - `rdmx bench write_bw --provider shm` at 1 MiB against the engine over shm at 1 MiB;
+#   - `rdmx bench write_bw --provider shm` at 1 MiB against the engine over shm at 1 MiB.
+#     write_bw, as perftest, sends every request from one buffer into one buffer, which
+#     stays in the caches; the engine runs these two with --reuse-block, every request on
+#     one block, alike (1 MiB x 128 x 2 threads of distinct memory per round runs at
+#     DRAM speed, a third of the cached figure here). Its figures with a block per
+#     request (te_*_spread) are printed for information;
 #   - the median time to submit a batch of 1,024 requests of 4 KiB.
 #
 # Usage: scripts/te-bench.sh     (ROUNDS=3, SECONDS_PER_RUN=3 by default; NO_MOONCAKE=1
@@ -70,9 +75,9 @@ te2() { # block batch -> GB/s, initiator against the target process, tcp
         --block-size "$1" --batch-size "$2" --threads 2 --duration "$D" --json 2>>"$out/stderr" |
         j "d['results'][0]['bw_gb_s']"
 }
-te1() { # rails block batch field -> value, both roles in this process
+te1() { # rails block batch field [args] -> value, both roles in this process
     "$RDMX" bench transfer --rails "$1" --block-size "$2" --batch-size "$3" --threads 2 --duration "$D" \
-        --json 2>>"$out/stderr" | j "d['results'][0]['$4']"
+        "${@:5}" --json 2>>"$out/stderr" | j "d['results'][0]['$4']"
 }
 wbw() { # provider size -> MiB/s
     "$RDMX" bench write_bw --provider "$1" -s "$2" -D "$D" --json 2>>"$out/stderr" |
@@ -86,16 +91,19 @@ for r in $(seq "$ROUNDS"); do
     te2 65536 128 >>"$out/te_tcp_64k_2p"
     te2 1048576 128 >>"$out/te_tcp_1m_2p"
     wbw tcp 65536 >>"$out/write_bw_tcp_64k"
-    te1 tcp:127.0.0.1:0 65536 128 bw_mib_s >>"$out/te_tcp_64k"
+    te1 tcp:127.0.0.1:0 65536 128 bw_mib_s --reuse-block >>"$out/te_tcp_64k"
+    te1 tcp:127.0.0.1:0 65536 128 bw_mib_s >>"$out/te_tcp_64k_spread"
     wbw shm 1048576 >>"$out/write_bw_shm_1m"
-    te1 shm 1048576 128 bw_mib_s >>"$out/te_shm_1m"
+    te1 shm 1048576 128 bw_mib_s --reuse-block >>"$out/te_shm_1m"
+    te1 shm 1048576 128 bw_mib_s >>"$out/te_shm_1m_spread"
     te1 tcp:127.0.0.1:0 4096 1024 submit_p50_us >>"$out/submit_4k_x1024"
     echo "round $r/$ROUNDS done" >&2
 done
 med() { [ -s "$out/$1" ] || { echo nan; return; }; sort -g "$out/$1" | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 printf '%-18s %10s   (median of %s rounds of %s s)\n' figure value "$ROUNDS" "$D"
-for f in mc_64k mc_1m te_tcp_64k_2p te_tcp_1m_2p write_bw_tcp_64k te_tcp_64k write_bw_shm_1m te_shm_1m submit_4k_x1024; do
-    unit=GB/s; case $f in *write_bw*|te_tcp_64k|te_shm_1m) unit=MiB/s;; submit*) unit=us;; esac
+for f in mc_64k mc_1m te_tcp_64k_2p te_tcp_1m_2p write_bw_tcp_64k te_tcp_64k te_tcp_64k_spread \
+    write_bw_shm_1m te_shm_1m te_shm_1m_spread submit_4k_x1024; do
+    unit=GB/s; case $f in *_2p) ;; *write_bw*|te_tcp_64k*|te_shm_1m*) unit=MiB/s;; submit*) unit=us;; esac
     printf '%-18s %10s %s\n' "$f" "$(med $f)" "$unit"
 done
 [ -n "$MC" ] || echo "Mooncake: not measured in this run (not installed); ratios use its recorded 0.71 / 0.85 GB/s"

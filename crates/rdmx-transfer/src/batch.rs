@@ -338,6 +338,7 @@ impl Batch {
 
     pub(crate) fn into_state(self) -> Arc<BatchState> {
         let n = self.reqs.len();
+        let notifies = self.notify.is_some();
         Arc::new(BatchState {
             reqs: self.reqs.into_boxed_slice(),
             left: AtomicUsize::new(n),
@@ -345,7 +346,9 @@ impl Batch {
             notify: self.notify,
             notified: OnceLock::new(),
             notify_left: AtomicUsize::new(0),
-            done: Mutex::new(n == 0),
+            // An empty batch is done at once, unless it carries a notification: then when
+            // that is delivered.
+            done: Mutex::new(n == 0 && !notifies),
             cv: Condvar::new(),
         })
     }

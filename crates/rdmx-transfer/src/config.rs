@@ -39,6 +39,19 @@ impl Transport {
         }
     }
 
+    /// The slice size used on this transport unless [`Config::slice_size`] says
+    /// otherwise. Striping pays where paths are independent and a slice's cost is small
+    /// against its bytes: 64 KiB on tcp (a stream per queue pair) and verbs (as
+    /// Mooncake's slices). On shm and loopback every path is a memory copy by the same
+    /// cores, so cutting gains nothing and each slice costs a work request, a completion
+    /// and an acknowledgement: 1 MiB there.
+    pub fn default_slice_size(self) -> usize {
+        match self {
+            Transport::Shm | Transport::Loopback => 1 << 20,
+            Transport::Tcp | Transport::Verbs => 64 << 10,
+        }
+    }
+
     /// Parses a provider name.
     pub fn parse(s: &str) -> Option<Transport> {
         [
@@ -127,19 +140,28 @@ pub struct Config {
     /// Where segment descriptors live: `p2p` (the default: exchanged in the handshake)
     /// or `etcd://host:port[,host:port...]`.
     pub metadata: String,
-    /// Requests are cut into slices of this many bytes (default 64 KiB); a tail smaller
-    /// than a quarter slice is merged into the slice before it.
-    pub slice_size: usize,
+    /// Requests are cut into slices of this many bytes, at least 4 KiB; a tail smaller
+    /// than a quarter slice is merged into the slice before it. Default (`None`): per
+    /// transport, [`Transport::default_slice_size`] (64 KiB on tcp and verbs, 1 MiB on
+    /// shm and loopback).
+    pub slice_size: Option<usize>,
     /// Queue pairs per rail and peer (default 2).
     pub qps_per_rail: usize,
     /// Send-queue depth of each queue pair (default 64).
     pub queue_depth: usize,
+    /// How long a rail's worker keeps polling, with work in flight, after its last
+    /// completion or post before it sleeps until the next completion (default 1 ms;
+    /// zero: sleep at once). Polling on keeps software providers' progress in the
+    /// worker instead of a wake-up per completion.
+    pub spin: Duration,
     /// How many times a failed slice is retried on another path (default 9).
     pub max_retries: u32,
     /// How long a failed path is set aside before it is rebuilt on demand (default 30 s).
     pub set_aside: Duration,
-    /// A slice not completed after this long fails its request, and its path is set
-    /// aside (default 30 s).
+    /// A slice not completed after this long sets its path aside (its queue pair is moved
+    /// to the error state, so its slices flush and are retried on other paths, as after
+    /// an error completion: a peer gone silent); one not even flushed within another
+    /// `timeout` fails its request (default 30 s).
     pub timeout: Duration,
     /// How long connection setup with a peer may take (default 10 s).
     pub connect_timeout: Duration,
@@ -163,9 +185,10 @@ impl Default for Config {
             rails: vec![Rail::Shm, Rail::tcp(SocketAddr::from(([0, 0, 0, 0], 0)))],
             listen: SocketAddr::from(([0, 0, 0, 0], 0)),
             metadata: "p2p".into(),
-            slice_size: 64 << 10,
+            slice_size: None,
             qps_per_rail: 2,
             queue_depth: 64,
+            spin: Duration::from_millis(1),
             max_retries: 9,
             set_aside: Duration::from_secs(30),
             timeout: Duration::from_secs(30),
@@ -194,12 +217,12 @@ impl Config {
         rails: Vec<Rail>,
         /// Sets [`listen`](Self::listen).
         listen: SocketAddr,
-        /// Sets [`slice_size`](Self::slice_size).
-        slice_size: usize,
         /// Sets [`qps_per_rail`](Self::qps_per_rail).
         qps_per_rail: usize,
         /// Sets [`queue_depth`](Self::queue_depth).
         queue_depth: usize,
+        /// Sets [`spin`](Self::spin).
+        spin: Duration,
         /// Sets [`max_retries`](Self::max_retries).
         max_retries: u32,
         /// Sets [`set_aside`](Self::set_aside).
@@ -214,6 +237,20 @@ impl Config {
         mtu: Option<u32>,
         /// Sets [`lease_ttl`](Self::lease_ttl).
         lease_ttl: Duration,
+    }
+
+    /// Sets [`slice_size`](Self::slice_size) for every transport.
+    pub fn slice_size(mut self, v: usize) -> Self {
+        self.slice_size = Some(v);
+        self
+    }
+
+    /// The slice size on transport `t`: [`slice_size`](Self::slice_size) if set, else
+    /// `t`'s default.
+    pub fn slice_size_for(&self, t: Transport) -> usize {
+        self.slice_size
+            .unwrap_or_else(|| t.default_slice_size())
+            .max(4096)
     }
 
     /// Sets [`token`](Self::token).

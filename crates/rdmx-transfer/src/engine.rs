@@ -429,7 +429,12 @@ impl Engine {
     /// once; the rails' workers post them. Returns a handle to follow it.
     pub fn submit(&self, batch: Batch) -> BatchHandle {
         let state = batch.into_state();
-        schedule(&self.shared, &state);
+        if state.reqs.is_empty() {
+            // Nothing to move: its notification (if any) has no peer to go to.
+            crate::path::send_notifications(&self.shared, &state);
+        } else {
+            schedule(&self.shared, &state);
+        }
         BatchHandle { state }
     }
 

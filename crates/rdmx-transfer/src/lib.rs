@@ -12,13 +12,15 @@
 //!   own secret) and returns a [`Segment`].
 //! - A [`Batch`] of READ and WRITE requests (local buffer and offset, segment, target by
 //!   offset or buffer name, length) is [submitted](Engine::submit); requests are cut into
-//!   slices ([`Config::slice_size`], 64 KiB) spread over every path to the peer
-//!   ([`Config::qps_per_rail`] queue pairs on each rail of the chosen transport), by each
-//!   path's bytes queued and in flight over its measured bandwidth.
-//! - A path that fails is set aside ([`Config::set_aside`]), its slices retried on others
-//!   (up to [`Config::max_retries`]), and it is rebuilt on demand later; a request fails
-//!   only when every path has, or after [`Config::timeout`], with the work-completion
-//!   status and the path ([`RequestStatus::Failed`]).
+//!   slices ([`Config::slice_size`]: 64 KiB on tcp and verbs, 1 MiB on shm) spread over
+//!   every path to the peer ([`Config::qps_per_rail`] queue pairs on each rail of the
+//!   chosen transport), by each path's bytes queued and in flight over its measured
+//!   bandwidth.
+//! - A path that fails, or whose slices get no completion within [`Config::timeout`], is
+//!   set aside ([`Config::set_aside`]), its slices retried on others (up to
+//!   [`Config::max_retries`]), and it is rebuilt on demand later; a request fails only
+//!   when every path has, or when a slice is not even flushed within a second timeout,
+//!   with the work-completion status and the path ([`RequestStatus::Failed`]).
 //! - Notifications: a batch may carry one the peer receives only after all its bytes are
 //!   in place ([`Batch::notify`]); [`Engine::notify`] sends one alone.
 //!

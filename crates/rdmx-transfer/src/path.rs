@@ -414,8 +414,6 @@ type Plan = (Arc<Conn>, Vec<VecDeque<Work>>, Vec<u64>);
 
 /// Cuts the batch's requests into slices and queues them on the connections' paths.
 pub(crate) fn schedule(shared: &Arc<Shared>, batch: &Arc<BatchState>) {
-    let slice = shared.config.slice_size.max(4096) as u64;
-    let tail = slice / 4;
     // Work per path, gathered first and queued with one lock per path.
     let mut plan: Vec<Plan> = Vec::new();
     for (ri, r) in batch.reqs.iter().enumerate() {
@@ -432,6 +430,8 @@ pub(crate) fn schedule(shared: &Arc<Shared>, batch: &Arc<BatchState>) {
             }
         };
         let (conn, works, extra) = &mut plan[ci];
+        let slice = shared.config.slice_size_for(conn.transport) as u64;
+        let tail = slice / 4;
         let mut cuts = r.len / slice;
         if r.len % slice >= tail || cuts == 0 {
             cuts += 1;

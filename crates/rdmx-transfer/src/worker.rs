@@ -19,7 +19,13 @@ struct Inflight {
     path: Arc<Path>,
     qp_num: u32,
     tag: u32,
-    posted: Instant,
+    /// When it is late: `timeout` after it was posted, then `timeout` after its path
+    /// was set aside for it (`stalled`).
+    deadline: Instant,
+    /// Late once: its path was set aside (its queue pair moved to the error state, which
+    /// flushes it back here to be retried elsewhere).
+    stalled: bool,
+    /// Late twice (not even flushed): its request failed; a completion is ignored.
     expired: bool,
     // A notification's registered copy, kept until its completion.
     _mr: Option<MemoryRegion>,
@@ -31,6 +37,7 @@ pub(crate) fn run(shared: Arc<Shared>, rail: Arc<RailRt>) {
         tag: 0,
         last_scan: Instant::now(),
         last_bw: Instant::now(),
+        last_progress: Instant::now(),
         shared,
         rail,
     };
@@ -44,6 +51,8 @@ struct Worker {
     tag: u32,
     last_scan: Instant,
     last_bw: Instant,
+    /// When a poll last reaped a completion or something was posted.
+    last_progress: Instant,
 }
 
 impl Worker {
@@ -73,6 +82,17 @@ impl Worker {
             }
             if now.duration_since(self.last_bw) >= Duration::from_millis(20) {
                 self.measure(&paths, now);
+            }
+            if n > 0 || posted > 0 {
+                self.last_progress = now;
+            } else if !self.slab.is_empty()
+                && now.duration_since(self.last_progress) < self.shared.config.spin
+            {
+                // Work in flight that moved a moment ago: its completions are near. Polling
+                // on (as a bandwidth test's requester does) beats sleeping and being woken
+                // by the provider's thread for each of them; the core is offered to others.
+                std::thread::yield_now();
+                continue;
             }
             if n == 0 && posted == 0 {
                 self.rail.sleeping.store(true, Ordering::SeqCst);
@@ -191,7 +211,8 @@ impl Worker {
                         path: p.clone(),
                         qp_num: qp.qp_num(),
                         tag: self.tag,
-                        posted: Instant::now(),
+                        deadline: Instant::now() + self.shared.config.timeout,
+                        stalled: false,
                         expired: false,
                         _mr: mr,
                     });
@@ -312,15 +333,33 @@ impl Worker {
         }
     }
 
-    /// Fails slices in flight longer than the timeout, and sets their paths aside.
+    /// Slices in flight longer than the timeout: the first time, their path is set
+    /// aside (its queue pair moved to the error state, so they flush and are retried on
+    /// other paths, as after an error completion: a peer or link that went silent,
+    /// e.g. a destroyed remote queue pair the device keeps retrying at); if even that
+    /// brings no completion within another timeout, their requests fail.
     fn scan(&mut self, now: Instant) {
         self.last_scan = now;
         let timeout = self.shared.config.timeout;
+        let mut stalled = Vec::new();
         let mut late = Vec::new();
         for (k, e) in self.slab.iter_mut() {
-            if !e.expired && now.duration_since(e.posted) > timeout {
+            if e.expired || now < e.deadline {
+                continue;
+            }
+            e.deadline = now + timeout;
+            if e.stalled {
                 e.expired = true;
                 late.push(k);
+            } else {
+                e.stalled = true;
+                stalled.push(k);
+            }
+        }
+        for k in stalled {
+            let p = self.slab[k].path.clone();
+            if p.fail(&self.shared) {
+                tracing::info!(path = %p.name, "no completion within {timeout:?}; path set aside");
             }
         }
         for k in late {
@@ -329,7 +368,10 @@ impl Worker {
             let f = Failure {
                 status: None,
                 path: p.name.clone(),
-                reason: format!("no completion within {timeout:?}"),
+                reason: format!(
+                    "no completion within {timeout:?}, nor a flush within {timeout:?} after \
+                     its path was set aside"
+                ),
             };
             match &e.work {
                 Work::Slice(s) => {

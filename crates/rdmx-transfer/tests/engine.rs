@@ -395,8 +395,20 @@ fn standalone_notifications_and_slot_pools() {
     assert_eq!(&got, b"page");
     for i in 0..20u8 {
         let h = a.notify(&seg, &[i; 100]).unwrap();
-        assert!(h.wait(T).unwrap().is_success());
+        // Done only once the peer acknowledged it (a caller may exit right after).
+        let st = h.wait(T).unwrap();
+        assert!(st.is_success(), "{st:?}");
+        assert_eq!(st.notified, Some(Ok(())), "{st:?}");
     }
+    // A batch with a notification and no request has no peer to tell: done at once.
+    let mut empty = Batch::new();
+    empty.notify(b"nobody").unwrap();
+    let st = a.submit(empty).wait(T).unwrap();
+    assert_eq!(
+        (st.done, st.notified.clone()),
+        (true, Some(Ok(()))),
+        "{st:?}"
+    );
     for i in 0..20u8 {
         let n = b.recv_notification(T).unwrap();
         assert_eq!(n.data, vec![i; 100]);

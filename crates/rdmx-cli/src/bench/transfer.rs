@@ -6,6 +6,12 @@
 //! Reported per point: the transport and paths used, bandwidth, the average and p99
 //! latency of a whole batch, and the time `submit` took (cutting and queueing; what a
 //! caller pays before it can go on).
+//!
+//! `--verify` checks the bytes of every batch: with both roles in this process against
+//! the target's buffer itself; an initiator against a target elsewhere reads each
+//! WRITE's span back into a buffer of its own (and a READ reads a pattern it wrote
+//! first). An initiator ends its run with a notification to the target, which with
+//! `--runs N` exits after N of them.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -73,15 +79,26 @@ pub(crate) struct Args {
     /// Queue pairs per rail.
     #[arg(long, default_value_t = 2)]
     qps_per_rail: usize,
-    /// Slice size in bytes.
-    #[arg(long, default_value_t = 64 << 10)]
-    slice_size: usize,
+    /// Slice size in bytes (default: the transport's, 64 KiB on tcp and verbs, 1 MiB on
+    /// shm; shown in the header).
+    #[arg(long)]
+    slice_size: Option<usize>,
     /// target: bytes to register (default: what the sweep needs, at least 256 MiB).
     #[arg(long)]
     buffer_size: Option<u64>,
-    /// Check the bytes of every batch (slower).
+    /// Check the bytes of every batch (slower): against the target's buffer when it is
+    /// in this process, else by reading them back.
     #[arg(long)]
     verify: bool,
+    /// Every request uses the same block of the local and the target's buffer, as
+    /// perftest's bandwidth tests (and `rdmx bench write_bw`) reuse one buffer: the bytes
+    /// stay in the caches. Without it each request of a batch, and each thread, has its
+    /// own block (`--block-size` x `--batch-size` x `--threads` bytes on each side).
+    #[arg(long, conflicts_with = "verify")]
+    reuse_block: bool,
+    /// target: exit after this many initiators' runs (their closing notifications).
+    #[arg(long, value_name = "N")]
+    runs: Option<u64>,
     /// One JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -95,6 +112,7 @@ struct Point {
     op: &'static str,
     transport: String,
     paths: usize,
+    slice_size: usize,
     block_size: u64,
     batch_size: usize,
     threads: usize,
@@ -118,18 +136,28 @@ fn config(a: &Args) -> Result<Config, BoxError> {
         None => None,
         Some(t) => Some(Transport::parse(t).ok_or_else(|| format!("--transport {t:?}"))?),
     };
-    Ok(Config::default()
+    let mut c = Config::default()
         .rails(rails)
         .listen(a.listen.parse()?)
         .transport(transport)
-        .qps_per_rail(a.qps_per_rail)
-        .slice_size(a.slice_size))
+        .qps_per_rail(a.qps_per_rail);
+    c.slice_size = a.slice_size;
+    Ok(c)
 }
 
+/// Bytes each initiator thread's requests span.
+fn per_thread(a: &Args) -> u64 {
+    let block = a.block_size.iter().max().copied().unwrap_or(0);
+    if a.reuse_block {
+        block
+    } else {
+        block * a.batch_size.iter().max().copied().unwrap_or(0) as u64
+    }
+}
+
+/// Bytes of the target's buffer the run touches.
 fn needed(a: &Args) -> u64 {
-    let per = a.block_size.iter().max().copied().unwrap_or(0)
-        * a.batch_size.iter().max().copied().unwrap_or(0) as u64;
-    per * a.threads as u64
+    per_thread(a) * if a.reuse_block { 1 } else { a.threads as u64 }
 }
 
 /// Runs the benchmark.
@@ -147,8 +175,19 @@ pub(crate) fn run(a: Args) -> Result<(), BoxError> {
                 Access::REMOTE_READ | Access::REMOTE_WRITE,
             )?;
             println!("target listening on {}", t.control_addr());
+            let mut runs = 0;
             loop {
-                std::thread::sleep(Duration::from_secs(3600));
+                if let Some(n) = t.recv_notification(Duration::from_secs(3600)) {
+                    println!(
+                        "target: notification from {}: {}",
+                        n.from,
+                        String::from_utf8_lossy(&n.data)
+                    );
+                    runs += 1;
+                    if a.runs.is_some_and(|n| runs >= n) {
+                        return Ok(());
+                    }
+                }
             }
         }
         Mode::Initiator => {
@@ -174,6 +213,7 @@ fn measure(
 ) -> Result<(), BoxError> {
     let mut cfg = config(a)?;
     cfg.listen = "127.0.0.1:0".parse()?;
+    let slice_for = cfg.clone();
     let e = Arc::new(Engine::new(
         &format!("bench-initiator-{}", std::process::id()),
         cfg,
@@ -193,21 +233,48 @@ fn measure(
         )
         .into());
     }
-    let per_thread = needed(a) / a.threads as u64;
+    let per_thread = per_thread(a);
     let locals = (0..a.threads)
         .map(|i| e.register(&format!("src{i}"), per_thread as usize, Access::LOCAL_WRITE))
         .collect::<Result<Vec<_>, _>>()?;
+    // --verify against a target elsewhere: each thread reads back into a buffer of its own.
+    let checks = if a.verify && target_buf.is_none() {
+        (0..a.threads)
+            .map(|i| {
+                e.register(
+                    &format!("check{i}"),
+                    per_thread as usize,
+                    Access::LOCAL_WRITE,
+                )
+                .map(Some)
+            })
+            .collect::<Result<Vec<_>, _>>()?
+    } else {
+        vec![None; a.threads]
+    };
     let paths = seg.paths().len();
     let transport = seg.transport().to_string();
+    let slice = slice_for.slice_size_for(seg.transport());
     if !a.json {
         println!(
-            "rdmx bench transfer: {} over {transport} ({paths} paths: {}), {} thread(s), {:.1} s per point",
+            "rdmx bench transfer: {} over {transport} ({paths} paths: {}), slices of {} KiB, \
+             {} thread(s){}, {:.1} s per point",
             match a.op {
                 OpArg::Read => "READ",
                 OpArg::Write => "WRITE",
             },
-            seg.paths().iter().map(|p| p.name.split(" qp").next().unwrap_or("").to_string()).collect::<Vec<_>>().join(", "),
+            seg.paths()
+                .iter()
+                .map(|p| p.name.split(" qp").next().unwrap_or("").to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            slice >> 10,
             a.threads,
+            if a.reuse_block {
+                ", every request on one block (--reuse-block)"
+            } else {
+                ""
+            },
             a.duration
         );
         println!(
@@ -223,11 +290,12 @@ fn measure(
                 &e,
                 &seg,
                 &locals,
+                &checks,
                 target_buf.as_ref(),
                 block,
                 batch,
                 &transport,
-                paths,
+                (paths, slice),
             )?;
             if !a.json {
                 println!(
@@ -254,6 +322,17 @@ fn measure(
     if let Some(path) = &a.plot {
         plot(path, &points)?;
     }
+    if target_buf.is_none() {
+        // Tell the target the run is over (with --runs it counts them).
+        let bytes: u64 = points.iter().map(|p| p.bytes).sum();
+        let msg = format!("rdmx bench transfer: done, {bytes} bytes");
+        let st = e
+            .notify(&seg, msg.as_bytes())?
+            .wait(Duration::from_secs(30))?;
+        if !st.is_success() {
+            return Err(format!("the closing notification failed: {st:?}").into());
+        }
+    }
     Ok(())
 }
 
@@ -263,74 +342,121 @@ fn point(
     e: &Arc<Engine>,
     seg: &rdmx_transfer::Segment,
     locals: &[rdmx_transfer::LocalBuf],
+    checks: &[Option<rdmx_transfer::LocalBuf>],
     target_buf: Option<&rdmx_transfer::LocalBuf>,
     block: u64,
     batch: usize,
     transport: &str,
-    paths: usize,
+    (paths, slice_size): (usize, usize),
 ) -> Result<Point, BoxError> {
     let span = block * batch as u64;
-    let stop_at = Instant::now() + Duration::from_secs_f64(a.duration);
+    let started = Instant::now();
+    let stop_at = started + Duration::from_secs_f64(a.duration);
     let results = std::thread::scope(|s| {
         let hs: Vec<_> = locals
             .iter()
+            .zip(checks)
             .enumerate()
-            .map(|(t, local)| {
-                let base = t as u64 * span;
+            .map(|(t, (local, check))| {
+                let base = if a.reuse_block { 0 } else { t as u64 * span };
+                let check = check.as_ref();
                 s.spawn(
                     move || -> Result<(Histogram<u64>, Histogram<u64>, u64), String> {
                         let mut lat = Histogram::<u64>::new(3).expect("histogram");
                         let mut sub = Histogram::<u64>::new(3).expect("histogram");
                         let mut n = 0u64;
                         let mut round = 0u8;
-                        while Instant::now() < stop_at {
-                            round = round.wrapping_add(1);
-                            if a.verify && a.op == OpArg::Write {
-                                local
-                                    .write(0, &vec![round; span as usize])
-                                    .map_err(|e| e.to_string())?;
-                            }
+                        let (thread, span_len) = (t as u8, span as usize);
+                        let batch_of = |op: OpArg, buf: &rdmx_transfer::LocalBuf| {
                             let mut b = Batch::with_capacity(batch);
                             for i in 0..batch as u64 {
-                                let off = i * block;
-                                let r = match a.op {
-                                    OpArg::Write => b.write(
-                                        (local, off),
-                                        seg,
-                                        Target::Buffer("bench", base + off),
-                                        block,
-                                    ),
-                                    OpArg::Read => b.read(
-                                        (local, off),
-                                        seg,
-                                        Target::Buffer("bench", base + off),
-                                        block,
-                                    ),
-                                };
-                                r.map_err(|e| e.to_string())?;
+                                let off = if a.reuse_block { 0 } else { i * block };
+                                let to = Target::Buffer("bench", base + off);
+                                match op {
+                                    OpArg::Write => b.write((buf, off), seg, to, block),
+                                    OpArg::Read => b.read((buf, off), seg, to, block),
+                                }
+                                .map_err(|e| e.to_string())?;
                             }
+                            Ok::<_, String>(b)
+                        };
+                        let finish = |h: &rdmx_transfer::BatchHandle| {
+                            let st = h.wait(Duration::from_secs(60)).map_err(|e| e.to_string())?;
+                            if st.is_success() {
+                                return Ok(());
+                            }
+                            let first = (0..h.len()).find_map(|i| match h.status(i) {
+                                Some(rdmx_transfer::RequestStatus::Failed(f)) => {
+                                    Some(f.to_string())
+                                }
+                                _ => None,
+                            });
+                            Err(format!(
+                                "a batch failed: {st:?}: {}",
+                                first.unwrap_or_default()
+                            ))
+                        };
+                        let run = |b: Batch| finish(&e.submit(b));
+                        if a.verify && a.op == OpArg::Read && check.is_some() {
+                            // What the READs must bring: a pattern written first.
+                            local
+                                .write(0, &pattern(span_len, thread, 0))
+                                .map_err(|e| e.to_string())?;
+                            run(batch_of(OpArg::Write, local)?)?;
+                        }
+                        // At least one batch per point, however short the duration.
+                        while n == 0 || Instant::now() < stop_at {
+                            round = round.wrapping_add(1);
+                            if a.verify {
+                                // WRITE: this round's pattern; READ: poison, so that
+                                // bytes a READ did not bring are seen.
+                                let fill = match a.op {
+                                    OpArg::Write => pattern(span_len, thread, round),
+                                    OpArg::Read => vec![0xee; span_len],
+                                };
+                                local.write(0, &fill).map_err(|e| e.to_string())?;
+                            }
+                            let b = batch_of(a.op, local)?;
                             let t0 = Instant::now();
                             let h = e.submit(b);
                             let t1 = Instant::now();
-                            let st = h.wait(Duration::from_secs(60)).map_err(|e| e.to_string())?;
+                            finish(&h)?;
                             let t2 = Instant::now();
-                            if !st.is_success() {
-                                let first = (0..h.len()).find_map(|i| match h.status(i) {
-                                    Some(rdmx_transfer::RequestStatus::Failed(f)) => {
-                                        Some(f.to_string())
-                                    }
-                                    _ => None,
-                                });
-                                return Err(format!(
-                                    "a batch failed: {st:?}: {}",
-                                    first.unwrap_or_default()
-                                ));
-                            }
                             let _ = sub.record((t1 - t0).as_nanos() as u64);
                             let _ = lat.record((t2 - t0).as_nanos() as u64);
                             n += 1;
-                            if a.verify {
-                                verify(a.op, local, target_buf, base, span, round)?;
+                            if !a.verify {
+                                continue;
+                            }
+                            let want = match (a.op, target_buf) {
+                                (OpArg::Write, _) => pattern(span_len, thread, round),
+                                (OpArg::Read, Some(tb)) => {
+                                    let mut w = vec![0u8; span_len];
+                                    tb.read(base, &mut w).map_err(|e| e.to_string())?;
+                                    w
+                                }
+                                (OpArg::Read, None) => pattern(span_len, thread, 0),
+                            };
+                            let mut got = vec![0u8; span_len];
+                            match (a.op, target_buf, check) {
+                                // In this process: the target's bytes themselves.
+                                (OpArg::Write, Some(tb), _) => tb.read(base, &mut got),
+                                // Elsewhere: read back what was written.
+                                (OpArg::Write, None, Some(c)) => {
+                                    c.write(0, &vec![0xee; span_len])
+                                        .map_err(|e| e.to_string())?;
+                                    run(batch_of(OpArg::Read, c)?)?;
+                                    c.read(0, &mut got)
+                                }
+                                _ => local.read(0, &mut got),
+                            }
+                            .map_err(|e| e.to_string())?;
+                            if let Some(at) = got.iter().zip(&want).position(|(g, w)| g != w) {
+                                return Err(format!(
+                                    "--verify: thread {t}, batch {n}: byte {at} of the span \
+                                     differs (got {:#04x}, want {:#04x})",
+                                    got[at], want[at]
+                                ));
                             }
                         }
                         Ok((lat, sub, n))
@@ -352,7 +478,8 @@ fn point(
         batches += n;
     }
     let bytes = batches * span;
-    let secs = a.duration.max(1e-9);
+    // From the start to the last batch's end (which may come after --duration).
+    let secs = started.elapsed().as_secs_f64().max(1e-9);
     Ok(Point {
         op: match a.op {
             OpArg::Read => "read",
@@ -360,6 +487,7 @@ fn point(
         },
         transport: transport.to_string(),
         paths,
+        slice_size,
         block_size: block,
         batch_size: batch,
         threads: a.threads,
@@ -374,37 +502,16 @@ fn point(
     })
 }
 
-/// `--verify`: a WRITE's bytes are in the target's buffer (both roles in this process
-/// only); a READ brought the target's bytes (zero unless written).
-fn verify(
-    op: OpArg,
-    local: &rdmx_transfer::LocalBuf,
-    target: Option<&rdmx_transfer::LocalBuf>,
-    base: u64,
-    span: u64,
-    round: u8,
-) -> Result<(), String> {
-    let mut got = vec![0u8; span as usize];
-    match (op, target) {
-        (OpArg::Write, Some(t)) => {
-            t.read(base, &mut got).map_err(|e| e.to_string())?;
-            if got.iter().any(|&b| b != round) {
-                return Err(format!(
-                    "--verify: the target's bytes differ (round {round})"
-                ));
-            }
-        }
-        (OpArg::Read, Some(t)) => {
-            let mut want = vec![0u8; span as usize];
-            t.read(base, &mut want).map_err(|e| e.to_string())?;
-            local.read(0, &mut got).map_err(|e| e.to_string())?;
-            if got != want {
-                return Err("--verify: the bytes read differ from the target's".into());
-            }
-        }
-        _ => {}
+/// The bytes of a `--verify` span: each 8-byte word its index, with the thread and the
+/// round in its top bytes (a misplaced or stale slice shows).
+fn pattern(len: usize, thread: u8, round: u8) -> Vec<u8> {
+    let tag = (u64::from(round) << 56) | (u64::from(thread) << 48);
+    let mut v = vec![0u8; len];
+    for (i, w) in v.chunks_mut(8).enumerate() {
+        let x = (tag ^ i as u64).to_le_bytes();
+        w.copy_from_slice(&x[..w.len()]);
     }
-    Ok(())
+    v
 }
 
 fn plot(path: &std::path::Path, points: &[Point]) -> Result<(), BoxError> {

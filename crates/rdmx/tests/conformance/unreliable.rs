@@ -294,6 +294,8 @@ pub(crate) fn refused_opcodes(p: &Provider) {
 }
 
 /// Multicast: one SEND to a group reaches every attached QP; a detached QP gets nothing.
+/// On Soft-RoCE the host must hold an IP-level membership of the group (239.1.2.3 there)
+/// for this to pass, as `scripts/rxe-test.sh` does (see `QueuePair::attach_mcast`).
 pub(crate) fn ud_multicast(p: &Provider) {
     let Some(tx) = ud(p) else { return };
     let caps = tx.pd.context().capabilities().clone();

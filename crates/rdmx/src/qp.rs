@@ -411,8 +411,11 @@ impl QueuePair {
 
     /// Datagrams (UD) or whole messages (UC) this queue pair dropped on receipt: a wrong
     /// Q_Key, no receive posted, too long for the receive, a lost packet, a malformed
-    /// packet. Always 0 for RC (which retransmits) and on providers that do not count.
-    pub fn dropped(&self) -> u64 {
+    /// packet; `Some(0)` for RC (which retransmits instead). `None` where the provider
+    /// cannot know: on verbs the adapter drops such datagrams and messages without telling
+    /// the queue pair (rdma-core has no per-QP count of them; some devices keep port-wide
+    /// counters, e.g. Soft-RoCE's under `/sys/class/infiniband/*/ports/*/hw_counters`).
+    pub fn dropped(&self) -> Option<u64> {
         self.imp.dropped()
     }
 

@@ -372,6 +372,13 @@ impl QueuePair {
     /// Attaches this UD queue pair to the multicast group `gid` (`ibv_attach_mcast`; `lid`
     /// is the group's LID on InfiniBand, 0 elsewhere): a send to the group reaches every
     /// attached queue pair.
+    ///
+    /// On Soft-RoCE the host must also be a member of the group at the IP level, on the
+    /// interface of the device (e.g. a UDP socket's `IP_ADD_MEMBERSHIP`, as rdma_cm's
+    /// `rdma_join_multicast` does on RoCE): rxe's `ibv_attach_mcast` registers the group
+    /// with the device only, and the IP layer, which every RoCEv2 datagram passes
+    /// through (those sent to the group from this host come back as IP's multicast
+    /// loopback), drops datagrams of groups the host has not joined.
     pub fn attach_mcast(&self, gid: std::net::Ipv6Addr, lid: u16) -> Result<()> {
         self.check_mcast(gid)?;
         self.imp.attach_mcast(gid.octets(), lid)
@@ -404,8 +411,11 @@ impl QueuePair {
 
     /// Datagrams (UD) or whole messages (UC) this queue pair dropped on receipt: a wrong
     /// Q_Key, no receive posted, too long for the receive, a lost packet, a malformed
-    /// packet. Always 0 for RC (which retransmits) and on providers that do not count.
-    pub fn dropped(&self) -> u64 {
+    /// packet; `Some(0)` for RC (which retransmits instead). `None` where the provider
+    /// cannot know: on verbs the adapter drops such datagrams and messages without telling
+    /// the queue pair (rdma-core has no per-QP count of them; some devices keep port-wide
+    /// counters, e.g. Soft-RoCE's under `/sys/class/infiniband/*/ports/*/hw_counters`).
+    pub fn dropped(&self) -> Option<u64> {
         self.imp.dropped()
     }
 

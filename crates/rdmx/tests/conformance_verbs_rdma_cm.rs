@@ -209,6 +209,96 @@ fn write_read_send_over_rdma_cm() {
     assert_eq!(&got[..18], b"hello over rdma_cm");
 }
 
+/// The `ready` callbacks run with the queue pair in INIT, before the peer can send: the
+/// receives they post take the first messages, which the connecting side sends first
+/// (iWARP has no RNR, and lets the accepting side send only after it).
+#[test]
+fn receives_posted_when_ready_take_the_first_messages() {
+    let Some((dev, ip)) = device() else { return };
+    let (client, server) = (Side::open(&dev, 0xc1), Side::open(&dev, 0x5e));
+    let listener = RdmaCmListener::bind((ip, 0)).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let opts = ConnectOptions::default();
+    let post = |side: &Side, id: u64| {
+        assert_eq!(side.qp.state(), QpState::Init, "ready runs in INIT");
+        let sge = LocalSge::new(&side.mr, 0, 64).unwrap();
+        side.qp.post_recv(RecvRequest::new(id).sge(sge))
+    };
+    std::thread::scope(|s| {
+        let accepted = s.spawn(|| {
+            listener.accept_then(
+                std::slice::from_ref(&server.qp),
+                &opts,
+                &[],
+                TIMEOUT,
+                || post(&server, 10),
+            )
+        });
+        cm::connect_then(
+            addr,
+            std::slice::from_ref(&client.qp),
+            &opts,
+            &[],
+            TIMEOUT,
+            || post(&client, 20),
+        )
+        .unwrap();
+        // The first message goes at once, from the connecting side.
+        client.mr.write_at(64, b"first").unwrap();
+        let sge = LocalSge::new(&client.mr, 64, 5).unwrap();
+        client.qp.post_send(SendRequest::send(21).sge(sge)).unwrap();
+        accepted.join().unwrap().unwrap();
+    });
+    let c = client.wait();
+    assert_eq!((c.wr_id, c.status), (21, WcStatus::Success));
+    let r = server.wait();
+    assert_eq!((r.wr_id, r.status, r.byte_len), (10, WcStatus::Success, 5));
+    let mut got = [0u8; 5];
+    server.mr.read_at(0, &mut got).unwrap();
+    assert_eq!(&got, b"first");
+    // Then the accepting side's, into the receive the client posted before connecting.
+    server.mr.write_at(64, b"reply").unwrap();
+    let sge = LocalSge::new(&server.mr, 64, 5).unwrap();
+    server.qp.post_send(SendRequest::send(11).sge(sge)).unwrap();
+    let c = server.wait();
+    assert_eq!((c.wr_id, c.status), (11, WcStatus::Success));
+    let r = client.wait();
+    assert_eq!((r.wr_id, r.status, r.byte_len), (20, WcStatus::Success, 5));
+    client.mr.read_at(0, &mut got).unwrap();
+    assert_eq!(&got, b"reply");
+}
+
+/// An error from the accepting side's `ready` rejects the request: both sides fail.
+#[test]
+fn an_error_from_ready_rejects_the_connection() {
+    let Some((dev, ip)) = device() else { return };
+    let (client, server) = (Side::open(&dev, 0xc1), Side::open(&dev, 0x5e));
+    let listener = RdmaCmListener::bind((ip, 0)).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let opts = ConnectOptions::default();
+    std::thread::scope(|s| {
+        let accepted = s.spawn(|| {
+            listener.accept_then(
+                std::slice::from_ref(&server.qp),
+                &opts,
+                &[],
+                TIMEOUT,
+                || Err(Error::Protocol("not ready")),
+            )
+        });
+        let connected = cm::connect(addr, std::slice::from_ref(&client.qp), &opts, &[], TIMEOUT);
+        assert!(
+            matches!(connected, Err(Error::RdmaCm { .. })),
+            "the connect fails with an rdma_cm event: {connected:?}"
+        );
+        let accepted = accepted.join().unwrap();
+        assert!(
+            matches!(accepted, Err(Error::Protocol("not ready"))),
+            "the accept returns ready's error: {accepted:?}"
+        );
+    });
+}
+
 #[test]
 fn connect_to_a_port_nobody_listens_on_fails_in_time() {
     let Some((dev, ip)) = device() else { return };

@@ -33,6 +33,9 @@ use super::verify::Expect;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// On iWARP, the requester's first message on every QP, which the responder waits for
+/// before it sends anything (see [`connect_remote`]).
+pub(crate) const HELLO: u32 = 0x4845_4c4f;
 /// The responder is ready (sent once, on QP 0).
 pub(crate) const READY: u32 = 0x5245_4459;
 /// The responder's data checked out.
@@ -346,14 +349,19 @@ impl Side {
 
     /// Posts the side's receives: `rx_depth` on every QP (the requester: one on QP 0).
     pub(crate) fn post_receives(&self) -> Result<(), BoxError> {
-        let n = match self.role {
-            Role::Requester => 1,
-            Role::Responder => self.qps.len(),
-        };
-        for i in 0..n {
-            for r in 0..self.layout.rx_depth as u64 {
-                self.post_recv(i, r)?;
-            }
+        for i in 0..self.qps.len() {
+            self.post_receives_on(i)?;
+        }
+        Ok(())
+    }
+
+    /// Posts QP `i`'s share of [`post_receives`](Self::post_receives).
+    pub(crate) fn post_receives_on(&self, i: usize) -> Result<(), BoxError> {
+        if self.role == Role::Requester && i > 0 {
+            return Ok(());
+        }
+        for r in 0..self.layout.rx_depth as u64 {
+            self.post_recv(i, r)?;
         }
         Ok(())
     }
@@ -824,7 +832,16 @@ pub(crate) fn connect_local(a: &Side, b: &Side, p: &Params) -> Result<(Hello, He
 /// while the client connects its `qps[i]`.
 ///
 /// Returns with the side's receives posted: without --rdma-cm before the peer learns
-/// that the queue pairs are connected, so no message of the peer finds none.
+/// that the queue pairs are connected, with it before each connect request or accept
+/// leaves, so no message of the peer finds none.
+///
+/// On iWARP the client sends first: a [`HELLO`] on every queue pair, which the server
+/// waits for before it returns. iWARP's connection setup (MPA, without the peer-to-peer
+/// mode that adds a handshake frame, as soft-iWARP) lets the accepting side send only
+/// once the connecting side has: a message from the server can reach the client on the
+/// heels of the MPA reply, before the client has taken that reply in, and siw takes it
+/// for a protocol error there (the client's connect fails with
+/// RDMA_CM_EVENT_CONNECT_ERROR, status -22, and the server's receives complete flushed).
 pub(crate) fn connect_remote(
     side: &Side,
     p: &Params,
@@ -879,6 +896,16 @@ pub(crate) fn connect_remote(
             rdmx::Error::Protocol("posting the receives failed")
         })
     };
+    // With --rdma-cm each queue pair's receives go up once it is in INIT, before the
+    // connect request or accept leaves: iWARP has no RNR, so a first message of the peer
+    // that found no receive would break the connection (the receives then complete
+    // flushed).
+    let post_on = |i: usize| {
+        side.post_receives_on(i).map_err(|e| {
+            *failed.borrow_mut() = Some(e);
+            rdmx::Error::Protocol("posting the receives failed")
+        })
+    };
     let post_error = || failed.borrow_mut().take();
     // iWARP's connection manager listens on a kernel TCP port: the next one.
     let iwarp = side.ctx.capabilities().transport == rdmx::Transport::Iwarp;
@@ -927,12 +954,24 @@ pub(crate) fn connect_remote(
             check_peer(&mine, &second)?;
             let mut theirs = second;
             if let Some(l) = rdma_cm {
-                for qp in &side.qps {
-                    l.accept(std::slice::from_ref(qp), &opts, &[], CONNECT_TIMEOUT)
-                        .map_err(|e| format!("rdma_cm: accept on port {port}: {e}"))?;
+                for (i, qp) in side.qps.iter().enumerate() {
+                    l.accept_then(
+                        std::slice::from_ref(qp),
+                        &opts,
+                        &[],
+                        CONNECT_TIMEOUT,
+                        || post_on(i),
+                    )
+                    .map_err(|e| {
+                        post_error().unwrap_or_else(|| {
+                            format!("rdma_cm: accept on port {port}: {e}").into()
+                        })
+                    })?;
                 }
                 rdma_cm_peers(side, &mut theirs);
-                side.post_receives()?;
+                if iwarp {
+                    wait_hellos(side, CONNECT_TIMEOUT)?;
+                }
             }
             theirs
         }
@@ -958,24 +997,68 @@ pub(crate) fn connect_remote(
             let mut theirs = check(second, true)?;
             if p.rdma_cm {
                 let port = &cm_port(*port)?;
-                for qp in &side.qps {
-                    rdmx::verbs::cm::connect(
+                for (i, qp) in side.qps.iter().enumerate() {
+                    rdmx::verbs::cm::connect_then(
                         (host.as_str(), *port),
                         std::slice::from_ref(qp),
                         &opts,
                         &[],
                         CONNECT_TIMEOUT,
+                        || post_on(i),
                     )
-                    .map_err(|e| format!("rdma_cm: connect to {host}:{port}: {e}"))?;
+                    .map_err(|e| {
+                        post_error().unwrap_or_else(|| {
+                            format!("rdma_cm: connect to {host}:{port}: {e}").into()
+                        })
+                    })?;
                 }
                 rdma_cm_peers(side, &mut theirs);
-                side.post_receives()?;
+                if iwarp {
+                    for i in 0..side.qps.len() {
+                        side.send_ctl(i, HELLO)?;
+                    }
+                }
             }
             theirs
         }
         PeerMode::Local => unreachable!("a local run connects with connect_local"),
     };
     Ok(theirs)
+}
+
+/// Responder on iWARP, once rdma_cm connected its queue pairs: waits up to `timeout` for
+/// the requester's [`HELLO`] on every one, reposting the receives they took.
+fn wait_hellos(side: &Side, timeout: Duration) -> Result<(), BoxError> {
+    let mut heard = vec![false; side.qps.len()];
+    let mut wc = [EMPTY; 16];
+    let since = Instant::now();
+    while heard.contains(&false) {
+        let n = poll(&side.cq, &mut wc)?;
+        for c in &wc[..n] {
+            if !matches!(c.opcode, WcOpcode::Recv) {
+                continue;
+            }
+            let i = side.qp_index(c.qp_num);
+            match side.ctl_value(c)? {
+                Some(HELLO) => heard[i] = true,
+                other => {
+                    return Err(format!(
+                        "the peer's first message on QP {:#x} was {other:#x?}, not HELLO",
+                        c.qp_num
+                    )
+                    .into())
+                }
+            }
+            side.post_recv(i, c.wr_id)?;
+        }
+        if n == 0 {
+            if since.elapsed() > timeout {
+                return Err(format!("the peer sent no HELLO within {timeout:?}").into());
+            }
+            std::thread::yield_now();
+        }
+    }
+    Ok(())
 }
 
 /// Accepts on the connection-setup port until an rdmx bench (of this version) has

@@ -262,9 +262,10 @@ pub(crate) trait Qp: Send + Sync + fmt::Debug + Any {
     }
     /// UD datagrams this queue pair dropped on receipt (wrong Q_Key, no receive posted,
     /// too long for the receive, malformed), and UC messages it dropped whole (a lost
-    /// packet, no receive posted).
-    fn dropped(&self) -> u64 {
-        0
+    /// packet, no receive posted); `None` when the provider cannot know (see
+    /// [`QueuePair::dropped`](crate::QueuePair::dropped)).
+    fn dropped(&self) -> Option<u64> {
+        None
     }
     /// `ibv_post_recv`.
     ///

@@ -375,8 +375,8 @@ impl<T: Transport> provider::Qp for SoftQp<T> {
     fn detach_mcast(&self, gid: [u8; 16], _lid: u16) -> Result<()> {
         self.transport.multicast(gid, false)
     }
-    fn dropped(&self) -> u64 {
-        self.transport.with(|e, _| e.dropped())
+    fn dropped(&self) -> Option<u64> {
+        Some(self.transport.with(|e, _| e.dropped()))
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -65,6 +65,15 @@ fn first_addr(addr: impl ToSocketAddrs) -> Result<SocketAddr> {
 /// InfiniBand and RoCE the peer receives it zero-padded to those sizes (the CM messages
 /// have fixed-size fields), so applications send fixed-size records.
 ///
+/// On iWARP two rules of the protocol are the application's to keep. The connecting side
+/// sends first: MPA (without the peer-to-peer mode that adds a handshake frame, as
+/// soft-iWARP runs it) lets the accepting side send only once the connecting side has,
+/// and a message from the accepting side that reaches the connecting side on the heels of
+/// the MPA reply fails its connect (soft-iWARP: `RDMA_CM_EVENT_CONNECT_ERROR`, status
+/// -22, and the accepting side's queue pair breaks, its receives completing flushed).
+/// And receives go up before the peer can send, since iWARP has no RNR: post them in the
+/// `ready` callback of [`accept_then`](Self::accept_then) and [`connect_then`].
+///
 /// ```no_run
 /// # fn main() -> rdmx::Result<()> {
 /// use std::time::Duration;
@@ -114,9 +123,25 @@ impl Listener {
         private: &[u8],
         timeout: Duration,
     ) -> Result<Vec<u8>> {
+        self.accept_then(qps, opts, private, timeout, || Ok(()))
+    }
+
+    /// [`accept`](Self::accept), calling `ready` once the queue pair is in INIT and before
+    /// the accept reaches the requester, so before it can send: receives posted there are
+    /// in place for its first message. iWARP needs that: it has no RNR, and a SEND that
+    /// finds no receive ends the connection (the receiver's queue pair goes to ERR and its
+    /// receives complete flushed). An error from `ready` rejects the request.
+    pub fn accept_then(
+        &self,
+        qps: &[QueuePair],
+        opts: &ConnectOptions,
+        private: &[u8],
+        timeout: Duration,
+        mut ready: impl FnMut() -> Result<()>,
+    ) -> Result<Vec<u8>> {
         let deadline = Instant::now() + timeout;
         let qp = rdma_cm_qp(qps, private, MAX_ACCEPT_PRIVATE)?;
-        self.inner.accept(qp, opts, private, deadline)
+        self.inner.accept(qp, opts, private, deadline, &mut ready)
     }
 }
 
@@ -139,7 +164,22 @@ pub fn connect(
     private: &[u8],
     timeout: Duration,
 ) -> Result<Vec<u8>> {
+    connect_then(addr, qps, opts, private, timeout, || Ok(()))
+}
+
+/// [`connect`], calling `ready` once the queue pair is in INIT and before the connect
+/// request leaves, so before the peer can send: receives posted there are in place for
+/// its first message (see [`Listener::accept_then`]; on iWARP a SEND that finds no
+/// receive ends the connection). An error from `ready` ends the connect.
+pub fn connect_then(
+    addr: impl ToSocketAddrs,
+    qps: &[QueuePair],
+    opts: &ConnectOptions,
+    private: &[u8],
+    timeout: Duration,
+    mut ready: impl FnMut() -> Result<()>,
+) -> Result<Vec<u8>> {
     let deadline = Instant::now() + timeout;
     let qp = rdma_cm_qp(qps, private, MAX_CONNECT_PRIVATE)?;
-    super::rdmacm::connect(qp, first_addr(addr)?, opts, private, deadline)
+    super::rdmacm::connect(qp, first_addr(addr)?, opts, private, deadline, &mut ready)
 }

@@ -506,13 +506,15 @@ fn conn_param(
 
 /// The active side: resolves `addr`, connects `qp` to the listener there and returns the
 /// peer's private data. `private` is at most [`super::cm::MAX_CONNECT_PRIVATE`]
-/// bytes (checked by the caller).
+/// bytes (checked by the caller). `ready` runs once the QP is in INIT, before the connect
+/// request leaves (see [`super::cm::connect_then`]).
 pub(crate) fn connect(
     qp: &Qp,
     addr: SocketAddr,
     opts: &ConnectOptions,
     private: &[u8],
     deadline: Instant,
+    ready: &mut dyn FnMut() -> Result<()>,
 ) -> Result<Vec<u8>> {
     let channel = Channel::new()?;
     let id = Id::create(&channel)?;
@@ -541,6 +543,7 @@ pub(crate) fn connect(
         .expect(ev::RDMA_CM_EVENT_ROUTE_RESOLVED, during)?;
     let depths = depths(qp, opts);
     move_to(qp, &id, QpState::Init, opts, depths)?;
+    ready()?;
     let mut param = conn_param(qp, opts, private, depths);
     // SAFETY: the id is live with its route resolved; `param` and the private data it
     // points to live across the call (librdmacm copies them).
@@ -611,13 +614,16 @@ impl Listener {
 
     /// Waits until `deadline` for a connect request, connects `qp` to it and returns the
     /// peer's private data. `private` is at most
-    /// [`super::cm::MAX_ACCEPT_PRIVATE`] bytes (checked by the caller).
+    /// [`super::cm::MAX_ACCEPT_PRIVATE`] bytes (checked by the caller). `ready` runs once
+    /// the QP is in INIT, before the accept leaves (see
+    /// [`super::cm::Listener::accept_then`]).
     pub(crate) fn accept(
         &self,
         qp: &Qp,
         opts: &ConnectOptions,
         private: &[u8],
         deadline: Instant,
+        ready: &mut dyn FnMut() -> Result<()>,
     ) -> Result<Vec<u8>> {
         // The connection gets a channel of its own, so that the listener's keeps only
         // connect requests. Declared before the id, so that it is dropped after it.
@@ -628,7 +634,7 @@ impl Listener {
             .next(deadline, during)?
             .expect(ev::RDMA_CM_EVENT_CONNECT_REQUEST, during)?;
         let id = Id::from_request(&req)?;
-        match Self::accept_request(&id, &channel, &req, qp, opts, private, deadline) {
+        match Self::accept_request(&id, &channel, &req, qp, opts, private, deadline, ready) {
             Ok(()) => {
                 qp.keep_cm(Conn {
                     _id: id,
@@ -645,6 +651,7 @@ impl Listener {
         }
     }
 
+    #[allow(clippy::too_many_arguments)] // the steps of one accept, kept together
     fn accept_request(
         id: &Id,
         channel: &Channel,
@@ -653,6 +660,7 @@ impl Listener {
         opts: &ConnectOptions,
         private: &[u8],
         deadline: Instant,
+        ready: &mut dyn FnMut() -> Result<()>,
     ) -> Result<()> {
         // SAFETY: both are live; the request's event was acknowledged already, so no event
         // of the id is outstanding on the old channel.
@@ -666,6 +674,7 @@ impl Listener {
             resp.min(req.initiator_depth),
         );
         move_to(qp, id, QpState::Init, opts, depths)?;
+        ready()?;
         let iwarp = iwarp(qp);
         if !iwarp {
             move_to(qp, id, QpState::Rtr, opts, depths)?;

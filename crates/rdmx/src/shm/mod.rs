@@ -77,6 +77,9 @@ pub use copy::copy_slice;
 mod qp;
 mod ring;
 mod sys;
+mod ud;
+
+pub use ud::{socket_name as ud_socket_name, UdStats, MAX_QUEUED, MAX_WAIT};
 
 use std::any::Any;
 use std::cmp::Reverse;
@@ -92,7 +95,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use slab::Slab;
 
 use qp::{Conn, Peer, ShmQp};
-use rdmx_core::Mtu;
+use rdmx_core::{Mtu, QpType};
 use ring::Segment;
 
 use crate::endpoint::{PeerAddr, QpEndpoint};
@@ -216,11 +219,22 @@ fn limits(ring_bytes: usize) -> rdmx_core::QpLimits {
     soft::limits(Mtu::Bytes(max_mtu(ring_bytes)))
 }
 
+fn active_mtu(ring_bytes: usize) -> u32 {
+    ACTIVE_MTU.min(max_mtu(ring_bytes))
+}
+
 fn caps(ring_bytes: usize) -> Capabilities {
-    soft::capabilities(
-        &limits(ring_bytes),
-        Mtu::Bytes(ACTIVE_MTU.min(max_mtu(ring_bytes))),
-    )
+    let mut caps = soft::capabilities(&limits(ring_bytes), Mtu::Bytes(active_mtu(ring_bytes)));
+    // Datagrams go through each context's datagram socket (`ud`); no multicast.
+    caps.ud = true;
+    caps
+}
+
+/// What an shm context's UD datagram socket received, sent and dropped so far; `None`
+/// for a context of another provider.
+pub fn ud_stats(ctx: &crate::Context) -> Option<UdStats> {
+    let d = ctx.device().as_any().downcast_ref::<Device>()?;
+    Some(d.driver.ud.stats())
 }
 
 /// An shm device: a key table and a driver.
@@ -305,6 +319,27 @@ impl SoftDevice for Device {
     fn create_qp(&self, init: provider::QpInit<'_>) -> Result<Box<dyn provider::Qp>> {
         let srq = SoftSrq::of(init.srq)?;
         let qpn = self.driver.alloc_qpn();
+        if init.qp_type == QpType::Ud {
+            // A UD message is at most the active path MTU: one datagram.
+            let cfg = soft::config(&init, qpn);
+            let engine = Engine::new(cfg, soft::limits(Mtu::Bytes(active_mtu(self.ring_bytes))));
+            let qp = Arc::new(ud::UdQp::new(
+                qpn,
+                self.driver.ud.clone(),
+                engine,
+                self.keys.clone(),
+                (init.send_cq.core.clone(), init.recv_cq.core.clone()),
+                srq,
+            ));
+            self.driver.ud.add(qp.clone());
+            return Ok(Box::new(SoftQp {
+                qpn,
+                transport: UdLink {
+                    qp,
+                    addr: self.driver.addr(),
+                },
+            }));
+        }
         let mut cfg = soft::config(&init, qpn);
         // The rings deliver every packet once and in order, or the connection fails.
         soft::reliable_link(&mut cfg);
@@ -393,8 +428,33 @@ impl Drop for Link {
     }
 }
 
+/// A UD shm QP as the software host sees it: it has no connection, and sends through its
+/// context's datagram socket.
+#[derive(Debug)]
+struct UdLink {
+    qp: Arc<ud::UdQp>,
+    addr: PeerAddr,
+}
+
+impl Transport for UdLink {
+    fn with<T>(&self, f: impl FnOnce(&mut Engine, &Keys) -> T) -> T {
+        self.qp.with(|i| f(&mut i.engine, &i.keys))
+    }
+    fn address(&self) -> PeerAddr {
+        self.addr
+    }
+}
+
+impl Drop for UdLink {
+    fn drop(&mut self) {
+        self.qp.port.remove(self.qp.qpn);
+    }
+}
+
 const EVENT: u64 = 0;
 const LISTENER: u64 = 1;
+/// The datagram socket's token (QP and handshake tokens count up from 2).
+const UD: u64 = u64::MAX;
 /// The progress thread leaves the rings to an application that polled this recently.
 const HANDOVER: Duration = Duration::from_millis(1);
 /// The progress thread spins this long after the last work before it sleeps. Waking it
@@ -468,6 +528,8 @@ pub(crate) struct Driver {
     direct: bool,
     /// Other users whose processes may be peers.
     allowed_uids: Vec<u32>,
+    /// The datagram socket of UD queue pairs.
+    ud: Arc<ud::Port>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -505,6 +567,15 @@ impl Driver {
         epoll
             .add(listener.as_raw_fd(), LISTENER)
             .map_err(|e| Error::Io("epoll_ctl", e))?;
+        let ud = ud::Port::bind(
+            pid,
+            id,
+            active_mtu(opts.ring_bytes) as usize,
+            opts.allowed_uids.clone(),
+        )?;
+        epoll
+            .add(ud.fd(), UD)
+            .map_err(|e| Error::Io("epoll_ctl", e))?;
         let driver = Arc::new(Driver {
             epoll,
             listener,
@@ -529,6 +600,7 @@ impl Driver {
             cma: opts.cma,
             direct: opts.direct,
             allowed_uids: opts.allowed_uids.clone(),
+            ud: Arc::new(ud),
         });
         let d = Arc::downgrade(&driver);
         std::thread::Builder::new()
@@ -659,7 +731,8 @@ impl Driver {
                 q.inner.lock().set_asleep(true);
             }
             d.sleeping.store(true, Ordering::SeqCst);
-            let ready = active.iter().any(|q| q.inner.lock().ready());
+            let ready =
+                active.iter().any(|q| q.inner.lock().ready()) || d.ud.backlogged();
             if !ready {
                 // Read after `sleeping` is raised: a timer scheduled later signals.
                 let next = d.timers.lock().peek().map(|Reverse((t, _))| *t);
@@ -699,6 +772,9 @@ impl Driver {
                 }
             }
         }
+        if self.ud.in_use() {
+            moved |= self.ud.progress(now);
+        }
         moved | self.fire_timers(now)
     }
 
@@ -731,6 +807,9 @@ impl Driver {
             match ev {
                 EVENT => sys::drain(self.event.as_raw_fd()),
                 LISTENER => self.accept(),
+                UD => {
+                    self.ud.progress(Instant::now());
+                }
                 t if t % 2 == 0 => {
                     let qp = self
                         .qps

@@ -322,6 +322,7 @@ impl Port {
             let info = DatagramInfo {
                 sgid: crate::shm_gid(pid, id).octets(),
                 dgid: self.gid,
+                roce_ipv4: false,
             };
             qp.deliver(&info, bytes, now);
         }

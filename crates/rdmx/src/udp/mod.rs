@@ -43,6 +43,7 @@ mod driver;
 pub mod icrc;
 mod qp;
 mod sys;
+mod ud;
 
 use std::any::Any;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -201,7 +202,7 @@ pub(crate) const ENTRY: provider::Entry = provider::Entry {
         vec![provider::DeviceInfo {
             provider: NAME,
             name: DEVICE.to_string(),
-            capabilities: soft::capabilities(&limits(Mtu::Mtu4096), Mtu::Mtu4096),
+            capabilities: caps(Mtu::Mtu4096, true),
             gid: None,
         }]
     },
@@ -217,6 +218,17 @@ pub(crate) const ENTRY: provider::Entry = provider::Entry {
 
 fn limits(max_mtu: Mtu) -> rdmx_core::QpLimits {
     soft::limits(max_mtu)
+}
+
+/// Capabilities of a context whose path MTU is at most `max_mtu`, bound to an IPv4
+/// address (`ipv4`) or an IPv6 one.
+fn caps(max_mtu: Mtu, ipv4: bool) -> Capabilities {
+    let mut caps = soft::capabilities(&limits(max_mtu), max_mtu);
+    // Every datagram goes to the address its own address handle names (`ud`); groups are
+    // IPv4 multicast groups.
+    caps.ud = true;
+    caps.multicast = ipv4;
+    caps
 }
 
 /// Bytes of a datagram's headers beyond the payload, at most (BTH, RETH, immediate data or
@@ -309,6 +321,8 @@ struct Device {
     max_mtu: Mtu,
     send_window: u32,
     driver: Arc<Driver>,
+    /// The multicast groups its UD queue pairs joined.
+    groups: Arc<ud::Groups>,
 }
 
 impl Device {
@@ -328,6 +342,8 @@ impl Device {
             Some(a) => sys::bind(a).map_err(|e| Error::Io("bind", e))?,
             None => bind_loopback()?,
         };
+        ud::prepare(&sock)?;
+        let ipv4 = sock.local_addr().is_ok_and(|a| a.is_ipv4());
         let seed = soft::seed()?;
         let driver = Driver::start(Start {
             sock,
@@ -341,10 +357,11 @@ impl Device {
         })?;
         Ok(Device {
             keys: Arc::new(Keys::new(seed)),
-            caps: soft::capabilities(&limits(opts.max_mtu), opts.max_mtu),
+            caps: caps(opts.max_mtu, ipv4),
             max_mtu: opts.max_mtu,
             send_window: opts.send_window,
             driver,
+            groups: Arc::new(ud::Groups::default()),
         })
     }
 }
@@ -408,7 +425,11 @@ impl SoftDevice for Device {
         self.driver.add_qp(qp.clone());
         Ok(Box::new(SoftQp {
             qpn,
-            transport: Link { qp },
+            transport: Link {
+                qp,
+                groups: self.groups.clone(),
+                max_datagram: self.max_mtu.bytes() as usize + HEADROOM,
+            },
         }))
     }
 }
@@ -436,6 +457,8 @@ impl provider::Cq for Cq {
 #[derive(Debug)]
 struct Link {
     qp: Arc<UdpQp>,
+    groups: Arc<ud::Groups>,
+    max_datagram: usize,
 }
 
 impl Transport for Link {
@@ -473,10 +496,15 @@ impl Transport for Link {
         self.qp.inner.lock().peer = Some(addr);
         Ok(())
     }
+    fn multicast(&self, gid: [u8; 16], attach: bool) -> Result<()> {
+        self.groups
+            .attach(&self.qp, gid, attach, self.max_datagram)
+    }
 }
 
 impl Drop for Link {
     fn drop(&mut self) {
+        self.groups.leave_all(self.qp.qpn);
         self.qp.driver.remove_qp(self.qp.qpn);
     }
 }

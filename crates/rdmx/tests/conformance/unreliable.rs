@@ -298,11 +298,18 @@ pub(crate) fn ud_multicast(p: &Provider) {
     let Some(tx) = ud(p) else { return };
     let caps = tx.pd.context().capabilities().clone();
     // RoCEv2 over IPv4 (a context whose GID maps an IPv4 address) joins IPv4 groups.
-    let group: Ipv6Addr = match tx.qp.endpoint().addr {
-        rdmx::PeerAddr::Gid(g) if g.to_ipv4_mapped().is_some() => {
-            std::net::Ipv4Addr::new(239, 1, 2, 3).to_ipv6_mapped()
-        }
-        _ => "ff0e::1:2:3".parse().unwrap(),
+    let group: Ipv6Addr = if AhAttr::to_endpoint(&tx.qp.endpoint())
+        .dgid
+        .to_ipv4_mapped()
+        .is_some()
+    {
+        // A group of this test's own (named after the sender's QPN): other tests of the
+        // host may be sending to theirs at the same time.
+        let [_, x, y, z] = tx.qp.qp_num().to_be_bytes();
+        std::net::Ipv4Addr::new(239, x, y, z).to_ipv6_mapped()
+    } else {
+        let n = tx.qp.qp_num();
+        Ipv6Addr::new(0xff0e, 0, 0, 0, 0, 0, (n >> 16) as u16, n as u16)
     };
     let members: Vec<Ep> = (0..3).filter_map(|_| ud(p)).collect();
     if !caps.multicast {

@@ -28,7 +28,7 @@
 //!
 //! The kernel bounds each socket's queue (`net.unix.max_dgram_qlen` datagrams, and the
 //! socket buffer): a send to a full socket is retried from a queue of at most
-//! [`MAX_QUEUED`] datagrams, each for at most [`MAX_WAIT`], after which it is dropped and
+//! [`MAX_QUEUED`] bytes, each datagram for at most [`MAX_WAIT`], after which it is dropped and
 //! counted, as a congested network drops datagrams. A datagram to a context that does not
 //! exist (any more) is dropped at once. There is no multicast on shm.
 
@@ -48,8 +48,8 @@ use crate::provider::{CqCore, MrRef};
 use crate::soft::{self, Engine, Keys};
 use crate::{Error, Result};
 
-/// Datagrams waiting for room in a full destination socket, at most.
-pub const MAX_QUEUED: usize = 1024;
+/// Bytes of datagrams waiting for room in full destination sockets, at most.
+pub const MAX_QUEUED: usize = 4 << 20;
 /// How long a datagram waits for room before it is dropped.
 pub const MAX_WAIT: Duration = Duration::from_secs(1);
 /// Datagrams read in one go before the reader lets others run.
@@ -90,7 +90,7 @@ pub struct UdStats {
     /// Datagrams sent.
     pub sent: u64,
     /// Datagrams dropped on the way out: no such context, no room within
-    /// [`MAX_WAIT`], more than [`MAX_QUEUED`] waiting, or a destination GID that names no
+    /// [`MAX_WAIT`], more than [`MAX_QUEUED`] bytes waiting, or a destination GID that names no
     /// shm context.
     pub send_dropped: u64,
 }
@@ -137,7 +137,8 @@ pub(crate) struct Port {
     /// This context's GID (the destination in the GRH of what it receives).
     gid: [u8; 16],
     qps: RwLock<HashMap<u32, Arc<UdQp>>>,
-    out: Mutex<VecDeque<Queued>>,
+    /// Datagrams waiting for room, and their bytes.
+    out: Mutex<(VecDeque<Queued>, usize)>,
     rx: Mutex<Vec<u8>>,
     /// Users whose processes may send (besides this one's).
     allowed_uids: Vec<u32>,
@@ -170,7 +171,7 @@ impl Port {
             sock,
             gid: crate::shm_gid(pid, id).octets(),
             qps: RwLock::new(HashMap::new()),
-            out: Mutex::new(VecDeque::new()),
+            out: Mutex::new((VecDeque::new(), 0)),
             // One byte more than the largest packet, to tell a longer one.
             rx: Mutex::new(vec![0; max_message + HEADROOM + 1]),
             allowed_uids,
@@ -193,7 +194,7 @@ impl Port {
 
     /// Whether datagrams wait for room (the progress thread must not sleep long).
     pub(crate) fn backlogged(&self) -> bool {
-        !self.out.lock().is_empty()
+        !self.out.lock().0.is_empty()
     }
 
     pub(crate) fn add(&self, qp: Arc<UdQp>) {
@@ -216,14 +217,16 @@ impl Port {
             self.counters.add(SEND_DROPPED);
             return;
         };
-        let mut out = self.out.lock();
+        let mut g = self.out.lock();
+        let (out, queued) = &mut *g;
         if out.is_empty() && self.try_send(&to, &bytes) {
             return;
         }
-        if out.len() >= MAX_QUEUED {
+        if *queued + bytes.len() > MAX_QUEUED {
             self.counters.add(SEND_DROPPED);
             return;
         }
+        *queued += bytes.len();
         out.push_back(Queued {
             to,
             bytes,
@@ -250,21 +253,22 @@ impl Port {
 
     /// Sends queued datagrams while there is room; drops those that waited too long.
     fn flush(&self, now: Instant) -> bool {
-        let Some(mut out) = self.out.try_lock() else {
+        let Some(mut g) = self.out.try_lock() else {
             return false;
         };
+        let (out, queued) = &mut *g;
         let mut moved = false;
         while let Some(q) = out.front() {
-            if self.try_send(&q.to, &q.bytes) {
-                out.pop_front();
-                moved = true;
-            } else if now.saturating_duration_since(q.since) > MAX_WAIT {
-                out.pop_front();
-                self.counters.add(SEND_DROPPED);
-                moved = true;
-            } else {
+            let sent = self.try_send(&q.to, &q.bytes);
+            if !sent && now.saturating_duration_since(q.since) <= MAX_WAIT {
                 break;
             }
+            if !sent {
+                self.counters.add(SEND_DROPPED);
+            }
+            *queued -= q.bytes.len();
+            out.pop_front();
+            moved = true;
         }
         moved
     }

@@ -169,11 +169,11 @@ mod udp {
 
     #[test]
     fn bad_datagrams_are_dropped_and_counted() {
-        let (v, at) = open("127.3.0.2:4791");
-        let (tx, _) = open("127.3.0.1:4791");
+        let (v, at) = open("127.4.0.2:4791");
+        let (tx, _) = open("127.4.0.1:4791");
         let mr = post_recvs(&v);
         let before = image(&mr);
-        let s = UdpSocket::bind("127.3.0.9:0").expect("bind");
+        let s = UdpSocket::bind("127.4.0.9:0").expect("bind");
         let me = s.local_addr().expect("addr");
         let qpn = v.qp.qp_num();
         let s0 = stats(&v.ctx).expect("udp");
@@ -213,8 +213,8 @@ mod udp {
 
     #[test]
     fn a_flood_is_dropped_with_bounded_memory_while_datagrams_still_arrive() {
-        let (v, at) = open("127.3.0.4:4791");
-        let (tx, _) = open("127.3.0.3:4791");
+        let (v, at) = open("127.4.0.4:4791");
+        let (tx, _) = open("127.4.0.3:4791");
         let _mr = post_recvs(&v);
         let qpn = v.qp.qp_num();
         let rss0 = rss_kib();
@@ -222,7 +222,7 @@ mod udp {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let flooder = std::thread::spawn(move || {
-            let s = UdpSocket::bind("127.3.0.9:0").expect("bind");
+            let s = UdpSocket::bind("127.4.0.9:0").expect("bind");
             let me = s.local_addr().expect("addr");
             let mut rng = Rng(99);
             let mut sent = 0u64;

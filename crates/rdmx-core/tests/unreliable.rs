@@ -169,12 +169,19 @@ fn over_roce_ipv4_the_grh_area_holds_the_ipv4_header_as_rxe_writes_it() {
     // IP + UDP + the packet + its ICRC (taken off before the engine saw it).
     let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
     assert_eq!(total, 20 + 8 + d.len() + 4);
-    assert_eq!((&ip[12..16], &ip[16..20]), (&[127, 0, 0, 1][..], &[127, 0, 0, 2][..]));
+    assert_eq!(
+        (&ip[12..16], &ip[16..20]),
+        (&[127, 0, 0, 1][..], &[127, 0, 0, 2][..])
+    );
     let sum: u32 = ip
         .chunks(2)
         .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
         .sum();
-    assert_eq!((sum & 0xffff) + (sum >> 16), 0xffff, "a valid header checksum");
+    assert_eq!(
+        (sum & 0xffff) + (sum >> 16),
+        0xffff,
+        "a valid header checksum"
+    );
 }
 
 #[test]

@@ -43,10 +43,9 @@ fn ud(ctx: Context) -> Ud {
 
 /// The victim's receives: `RECVS` slots of the GRH area plus `LEN` bytes.
 fn post_recvs(v: &Ud) -> MemoryRegion {
-    let mr = v
-        .pd
-        .register(vec![0u8; RECVS * (GRH_LEN + LEN)], Access::LOCAL_WRITE)
-        .expect("register");
+    let mr =
+        v.pd.register(vec![0u8; RECVS * (GRH_LEN + LEN)], Access::LOCAL_WRITE)
+            .expect("register");
     for i in 0..RECVS {
         let at = i * (GRH_LEN + LEN);
         v.qp.post_recv(
@@ -197,7 +196,9 @@ mod udp {
             s.send_to(&rng.bytes(len), at).expect("send");
             n += 1;
         }
-        until(&v, || stats(&v.ctx).expect("udp").received >= s0.received + n);
+        until(&v, || {
+            stats(&v.ctx).expect("udp").received >= s0.received + n
+        });
         quiet(&v, "hostile datagrams");
         let s1 = stats(&v.ctx).expect("udp");
         assert_eq!(s1.received - s0.received, n, "{s1:?}");
@@ -205,7 +206,11 @@ mod udp {
         assert_eq!(s1.unknown_qp - s0.unknown_qp, 1, "{s1:?}");
         assert!(s1.bad_icrc - s0.bad_icrc >= 1, "{s1:?}");
         assert!(s1.bad_length - s0.bad_length >= 1, "{s1:?}");
-        assert_eq!(v.qp.dropped() - d0, 2, "the wrong Q_Key and the truncated DETH");
+        assert_eq!(
+            v.qp.dropped() - d0,
+            2,
+            "the wrong Q_Key and the truncated DETH"
+        );
         assert_eq!(image(&mr), before, "no hostile datagram wrote memory");
         // The first receive is still there for a real datagram.
         assert_eq!(real_datagram_arrives(&tx, &v, 3), 0);
@@ -309,20 +314,31 @@ mod shm {
         send(&s, &[0x64, 0, 0xff]);
         send(&s, &ud_packet(qpn, QKEY, 0x42, &vec![1; 70_000]));
         // From no context's socket (unnamed), and from one naming another process.
-        send(&UnixDatagram::unbound().expect("socket"), &ud_packet(qpn, QKEY, 0x42, &[1; 8]));
-        send(&stranger(me ^ 1, 0x7e57_0002), &ud_packet(qpn, QKEY, 0x42, &[1; 8]));
+        send(
+            &UnixDatagram::unbound().expect("socket"),
+            &ud_packet(qpn, QKEY, 0x42, &[1; 8]),
+        );
+        send(
+            &stranger(me ^ 1, 0x7e57_0002),
+            &ud_packet(qpn, QKEY, 0x42, &[1; 8]),
+        );
         for _ in 0..50 {
             let len = (rng.next() % 200) as usize;
             send(&s, &rng.bytes(len));
         }
-        until(&v, || ud_stats(&v.ctx).expect("shm").received >= s0.received + n);
+        until(&v, || {
+            ud_stats(&v.ctx).expect("shm").received >= s0.received + n
+        });
         quiet(&v, "hostile datagrams");
         let s1 = ud_stats(&v.ctx).expect("shm");
         assert_eq!(s1.received - s0.received, n, "{s1:?}");
         assert_eq!(s1.wrong_source - s0.wrong_source, 2, "{s1:?}");
         assert!(s1.bad_length - s0.bad_length >= 2, "{s1:?}");
         assert!(s1.unknown_qp - s0.unknown_qp >= 1, "{s1:?}");
-        assert!(v.qp.dropped() - d0 >= 2, "the wrong Q_Key and the truncated DETH");
+        assert!(
+            v.qp.dropped() - d0 >= 2,
+            "the wrong Q_Key and the truncated DETH"
+        );
         assert_eq!(image(&mr), before, "no hostile datagram wrote memory");
         assert_eq!(real_datagram_arrives(&tx, &v, 3), 0);
     }
@@ -368,7 +384,10 @@ mod shm {
         stop.store(true, Ordering::Relaxed);
         let sent = flooder.join().expect("flooder");
         let s1 = ud_stats(&v.ctx).expect("shm");
-        eprintln!("flood: {sent} sent: {s1:?}, dropped by the QP {}", v.qp.dropped());
+        eprintln!(
+            "flood: {sent} sent: {s1:?}, dropped by the QP {}",
+            v.qp.dropped()
+        );
         assert!(v.qp.dropped() > 0, "the wrong Q_Keys were counted");
         let grown = rss_kib().saturating_sub(rss0);
         assert!(grown < 32 * 1024, "memory grew by {grown} KiB");

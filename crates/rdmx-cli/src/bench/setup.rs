@@ -1147,6 +1147,7 @@ mod tests {
                 len: 1,
                 rkey: 1,
             }],
+            gid: None,
         };
         let mine = hello(Role::Requester, &p);
         assert!(check_peer(&mine, &hello(Role::Responder, &p)).is_ok());

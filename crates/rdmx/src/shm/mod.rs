@@ -63,6 +63,24 @@
 //! open: its end tells either side that the other has gone (exited, or was killed), and
 //! the queue pair then goes to the error state with its requests flushed.
 //!
+//! ## UD
+//!
+//! UD queue pairs have no ring: each context also binds a Unix datagram socket in the
+//! abstract namespace ([`ud_socket_name`], named like the listener), and a UD datagram,
+//! one IBTA packet (BTH, DETH, immediate data, payload), goes to the socket of the
+//! context its address handle names. An address handle names an shm context by a GID of
+//! its process id and random number ([`shm_gid`](crate::shm_gid)); the datagram's QP
+//! within it is the BTH's destination QPN. The receiving socket asks for every sender's
+//! credentials (`SO_PASSCRED`): a datagram counts only from a process of this user (or
+//! one in [`Options::allowed_uids`]) sent from a socket named as a context of that very
+//! process, so the source GID in the GRH area is the sender's own. Malformed datagrams,
+//! strangers' and those for QPs that do not exist are dropped and counted
+//! ([`ud_stats`]); the engine drops (and counts per QP) a wrong Q_Key or no receive. The
+//! kernel bounds each socket's queue; a send to a full one waits in a queue bounded by
+//! [`MAX_QUEUED`] bytes for at most [`MAX_WAIT`], then is dropped, as a congested
+//! network drops datagrams. The kernel copies each datagram in and out: the path is for
+//! messages of up to the path MTU, not bulk data. There is no multicast on shm.
+//!
 //! ## Progress
 //!
 //! As on tcp, whoever polls makes progress: a poll of one of the context's CQs reads every
@@ -731,8 +749,7 @@ impl Driver {
                 q.inner.lock().set_asleep(true);
             }
             d.sleeping.store(true, Ordering::SeqCst);
-            let ready =
-                active.iter().any(|q| q.inner.lock().ready()) || d.ud.backlogged();
+            let ready = active.iter().any(|q| q.inner.lock().ready()) || d.ud.backlogged();
             if !ready {
                 // Read after `sleeping` is raised: a timer scheduled later signals.
                 let next = d.timers.lock().peek().map(|Reverse((t, _))| *t);

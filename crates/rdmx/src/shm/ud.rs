@@ -64,7 +64,9 @@ pub fn socket_name(pid: u32, id: u32) -> String {
 
 /// The process and context a datagram socket name names.
 fn parse_name(name: &[u8]) -> Option<(u32, u32)> {
-    let rest = std::str::from_utf8(name).ok()?.strip_prefix("rdmx-shm-ud.")?;
+    let rest = std::str::from_utf8(name)
+        .ok()?
+        .strip_prefix("rdmx-shm-ud.")?;
     let (pid, id) = rest.split_once('.')?;
     if id.len() != 8 {
         return None;

@@ -11,9 +11,11 @@
 //! ## What a datagram must pass
 //!
 //! Before its packet reaches the engine, a datagram must have a plausible length, a
-//! correct ICRC (unless [`Options::verify_icrc`] is off), an RC opcode, transport version
-//! 0 and the default partition; name a QP of this context; come from the exact address and
-//! port of the peer that QP was connected to; and find the QP in RTR, RTS or SQD. Anything
+//! correct ICRC (unless [`Options::verify_icrc`] is off), an RC, UC or UD SEND opcode,
+//! transport version 0 and the default partition; name a QP of this context; come from the
+//! exact address and port of the peer that QP was connected to (not for a UD QP, which has
+//! no peer: any source, its Q_Key checked by the engine); and find the QP in RTR, RTS or
+//! SQD. Anything
 //! else is dropped and counted ([`stats`]). A peer on port 4791 is a RoCE port, which
 //! may send from any source port (Linux rxe picks one per QP): only its address is
 //! compared. Everything no state is kept for strangers, so a flood
@@ -30,6 +32,22 @@
 //! the ACK timer, PSN-sequence NAKs, RNR waits). So that a burst does not overrun the
 //! peer's socket buffer, the requester keeps at most [`Options::send_window`] packets
 //! unacknowledged and asks for an ACK every quarter window.
+//!
+//! ## UD and multicast
+//!
+//! A UD datagram goes to port 4791 of the address its address handle's GID names (an
+//! IPv4-mapped GID is an IPv4 address, as rxe's `rdma_gid2ip` reads it), from the
+//! context's socket; what arrives for a UD QP is checked as above and handed to its engine
+//! with the source and destination addresses for the GRH area, which over IPv4 gets what
+//! rxe writes there (20 zero bytes, then the IPv4 header, rebuilt: identification 0 and TTL
+//! 64 stand for what the socket does not show). An IPv4 context joins IPv4 multicast groups
+//! (IPv4-mapped GIDs of 224.0.0.0/4): the first of its QPs to attach opens a socket bound
+//! to the group's address on port 4791 (`SO_REUSEADDR`, so every context of the host can)
+//! and joins it on the context's interface (`IP_ADD_MEMBERSHIP`); a thread per joined group
+//! reads it and hands each datagram for QPN `0xFFFFFF` to every attached QP of the
+//! context; the last to detach closes it. Datagrams to a group leave through the
+//! context's interface (`IP_MULTICAST_IF`) and loop back to the host's members. An IPv6
+//! context has no multicast (its capabilities say so).
 //!
 //! ## Batching and progress
 //!
@@ -497,8 +515,7 @@ impl Transport for Link {
         Ok(())
     }
     fn multicast(&self, gid: [u8; 16], attach: bool) -> Result<()> {
-        self.groups
-            .attach(&self.qp, gid, attach, self.max_datagram)
+        self.groups.attach(&self.qp, gid, attach, self.max_datagram)
     }
 }
 

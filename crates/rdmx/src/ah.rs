@@ -17,7 +17,9 @@ pub const LOCAL_GID: Ipv6Addr = Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0x7f00, 0x0
 /// The first 64 bits of the GID that names an shm context ([`PeerAddr::Unix`]) in an
 /// address handle and in the GRH of the datagrams it sends and receives: `fd72:646d:7873:686d`
 /// (a unique-local prefix, `fd` then "rdmxshm" in ASCII), followed by the context's
-/// process id and its random number, 32 bits each.
+/// random number and its process id, 32 bits each. (The process id comes last: in a GRH
+/// area the source GID's last four bytes are where RoCEv2 over IPv4 has the IP header's
+/// first, and a process id's top byte, 0, never reads as IP version 4 there.)
 pub const SHM_GID_PREFIX: [u16; 4] = [0xfd72, 0x646d, 0x7873, 0x686d];
 
 /// The GID naming shm context `id` of process `pid` (see [`SHM_GID_PREFIX`]).
@@ -28,10 +30,10 @@ pub fn shm_gid(pid: u32, id: u32) -> Ipv6Addr {
         p[1],
         p[2],
         p[3],
-        (pid >> 16) as u16,
-        pid as u16,
         (id >> 16) as u16,
         id as u16,
+        (pid >> 16) as u16,
+        pid as u16,
     )
 }
 
@@ -40,8 +42,8 @@ pub fn shm_of_gid(gid: Ipv6Addr) -> Option<(u32, u32)> {
     let s = gid.segments();
     (s[..4] == SHM_GID_PREFIX).then(|| {
         (
-            (u32::from(s[4]) << 16) | u32::from(s[5]),
             (u32::from(s[6]) << 16) | u32::from(s[7]),
+            (u32::from(s[4]) << 16) | u32::from(s[5]),
         )
     })
 }
@@ -163,9 +165,12 @@ mod tests {
     #[test]
     fn shm_gids_round_trip_and_others_are_not_shm() {
         let g = shm_gid(0x0012_3456, 0xdead_beef);
-        assert_eq!(g.to_string(), "fd72:646d:7873:686d:12:3456:dead:beef");
+        assert_eq!(g.to_string(), "fd72:646d:7873:686d:dead:beef:12:3456");
         assert_eq!(shm_of_gid(g), Some((0x0012_3456, 0xdead_beef)));
         assert_eq!(shm_of_gid(LOCAL_GID), None);
+        // In a GRH area the GID's byte 12 sits where an IPv4 header's version would: a
+        // process id (at most 2^22) keeps it 0.
+        assert_eq!(shm_gid(1 << 22, u32::MAX).octets()[12], 0);
         assert_eq!(shm_of_gid("fd72:646d:7873:686e::1".parse().unwrap()), None);
     }
 }

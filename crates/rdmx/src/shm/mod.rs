@@ -69,7 +69,7 @@
 //! abstract namespace ([`ud_socket_name`], named like the listener), and a UD datagram,
 //! one IBTA packet (BTH, DETH, immediate data, payload), goes to the socket of the
 //! context its address handle names. An address handle names an shm context by a GID of
-//! its process id and random number ([`shm_gid`](crate::shm_gid)); the datagram's QP
+//! its random number and process id ([`shm_gid`](crate::shm_gid)); the datagram's QP
 //! within it is the BTH's destination QPN. The receiving socket asks for every sender's
 //! credentials (`SO_PASSCRED`): a datagram counts only from a process of this user (or
 //! one in [`Options::allowed_uids`]) sent from a socket named as a context of that very

@@ -36,7 +36,7 @@ use std::collections::{HashMap, VecDeque};
 use std::os::fd::AsRawFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixDatagram};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -139,6 +139,9 @@ pub(crate) struct Port {
     /// This context's GID (the destination in the GRH of what it receives).
     gid: [u8; 16],
     qps: RwLock<HashMap<u32, Arc<UdQp>>>,
+    /// How many: read by every round of the driver, which looks at the socket only when
+    /// there are any.
+    count: AtomicUsize,
     /// Datagrams waiting for room, and their bytes.
     out: Mutex<(VecDeque<Queued>, usize)>,
     rx: Mutex<Vec<u8>>,
@@ -173,6 +176,7 @@ impl Port {
             sock,
             gid: crate::shm_gid(pid, id).octets(),
             qps: RwLock::new(HashMap::new()),
+            count: AtomicUsize::new(0),
             out: Mutex::new((VecDeque::new(), 0)),
             // One byte more than the largest packet, to tell a longer one.
             rx: Mutex::new(vec![0; max_message + HEADROOM + 1]),
@@ -191,7 +195,7 @@ impl Port {
 
     /// Whether any UD queue pair lives here (rounds read the socket only then).
     pub(crate) fn in_use(&self) -> bool {
-        !self.qps.read().is_empty()
+        self.count.load(Ordering::Relaxed) > 0
     }
 
     /// Whether datagrams wait for room (the progress thread must not sleep long).
@@ -200,11 +204,16 @@ impl Port {
     }
 
     pub(crate) fn add(&self, qp: Arc<UdQp>) {
-        self.qps.write().insert(qp.qpn, qp);
+        let mut qps = self.qps.write();
+        qps.insert(qp.qpn, qp);
+        self.count.store(qps.len(), Ordering::Relaxed);
     }
 
     pub(crate) fn remove(&self, qpn: u32) {
-        let qp = self.qps.write().remove(&qpn);
+        let mut qps = self.qps.write();
+        let qp = qps.remove(&qpn);
+        self.count.store(qps.len(), Ordering::Relaxed);
+        drop(qps);
         drop(qp);
     }
 

@@ -45,8 +45,9 @@ RXE_DEVIATIONS=(
 # registers the group with the device only, not with the IP layer, which every RoCEv2
 # datagram passes through (a multicast one sent on this host comes back to it only as
 # IP's multicast loopback) and which drops datagrams of a group this host has not joined.
-# So the guest joins the group the suite's ud_multicast uses, as rdma_cm's
-# rdma_join_multicast does on RoCE (mcast_join in the guest part).
+# So the suite's ud_multicast and examples/multicast.rs also join their group at the IP
+# level on the device's interface, as rdma_cm's rdma_join_multicast does on RoCE. The
+# group of the two-host step:
 RXE_MCAST_GROUP=239.1.2.3
 # The same for soft-iWARP (siw of kernel 6.12, rdma-core 56).
 SIW_DEVIATIONS=(
@@ -139,7 +140,7 @@ printf '     %s\n' "${SIW_DEVIATIONS[@]}"
 
 # The part that runs inside the VM. $1: the rdmx binary or empty; then one word list per
 # test binary, "DIR EXE ARGS...", as lines of $2; $3 the same for the deviations; $4 1 on
-# siw0; $5 the multicast group to join (rxe0).
+# siw0.
 # shellcheck disable=SC2016 # expanded inside the VM
 guest='
 fails=()
@@ -168,22 +169,8 @@ pingpong() {
 in_dir() { # DIR CMD...: run CMD in DIR with CARGO_MANIFEST_DIR=DIR, as cargo test does
     (cd "$1" && shift && CARGO_MANIFEST_DIR=$PWD "$@")
 }
-# mcast_join GROUP: holds an IP-level membership of GROUP on eth0 (IP_ADD_MEMBERSHIP, 35
-# on Linux) in the background until the VM ends; see RXE_MCAST_GROUP on the host.
-mcast_join() {
-    local i
-    perl -MSocket - "$1" "$RXE_IP" <<"PERL" &
-socket(my $s, PF_INET, SOCK_DGRAM, 0) or die "socket: $!\n";
-setsockopt($s, 0, 35, inet_aton($ARGV[0]) . inet_aton($ARGV[1])) or die "IP_ADD_MEMBERSHIP: $!\n";
-open(my $f, ">", "/tmp/mcast-joined") and close($f);
-sleep;
-PERL
-    for i in $(seq 300); do [ -e /tmp/mcast-joined ] && return 0; sleep 0.1; done
-    echo "mcast_join: no membership of $1" >&2; return 1
-}
 rdmx=$1 siw=$4
 step "ibv_devinfo -d $RXE_DEV" ibv_devinfo -d "$RXE_DEV"
-[ "$siw" = 1 ] || step "join $5 at the IP level on eth0 (for ud_multicast)" mcast_join "$5"
 # ibv_rc_pingpong exchanges QP numbers, which iWARP does not connect by.
 [ "$siw" = 1 ] || step "ibv_rc_pingpong on $RXE_DEV (GID index $RXE_GID_INDEX)" pingpong
 while read -r dir exe args; do
@@ -232,7 +219,7 @@ rc=0
 # Inside the VM the verbs tests must run: "no RDMA device" there is a failure, not a skip.
 export RDMX_REQUIRE_VERBS=1
 scripts/rxe-vm.sh run --timeout "$timeout" --env RDMX_REQUIRE_VERBS -- bash -c "$guest" rxe-test \
-    "$rdmx" "$(cat "$tmp/tests.rxe")" "$(cat "$tmp/deviations.rxe" 2>/dev/null)" 0 "$RXE_MCAST_GROUP" ||
+    "$rdmx" "$(cat "$tmp/tests.rxe")" "$(cat "$tmp/deviations.rxe" 2>/dev/null)" 0 ||
     rc=$?
 # soft-iWARP: the suite's queue pairs connect through rdma_cm on siw0.
 t1=$SECONDS

@@ -5,10 +5,12 @@
 //!
 //! - bit 0: seal it with a correct ICRC (so the headers reach the parsers), else as is;
 //! - bit 1: as if from the peer's address (reaching the QP), else from a stranger's;
-//! - bit 2: overwrite the BTH's destination QP with the victim's.
+//! - bit 2: overwrite the BTH's destination QP with the victim's;
+//! - bit 3: that QP is the victim context's UD queue pair (receives posted, Q_Key
+//!   `QKEY`), not its RC one.
 //!
-//! Checked: no panic; a poll returns; the victim's QP ends in RTS or ERR; a region without
-//! remote access never changes.
+//! Checked: no panic; a poll returns; the victim's QP ends in RTS or ERR; the UD QP stays
+//! in RTS; a region without remote access never changes.
 #![no_main]
 
 use std::net::SocketAddr;
@@ -16,15 +18,19 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use rdmx::{
-    Access, CompletionQueue, ConnectOptions, Context, MemoryRegion, QpCaps, QpState, QueuePair,
+    Access, CompletionQueue, ConnectOptions, Context, LocalSge, MemoryRegion, QpCaps, QpState,
+    QpType, QueuePair, RecvRequest,
 };
 
 const LEN: usize = 4096;
+const QKEY: u32 = 0x1111_2222;
 
 struct Fixture {
     victim: Context,
     vcq: CompletionQueue,
     vqp: QueuePair,
+    ud: QueuePair,
+    _ud_buf: MemoryRegion,
     _peer: (Context, QueuePair),
     peer_addr: SocketAddr,
     victim_addr: SocketAddr,
@@ -56,12 +62,27 @@ fn fixture() -> &'static Fixture {
         let closed = vpd
             .register(vec![0x5au8; LEN], Access::LOCAL_WRITE)
             .expect("register");
+        let ud = vpd
+            .create_qp_of_type(QpType::Ud, &vcq, &vcq, None, QpCaps::default())
+            .expect("a UD qp");
+        ud.activate(QKEY).expect("activate");
+        // Receives for the first datagrams that pass; later ones find none (dropped).
+        let ud_buf = vpd
+            .register(vec![0u8; 64 * 1024], Access::LOCAL_WRITE)
+            .expect("register");
+        for i in 0..64 {
+            let sge = LocalSge::new(&ud_buf, i * 1024, 1024).expect("sge");
+            ud.post_recv(RecvRequest::new(i as u64).sge(sge))
+                .expect("post_recv");
+        }
         Fixture {
             peer_addr: rdmx::udp::local_addr(&peer).expect("udp"),
             victim_addr: rdmx::udp::local_addr(&victim).expect("udp"),
             victim,
             vcq,
             vqp,
+            ud,
+            _ud_buf: ud_buf,
             _peer: (peer, pqp),
             _open: open_mr,
             closed,
@@ -76,7 +97,8 @@ fuzz_target!(|data: &[u8]| {
     };
     let mut d = rest.to_vec();
     if sel & 4 != 0 && d.len() >= 8 {
-        d[5..8].copy_from_slice(&f.vqp.qp_num().to_be_bytes()[1..]);
+        let qp = if sel & 8 != 0 { &f.ud } else { &f.vqp };
+        d[5..8].copy_from_slice(&qp.qp_num().to_be_bytes()[1..]);
     }
     let from = if sel & 2 != 0 {
         f.peer_addr
@@ -94,6 +116,7 @@ fuzz_target!(|data: &[u8]| {
         state == QpState::Rts || state == QpState::Err,
         "the victim's QP is in {state:?}"
     );
+    assert_eq!(f.ud.state(), QpState::Rts, "datagrams do not move a UD QP");
     let mut closed = vec![0u8; LEN];
     f.closed.read_at(0, &mut closed).expect("read");
     assert!(closed.iter().all(|&b| b == 0x5a), "a closed region changed");

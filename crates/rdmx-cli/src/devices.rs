@@ -38,6 +38,7 @@ pub(crate) fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                     "remote_error_completions": c.remote_error_completions,
                     "qp_types": c.qp_types().map(|t| t.name()).collect::<Vec<_>>(),
                     "multicast": c.multicast,
+                    "counts_dropped": c.counts_dropped,
                     "gid_index": d.gid.map(|(i, _)| i),
                     "gid": d.gid.map(|(_, g)| g.to_string()),
                 })
@@ -71,6 +72,7 @@ pub(crate) fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         let types: Vec<_> = c.qp_types().map(|t| t.name()).collect();
         println!("\tqp_types:\t\t{}", types.join(" "));
         println!("\tmulticast:\t\t{}", if c.multicast { "yes" } else { "no" });
+        println!("\tcounts_dropped:\t\t{}", c.counts_dropped);
         if let Some((i, gid)) = d.gid {
             println!("\tactive_mtu:\t\t{}", c.active_mtu.bytes());
             println!("\tgid_index:\t\t{i} ({gid})");

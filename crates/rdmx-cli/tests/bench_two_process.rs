@@ -202,3 +202,34 @@ fn uc_tests_cross_processes_with_their_data_verified() {
         check_row(test, &rows[0], size.parse().unwrap(), &c.to_string());
     }
 }
+
+#[test]
+fn ud_tests_cross_processes_on_shm_and_udp_with_their_data_verified() {
+    for provider in ["shm", "udp"] {
+        for test in ["send_bw", "send_lat"] {
+            // A UD message fits the path MTU: an odd size under it.
+            let args = [
+                "bench",
+                test,
+                "-c",
+                "UD",
+                "--provider",
+                provider,
+                "-n",
+                "100",
+                "-s",
+                "1001",
+                "--verify",
+                "--json",
+            ];
+            let (server, client) = pair(&args, &args);
+            ok("the server", &server);
+            let c: serde_json::Value =
+                serde_json::from_str(&ok("the client", &client)).expect("the client's JSON");
+            assert_eq!(c["transport"], "UD", "{c}");
+            assert_eq!(c["provider"], provider, "{c}");
+            let rows = c["results"].as_array().expect("results");
+            check_row(test, &rows[0], 1001, &c.to_string());
+        }
+    }
+}

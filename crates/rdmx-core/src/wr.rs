@@ -305,9 +305,12 @@ pub struct AddressVector {
 }
 
 impl AddressVector {
-    /// Whether the destination is a multicast group (a GID in `ff00::/8`).
+    /// Whether the destination is a multicast group (a GID in `ff00::/8`, or an
+    /// IPv4-mapped one of `224.0.0.0/4`).
     pub fn is_multicast(&self) -> bool {
-        self.dgid[0] == 0xff
+        const V4_MAPPED: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
+        // An IPv6 multicast GID, or an IPv4-mapped one of 224.0.0.0/4 (RoCEv2 over IPv4).
+        self.dgid[0] == 0xff || (self.dgid[..12] == V4_MAPPED && self.dgid[12] & 0xf0 == 0xe0)
     }
 }
 

@@ -128,6 +128,7 @@ fn ud_delivers_after_the_grh_area_with_the_source_qpn() {
     let info = DatagramInfo {
         sgid: [1; 16],
         dgid: [2; 16],
+        roce_ipv4: false,
     };
     b.handle_datagram(&mem, None, &info, &good_datagram(&mem, 100));
     let c = completions(&mut b);
@@ -144,6 +145,43 @@ fn ud_delivers_after_the_grh_area_with_the_source_qpn() {
     let grh = rdmx_wire::GrhRepr::parse(&mem.get(dst.addr, GRH_LEN)).unwrap();
     assert_eq!((grh.sgid, grh.dgid), ([1; 16], [2; 16]));
     assert_eq!(b.dropped(), 0);
+}
+
+#[test]
+fn over_roce_ipv4_the_grh_area_holds_the_ipv4_header_as_rxe_writes_it() {
+    let mem = Mem::new(3);
+    let mut b = ud(B);
+    let dst = mem.register(GRH_LEN + 100, Access::LOCAL_WRITE);
+    recv(&mut b, &mem, 7, dst.addr, (GRH_LEN + 100) as u32, dst.lkey);
+    let v4 = |a: [u8; 4]| std::net::Ipv4Addr::from(a).to_ipv6_mapped().octets();
+    let info = DatagramInfo {
+        sgid: v4([127, 0, 0, 1]),
+        dgid: v4([127, 0, 0, 2]),
+        roce_ipv4: true,
+    };
+    let d = good_datagram(&mem, 100);
+    b.handle_datagram(&mem, None, &info, &d);
+    assert_eq!(completions(&mut b).len(), 1);
+    let area = mem.get(dst.addr, GRH_LEN);
+    assert_eq!(&area[..20], &[0; 20], "20 reserved bytes");
+    let ip = &area[20..];
+    assert_eq!((ip[0], ip[9]), (0x45, 17), "IPv4, no options, UDP");
+    // IP + UDP + the packet + its ICRC (taken off before the engine saw it).
+    let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
+    assert_eq!(total, 20 + 8 + d.len() + 4);
+    assert_eq!(
+        (&ip[12..16], &ip[16..20]),
+        (&[127, 0, 0, 1][..], &[127, 0, 0, 2][..])
+    );
+    let sum: u32 = ip
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    assert_eq!(
+        (sum & 0xffff) + (sum >> 16),
+        0xffff,
+        "a valid header checksum"
+    );
 }
 
 #[test]

@@ -14,6 +14,40 @@ use crate::Result;
 /// IPv4 loopback address. Loopback datagrams carry it as their source in the GRH.
 pub const LOCAL_GID: Ipv6Addr = Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0x7f00, 0x0001);
 
+/// The first 64 bits of the GID that names an shm context ([`PeerAddr::Unix`]) in an
+/// address handle and in the GRH of the datagrams it sends and receives: `fd72:646d:7873:686d`
+/// (a unique-local prefix, `fd` then "rdmxshm" in ASCII), followed by the context's
+/// random number and its process id, 32 bits each. (The process id comes last: in a GRH
+/// area the source GID's last four bytes are where RoCEv2 over IPv4 has the IP header's
+/// first, and a process id's top byte, 0, never reads as IP version 4 there.)
+pub const SHM_GID_PREFIX: [u16; 4] = [0xfd72, 0x646d, 0x7873, 0x686d];
+
+/// The GID naming shm context `id` of process `pid` (see [`SHM_GID_PREFIX`]).
+pub fn shm_gid(pid: u32, id: u32) -> Ipv6Addr {
+    let p = SHM_GID_PREFIX;
+    Ipv6Addr::new(
+        p[0],
+        p[1],
+        p[2],
+        p[3],
+        (id >> 16) as u16,
+        id as u16,
+        (pid >> 16) as u16,
+        pid as u16,
+    )
+}
+
+/// The process and context an shm GID names ([`shm_gid`]); `None` for another GID.
+pub fn shm_of_gid(gid: Ipv6Addr) -> Option<(u32, u32)> {
+    let s = gid.segments();
+    (s[..4] == SHM_GID_PREFIX).then(|| {
+        (
+            (u32::from(s[6]) << 16) | u32::from(s[7]),
+            (u32::from(s[4]) << 16) | u32::from(s[5]),
+        )
+    })
+}
+
 /// What an address handle names (`ibv_ah_attr`): the peer's GID (or a multicast group's)
 /// and, on InfiniBand, its LID.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -48,10 +82,12 @@ impl AhAttr {
 
     /// The address of the queue pair whose endpoint is `peer` (its QPN is
     /// `peer.qp_num`): the GID of its port (verbs), its IP as a RoCEv2 GID (an IPv4 one
-    /// mapped), or [`LOCAL_GID`] for a queue pair of this process or host.
+    /// mapped), its context's [`shm_gid`] for an shm queue pair, or [`LOCAL_GID`] for a
+    /// queue pair of this process (loopback).
     pub fn to_endpoint(peer: &QpEndpoint) -> AhAttr {
         let gid = match peer.addr {
             PeerAddr::Gid(g) => g,
+            PeerAddr::Unix { pid, id } => shm_gid(pid, id),
             PeerAddr::Ip(sa) => match sa.ip() {
                 IpAddr::V4(v4) => v4.to_ipv6_mapped(),
                 IpAddr::V6(v6) => v6,
@@ -119,5 +155,22 @@ impl ProtectionDomain {
             attr: *attr,
             pd: self.clone(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shm_gids_round_trip_and_others_are_not_shm() {
+        let g = shm_gid(0x0012_3456, 0xdead_beef);
+        assert_eq!(g.to_string(), "fd72:646d:7873:686d:dead:beef:12:3456");
+        assert_eq!(shm_of_gid(g), Some((0x0012_3456, 0xdead_beef)));
+        assert_eq!(shm_of_gid(LOCAL_GID), None);
+        // In a GRH area the GID's byte 12 sits where an IPv4 header's version would: a
+        // process id (at most 2^22) keeps it 0.
+        assert_eq!(shm_gid(1 << 22, u32::MAX).octets()[12], 0);
+        assert_eq!(shm_of_gid("fd72:646d:7873:686e::1".parse().unwrap()), None);
     }
 }

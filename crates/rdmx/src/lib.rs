@@ -171,7 +171,7 @@ pub fn devices() -> Vec<DeviceInfo> {
     PROVIDERS.iter().flat_map(|p| (p.devices)()).collect()
 }
 
-pub use ah::{AddressHandle, AhAttr, LOCAL_GID};
+pub use ah::{shm_gid, shm_of_gid, AddressHandle, AhAttr, LOCAL_GID, SHM_GID_PREFIX};
 pub use context::Context;
 pub use cq::CompletionQueue;
 pub use endpoint::{ConnectOptions, PeerAddr, QpEndpoint, RemoteRegion};

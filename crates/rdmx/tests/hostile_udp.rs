@@ -185,11 +185,11 @@ fn strangers_datagrams_are_dropped_and_counted() {
     stranger
         .send_to(&sealed(me, b.addr, write_packet(qpn, psn, &b)), b.addr)
         .expect("send");
-    // Another transport's opcode (UD SEND ONLY), and another partition.
-    let mut ud = write_packet(qpn, psn, &b);
-    ud[0] = 0x64;
+    // Another transport's opcode (RD SEND FIRST), and another partition.
+    let mut rd = write_packet(qpn, psn, &b);
+    rd[0] = 0x40;
     stranger
-        .send_to(&sealed(me, b.addr, ud), b.addr)
+        .send_to(&sealed(me, b.addr, rd), b.addr)
         .expect("send");
     let mut pk = write_packet(qpn, psn, &b);
     pk[2] = 0x12;

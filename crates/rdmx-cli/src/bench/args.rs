@@ -443,9 +443,6 @@ impl Args {
         if self.rdma_cm && conn != Conn::Rc {
             return Err("--rdma-cm connects RC queue pairs; drop -c or --rdma-cm".into());
         }
-        if conn == Conn::Ud && peer != PeerMode::Local {
-            return Err("-c UD runs both sides in this process for now; drop --server/HOST".into());
-        }
         if self.rdma_cm && peer == PeerMode::Local {
             return Err(
                 "--rdma-cm connects to a peer: give it to both --server and the client".into(),

@@ -431,6 +431,10 @@ impl Side {
                     }
                 })
                 .collect(),
+            gid: self
+                .qps
+                .first()
+                .map(|q| rdmx::AhAttr::to_endpoint(&q.endpoint()).dgid),
         }
     }
 }
@@ -669,6 +673,10 @@ pub(crate) struct Hello {
     /// Each QP's number and first PSN.
     pub(crate) endpoints: Vec<(u32, u32)>,
     pub(crate) regions: Vec<Region>,
+    /// The GID an address handle names this side's queue pairs by (UD datagrams go
+    /// there): its context's address.
+    #[serde(default)]
+    pub(crate) gid: Option<std::net::Ipv6Addr>,
 }
 
 impl Hello {
@@ -882,8 +890,17 @@ pub(crate) fn connect_remote(
         )
         .into());
     }
-    // The queue pairs the control connection connects (none with --rdma-cm).
-    let control_qps: &[QueuePair] = if p.rdma_cm { &[] } else { &side.qps };
+    // UD queue pairs do not connect: they are ready, their receives posted, before the
+    // peer hears of them, and their datagrams go to the address the peer's hello names.
+    let ud = p.conn == Conn::Ud;
+    if ud {
+        for q in &side.qps {
+            q.activate(UD_QKEY)?;
+        }
+        side.post_receives()?;
+    }
+    // The queue pairs the control connection connects (none with --rdma-cm or UD).
+    let control_qps: &[QueuePair] = if p.rdma_cm || ud { &[] } else { &side.qps };
     // Receives go up once the queue pairs are connected and before the peer hears so:
     // on UC a message that finds no receive is lost.
     let failed = std::cell::RefCell::new(None::<BoxError>);
@@ -1023,6 +1040,9 @@ pub(crate) fn connect_remote(
         }
         PeerMode::Local => unreachable!("a local run connects with connect_local"),
     };
+    if ud {
+        ud_peers(side, &theirs)?;
+    }
     Ok(theirs)
 }
 
@@ -1058,6 +1078,20 @@ fn wait_hellos(side: &Side, timeout: Duration) -> Result<(), BoxError> {
             std::thread::yield_now();
         }
     }
+    Ok(())
+}
+
+/// Address handles for the peer's UD queue pairs, from its hello.
+fn ud_peers(side: &Side, theirs: &Hello) -> Result<(), BoxError> {
+    let gid = theirs
+        .gid
+        .ok_or("the peer's hello names no address for its UD queue pairs")?;
+    let mut peers = Vec::new();
+    for (q, &(qpn, _)) in side.qps.iter().zip(&theirs.endpoints) {
+        let ah = q.pd().create_ah(&rdmx::AhAttr::gid(gid))?;
+        peers.push((ah, qpn));
+    }
+    let _ = side.ud_peers.set(peers);
     Ok(())
 }
 
@@ -1196,6 +1230,7 @@ mod tests {
                 len: 1,
                 rkey: 1,
             }],
+            gid: None,
         };
         let mine = hello(Role::Requester, &p);
         assert!(check_peer(&mine, &hello(Role::Responder, &p)).is_ok());

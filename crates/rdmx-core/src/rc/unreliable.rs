@@ -71,6 +71,34 @@ pub struct DatagramInfo {
     pub sgid: [u8; 16],
     /// The GID it was sent to (a multicast group's, for a multicast datagram).
     pub dgid: [u8; 16],
+    /// The datagram came as RoCEv2 over IPv4 (both GIDs IPv4-mapped): the GRH area gets
+    /// what verbs puts there for it (Linux rxe's `rdma_network_hdr`), 20 bytes of zeros
+    /// then the datagram's IPv4 header, instead of a GRH.
+    pub roce_ipv4: bool,
+}
+
+/// The IPv4 header of a RoCEv2 datagram carrying `packet_len` bytes (BTH to ICRC) from
+/// `src` to `dst`, as the receiver saw it (identification 0, DF, TTL 64: what user space
+/// cannot see is given its usual value), with its checksum.
+fn roce_ipv4_header(src: &[u8; 16], dst: &[u8; 16], packet_len: usize) -> [u8; 20] {
+    let mut h = [0u8; 20];
+    h[0] = 0x45;
+    let total = (20 + 8 + packet_len).min(usize::from(u16::MAX)) as u16;
+    h[2..4].copy_from_slice(&total.to_be_bytes());
+    h[6] = 0x40;
+    h[8] = 64;
+    h[9] = 17;
+    h[12..16].copy_from_slice(&src[12..16]);
+    h[16..20].copy_from_slice(&dst[12..16]);
+    let mut sum: u32 = h
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    h
 }
 
 fn take_recv<M: MemAccess>(
@@ -388,16 +416,23 @@ pub(crate) fn ud_receive<M: MemAccess>(
         qp.dropped += 1;
         return;
     }
-    let grh = GrhRepr {
-        traffic_class: 0,
-        flow_label: 0,
-        payload_len: bytes.len().min(usize::from(u16::MAX)) as u16,
-        next_header: GRH_NEXT_HEADER_BTH,
-        hop_limit: 64,
-        sgid: info.sgid,
-        dgid: info.dgid,
-    }
-    .to_bytes();
+    let grh = if info.roce_ipv4 {
+        let mut area = [0u8; GRH_LEN];
+        // The ICRC the transport took off counts in the IP datagram's length.
+        area[20..].copy_from_slice(&roce_ipv4_header(&info.sgid, &info.dgid, bytes.len() + 4));
+        area
+    } else {
+        GrhRepr {
+            traffic_class: 0,
+            flow_label: 0,
+            payload_len: bytes.len().min(usize::from(u16::MAX)) as u16,
+            next_header: GRH_NEXT_HEADER_BTH,
+            hop_limit: 64,
+            sgid: info.sgid,
+            dgid: info.dgid,
+        }
+        .to_bytes()
+    };
     let mut head: Payload<'_, M::Mr> = Payload::Bytes(&grh);
     for_each_span(&wqe.segs, 0, GRH_LEN, |s, addr, r| {
         head.place(mem, &s.mr, addr, r)

@@ -487,6 +487,7 @@ impl Fabric {
             let info = DatagramInfo {
                 sgid: LOCAL_GID.octets(),
                 dgid,
+                roce_ipv4: false,
             };
             peer.engine
                 .handle_datagram(&*peer.keys, srq.as_deref_mut(), &info, bytes);

@@ -57,6 +57,11 @@ pub struct Capabilities {
     pub ud: bool,
     /// UD queue pairs can attach to multicast groups (`ibv_attach_mcast`).
     pub multicast: bool,
+    /// Whether [`QueuePair::dropped`](crate::QueuePair::dropped) counts what a UD or UC
+    /// queue pair drops on receipt (a wrong Q_Key, no receive posted, a lost packet). The
+    /// software providers count; on verbs the device drops such packets where user space
+    /// cannot see them, and the count stays 0.
+    pub counts_dropped: bool,
 }
 
 impl Capabilities {

@@ -76,6 +76,24 @@
 //! open: its end tells either side that the other has gone (exited, or was killed), and
 //! the queue pair then goes to the error state with its requests flushed.
 //!
+//! ## UD
+//!
+//! UD queue pairs have no ring: each context also binds a Unix datagram socket in the
+//! abstract namespace ([`ud_socket_name`], named like the listener), and a UD datagram,
+//! one IBTA packet (BTH, DETH, immediate data, payload), goes to the socket of the
+//! context its address handle names. An address handle names an shm context by a GID of
+//! its random number and process id ([`shm_gid`](crate::shm_gid)); the datagram's QP
+//! within it is the BTH's destination QPN. The receiving socket asks for every sender's
+//! credentials (`SO_PASSCRED`): a datagram counts only from a process of this user (or
+//! one in [`Options::allowed_uids`]) sent from a socket named as a context of that very
+//! process, so the source GID in the GRH area is the sender's own. Malformed datagrams,
+//! strangers' and those for QPs that do not exist are dropped and counted
+//! ([`ud_stats`]); the engine drops (and counts per QP) a wrong Q_Key or no receive. The
+//! kernel bounds each socket's queue; a send to a full one waits in a queue bounded by
+//! [`MAX_QUEUED`] bytes for at most [`MAX_WAIT`], then is dropped, as a congested
+//! network drops datagrams. The kernel copies each datagram in and out: the path is for
+//! messages of up to the path MTU, not bulk data. There is no multicast on shm.
+//!
 //! ## Progress
 //!
 //! As on tcp, whoever polls makes progress: a poll of one of the context's CQs reads every
@@ -91,6 +109,9 @@ mod direct;
 mod qp;
 mod ring;
 mod sys;
+mod ud;
+
+pub use ud::{socket_name as ud_socket_name, UdStats, MAX_QUEUED, MAX_WAIT};
 
 use std::any::Any;
 use std::cmp::Reverse;
@@ -106,7 +127,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use slab::Slab;
 
 use qp::{Conn, Peer, ShmQp};
-use rdmx_core::Mtu;
+use rdmx_core::{Mtu, QpType};
 use ring::Segment;
 
 use crate::endpoint::{PeerAddr, QpEndpoint};
@@ -252,11 +273,22 @@ fn limits(ring_bytes: usize) -> rdmx_core::QpLimits {
     soft::limits(Mtu::Bytes(max_mtu(ring_bytes)))
 }
 
+fn active_mtu(ring_bytes: usize) -> u32 {
+    ACTIVE_MTU.min(max_mtu(ring_bytes))
+}
+
 fn caps(ring_bytes: usize) -> Capabilities {
-    soft::capabilities(
-        &limits(ring_bytes),
-        Mtu::Bytes(ACTIVE_MTU.min(max_mtu(ring_bytes))),
-    )
+    let mut caps = soft::capabilities(&limits(ring_bytes), Mtu::Bytes(active_mtu(ring_bytes)));
+    // Datagrams go through each context's datagram socket (`ud`); no multicast.
+    caps.ud = true;
+    caps
+}
+
+/// What an shm context's UD datagram socket received, sent and dropped so far; `None`
+/// for a context of another provider.
+pub fn ud_stats(ctx: &crate::Context) -> Option<UdStats> {
+    let d = ctx.device().as_any().downcast_ref::<Device>()?;
+    Some(d.driver.ud.stats())
 }
 
 /// An shm device: a key table and a driver.
@@ -356,6 +388,27 @@ impl SoftDevice for Device {
     fn create_qp(&self, init: provider::QpInit<'_>) -> Result<Box<dyn provider::Qp>> {
         let srq = SoftSrq::of(init.srq)?;
         let qpn = self.driver.alloc_qpn();
+        if init.qp_type == QpType::Ud {
+            // A UD message is at most the active path MTU: one datagram.
+            let cfg = soft::config(&init, qpn);
+            let engine = Engine::new(cfg, soft::limits(Mtu::Bytes(active_mtu(self.ring_bytes))));
+            let qp = Arc::new(ud::UdQp::new(
+                qpn,
+                self.driver.ud.clone(),
+                engine,
+                self.keys.clone(),
+                (init.send_cq.core.clone(), init.recv_cq.core.clone()),
+                srq,
+            ));
+            self.driver.ud.add(qp.clone());
+            return Ok(Box::new(SoftQp {
+                qpn,
+                transport: UdLink {
+                    qp,
+                    addr: self.driver.addr(),
+                },
+            }));
+        }
         let mut cfg = soft::config(&init, qpn);
         // The rings deliver every packet once and in order, or the connection fails.
         soft::reliable_link(&mut cfg);
@@ -447,8 +500,33 @@ impl Drop for Link {
     }
 }
 
+/// A UD shm QP as the software host sees it: it has no connection, and sends through its
+/// context's datagram socket.
+#[derive(Debug)]
+struct UdLink {
+    qp: Arc<ud::UdQp>,
+    addr: PeerAddr,
+}
+
+impl Transport for UdLink {
+    fn with<T>(&self, f: impl FnOnce(&mut Engine, &Keys) -> T) -> T {
+        self.qp.with(|i| f(&mut i.engine, &i.keys))
+    }
+    fn address(&self) -> PeerAddr {
+        self.addr
+    }
+}
+
+impl Drop for UdLink {
+    fn drop(&mut self) {
+        self.qp.port.remove(self.qp.qpn);
+    }
+}
+
 const EVENT: u64 = 0;
 const LISTENER: u64 = 1;
+/// The datagram socket's token (QP and handshake tokens count up from 2).
+const UD: u64 = u64::MAX;
 /// The progress thread leaves the rings to an application that polled this recently.
 const HANDOVER: Duration = Duration::from_millis(1);
 /// The progress thread spins this long after the last work before it sleeps. Waking it
@@ -524,6 +602,8 @@ pub(crate) struct Driver {
     execute_at_post: bool,
     /// Other users whose processes may be peers.
     allowed_uids: Vec<u32>,
+    /// The datagram socket of UD queue pairs.
+    ud: Arc<ud::Port>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -561,6 +641,15 @@ impl Driver {
         epoll
             .add(listener.as_raw_fd(), LISTENER)
             .map_err(|e| Error::Io("epoll_ctl", e))?;
+        let ud = ud::Port::bind(
+            pid,
+            id,
+            active_mtu(opts.ring_bytes) as usize,
+            opts.allowed_uids.clone(),
+        )?;
+        epoll
+            .add(ud.fd(), UD)
+            .map_err(|e| Error::Io("epoll_ctl", e))?;
         let driver = Arc::new(Driver {
             epoll,
             listener,
@@ -586,6 +675,7 @@ impl Driver {
             direct: opts.direct,
             execute_at_post: opts.execute_at_post,
             allowed_uids: opts.allowed_uids.clone(),
+            ud: Arc::new(ud),
         });
         let d = Arc::downgrade(&driver);
         std::thread::Builder::new()
@@ -716,7 +806,7 @@ impl Driver {
                 q.inner.lock().set_asleep(true);
             }
             d.sleeping.store(true, Ordering::SeqCst);
-            let ready = active.iter().any(|q| q.inner.lock().ready());
+            let ready = active.iter().any(|q| q.inner.lock().ready()) || d.ud.backlogged();
             if !ready {
                 // Read after `sleeping` is raised: a timer scheduled later signals.
                 let next = d.timers.lock().peek().map(|Reverse((t, _))| *t);
@@ -756,6 +846,9 @@ impl Driver {
                 }
             }
         }
+        if self.ud.in_use() {
+            moved |= self.ud.progress(now);
+        }
         moved | self.fire_timers(now)
     }
 
@@ -788,6 +881,9 @@ impl Driver {
             match ev {
                 EVENT => sys::drain(self.event.as_raw_fd()),
                 LISTENER => self.accept(),
+                UD => {
+                    self.ud.progress(Instant::now());
+                }
                 t if t % 2 == 0 => {
                     let qp = self
                         .qps

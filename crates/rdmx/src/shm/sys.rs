@@ -368,3 +368,101 @@ pub(crate) fn hung_up(s: &UnixStream) -> bool {
     let n = unsafe { libc::poll(&mut pfd, 1, 0) };
     n > 0 && pfd.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0
 }
+
+/// Asks the kernel to attach the sender's credentials (`SCM_CREDENTIALS`) to every
+/// datagram `fd` receives.
+pub(crate) fn pass_credentials(fd: RawFd) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: setsockopt reads the one int for the call.
+    check(unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PASSCRED,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    })?;
+    Ok(())
+}
+
+/// A datagram [`recv_dgram`] read.
+#[derive(Debug)]
+pub(crate) struct Dgram {
+    /// Its length; longer than the buffer if it was cut short.
+    pub(crate) len: usize,
+    /// The abstract name of the socket it was sent from (empty: none, or a path).
+    pub(crate) from: Vec<u8>,
+    /// The sender's uid and pid, as the kernel attests them.
+    pub(crate) cred: Option<(u32, i32)>,
+}
+
+/// Reads one waiting datagram from `fd` into `buf` without blocking (`WouldBlock`: none).
+pub(crate) fn recv_dgram(fd: RawFd, buf: &mut [u8]) -> io::Result<Dgram> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: an all-zero sockaddr_un and msghdr are valid; pointers are set below.
+    let mut name: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: as above.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = (&mut name as *mut libc::sockaddr_un).cast();
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+    let n = loop {
+        // SAFETY: msg names `name`, `iov` and `cbuf`, all live and writable for the call.
+        let n = unsafe {
+            libc::recvmsg(
+                fd,
+                &mut msg,
+                libc::MSG_DONTWAIT | libc::MSG_TRUNC | libc::MSG_CMSG_CLOEXEC,
+            )
+        };
+        if n >= 0 {
+            break n as usize;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    let mut cred = None;
+    // SAFETY: the kernel filled `msg_controllen` bytes of `cbuf` with well-formed cmsgs;
+    // CMSG_FIRSTHDR/CMSG_NXTHDR walk them without leaving the buffer. Descriptors are
+    // never passed on this socket; any that come are closed.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            let data = libc::CMSG_DATA(c);
+            let bytes = (*c).cmsg_len as usize - (data as usize - c as usize);
+            if (*c).cmsg_level == libc::SOL_SOCKET {
+                if (*c).cmsg_type == libc::SCM_CREDENTIALS
+                    && bytes >= std::mem::size_of::<libc::ucred>()
+                {
+                    let u = std::ptr::read_unaligned(data.cast::<libc::ucred>());
+                    cred = Some((u.uid, u.pid));
+                } else if (*c).cmsg_type == libc::SCM_RIGHTS {
+                    for i in 0..bytes / 4 {
+                        let fd = std::ptr::read_unaligned(data.add(i * 4).cast::<RawFd>());
+                        drop(OwnedFd::from_raw_fd(fd));
+                    }
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    // An abstract name starts with a NUL byte; its length is what the kernel reports.
+    let path_at = std::mem::size_of::<libc::sa_family_t>();
+    let name_len = (msg.msg_namelen as usize).saturating_sub(path_at);
+    let path = &name.sun_path[..name_len.min(name.sun_path.len())];
+    let from = match path.split_first() {
+        Some((0, rest)) => rest.iter().map(|&b| b as u8).collect(),
+        _ => Vec::new(),
+    };
+    Ok(Dgram { len: n, from, cred })
+}

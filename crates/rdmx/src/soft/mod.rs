@@ -58,6 +58,8 @@ pub(crate) fn capabilities(limits: &QpLimits, active_mtu: Mtu) -> Capabilities {
         uc: true,
         ud: false,
         multicast: false,
+        // The engine counts every datagram and UC message it drops.
+        counts_dropped: true,
     }
 }
 

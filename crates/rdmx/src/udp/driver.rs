@@ -348,6 +348,13 @@ impl Driver {
             return None;
         };
         let mut g = qp.inner.lock();
+        if g.engine.config().qp_type == rdmx_core::QpType::Ud {
+            // A UD queue pair takes datagrams from anyone; the engine checks the Q_Key.
+            self.stats.add(DELIVERED, 1);
+            super::ud::receive(&mut g, from, self.local, packet);
+            drop(g);
+            return Some(qp);
+        }
         let from_peer = g.peer.is_some_and(|p| {
             p.ip() == from.ip() && (p.port() == from.port() || p.port() == icrc::ROCE_PORT)
         });

@@ -102,7 +102,7 @@ pub(crate) enum Reject {
     Length,
     /// The ICRC does not match.
     Icrc,
-    /// Not an RC packet of transport version 0 in the default partition.
+    /// Not an RC, UC or UD packet of transport version 0 in the default partition.
     Header,
 }
 
@@ -129,9 +129,10 @@ pub(crate) fn check(
     let opcode = packet[0];
     let tver = packet[1] & 0x0f;
     let pkey = u16::from_be_bytes([packet[2], packet[3]]);
-    // RC (0x00..=0x1f) and UC (0x20..=0x3f) opcodes the engine knows; the partition is
-    // the default one (full or limited).
-    let known = opcode <= 0x3f && rdmx_wire::header_len_of(opcode).is_some();
+    // RC (0x00..=0x1f), UC (0x20..=0x3f) and UD SEND (0x64, 0x65) opcodes the engine
+    // knows; the partition is the default one (full or limited).
+    let ud = opcode == rdmx_wire::UD_SEND_ONLY || opcode == rdmx_wire::UD_SEND_ONLY_WITH_IMMEDIATE;
+    let known = (opcode <= 0x3f || ud) && rdmx_wire::header_len_of(opcode).is_some();
     if !known || tver != 0 || pkey & 0x7fff != 0x7fff {
         return Err(Reject::Header);
     }
@@ -195,9 +196,9 @@ mod tests {
         let (src, dst) = (a("127.0.0.1:4791"), a("127.0.0.2:4791"));
         assert_eq!(check(src, dst, &[0; 15], 9000, false), Err(Reject::Length));
         assert_eq!(check(src, dst, &[0; 101], 100, false), Err(Reject::Length));
-        // UD opcode 0x64, transport version 1, partition 0x1234.
+        // RD opcode 0x40, transport version 1, partition 0x1234.
         for bth in [
-            [0x64, 0, 0xff, 0xff],
+            [0x40, 0, 0xff, 0xff],
             [0x04, 1, 0xff, 0xff],
             [0x04, 0, 0x12, 0x34],
         ] {

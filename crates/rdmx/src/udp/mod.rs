@@ -11,9 +11,11 @@
 //! ## What a datagram must pass
 //!
 //! Before its packet reaches the engine, a datagram must have a plausible length, a
-//! correct ICRC (unless [`Options::verify_icrc`] is off), an RC opcode, transport version
-//! 0 and the default partition; name a QP of this context; come from the exact address and
-//! port of the peer that QP was connected to; and find the QP in RTR, RTS or SQD. Anything
+//! correct ICRC (unless [`Options::verify_icrc`] is off), an RC, UC or UD SEND opcode,
+//! transport version 0 and the default partition; name a QP of this context; come from the
+//! exact address and port of the peer that QP was connected to (not for a UD QP, which has
+//! no peer: any source, its Q_Key checked by the engine); and find the QP in RTR, RTS or
+//! SQD. Anything
 //! else is dropped and counted ([`stats`]). A peer on port 4791 is a RoCE port, which
 //! may send from any source port (Linux rxe picks one per QP): only its address is
 //! compared. Everything no state is kept for strangers, so a flood
@@ -31,6 +33,22 @@
 //! peer's socket buffer, the requester keeps at most [`Options::send_window`] packets
 //! unacknowledged and asks for an ACK every quarter window.
 //!
+//! ## UD and multicast
+//!
+//! A UD datagram goes to port 4791 of the address its address handle's GID names (an
+//! IPv4-mapped GID is an IPv4 address, as rxe's `rdma_gid2ip` reads it), from the
+//! context's socket; what arrives for a UD QP is checked as above and handed to its engine
+//! with the source and destination addresses for the GRH area, which over IPv4 gets what
+//! rxe writes there (20 zero bytes, then the IPv4 header, rebuilt: identification 0 and TTL
+//! 64 stand for what the socket does not show). An IPv4 context joins IPv4 multicast groups
+//! (IPv4-mapped GIDs of 224.0.0.0/4): the first of its QPs to attach opens a socket bound
+//! to the group's address on port 4791 (`SO_REUSEADDR`, so every context of the host can)
+//! and joins it on the context's interface (`IP_ADD_MEMBERSHIP`); a thread per joined group
+//! reads it and hands each datagram for QPN `0xFFFFFF` to every attached QP of the
+//! context; the last to detach closes it. Datagrams to a group leave through the
+//! context's interface (`IP_MULTICAST_IF`) and loop back to the host's members. An IPv6
+//! context has no multicast (its capabilities say so).
+//!
 //! ## Batching and progress
 //!
 //! Packets a QP produces in one go leave in `sendmmsg` batches; arriving datagrams are read
@@ -43,6 +61,7 @@ mod driver;
 pub mod icrc;
 mod qp;
 mod sys;
+mod ud;
 
 use std::any::Any;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -201,7 +220,7 @@ pub(crate) const ENTRY: provider::Entry = provider::Entry {
         vec![provider::DeviceInfo {
             provider: NAME,
             name: DEVICE.to_string(),
-            capabilities: soft::capabilities(&limits(Mtu::Mtu4096), Mtu::Mtu4096),
+            capabilities: caps(Mtu::Mtu4096, true),
             gid: None,
         }]
     },
@@ -217,6 +236,17 @@ pub(crate) const ENTRY: provider::Entry = provider::Entry {
 
 fn limits(max_mtu: Mtu) -> rdmx_core::QpLimits {
     soft::limits(max_mtu)
+}
+
+/// Capabilities of a context whose path MTU is at most `max_mtu`, bound to an IPv4
+/// address (`ipv4`) or an IPv6 one.
+fn caps(max_mtu: Mtu, ipv4: bool) -> Capabilities {
+    let mut caps = soft::capabilities(&limits(max_mtu), max_mtu);
+    // Every datagram goes to the address its own address handle names (`ud`); groups are
+    // IPv4 multicast groups.
+    caps.ud = true;
+    caps.multicast = ipv4;
+    caps
 }
 
 /// Bytes of a datagram's headers beyond the payload, at most (BTH, RETH, immediate data or
@@ -309,6 +339,8 @@ struct Device {
     max_mtu: Mtu,
     send_window: u32,
     driver: Arc<Driver>,
+    /// The multicast groups its UD queue pairs joined.
+    groups: Arc<ud::Groups>,
 }
 
 impl Device {
@@ -328,6 +360,8 @@ impl Device {
             Some(a) => sys::bind(a).map_err(|e| Error::Io("bind", e))?,
             None => bind_loopback()?,
         };
+        ud::prepare(&sock)?;
+        let ipv4 = sock.local_addr().is_ok_and(|a| a.is_ipv4());
         let seed = soft::seed()?;
         let driver = Driver::start(Start {
             sock,
@@ -341,10 +375,11 @@ impl Device {
         })?;
         Ok(Device {
             keys: Arc::new(Keys::new(seed)),
-            caps: soft::capabilities(&limits(opts.max_mtu), opts.max_mtu),
+            caps: caps(opts.max_mtu, ipv4),
             max_mtu: opts.max_mtu,
             send_window: opts.send_window,
             driver,
+            groups: Arc::new(ud::Groups::default()),
         })
     }
 }
@@ -408,7 +443,11 @@ impl SoftDevice for Device {
         self.driver.add_qp(qp.clone());
         Ok(Box::new(SoftQp {
             qpn,
-            transport: Link { qp },
+            transport: Link {
+                qp,
+                groups: self.groups.clone(),
+                max_datagram: self.max_mtu.bytes() as usize + HEADROOM,
+            },
         }))
     }
 }
@@ -436,6 +475,8 @@ impl provider::Cq for Cq {
 #[derive(Debug)]
 struct Link {
     qp: Arc<UdpQp>,
+    groups: Arc<ud::Groups>,
+    max_datagram: usize,
 }
 
 impl Transport for Link {
@@ -473,10 +514,14 @@ impl Transport for Link {
         self.qp.inner.lock().peer = Some(addr);
         Ok(())
     }
+    fn multicast(&self, gid: [u8; 16], attach: bool) -> Result<()> {
+        self.groups.attach(&self.qp, gid, attach, self.max_datagram)
+    }
 }
 
 impl Drop for Link {
     fn drop(&mut self) {
+        self.groups.leave_all(self.qp.qpn);
         self.qp.driver.remove_qp(self.qp.qpn);
     }
 }

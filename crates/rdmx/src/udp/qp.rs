@@ -29,8 +29,8 @@ impl std::fmt::Debug for UdpQp {
 pub(crate) struct Inner {
     pub(crate) engine: Engine,
     pub(crate) keys: Arc<Keys>,
-    send_cq: Arc<CqCore>,
-    recv_cq: Arc<CqCore>,
+    pub(crate) send_cq: Arc<CqCore>,
+    pub(crate) recv_cq: Arc<CqCore>,
     pub(crate) srq: Option<Arc<Mutex<Srq<MrRef>>>>,
     /// Where the peer QP is: the only source its packets are taken from, and where this
     /// QP's packets go.
@@ -104,6 +104,11 @@ impl UdpQp {
 
     /// Sends what the engine has, in batches, routes its completions and arms its timer.
     pub(crate) fn pump(&self, g: &mut Inner, now: Instant) {
+        if g.engine.config().qp_type == rdmx_core::QpType::Ud {
+            // Each datagram has its own destination.
+            super::ud::pump(self, g, now);
+            return;
+        }
         let local = self.driver.local;
         loop {
             let mut more = true;

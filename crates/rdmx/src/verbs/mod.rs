@@ -176,6 +176,8 @@ impl Device {
             uc: !iwarp,
             ud: !iwarp,
             multicast: !iwarp && dev.max_mcast_grp > 0,
+            // The device drops datagrams (a wrong Q_Key, no receive) out of sight.
+            counts_dropped: false,
         };
         tracing::info!(
             device = %name,

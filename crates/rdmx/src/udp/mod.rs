@@ -87,11 +87,12 @@ pub struct Options {
     /// call per datagram, for comparison).
     pub batch: usize,
     /// Send each run of equal-sized datagrams to one peer (a multi-packet message) as one
-    /// UDP GSO message, and take joined runs (UDP GRO) on receipt (default off). Between
-    /// rdmx contexts only: the ICRCs are computed for IPv4 identification 0 on every
-    /// datagram, while the kernel numbers the segments of a GSO message 0, 1, 2, ... where
-    /// it splits them, so a receiver that checks against the real headers (Linux rxe, an
-    /// adapter) drops all but the first. Over loopback nothing is split.
+    /// UDP GSO message, and take joined runs (UDP GRO) on receipt (default on; off on a
+    /// kernel without UDP GRO). The kernel splits a GSO message into ordinary datagrams
+    /// where it leaves the host (over loopback it stays one), numbering their IPv4
+    /// identifications 0, 1, 2, ...: each segment's ICRC is computed for the
+    /// identification and UDP length it goes out with, so that a receiver checking the
+    /// real headers (Linux rxe, an adapter) accepts it; see [`icrc`].
     pub gso: bool,
     #[cfg(feature = "testing")]
     faults: Option<crate::loopback::faults::Faults>,
@@ -105,7 +106,7 @@ impl Default for Options {
             verify_icrc: true,
             send_window: 256,
             batch: sys::BATCH,
-            gso: false,
+            gso: true,
             #[cfg(feature = "testing")]
             faults: None,
         }
@@ -153,13 +154,13 @@ impl Options {
     }
 
     /// The options of a context opened by name: [`BIND_ENV`] gives the address, and
-    /// `RDMX_UDP_BATCH` the [`batch`](Self::batch), `RDMX_UDP_GSO=1` turns on
+    /// `RDMX_UDP_BATCH` the [`batch`](Self::batch), `RDMX_UDP_GSO=0` turns off
     /// [`gso`](Self::gso), `RDMX_UDP_WINDOW` sets the [`send_window`](Self::send_window)
     /// and `RDMX_UDP_VERIFY_ICRC=0` turns off
     /// [`verify_icrc`](Self::verify_icrc).
     pub fn from_env() -> Result<Options> {
         let mut o = Options {
-            gso: std::env::var("RDMX_UDP_GSO").is_ok_and(|v| v == "1"),
+            gso: std::env::var("RDMX_UDP_GSO").map_or(true, |v| v != "0"),
             verify_icrc: std::env::var("RDMX_UDP_VERIFY_ICRC").map_or(true, |v| v != "0"),
             ..Options::default()
         };
@@ -257,13 +258,16 @@ pub fn stats(ctx: &crate::Context) -> Option<UdpStats> {
     Some(device(ctx)?.driver.stats.get())
 }
 
-/// How a udp context moves packets, for a run's header: RoCEv2 on UDP, and whether it
-/// checks the ICRC of what it receives. `None` for a context of another provider.
+/// How a udp context moves packets, for a run's header: RoCEv2 on UDP, whether runs of
+/// datagrams go as UDP GSO sends and arrive joined (GRO), and whether it checks the ICRC
+/// of what it receives. `None` for a context of another provider.
 pub fn data_path(ctx: &crate::Context) -> Option<&'static str> {
-    Some(if device(ctx)?.driver.verify_icrc {
-        "RoCEv2 on UDP, received ICRCs checked"
-    } else {
-        "RoCEv2 on UDP, received ICRCs not checked"
+    let d = &device(ctx)?.driver;
+    Some(match (d.gso, d.verify_icrc) {
+        (true, true) => "RoCEv2 on UDP, GSO/GRO, received ICRCs checked",
+        (true, false) => "RoCEv2 on UDP, GSO/GRO, received ICRCs not checked",
+        (false, true) => "RoCEv2 on UDP, one datagram per message, received ICRCs checked",
+        (false, false) => "RoCEv2 on UDP, one datagram per message, received ICRCs not checked",
     })
 }
 

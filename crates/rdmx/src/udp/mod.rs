@@ -35,6 +35,15 @@
 //!
 //! Packets a QP produces in one go leave in `sendmmsg` batches; arriving datagrams are read
 //! with `recvmmsg`, every QP's packets of a batch handled before its answers are sent.
+//! By default ([`Options::gso`]) each run of equal-sized datagrams of a multi-packet
+//! message (up to 64 of them, 64 KB) is one UDP GSO message, and the socket takes joined
+//! runs (UDP GRO): over loopback a run stays one packet from `sendmmsg` to `recvmmsg`, and
+//! on a network the kernel splits it into ordinary datagrams, each with its own UDP
+//! header and an ICRC computed for the IPv4 identification the kernel gives it ([`icrc`]),
+//! so a peer that knows nothing of GSO (Linux rxe, an adapter) sees plain RoCEv2.
+//! `RDMX_UDP_GSO=0` turns it off; a run's header (`rdmx bench`) says which path ran
+//! ([`data_path`]).
+//!
 //! Polling a CQ reads the socket without waiting; a progress thread takes over while
 //! nobody polls (as on tcp), so one-sided operations complete while the target application
 //! does nothing.
@@ -78,8 +87,9 @@ pub struct Options {
     /// The largest path MTU this side offers (256 to 4096 bytes; default 4096).
     pub max_mtu: Mtu,
     /// Check the ICRC of every received datagram (default on). On IPv4 the check assumes
-    /// the sender's IP identification is 0, as this provider's are; a peer that picks
-    /// others (Linux rxe) needs it off there. Over IPv6 it works with every peer.
+    /// the sender's IP identification is 0 to 63, as this provider's are (a datagram sent
+    /// alone carries 0, segment `k` of a GSO send `k`); a peer that picks others (Linux
+    /// rxe) needs it off there. Over IPv6 it works with every peer.
     pub verify_icrc: bool,
     /// Most packets a queue pair keeps unacknowledged (default 256).
     pub send_window: u32,

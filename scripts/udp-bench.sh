@@ -8,11 +8,15 @@
 # batched), then with batching off too (RDMX_UDP_BATCH=1: a system call per datagram), to
 # show what each mechanism gives. The last line gives the ratios.
 #
-# Usage: scripts/udp-bench.sh            (ROUNDS=5, N=20000 messages by default)
+# Usage: scripts/udp-bench.sh            (ROUNDS=5, N=20000 messages by default; UDP_SERVER
+#        and UDP_CLIENT move the udp addresses off 127.0.0.1 and 127.0.0.2, which the udp
+#        tests use too)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-5}
 N=${N:-20000}
+UDP_SERVER=${UDP_SERVER:-127.0.0.1}
+UDP_CLIENT=${UDP_CLIENT:-127.0.0.2}
 cargo build --release --locked -p rdmx-cli >/dev/null 2>&1
 RDMX=${CARGO_TARGET_DIR:-target}/release/rdmx
 out=$(mktemp -d)
@@ -23,12 +27,14 @@ pick="d['results'][0].get('bw_avg_mib_s') or d['results'][0]['t_typical_us']"
 two() { # provider test size iters [extra...] -> MiB/s or t_typical usec; a failed run
     # prints nothing and is counted (with its error) in $out/failed
     local p=$1 t=$2 s=$3 n=$4 srv; shift 4
-    RDMX_UDP_BIND=127.0.0.1 "$RDMX" bench "$t" --provider "$p" -s "$s" -n "$n" \
+    RDMX_UDP_BIND=$UDP_SERVER "$RDMX" bench "$t" --provider "$p" -s "$s" -n "$n" \
         --server --port 5317 "$@" >/dev/null 2>&1 &
     srv=$!
     sleep 0.3
-    if RDMX_UDP_BIND=127.0.0.2 "$RDMX" bench "$t" --provider "$p" -s "$s" -n "$n" \
-        --port 5317 --json "$@" 127.0.0.1 >"$out/run.json" 2>"$out/run.err"; then
+    local to=127.0.0.1
+    [ "$p" != udp ] || to=$UDP_SERVER
+    if RDMX_UDP_BIND=$UDP_CLIENT "$RDMX" bench "$t" --provider "$p" -s "$s" -n "$n" \
+        --port 5317 --json "$@" "$to" >"$out/run.json" 2>"$out/run.err"; then
         j "$pick" <"$out/run.json"
     else
         echo "$p $t $s ${RDMX_UDP_BATCH:+batch=$RDMX_UDP_BATCH }${RDMX_UDP_GSO:+gso=$RDMX_UDP_GSO }$(tail -1 "$out/run.err")" >>"$out/failed"

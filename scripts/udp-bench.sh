@@ -2,16 +2,21 @@
 # The udp provider against the tcp provider, in one run on one machine: `rdmx bench
 # write_bw` with 64 KiB messages between two processes (--server and a client), udp with
 # the server on 127.0.0.1:4791 and the client on 127.0.0.2:4791 (RDMX_UDP_BIND), tcp over
-# 127.0.0.1. Rounds interleave the runs; each figure is the median of ROUNDS. The udp runs
-# are repeated with batching off (RDMX_UDP_BATCH=1: one datagram per sendmmsg/recvmmsg)
-# and with UDP GSO/GRO on (RDMX_UDP_GSO=1) to show what each gives. The last line gives the
-# ratios.
+# 127.0.0.1. Rounds interleave the runs; each figure is the median of ROUNDS. The udp
+# provider runs as it opens by default (UDP GSO sends and GRO reads, `sendmmsg`/`recvmmsg`
+# batches of 32), then with GSO/GRO off (RDMX_UDP_GSO=0: one datagram per message, still
+# batched), then with batching off too (RDMX_UDP_BATCH=1: a system call per datagram), to
+# show what each mechanism gives. The last line gives the ratios.
 #
-# Usage: scripts/udp-bench.sh            (ROUNDS=5, N=20000 messages by default)
+# Usage: scripts/udp-bench.sh            (ROUNDS=5, N=20000 messages by default; UDP_SERVER
+#        and UDP_CLIENT move the udp addresses off 127.0.0.1 and 127.0.0.2, which the udp
+#        tests use too)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-5}
 N=${N:-20000}
+UDP_SERVER=${UDP_SERVER:-127.0.0.1}
+UDP_CLIENT=${UDP_CLIENT:-127.0.0.2}
 cargo build --release --locked -p rdmx-cli >/dev/null 2>&1
 RDMX=${CARGO_TARGET_DIR:-target}/release/rdmx
 out=$(mktemp -d)
@@ -22,15 +27,17 @@ pick="d['results'][0].get('bw_avg_mib_s') or d['results'][0]['t_typical_us']"
 two() { # provider test size iters [extra...] -> MiB/s or t_typical usec; a failed run
     # prints nothing and is counted (with its error) in $out/failed
     local p=$1 t=$2 s=$3 n=$4 srv; shift 4
-    RDMX_UDP_BIND=127.0.0.1 "$RDMX" bench "$t" --provider "$p" -s "$s" -n "$n" \
+    RDMX_UDP_BIND=$UDP_SERVER "$RDMX" bench "$t" --provider "$p" -s "$s" -n "$n" \
         --server --port 5317 "$@" >/dev/null 2>&1 &
     srv=$!
     sleep 0.3
-    if RDMX_UDP_BIND=127.0.0.2 "$RDMX" bench "$t" --provider "$p" -s "$s" -n "$n" \
-        --port 5317 --json "$@" 127.0.0.1 >"$out/run.json" 2>"$out/run.err"; then
+    local to=127.0.0.1
+    [ "$p" != udp ] || to=$UDP_SERVER
+    if RDMX_UDP_BIND=$UDP_CLIENT "$RDMX" bench "$t" --provider "$p" -s "$s" -n "$n" \
+        --port 5317 --json "$@" "$to" >"$out/run.json" 2>"$out/run.err"; then
         j "$pick" <"$out/run.json"
     else
-        echo "$p $t $s ${RDMX_UDP_BATCH:+batch=$RDMX_UDP_BATCH }${RDMX_UDP_GSO:+gso }$(tail -1 "$out/run.err")" >>"$out/failed"
+        echo "$p $t $s ${RDMX_UDP_BATCH:+batch=$RDMX_UDP_BATCH }${RDMX_UDP_GSO:+gso=$RDMX_UDP_GSO }$(tail -1 "$out/run.err")" >>"$out/failed"
         kill "$srv" 2>/dev/null || true # its peer is gone; it would wait for it
     fi
     wait "$srv" || true
@@ -38,14 +45,14 @@ two() { # provider test size iters [extra...] -> MiB/s or t_typical usec; a fail
 for r in $(seq "$ROUNDS"); do
     two tcp write_bw 65536 "$N" >>"$out/tcp_64k"
     two udp write_bw 65536 "$N" >>"$out/udp_64k"
-    RDMX_UDP_BATCH=1 two udp write_bw 65536 "$N" >>"$out/udp_64k_nobatch"
-    RDMX_UDP_GSO=1 two udp write_bw 65536 "$N" >>"$out/udp_64k_gso"
+    RDMX_UDP_GSO=0 two udp write_bw 65536 "$N" >>"$out/udp_64k_nogso"
+    RDMX_UDP_GSO=0 RDMX_UDP_BATCH=1 two udp write_bw 65536 "$N" >>"$out/udp_64k_nobatch"
     two tcp write_lat 8 20000 >>"$out/tcp_lat"
     two udp write_lat 8 20000 >>"$out/udp_lat"
     echo "round $r/$ROUNDS done" >&2
 done
 med() { sort -g "$out/$1" | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
-figs=(tcp_64k udp_64k udp_64k_nobatch udp_64k_gso tcp_lat udp_lat)
+figs=(tcp_64k udp_64k udp_64k_nogso udp_64k_nobatch tcp_lat udp_lat)
 printf '%-16s %10s   (median of %s; MiB/s, latency in usec)\n' figure value "$ROUNDS"
 args=()
 for f in "${figs[@]}"; do
@@ -58,8 +65,8 @@ if [ -s "$out/failed" ]; then
 fi
 python3 - "${args[@]}" <<'PY'
 import sys
-t64, u64, u64n, u64g, tl, ul = map(float, sys.argv[1:])
-print(f"ratio udp/tcp write_bw_64k={u64/t64:.2f} udp_gso/tcp write_bw_64k={u64g/t64:.2f} "
-      f"udp_batched/udp_unbatched write_bw_64k={u64/u64n:.2f} udp_gso/udp write_bw_64k={u64g/u64:.2f} "
-      f"udp/tcp write_lat={ul/tl:.2f}")
+t64, u64, u64g0, u64n, tl, ul = map(float, sys.argv[1:])
+print(f"ratio udp/tcp write_bw_64k={u64/t64:.2f} udp_nogso/tcp write_bw_64k={u64g0/t64:.2f} "
+      f"udp_nobatch/tcp write_bw_64k={u64n/t64:.2f} gso/nogso={u64/u64g0:.2f} "
+      f"batched/unbatched={u64g0/u64n:.2f} udp/tcp write_lat={ul/tl:.2f}")
 PY

@@ -5,7 +5,8 @@
 //! ICRCs. `loss_udp` runs the loss-recovery tests (`faults.rs`) with the faults injected
 //! at the sending socket: datagrams dropped, duplicated, reordered, delayed, corrupted
 //! (then dropped by the receiver's ICRC check) or with mangled headers (resealed, so the
-//! parsers must reject them). `conformance_udp_gso` runs the suite with UDP GSO and GRO.
+//! parsers must reject them). `conformance_udp_gso` runs the suite with UDP GSO and GRO (the default),
+//! `conformance_udp` with them off.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -49,13 +50,15 @@ fn fault_stats(ctx: &Context) -> Option<FaultStats> {
     rdmx::udp::fault_stats(ctx)
 }
 
-/// With GSO on both sides, a multi-packet WRITE leaves in runs the receiver reads joined,
-/// and every byte lands.
-#[test]
-fn gso_runs_arrive_joined() {
+/// A 64 KiB WRITE from a context with GSO on to one with GRO `rx_gro`: what the receiver
+/// counted.
+fn gso_write(rx_gro: bool) -> rdmx::udp::UdpStats {
     use rdmx::{Access, ConnectOptions, LocalSge, Mtu, QpCaps, RemoteAddr, SendRequest};
-    let o = || rdmx::udp::Options::default().gso(true);
-    let (ca, cb) = (open_udp(o()).expect("open"), open_udp(o()).expect("open"));
+    let o = |gso| rdmx::udp::Options::default().gso(gso);
+    let (ca, cb) = (
+        open_udp(o(true)).expect("open"),
+        open_udp(o(rx_gro)).expect("open"),
+    );
     let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
     let (qa_cq, qb_cq) = (ca.create_cq(16).expect("cq"), cb.create_cq(16).expect("cq"));
     let qa = pa.create_qp(&qa_cq, &qa_cq, QpCaps::default()).expect("qp");
@@ -89,8 +92,25 @@ fn gso_runs_arrive_joined() {
     let mut got = vec![0u8; 65536];
     mb.read_at(0, &mut got).expect("read");
     assert_eq!(got, data);
-    let s = rdmx::udp::stats(&cb).expect("udp");
+    rdmx::udp::stats(&cb).expect("udp")
+}
+
+/// With GSO on both sides, a multi-packet WRITE leaves in runs the receiver reads joined,
+/// and every byte lands.
+#[test]
+fn gso_runs_arrive_joined() {
+    let s = gso_write(true);
     assert!(s.joined >= 2, "nothing arrived joined: {s:?}");
+    assert_eq!(s.bad_icrc, 0, "{s:?}");
+}
+
+/// A receiver without GRO gets the segments of a GSO send one by one, each with the ICRC
+/// of its own IPv4 identification, and accepts every one.
+#[test]
+fn gso_segments_pass_a_receiver_without_gro() {
+    let s = gso_write(false);
+    assert_eq!((s.joined, s.bad_icrc), (0, 0), "{s:?}");
+    assert!(s.delivered >= 16, "{s:?}");
 }
 
 mod conformance_udp {
@@ -98,10 +118,10 @@ mod conformance_udp {
 
     use crate::conformance::Provider;
 
-    /// udp at its largest path MTU (4 KiB).
+    /// udp at its largest path MTU (4 KiB), one datagram per message (GSO and GRO off).
     const UDP: Provider = Provider {
         name: "udp",
-        open: || crate::open_udp(rdmx::udp::Options::default()),
+        open: || crate::open_udp(rdmx::udp::Options::default().gso(false)),
         mtu: Mtu::Mtu4096,
     };
 
@@ -135,11 +155,11 @@ mod conformance_udp_gso {
 
     use crate::conformance::Provider;
 
-    /// udp with UDP GSO and GRO: runs of equal-sized datagrams leave as one message and
-    /// may arrive joined.
+    /// udp as it opens by default, with UDP GSO and GRO: runs of equal-sized datagrams
+    /// leave as one message and may arrive joined.
     const UDP_GSO: Provider = Provider {
         name: "udp",
-        open: || crate::open_udp(rdmx::udp::Options::default().gso(true)),
+        open: || crate::open_udp(rdmx::udp::Options::default()),
         mtu: Mtu::Mtu4096,
     };
 

@@ -96,17 +96,21 @@ impl<Mr> Transmit<Mr> {
         self.ud_dest = None;
     }
 
-    /// Appends the packet to `out` as one run of bytes, reading the gathered spans through
-    /// `mem`.
+    /// Replaces what `out` holds with the packet as one run of bytes, reading the gathered
+    /// spans through `mem`. The bytes `out` held are overwritten rather than zeroed first
+    /// (only a longer packet grows it): a reused buffer costs one copy of the payload.
     pub(crate) fn flatten_into<M: MemAccess<Mr = Mr>>(&self, mem: &M, out: &mut Vec<u8>) {
-        out.reserve(self.len());
-        out.extend_from_slice(&self.header);
+        let len = self.len();
+        out.truncate(len);
+        out.resize(len, 0);
+        let (head, mut rest) = out.split_at_mut(self.header.len());
+        head.copy_from_slice(&self.header);
         for s in &self.gather {
-            let at = out.len();
-            out.resize(at + s.len as usize, 0);
-            mem.read(&s.mr, s.addr, &mut out[at..]);
+            let (span, tail) = rest.split_at_mut(s.len as usize);
+            mem.read(&s.mr, s.addr, span);
+            rest = tail;
         }
-        out.resize(out.len() + usize::from(self.pad), 0);
+        rest.fill(0);
     }
 }
 

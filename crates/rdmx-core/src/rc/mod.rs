@@ -503,15 +503,17 @@ impl<M: MemAccess> RcQp<M> {
         self.poll_transmit_into(now, mem, &mut out).then_some(out)
     }
 
-    /// The next packet to send to the peer QP, copied into `out` (cleared first); `false`
-    /// when there is none. This is the whole-packet path of a datagram transport: with a
+    /// The next packet to send to the peer QP, copied into `out` (its contents replaced);
+    /// `false` (and `out` cleared) when there is none. This is the whole-packet path of a datagram transport: with a
     /// reused `out` it allocates nothing once `out` is as large as a packet gets.
     pub fn poll_transmit_into(&mut self, now: Instant, mem: &M, out: &mut Vec<u8>) -> bool {
-        out.clear();
         let mut scratch = std::mem::take(&mut self.scratch);
         let sent = self.poll_transmit_parts(now, &mut scratch);
         if sent {
+            // Overwrites what `out` holds: no zeroing of the payload's room first.
             scratch.flatten_into(mem, out);
+        } else {
+            out.clear();
         }
         // The spans hold regions; a spare packet must not keep them alive.
         scratch.clear();

@@ -75,8 +75,8 @@ pub(crate) struct Driver {
     pub(crate) verify_icrc: bool,
     /// Datagrams per `sendmmsg`/`recvmmsg`.
     batch: usize,
-    /// Runs of equal-sized datagrams go as one GSO send.
-    gso: bool,
+    /// Runs of equal-sized datagrams go as one GSO send, and joined runs are taken (GRO).
+    pub(crate) gso: bool,
     qps: RwLock<HashMap<u32, Arc<UdpQp>>>,
     rx: Mutex<RxBatch>,
     timers: Mutex<BinaryHeap<Reverse<(Instant, u32)>>>,
@@ -120,11 +120,14 @@ pub(crate) struct Start {
 impl Driver {
     /// Takes the socket and starts the progress thread.
     pub(crate) fn start(s: Start) -> Result<Arc<Driver>> {
-        if s.gso {
-            sys::enable_gro(s.sock.as_raw_fd()).map_err(|e| Error::Io("UDP_GRO", e))?;
-        }
+        // A kernel without UDP GRO (before 5.0) has no UDP GSO either (4.18): the context
+        // then moves one datagram per message.
+        let gso = s.gso
+            && sys::enable_gro(s.sock.as_raw_fd())
+                .inspect_err(|e| tracing::info!("udp: no UDP GRO ({e}); GSO and GRO off"))
+                .is_ok();
         // A run the kernel joined can be as long as a UDP payload gets.
-        let slot = if s.gso { 65536 } else { s.max_datagram + 1 };
+        let slot = if gso { 65536 } else { s.max_datagram + 1 };
         let local = s
             .sock
             .local_addr()
@@ -135,7 +138,7 @@ impl Driver {
             max_datagram: s.max_datagram,
             verify_icrc: s.verify_icrc,
             batch: s.batch.clamp(1, BATCH),
-            gso: s.gso,
+            gso,
             qps: RwLock::new(HashMap::new()),
             rx: Mutex::new(RxBatch::new(slot)),
             timers: Mutex::new(BinaryHeap::new()),
@@ -201,7 +204,7 @@ impl Driver {
     }
 
     /// Sends datagrams to `to` now.
-    pub(crate) fn send_now(&self, to: SocketAddr, datagrams: &[Vec<u8>]) {
+    pub(crate) fn send_now(&self, to: SocketAddr, datagrams: &mut [Vec<u8>]) {
         if datagrams.is_empty() {
             return;
         }
@@ -408,7 +411,7 @@ impl Driver {
             due
         };
         for (_, to, d) in due {
-            self.send_now(to, &[d]);
+            self.send_now(to, &mut [d]);
         }
     }
 }

@@ -14,6 +14,15 @@
 //! when checking; a peer that picks other identifications (Linux rxe hashes them) sends
 //! ICRCs an IPv4 receiver cannot check (see `Options::verify_icrc`). IPv6 has no such
 //! field: both directions can be checked.
+//!
+//! A UDP GSO send is one such packet that the kernel splits into segments where it leaves
+//! the host (or that stays joined over loopback); the segments get identifications 0, 1,
+//! 2, ... in order, each with its own UDP length. The sender seals each datagram for
+//! identification 0 and [`shift_id`] moves the ICRC of segment `k` to identification `k`
+//! (the CRC is linear: a changed field changes the CRC by the CRC of the change, shifted
+//! by the bytes after it). A receiver accepts identifications 0 to [`MAX_SEGMENT_ID`]
+//! on IPv4, so that it checks segments of a GSO send whether they arrive apart or joined
+//! (UDP GRO).
 
 use std::net::SocketAddr;
 
@@ -32,17 +41,26 @@ const UDP_LEN: usize = 8;
 /// The ICRC of `packet` (BTH to pad, without the ICRC), sent from `src` to `dst` in a
 /// datagram of its own.
 pub fn icrc(src: SocketAddr, dst: SocketAddr, packet: &[u8]) -> u32 {
-    let mut h = Hasher::new();
-    h.update(&[0xff; 8]);
+    icrc_with_id(src, dst, packet, 0)
+}
+
+/// [`icrc`] for a packet whose IPv4 header carries identification `id` (ignored on IPv6).
+fn icrc_with_id(src: SocketAddr, dst: SocketAddr, packet: &[u8], id: u16) -> u32 {
+    // The masked LRH, IP and UDP headers and the BTH go in one update (short ones cost
+    // nearly as much as long ones): 8 + 40 + 8 + 12 bytes at most.
+    let mut head = [0xffu8; 8 + 40 + UDP_LEN + BTH_LEN];
+    let mut at = 8;
     let udp_len = (UDP_LEN + packet.len() + ICRC_LEN) as u16;
     match (src, dst) {
         (SocketAddr::V4(s), SocketAddr::V4(d)) => {
             let total = 20 + udp_len;
-            let mut ip = [0u8; 20];
+            let ip = &mut head[at..at + 20];
+            ip.fill(0);
             ip[0] = 0x45;
             ip[1] = 0xff; // TOS
             ip[2..4].copy_from_slice(&total.to_be_bytes());
-            // Identification 0, DF set.
+            ip[4..6].copy_from_slice(&id.to_be_bytes());
+            // DF set.
             ip[6] = 0x40;
             ip[8] = 0xff; // TTL
             ip[9] = 17; // UDP
@@ -50,11 +68,11 @@ pub fn icrc(src: SocketAddr, dst: SocketAddr, packet: &[u8]) -> u32 {
             ip[11] = 0xff;
             ip[12..16].copy_from_slice(&s.ip().octets());
             ip[16..20].copy_from_slice(&d.ip().octets());
-            h.update(&ip);
+            at += 20;
         }
         _ => {
             let (s, d) = (v6(src), v6(dst));
-            let mut ip = [0u8; 40];
+            let ip = &mut head[at..at + 40];
             // Version 6; traffic class and flow label masked.
             ip[..4].copy_from_slice(&[0x6f, 0xff, 0xff, 0xff]);
             ip[4..6].copy_from_slice(&udp_len.to_be_bytes());
@@ -62,21 +80,22 @@ pub fn icrc(src: SocketAddr, dst: SocketAddr, packet: &[u8]) -> u32 {
             ip[7] = 0xff; // hop limit
             ip[8..24].copy_from_slice(&s);
             ip[24..40].copy_from_slice(&d);
-            h.update(&ip);
+            at += 40;
         }
     }
-    let mut udp = [0xffu8; UDP_LEN];
-    udp[..2].copy_from_slice(&src.port().to_be_bytes());
-    udp[2..4].copy_from_slice(&dst.port().to_be_bytes());
-    udp[4..6].copy_from_slice(&udp_len.to_be_bytes());
-    h.update(&udp);
+    // UDP: the checksum stays masked.
+    head[at..at + 2].copy_from_slice(&src.port().to_be_bytes());
+    head[at + 2..at + 4].copy_from_slice(&dst.port().to_be_bytes());
+    head[at + 4..at + 6].copy_from_slice(&udp_len.to_be_bytes());
+    at += UDP_LEN;
+    let mut h = Hasher::new();
     if packet.len() >= BTH_LEN {
-        let mut bth = [0u8; BTH_LEN];
-        bth.copy_from_slice(&packet[..BTH_LEN]);
-        bth[4] = 0xff;
-        h.update(&bth);
+        head[at..at + BTH_LEN].copy_from_slice(&packet[..BTH_LEN]);
+        head[at + 4] = 0xff;
+        h.update(&head[..at + BTH_LEN]);
         h.update(&packet[BTH_LEN..]);
     } else {
+        h.update(&head[..at]);
         h.update(packet);
     }
     h.finalize()
@@ -87,6 +106,110 @@ fn v6(a: SocketAddr) -> [u8; 16] {
         SocketAddr::V4(a) => a.ip().to_ipv6_mapped().octets(),
         SocketAddr::V6(a) => a.ip().octets(),
     }
+}
+
+/// The largest IPv4 identification a received ICRC is checked against (segments of one
+/// GSO send are numbered from 0; a send carries at most 64).
+pub(crate) const MAX_SEGMENT_ID: u16 = 63;
+
+/// The reflected CRC-32 polynomial.
+const POLY: u32 = 0xedb8_8320;
+
+/// `a·b` modulo the CRC polynomial, both in the reflected form (bit 31 is `x^0`).
+fn mulmod(a: u32, mut b: u32) -> u32 {
+    let mut p = 0;
+    let mut m = 1u32 << 31;
+    while m != 0 {
+        if a & m != 0 {
+            p ^= b;
+        }
+        b = if b & 1 != 0 { (b >> 1) ^ POLY } else { b >> 1 };
+        m >>= 1;
+    }
+    p
+}
+
+/// `x^(8n)` modulo the polynomial: what appending `n` zero bytes multiplies a CRC
+/// register by.
+fn zeros(mut n: usize) -> u32 {
+    let mut p = 1u32 << 31;
+    let mut sq = 1u32 << 23; // x^8
+    while n != 0 {
+        if n & 1 != 0 {
+            p = mulmod(p, sq);
+        }
+        sq = mulmod(sq, sq);
+        n >>= 1;
+    }
+    p
+}
+
+/// The register of a CRC with no initial value and no final inversion over `bytes`.
+fn raw(bytes: &[u8]) -> u32 {
+    let mut c = 0u32;
+    for &b in bytes {
+        c ^= u32::from(b);
+        for _ in 0..8 {
+            c = if c & 1 != 0 { (c >> 1) ^ POLY } else { c >> 1 };
+        }
+    }
+    c
+}
+
+/// The change of the ICRC of an IPv4 packet of `packet_len` bytes (BTH to pad) when its IP
+/// identification goes from 0 to 2^j, for j = 0..6.
+fn id_basis(packet_len: usize) -> [u32; 6] {
+    // The identification is bytes 12 and 13 of what the ICRC covers (after 8 bytes of
+    // LRH and 4 of IP header); behind it come the rest of the IP header (14), the UDP
+    // header (8) and the packet.
+    let z = zeros(14 + UDP_LEN + packet_len);
+    std::array::from_fn(|j| mulmod(raw(&(1u16 << j).to_be_bytes()), z))
+}
+
+/// The change of the ICRC of an IPv4 packet of `packet_len` bytes when its identification
+/// goes from 0 to `id` (at most [`MAX_SEGMENT_ID`]).
+fn id_delta(basis: &[u32; 6], id: u16) -> u32 {
+    (0..6)
+        .filter(|j| id & (1 << j) != 0)
+        .fold(0, |d, j| d ^ basis[j])
+}
+
+/// Moves the ICRC at the end of `datagram` (sealed for IPv4 identification 0) to
+/// identification `id` (1 to [`MAX_SEGMENT_ID`]); applied twice, it restores it. `basis`
+/// caches the factors of the last datagram length.
+pub(crate) fn shift_id(datagram: &mut [u8], id: u16, basis: &mut Option<(usize, [u32; 6])>) {
+    let Some(at) = datagram.len().checked_sub(ICRC_LEN) else {
+        return;
+    };
+    let b = match basis {
+        Some((len, b)) if *len == at => b,
+        _ => &mut basis.insert((at, id_basis(at))).1,
+    };
+    let d = id_delta(b, id);
+    let t = &mut datagram[at..];
+    let c = u32::from_le_bytes([t[0], t[1], t[2], t[3]]) ^ d;
+    t.copy_from_slice(&c.to_le_bytes());
+}
+
+/// Whether `got` is the ICRC of an IPv4 packet of `packet_len` bytes whose ICRC for
+/// identification 0 is `want`, with an identification from 1 to [`MAX_SEGMENT_ID`].
+fn matches_other_id(got: u32, want: u32, packet_len: usize) -> bool {
+    thread_local! {
+        static BASIS: std::cell::Cell<(usize, [u32; 6])> =
+            const { std::cell::Cell::new((usize::MAX, [0; 6])) };
+    }
+    let d = got ^ want;
+    let basis = BASIS.with(|c| {
+        let (len, b) = c.get();
+        if len == packet_len {
+            b
+        } else {
+            let b = id_basis(packet_len);
+            c.set((packet_len, b));
+            b
+        }
+    });
+    (1..=MAX_SEGMENT_ID).any(|id| id_delta(&basis, id) == d)
 }
 
 /// Appends the ICRC of `packet` to it.
@@ -122,7 +245,9 @@ pub(crate) fn check(
     let (packet, tail) = datagram.split_at(datagram.len() - ICRC_LEN);
     if verify {
         let got = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
-        if got != icrc(src, dst, packet) {
+        let want = icrc(src, dst, packet);
+        let v4 = matches!((src, dst), (SocketAddr::V4(_), SocketAddr::V4(_)));
+        if got != want && !(v4 && matches_other_id(got, want, packet.len())) {
             return Err(Reject::Icrc);
         }
     }
@@ -175,6 +300,37 @@ mod tests {
             check(src, a("127.0.0.2:4792"), &p, 9000, true),
             Err(Reject::Icrc)
         );
+    }
+
+    #[test]
+    fn a_segment_icrc_moves_to_its_ip_identification() {
+        let (src, dst) = (a("127.0.0.1:4791"), a("127.0.0.2:4791"));
+        let mut basis = None;
+        for len in [16usize, 1040, 4112] {
+            let mut p: Vec<u8> = vec![0x07, 0, 0xff, 0xff, 0, 0, 0, 0x12, 0x80, 0, 0, 5];
+            p.extend((0..len - 16).map(|i| (i * 13) as u8));
+            seal(src, dst, &mut p);
+            let sealed = p.clone();
+            for id in 1..=MAX_SEGMENT_ID {
+                shift_id(&mut p, id, &mut basis);
+                let t = &p[p.len() - 4..];
+                let got = u32::from_le_bytes([t[0], t[1], t[2], t[3]]);
+                assert_eq!(
+                    got,
+                    icrc_with_id(src, dst, &p[..p.len() - 4], id),
+                    "id {id}"
+                );
+                // What a receiver accepts: a segment of a GSO send.
+                assert!(check(src, dst, &p, 9000, true).is_ok(), "id {id}");
+                shift_id(&mut p, id, &mut basis);
+                assert_eq!(p, sealed);
+            }
+            // An identification no GSO send gives is refused.
+            let c = icrc_with_id(src, dst, &p[..p.len() - 4], 64);
+            let at = p.len() - 4;
+            p[at..].copy_from_slice(&c.to_le_bytes());
+            assert_eq!(check(src, dst, &p, 9000, true), Err(Reject::Icrc));
+        }
     }
 
     #[test]

@@ -53,6 +53,15 @@
 //!
 //! Packets a QP produces in one go leave in `sendmmsg` batches; arriving datagrams are read
 //! with `recvmmsg`, every QP's packets of a batch handled before its answers are sent.
+//! By default ([`Options::gso`]) each run of equal-sized datagrams of a multi-packet
+//! message (up to 64 of them, 64 KB) is one UDP GSO message, and the socket takes joined
+//! runs (UDP GRO): over loopback a run stays one packet from `sendmmsg` to `recvmmsg`, and
+//! on a network the kernel splits it into ordinary datagrams, each with its own UDP
+//! header and an ICRC computed for the IPv4 identification the kernel gives it ([`icrc`]),
+//! so a peer that knows nothing of GSO (Linux rxe, an adapter) sees plain RoCEv2.
+//! `RDMX_UDP_GSO=0` turns it off; a run's header (`rdmx bench`) says which path ran
+//! ([`data_path`]).
+//!
 //! Polling a CQ reads the socket without waiting; a progress thread takes over while
 //! nobody polls (as on tcp), so one-sided operations complete while the target application
 //! does nothing.
@@ -97,8 +106,9 @@ pub struct Options {
     /// The largest path MTU this side offers (256 to 4096 bytes; default 4096).
     pub max_mtu: Mtu,
     /// Check the ICRC of every received datagram (default on). On IPv4 the check assumes
-    /// the sender's IP identification is 0, as this provider's are; a peer that picks
-    /// others (Linux rxe) needs it off there. Over IPv6 it works with every peer.
+    /// the sender's IP identification is 0 to 63, as this provider's are (a datagram sent
+    /// alone carries 0, segment `k` of a GSO send `k`); a peer that picks others (Linux
+    /// rxe) needs it off there. Over IPv6 it works with every peer.
     pub verify_icrc: bool,
     /// Most packets a queue pair keeps unacknowledged (default 256).
     pub send_window: u32,
@@ -106,11 +116,12 @@ pub struct Options {
     /// call per datagram, for comparison).
     pub batch: usize,
     /// Send each run of equal-sized datagrams to one peer (a multi-packet message) as one
-    /// UDP GSO message, and take joined runs (UDP GRO) on receipt (default off). Between
-    /// rdmx contexts only: the ICRCs are computed for IPv4 identification 0 on every
-    /// datagram, while the kernel numbers the segments of a GSO message 0, 1, 2, ... where
-    /// it splits them, so a receiver that checks against the real headers (Linux rxe, an
-    /// adapter) drops all but the first. Over loopback nothing is split.
+    /// UDP GSO message, and take joined runs (UDP GRO) on receipt (default on; off on a
+    /// kernel without UDP GRO). The kernel splits a GSO message into ordinary datagrams
+    /// where it leaves the host (over loopback it stays one), numbering their IPv4
+    /// identifications 0, 1, 2, ...: each segment's ICRC is computed for the
+    /// identification and UDP length it goes out with, so that a receiver checking the
+    /// real headers (Linux rxe, an adapter) accepts it; see [`icrc`].
     pub gso: bool,
     #[cfg(feature = "testing")]
     faults: Option<crate::loopback::faults::Faults>,
@@ -124,7 +135,7 @@ impl Default for Options {
             verify_icrc: true,
             send_window: 256,
             batch: sys::BATCH,
-            gso: false,
+            gso: true,
             #[cfg(feature = "testing")]
             faults: None,
         }
@@ -172,13 +183,13 @@ impl Options {
     }
 
     /// The options of a context opened by name: [`BIND_ENV`] gives the address, and
-    /// `RDMX_UDP_BATCH` the [`batch`](Self::batch), `RDMX_UDP_GSO=1` turns on
+    /// `RDMX_UDP_BATCH` the [`batch`](Self::batch), `RDMX_UDP_GSO=0` turns off
     /// [`gso`](Self::gso), `RDMX_UDP_WINDOW` sets the [`send_window`](Self::send_window)
     /// and `RDMX_UDP_VERIFY_ICRC=0` turns off
     /// [`verify_icrc`](Self::verify_icrc).
     pub fn from_env() -> Result<Options> {
         let mut o = Options {
-            gso: std::env::var("RDMX_UDP_GSO").is_ok_and(|v| v == "1"),
+            gso: std::env::var("RDMX_UDP_GSO").map_or(true, |v| v != "0"),
             verify_icrc: std::env::var("RDMX_UDP_VERIFY_ICRC").map_or(true, |v| v != "0"),
             ..Options::default()
         };
@@ -287,13 +298,16 @@ pub fn stats(ctx: &crate::Context) -> Option<UdpStats> {
     Some(device(ctx)?.driver.stats.get())
 }
 
-/// How a udp context moves packets, for a run's header: RoCEv2 on UDP, and whether it
-/// checks the ICRC of what it receives. `None` for a context of another provider.
+/// How a udp context moves packets, for a run's header: RoCEv2 on UDP, whether runs of
+/// datagrams go as UDP GSO sends and arrive joined (GRO), and whether it checks the ICRC
+/// of what it receives. `None` for a context of another provider.
 pub fn data_path(ctx: &crate::Context) -> Option<&'static str> {
-    Some(if device(ctx)?.driver.verify_icrc {
-        "RoCEv2 on UDP, received ICRCs checked"
-    } else {
-        "RoCEv2 on UDP, received ICRCs not checked"
+    let d = &device(ctx)?.driver;
+    Some(match (d.gso, d.verify_icrc) {
+        (true, true) => "RoCEv2 on UDP, GSO/GRO, received ICRCs checked",
+        (true, false) => "RoCEv2 on UDP, GSO/GRO, received ICRCs not checked",
+        (false, true) => "RoCEv2 on UDP, one datagram per message, received ICRCs checked",
+        (false, false) => "RoCEv2 on UDP, one datagram per message, received ICRCs not checked",
     })
 }
 

@@ -145,7 +145,7 @@ impl UdpQp {
         if let (Some(peer), Some((_, held))) = (g.peer, g.faults.as_mut()) {
             // A datagram held back for reordering goes once nothing else overtakes it.
             if let Some(d) = held.take() {
-                self.driver.send_now(peer, &[d]);
+                self.driver.send_now(peer, &mut [d]);
             }
         }
         soft::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
@@ -161,7 +161,7 @@ impl UdpQp {
 
     #[cfg(not(feature = "testing"))]
     fn send(&self, g: &mut Inner, peer: SocketAddr, _now: Instant) {
-        self.driver.send_now(peer, &g.tx);
+        self.driver.send_now(peer, &mut g.tx);
     }
 
     /// Sends the batch, through the context's faults if it has any.
@@ -170,7 +170,7 @@ impl UdpQp {
         use crate::loopback::faults;
         let (Some(inj), Some((rng, held))) = (self.driver.faults.as_ref(), g.faults.as_mut())
         else {
-            self.driver.send_now(peer, &g.tx);
+            self.driver.send_now(peer, &mut g.tx);
             return;
         };
         let local = self.driver.local;
@@ -201,6 +201,6 @@ impl UdpQp {
             out.extend(fate.now.into_iter().map(|w| wire(d, w)));
             out.extend(overtaken);
         }
-        self.driver.send_now(peer, &out);
+        self.driver.send_now(peer, &mut out);
     }
 }

@@ -5,6 +5,8 @@ use std::io;
 use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 
+use super::icrc;
+
 /// Datagrams moved by one `sendmmsg` or `recvmmsg`.
 pub(crate) const BATCH: usize = 32;
 
@@ -156,16 +158,20 @@ type SegCmsg = [u64; 4];
 
 /// Sends `datagrams` to `to`, `batch` (at most [`BATCH`]) messages per call. With `gso`,
 /// each run of equal-sized datagrams (and a shorter one ending it) goes as one message the
-/// kernel splits (`UDP_SEGMENT`). Returns how many datagrams the kernel refused (counted
-/// as lost: the engine retransmits).
+/// kernel splits (`UDP_SEGMENT`). Each datagram comes sealed for IPv4 identification 0;
+/// over IPv4 the ICRC of segment `k` of a run is moved to identification `k`, the one the
+/// kernel gives it, for the call and restored after. Returns how many datagrams the kernel
+/// refused (counted as lost: the engine retransmits).
 pub(crate) fn send_all(
     fd: RawFd,
     to: &CAddr,
-    datagrams: &[Vec<u8>],
+    datagrams: &mut [Vec<u8>],
     batch: usize,
     gso: bool,
 ) -> usize {
     let batch = batch.clamp(1, BATCH);
+    let v4 = libc::c_int::from(to.storage.ss_family) == libc::AF_INET;
+    let mut basis = None;
     let mut failed = 0;
     let mut at = 0;
     while at < datagrams.len() {
@@ -198,6 +204,16 @@ pub(crate) fn send_all(
             niov += n;
             i += n;
         }
+        let shift = |datagrams: &mut [Vec<u8>], basis: &mut Option<(usize, [u32; 6])>| {
+            for &(first, n, _) in &runs[..nruns] {
+                if v4 && n > 1 {
+                    for (k, d) in datagrams[first + 1..first + n].iter_mut().enumerate() {
+                        icrc::shift_id(d, k as u16 + 1, basis);
+                    }
+                }
+            }
+        };
+        shift(datagrams, &mut basis);
         let mut iov = [libc::iovec {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
@@ -230,6 +246,7 @@ pub(crate) fn send_all(
         // SAFETY: every header names memory valid for the call (the datagrams, `to`, the
         // iovecs and control messages on this stack frame); sendmmsg only reads it.
         let r = unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr(), nruns as libc::c_uint, 0) };
+        shift(datagrams, &mut basis);
         if r < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {

@@ -9,6 +9,7 @@
 //! | [`responder`] | the responder's side (and the ping-pong answers in [`lat`]) |
 //! | [`verify`] | what `--verify` expects to find, and the check |
 //! | [`report`], [`plot`] | perftest's table, JSON, latency statistics; the SVG plot |
+//! | [`perftest`] | `--perftest`: one side of a run against stock perftest, in its exchange |
 //! | [`mod@run`] | one run per provider, in this process or against a peer |
 
 use clap::Subcommand;
@@ -16,6 +17,7 @@ use clap::Subcommand;
 mod args;
 mod bw;
 mod lat;
+mod perftest;
 mod plot;
 mod reg;
 mod report;

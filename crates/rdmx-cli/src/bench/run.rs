@@ -26,6 +26,9 @@ const MIB: f64 = 1048576.0;
 
 /// Runs `rdmx bench TEST ...`.
 pub(crate) fn run(args: &Args) -> Result<(), BoxError> {
+    if args.perftest {
+        return super::perftest::run(args);
+    }
     let cfg = args.resolve()?;
     let providers = providers(&cfg)?;
     let out = Out::new(&cfg, providers.len());

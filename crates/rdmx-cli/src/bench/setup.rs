@@ -189,7 +189,7 @@ const UD_QKEY: u32 = 0x1111_1111;
 
 /// Opens `provider` with the options the command line gives: `-d`, `--gid-index` and
 /// the progress mode.
-fn open_context(provider: &str, cfg: &Config, busy: bool) -> Result<Context, BoxError> {
+pub(crate) fn open_context(provider: &str, cfg: &Config, busy: bool) -> Result<Context, BoxError> {
     if cfg.gid_index.is_some() && provider != "verbs" {
         return Err("--gid-index is a verbs option".into());
     }

@@ -17,8 +17,8 @@ use super::wire::{BwReport, Keys};
 const MIB: f64 = 1048576.0;
 /// What each FETCH_ADD adds.
 const ADD: u64 = 1;
-/// wr_id of the check's READ after a run.
-const CHECK: u64 = u64::MAX;
+/// wr_ids of the requests that check a run's data afterwards (beyond any test's).
+const CHECK: u64 = 1 << 62;
 
 /// One side's run: its queue pairs connected, its regions, the peer's keys.
 pub(super) struct Run<'a> {
@@ -208,14 +208,19 @@ impl Run<'_> {
     fn read_back(&self, i: usize, len: usize) -> Result<(), BoxError> {
         let sge = LocalSge::new(&self.mrs[i], self.scratch(), len)?;
         self.qps[i].post_send(SendRequest::read(CHECK, self.remote(i, 0)).sge(sge))?;
+        self.wait_check(CHECK, "the READ of the check")
+    }
+
+    /// Waits for the completion of `wr_id`.
+    fn wait_check(&self, wr_id: u64, what: &str) -> Result<(), BoxError> {
         let mut wc = [EMPTY; 16];
         let watch = Watch::new();
         loop {
             let k = poll(self.cq, &mut wc)?;
-            if wc[..k].iter().any(|c| c.wr_id == CHECK) {
+            if wc[..k].iter().any(|c| c.wr_id == wr_id) {
                 return Ok(());
             }
-            watch.check(&|| "the READ of the check did not complete".into())?;
+            watch.check(&|| format!("{what} did not complete"))?;
             self.idle();
         }
     }
@@ -248,17 +253,21 @@ impl Run<'_> {
     }
 
     /// After atomic_bw: each slot's value in the peer's memory is the last value fetched
-    /// there plus what was added.
+    /// there plus what was added. The peer's region need not be readable (perftest's
+    /// atomic_bw grants atomics only): a FETCH_ADD of 0 per slot fetches the values.
     fn check_atomics(&self, n: u64) -> Result<(), BoxError> {
         let used = self.slots.min(n as usize);
-        let len = (used - 1) * self.step + 8;
         for (i, mr) in self.mrs.iter().enumerate() {
-            self.read_back(i, len)?;
             for j in 0..used {
+                let off = j * self.step;
+                let sge = LocalSge::new(mr, self.scratch() + off, 8)?;
+                let req = SendRequest::fetch_add(CHECK + j as u64, self.remote(i, off), 0);
+                self.qps[i].post_send(req.sge(sge))?;
+                self.wait_check(CHECK + j as u64, "a FETCH_ADD of the check")?;
                 let mut f = [0u8; 8];
                 let mut now = [0u8; 8];
-                mr.read_at(j * self.step, &mut f)?;
-                mr.read_at(self.scratch() + j * self.step, &mut now)?;
+                mr.read_at(off, &mut f)?;
+                mr.read_at(self.scratch() + off, &mut now)?;
                 let (f, now) = (u64::from_ne_bytes(f), u64::from_ne_bytes(now));
                 if now != f.wrapping_add(ADD) {
                     return Err(format!(

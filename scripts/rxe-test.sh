@@ -16,6 +16,10 @@
 #     and `rdmx bench --rdma-cm` in one VM (across two VMs with RXE_TEST_SIW_TWO_HOSTS=1).
 #   - rxe against rdmx's udp provider: rdmx bench on rxe0 in one VM and on the udp
 #     provider in another VM without rxe, in both roles.
+#   - stock perftest against rdmx: ib_{write,read,send,atomic}_bw and ib_{write,send}_lat
+#     on rxe0 in one VM against `rdmx bench TEST --perftest` on the udp provider in the
+#     other (no rxe), each in both roles; then ibv_rc_pingpong against the `pingpong`
+#     example on udp, both ways (scripts/perftest-interop.sh).
 # Exits non-zero if any of them fails. The rootfs (cached, see rxe-vm.sh) is built in
 # parallel with the crates on the first run.
 #
@@ -297,6 +301,25 @@ if [ -n "$rdmx" ] && [ $rc -eq 0 ]; then
         rc=1
         echo "== rxe and the udp provider: FAILED ($((SECONDS - t2)) s)"
     fi
+fi
+# Stock perftest (and ibv_rc_pingpong) on rxe0 in VM a against rdmx on its udp provider in
+# VM b (no rxe): every test with the stock tool as the server and `rdmx bench --perftest`
+# as the client, then the other way round; scripts/perftest-interop.sh is each side's
+# part (its header says what runs how).
+perftest_interop() {
+    local t2=$SECONDS s=$PWD/scripts/perftest-interop.sh
+    echo "== stock perftest and ibv_rc_pingpong on rxe0 (VM a) against rdmx bench --perftest" \
+        "and the pingpong example on udp (VM b, no rxe), each side the server in turn"
+    if scripts/rxe-vm.sh run2 --b-no-rxe --timeout "$timeout" \
+        --a "$s a $rdmx '$pingpong' 50" --b "$s b $rdmx '$pingpong' 50"; then
+        echo "== stock perftest against rdmx: ok ($((SECONDS - t2)) s)"
+    else
+        echo "== stock perftest against rdmx: FAILED ($((SECONDS - t2)) s)"
+        return 1
+    fi
+}
+if [ -n "$rdmx" ] && [ $rc -eq 0 ]; then
+    perftest_interop || rc=1
 fi
 echo "== rxe-test: status $rc after $((SECONDS - start)) s"
 exit "$rc"

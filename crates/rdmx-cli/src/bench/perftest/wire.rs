@@ -207,7 +207,7 @@ impl Comm {
     fn read(&mut self, buf: &mut [u8], what: &str) -> Result<(), BoxError> {
         self.stream.read_exact(buf).map_err(|e| -> BoxError {
             match e.kind() {
-                std::io::ErrorKind::UnexpectedEof => {
+                std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset => {
                     format!("the peer closed the connection instead of sending its {what}").into()
                 }
                 std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {

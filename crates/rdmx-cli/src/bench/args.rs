@@ -620,7 +620,17 @@ mod tests {
 
     #[test]
     fn perftest_takes_what_its_exchange_carries() {
-        let c = resolve(&["write_bw", "--perftest", "-m", "1024", "-F", "-x", "1", "host"]).unwrap();
+        let c = resolve(&[
+            "write_bw",
+            "--perftest",
+            "-m",
+            "1024",
+            "-F",
+            "-x",
+            "1",
+            "host",
+        ])
+        .unwrap();
         assert_eq!((c.params.mtu, c.gid_index), (Some(1024), Some(1)));
         assert!(resolve(&["send_lat", "--perftest", "--server", "-n", "10"]).is_ok());
         for line in [
@@ -629,7 +639,14 @@ mod tests {
             &["atomic_lat", "--perftest", "host"],
             &["write_bw", "--perftest", "-a", "--server"],
             &["write_bw", "--perftest", "-D", "2", "--server"],
-            &["write_bw", "--perftest", "-R", "--provider", "verbs", "--server"],
+            &[
+                "write_bw",
+                "--perftest",
+                "-R",
+                "--provider",
+                "verbs",
+                "--server",
+            ],
             &["send_bw", "--perftest", "-c", "UC", "--server"],
             &["write_bw", "--perftest", "-l", "4", "host"],
             &["write_bw", "--perftest", "--json", "host"],

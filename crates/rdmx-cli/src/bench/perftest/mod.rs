@@ -488,3 +488,89 @@ fn print_header(provider: &str, cfg: &Config, s: &Session, client: bool) {
     }
     println!("{LINE}");
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+
+    use super::wire::{mtu_msg, version_msg, KEY_LEN, VERSION_LEN};
+    use super::*;
+
+    /// A perftest client's side of the exchange up to the keys, with `keys` as its key
+    /// message.
+    fn client(addr: SocketAddr, keys: &[u8; KEY_LEN]) -> std::io::Result<()> {
+        let mut s = TcpStream::connect(addr)?;
+        let mut buf = [0u8; KEY_LEN];
+        s.write_all(&version_msg())?;
+        s.read_exact(&mut buf[..VERSION_LEN])?;
+        for v in [4096i32, 64] {
+            s.write_all(&v.to_be_bytes())?;
+            s.read_exact(&mut buf[..4])?;
+        }
+        s.write_all(&mtu_msg(Mtu::Mtu1024))?;
+        s.read_exact(&mut buf[..2])?;
+        s.write_all(keys)?;
+        s.read_exact(&mut buf)
+    }
+
+    #[test]
+    fn the_server_skips_bad_peers_and_serves_the_next() {
+        let ctx = rdmx::Context::open_provider(rdmx::loopback::NAME).unwrap();
+        let pd = ctx.alloc_pd();
+        let cq = ctx.create_cq(8).unwrap();
+        let qp = pd.create_qp(&cq, &cq, QpCaps::default()).unwrap();
+        let gid = std::net::Ipv4Addr::new(10, 0, 0, 1)
+            .to_ipv6_mapped()
+            .octets();
+        let setup = Setup {
+            test: Test::WriteBw,
+            size: 65536,
+            qps: std::slice::from_ref(&qp),
+            pd: &pd,
+            gid,
+            mtu: Mtu::Mtu4096,
+            out_reads: 16,
+        };
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let good = Keys {
+            lid: 0,
+            out_reads: 128,
+            qpn: 0x11,
+            psn: 0x123456,
+            rkey: 0x2222,
+            vaddr: 0x5000,
+            gid: std::net::Ipv4Addr::new(10, 0, 0, 2)
+                .to_ipv6_mapped()
+                .octets(),
+            srqn: 0,
+        };
+        let peers = std::thread::spawn(move || {
+            // Not perftest at all.
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+            let _ = s.read(&mut [0u8; 16]);
+            // perftest's start, then a key message of garbage (the server answers before
+            // it parses, as perftest does, then drops the connection).
+            let _ = client(addr, &[b'z'; KEY_LEN]);
+            // A GID of the other IP version.
+            let mut v6 = good;
+            v6.gid = std::net::Ipv6Addr::LOCALHOST.octets();
+            let _ = client(addr, &v6.to_msg());
+            // Then a good one.
+            client(addr, &good.to_msg()).unwrap();
+        });
+        let s = accept_valid(&l, &setup).unwrap();
+        peers.join().unwrap();
+        assert_eq!(s.rem, [good]);
+        assert_eq!(s.mtu, Mtu::Mtu1024, "the smaller MTU");
+        assert_eq!((s.cycle, s.line), (4096, 64));
+        assert_eq!(s.keys[0].qpn, qp.qp_num());
+        assert_eq!(s.keys[0].vaddr, s.mrs[0].remote().addr + s.half as u64);
+        assert_eq!(
+            qp.state(),
+            rdmx::QpState::Reset,
+            "no peer got to the queue pair"
+        );
+    }
+}

@@ -355,7 +355,8 @@ impl Run<'_> {
         let mut lat = LatRecorder::new(true);
         let mut prev: Option<Instant> = None;
         while scnt < n || ccnt < n || rcnt < n {
-            if rcnt < n && !(scnt < 1 && !client) {
+            // The server writes first.
+            if rcnt < n && (client || scnt >= 1) {
                 rcnt += 1;
                 let want = rcnt as u8;
                 let watch = Watch::new();
@@ -437,7 +438,8 @@ impl Run<'_> {
                 Ok(())
             };
         while scnt < n || rcnt < n {
-            if rcnt < n && !(scnt < 1 && client) {
+            // The client sends first.
+            if rcnt < n && (!client || scnt >= 1) {
                 let watch = Watch::new();
                 while pending == 0 {
                     let k = poll(self.cq, &mut wc)?;

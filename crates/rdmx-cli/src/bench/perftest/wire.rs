@@ -45,7 +45,7 @@ pub(crate) struct Keys {
 }
 
 impl Keys {
-    pub(crate) fn to_msg(&self) -> [u8; KEY_LEN] {
+    pub(crate) fn to_msg(self) -> [u8; KEY_LEN] {
         let mut text = format!(
             "{:04x}:{:04x}:{:06x}:{:06x}:{:08x}:{:016x}:",
             self.lid, self.out_reads, self.qpn, self.psn, self.rkey, self.vaddr

@@ -6,6 +6,8 @@
 # ways. Each run has its own TCP port; clients retry until their server listens.
 #
 # Usage (inside the VMs): scripts/perftest-interop.sh a|b RDMX PINGPONG [ITERS] [TESTS...]
+#   With PERFTEST_INTEROP_PROVIDER=verbs, rdmx runs on rxe0 in VM b instead (run2 without
+#   --b-no-rxe) and the pingpong example is skipped.
 #   RDMX      the rdmx binary; PINGPONG the pingpong example (or "" to skip it)
 #   ITERS     -n of every run (default 100: the VMs run under TCG, ~50 MB/s)
 #   TESTS     default: write_bw read_bw send_bw write_lat send_lat atomic_bw
@@ -25,10 +27,16 @@ stock() { # TEST ARGS...: the stock tool on rxe0
 udp_env() {
     env RDMX_UDP_BIND="$RXE_IP" RDMX_UDP_VERIFY_ICRC=0 RDMX_UDP_WINDOW=32 "$@"
 }
-rdmx_bench() { # TEST ARGS...: rdmx bench on the udp provider
+provider=${PERFTEST_INTEROP_PROVIDER:-udp}
+rdmx_bench() { # TEST ARGS...: rdmx bench on the udp provider (or on rxe0)
     local t=$1
     shift
-    udp_env timeout 300 "$rdmx" bench "$t" --perftest --provider udp -u 18 -n "$iters" -p "$port" "$@"
+    if [ "$provider" = verbs ]; then
+        timeout 300 "$rdmx" bench "$t" --perftest --provider verbs -d "$RXE_DEV" -x "$RXE_GID_INDEX" \
+            -u 18 -n "$iters" -p "$port" "$@"
+    else
+        udp_env timeout 300 "$rdmx" bench "$t" --perftest --provider udp -u 18 -n "$iters" -p "$port" "$@"
+    fi
 }
 connect() { # CMD...: a client that retries while its server does not listen yet
     local n out rc
@@ -66,7 +74,7 @@ for t in $tests; do
     fi
     port=$((port + 1))
 done
-[ -n "$pingpong" ] || exit 0
+[ -n "$pingpong" ] && [ "$provider" = udp ] || exit 0
 pp_stock() { timeout 120 ibv_rc_pingpong -d "$RXE_DEV" -g "$RXE_GID_INDEX" -n "$iters" -s 4096 -p "$port" "$@"; }
 pp_udp() { udp_env timeout 120 "$pingpong" -d udp -n "$iters" -s 4096 -p "$port" "$@"; }
 if [ "$side" = a ]; then

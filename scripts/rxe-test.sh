@@ -20,6 +20,10 @@
 #   - the transfer engine (rdmx-transfer) on rxe0: its verbs test (two rails, one broken
 #     mid-batch) with the suite, and `rdmx bench transfer --verify` between the two VMs
 #     (the te_* blocks).
+#   - stock perftest against rdmx: ib_{write,read,send,atomic}_bw and ib_{write,send}_lat
+#     on rxe0 in one VM against `rdmx bench TEST --perftest` on the udp provider in the
+#     other (no rxe), each in both roles; then ibv_rc_pingpong against the `pingpong`
+#     example on udp, both ways (scripts/perftest-interop.sh).
 # Exits non-zero if any of them fails. The rootfs (cached, see rxe-vm.sh) is built in
 # parallel with the crates on the first run.
 #
@@ -79,6 +83,9 @@ build_pid=$!
 } >"$tmp/cargo.json"
 # --- The transfer engine on verbs (1/3): its test binary (see te_tests and te_two_hosts).
 cargo build --locked --message-format=json -p rdmx-transfer --test verbs >>"$tmp/cargo.json"
+# The perftest interop step runs an optimized rdmx (.ci/run's smoke runs built it already):
+# a debug build's udp provider is slow enough under TCG to run out of retries.
+cargo build --locked --release --message-format=json -p rdmx-cli --bin rdmx >"$tmp/cargo-release.json"
 rc=0
 wait "$build_pid" || rc=$?
 build_pid=''
@@ -125,6 +132,8 @@ te_tests() {
 }
 te_tests
 multicast=$(awk '$1 == "example" && $2 == "multicast" {print $4; exit}' "$tmp/artifacts")
+rdmx_release=$(sed -n 's/.*"kind":\["bin"\].*"name":"rdmx".*"executable":"\([^"]*\)".*/\1/p' \
+    "$tmp/cargo-release.json" | head -n 1)
 grep -q conformance_verbs "$tmp/tests.rxe" || {
     echo "rxe-test: no conformance_verbs test binary in the build" >&2; exit 1
 }
@@ -376,6 +385,25 @@ if [ -n "$rdmx" ] && [ $rc -eq 0 ]; then
         rc=1
         echo "== rxe and the udp provider: FAILED ($((SECONDS - t2)) s)"
     fi
+fi
+# Stock perftest (and ibv_rc_pingpong) on rxe0 in VM a against rdmx on its udp provider in
+# VM b (no rxe): every test with the stock tool as the server and `rdmx bench --perftest`
+# as the client, then the other way round; scripts/perftest-interop.sh is each side's
+# part (its header says what runs how).
+perftest_interop() {
+    local t2=$SECONDS s=$PWD/scripts/perftest-interop.sh
+    echo "== stock perftest and ibv_rc_pingpong on rxe0 (VM a) against rdmx bench --perftest" \
+        "and the pingpong example on udp (VM b, no rxe), each side the server in turn"
+    if scripts/rxe-vm.sh run2 --b-no-rxe --timeout "$timeout" \
+        --a "$s a $rdmx_release '$pingpong' 50" --b "$s b $rdmx_release '$pingpong' 50"; then
+        echo "== stock perftest against rdmx: ok ($((SECONDS - t2)) s)"
+    else
+        echo "== stock perftest against rdmx: FAILED ($((SECONDS - t2)) s)"
+        return 1
+    fi
+}
+if [ -n "$rdmx_release" ] && [ $rc -eq 0 ]; then
+    perftest_interop || rc=1
 fi
 echo "== rxe-test: status $rc after $((SECONDS - start)) s"
 exit "$rc"

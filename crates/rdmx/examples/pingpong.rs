@@ -289,10 +289,15 @@ fn my_dest(qp: &QueuePair) -> Result<Dest, BoxError> {
     let ep = qp.endpoint();
     let gid = match ep.addr {
         PeerAddr::Gid(g) => g.octets(),
+        // The udp provider: the address it is bound to, IPv4-mapped as RoCE's GIDs are.
+        PeerAddr::Ip(std::net::SocketAddr::V4(a)) if !a.ip().is_unspecified() => {
+            a.ip().to_ipv6_mapped().octets()
+        }
+        PeerAddr::Ip(std::net::SocketAddr::V6(a)) if !a.ip().is_unspecified() => a.ip().octets(),
         _ => {
             return Err(
                 "this provider's queue pairs have no GID; the pingpong exchange \
-                        needs one (use a verbs device)"
+                        needs one (use a verbs device, or -d udp)"
                     .into(),
             )
         }

@@ -176,7 +176,9 @@ mod udp {
         let me = s.local_addr().expect("addr");
         let qpn = v.qp.qp_num();
         let s0 = stats(&v.ctx).expect("udp");
-        let d0 = v.qp.dropped().expect("a software provider counts its drops");
+        let d0 =
+            v.qp.dropped()
+                .expect("a software provider counts its drops");
         let mut rng = Rng(7);
         // Reach the QP, then dropped by the engine: a wrong Q_Key, a truncated DETH.
         let wrong_qkey = sealed(me, at, ud_packet(qpn, QKEY ^ 1, 0x42, &[1; 64]));
@@ -207,7 +209,9 @@ mod udp {
         assert!(s1.bad_icrc - s0.bad_icrc >= 1, "{s1:?}");
         assert!(s1.bad_length - s0.bad_length >= 1, "{s1:?}");
         assert_eq!(
-            v.qp.dropped().expect("a software provider counts its drops") - d0,
+            v.qp.dropped()
+                .expect("a software provider counts its drops")
+                - d0,
             2,
             "the wrong Q_Key and the truncated DETH"
         );
@@ -258,9 +262,15 @@ mod udp {
         eprintln!(
             "flood: {sent} sent, {} received, {} dropped by the QP: {s1:?}",
             s1.received - s0.received,
-            v.qp.dropped().expect("a software provider counts its drops")
+            v.qp.dropped()
+                .expect("a software provider counts its drops")
         );
-        assert!(v.qp.dropped().expect("a software provider counts its drops") > 0, "the wrong Q_Keys were counted");
+        assert!(
+            v.qp.dropped()
+                .expect("a software provider counts its drops")
+                > 0,
+            "the wrong Q_Keys were counted"
+        );
         let grown = rss_kib().saturating_sub(rss0);
         assert!(grown < 32 * 1024, "memory grew by {grown} KiB");
     }
@@ -299,7 +309,9 @@ mod shm {
         let me = std::process::id();
         let s = stranger(me, 0x7e57_0001);
         let s0 = ud_stats(&v.ctx).expect("shm");
-        let d0 = v.qp.dropped().expect("a software provider counts its drops");
+        let d0 =
+            v.qp.dropped()
+                .expect("a software provider counts its drops");
         let mut rng = Rng(5);
         let mut n = 0u64;
         let mut send = |sock: &UnixDatagram, d: &[u8]| {
@@ -336,7 +348,10 @@ mod shm {
         assert!(s1.bad_length - s0.bad_length >= 2, "{s1:?}");
         assert!(s1.unknown_qp - s0.unknown_qp >= 1, "{s1:?}");
         assert!(
-            v.qp.dropped().expect("a software provider counts its drops") - d0 >= 2,
+            v.qp.dropped()
+                .expect("a software provider counts its drops")
+                - d0
+                >= 2,
             "the wrong Q_Key and the truncated DETH"
         );
         assert_eq!(image(&mr), before, "no hostile datagram wrote memory");
@@ -386,9 +401,15 @@ mod shm {
         let s1 = ud_stats(&v.ctx).expect("shm");
         eprintln!(
             "flood: {sent} sent: {s1:?}, dropped by the QP {}",
-            v.qp.dropped().expect("a software provider counts its drops")
+            v.qp.dropped()
+                .expect("a software provider counts its drops")
         );
-        assert!(v.qp.dropped().expect("a software provider counts its drops") > 0, "the wrong Q_Keys were counted");
+        assert!(
+            v.qp.dropped()
+                .expect("a software provider counts its drops")
+                > 0,
+            "the wrong Q_Keys were counted"
+        );
         let grown = rss_kib().saturating_sub(rss0);
         assert!(grown < 32 * 1024, "memory grew by {grown} KiB");
     }

@@ -201,7 +201,7 @@ pub(crate) struct Args {
     #[arg(short = 'R', long = "rdma-cm")]
     pub(crate) rdma_cm: bool,
     /// Path MTU in bytes [default: the device's active MTU].
-    #[arg(long)]
+    #[arg(short = 'm', long)]
     pub(crate) mtu: Option<u32>,
     /// The queue pairs' ack timeout, 4.096 µs × 2^N (perftest's -u) [default: 14].
     #[arg(short = 'u', long = "qp-timeout", value_parser = clap::value_parser!(u8).range(1..=31))]
@@ -210,6 +210,13 @@ pub(crate) struct Args {
     /// GID, else 0].
     #[arg(short = 'x', long = "gid-index")]
     pub(crate) gid_index: Option<u32>,
+    /// Speak perftest's exchange (version 6.24) instead of rdmx's own: run one side against
+    /// a stock perftest tool (`ib_write_bw` and the rest) or another `--perftest` side.
+    #[arg(long)]
+    pub(crate) perftest: bool,
+    /// Ignored (perftest's -F: do not fail on a CPU frequency warning).
+    #[arg(short = 'F', long = "CPU-freq", hide = true)]
+    pub(crate) cpu_freq: bool,
     /// How progress is made.
     #[arg(long, value_enum, default_value_t = ProgressMode::Thread)]
     pub(crate) progress: ProgressMode,
@@ -456,6 +463,9 @@ impl Args {
             )
             .into());
         }
+        if self.perftest {
+            self.check_perftest(test, &peer)?;
+        }
         if matches!(peer, PeerMode::Listen(_)) && self.plot.is_some() {
             return Err("--plot draws what the client measures: give it to the client".into());
         }
@@ -486,6 +496,33 @@ impl Args {
             report_gbits: self.report_gbits,
             plot: self.plot.clone(),
         })
+    }
+}
+
+impl Args {
+    /// What `--perftest` runs: the tests and options perftest's exchange carries.
+    fn check_perftest(&self, test: Test, peer: &PeerMode) -> Result<(), BoxError> {
+        let refuse =
+            |what: &str| -> Result<(), BoxError> { Err(format!("--perftest: {what}").into()) };
+        if *peer == PeerMode::Local {
+            return refuse("runs against a peer: give --server or HOST");
+        }
+        if matches!(test, Test::ReadLat | Test::AtomicLat) {
+            return refuse("runs write_bw, read_bw, send_bw, atomic_bw, write_lat and send_lat");
+        }
+        if self.all || self.duration.is_some() {
+            return refuse("one size for -n iterations (no -a, no -D)");
+        }
+        if self.rdma_cm || self.connection != Conn::Rc {
+            return refuse("RC queue pairs connected by the exchange (no -R, no -c)");
+        }
+        if self.post_list.is_some_and(|l| l > 1) || self.json || self.plot.is_some() {
+            return refuse("no -l, --json or --plot");
+        }
+        if self.provider.len() > 1 {
+            return refuse("one provider");
+        }
+        Ok(())
     }
 }
 
@@ -576,6 +613,44 @@ mod tests {
         let c = resolve(&["write_bw", "-R", "--provider", "verbs", "--server"]).unwrap();
         assert!(c.params.rdma_cm);
         assert!(!resolve(&["write_bw", "--server"]).unwrap().params.rdma_cm);
+    }
+
+    #[test]
+    fn perftest_takes_what_its_exchange_carries() {
+        let c = resolve(&[
+            "write_bw",
+            "--perftest",
+            "-m",
+            "1024",
+            "-F",
+            "-x",
+            "1",
+            "host",
+        ])
+        .unwrap();
+        assert_eq!((c.params.mtu, c.gid_index), (Some(1024), Some(1)));
+        assert!(resolve(&["send_lat", "--perftest", "--server", "-n", "10"]).is_ok());
+        for line in [
+            &["write_bw", "--perftest"][..],
+            &["read_lat", "--perftest", "--server"],
+            &["atomic_lat", "--perftest", "host"],
+            &["write_bw", "--perftest", "-a", "--server"],
+            &["write_bw", "--perftest", "-D", "2", "--server"],
+            &[
+                "write_bw",
+                "--perftest",
+                "-R",
+                "--provider",
+                "verbs",
+                "--server",
+            ],
+            &["send_bw", "--perftest", "-c", "UC", "--server"],
+            &["write_bw", "--perftest", "-l", "4", "host"],
+            &["write_bw", "--perftest", "--json", "host"],
+        ] {
+            let e = resolve(line).expect_err(&format!("{line:?} should be refused"));
+            assert!(e.contains("--perftest"), "{line:?}: {e}");
+        }
     }
 
     #[test]

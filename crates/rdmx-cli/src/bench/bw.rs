@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use rdmx::{LocalSge, SendRequest};
 
 use super::args::{Budget, Op, Params};
-use super::setup::{poll, Abort, BoxError, Layout, Region, Role, Side, CTL, EMPTY, STALL};
+use super::connect::Region;
+use super::setup::{poll, Abort, BoxError, Layout, Role, Side, CTL, EMPTY, STALL};
 use super::verify::{check_region, stamp_for, Expect};
 
 /// What one size measured.

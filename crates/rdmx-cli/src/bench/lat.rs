@@ -15,8 +15,9 @@ use std::time::Instant;
 use rdmx::{LocalSge, SendRequest, WcOpcode};
 
 use super::args::{Budget, Op, Params};
+use super::connect::Region;
 use super::report::LatRecorder;
-use super::setup::{poll, Abort, BoxError, Layout, Region, Role, Side, EMPTY, STALL};
+use super::setup::{poll, Abort, BoxError, Layout, Role, Side, EMPTY, STALL};
 use super::verify::{check_region, stamp_for, tag, Expect};
 
 /// What one size measured: the recorder, and the requests issued (warm-up included).

@@ -4,18 +4,22 @@
 //! | module | what |
 //! |---|---|
 //! | [`args`] | the options of `rdmx bench TEST` and their checks |
-//! | [`setup`] | each side's context, QPs and regions; connecting the sides; control messages |
+//! | [`setup`] | each side's context, QPs and regions; control messages |
+//! | [`connect`] | connecting the sides, in this process or through `rdmx::cm`; the hellos |
 //! | [`bw`], [`lat`] | the requester's measurement loops |
 //! | [`responder`] | the responder's side (and the ping-pong answers in [`lat`]) |
 //! | [`verify`] | what `--verify` expects to find, and the check |
 //! | [`report`], [`plot`] | perftest's table, JSON, latency statistics; the SVG plot |
+//! | [`perftest`] | `--perftest`: one side of a run against stock perftest, in its exchange |
 //! | [`mod@run`] | one run per provider, in this process or against a peer |
 
 use clap::Subcommand;
 
 mod args;
 mod bw;
+mod connect;
 mod lat;
+mod perftest;
 mod plot;
 mod reg;
 mod report;

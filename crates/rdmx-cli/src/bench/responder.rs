@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 use rdmx::{WcOpcode, WcStatus};
 
 use super::args::{Conn, Op, Params};
+use super::connect::Region;
 use super::lat;
 use super::setup::{
-    linger, poll, Abort, BoxError, Region, Role, Side, BYE, CTL, EMPTY, READY, STALL, VERDICT_BAD,
+    linger, poll, Abort, BoxError, Role, Side, BYE, CTL, EMPTY, READY, STALL, VERDICT_BAD,
     VERDICT_OK,
 };
 use super::verify::{check_region, stamp_for, Expect};

@@ -13,19 +13,22 @@ use rdmx::{Context, Pinning};
 
 use super::args::{Args, Budget, Config, Params, PeerMode};
 use super::bw;
+use super::connect::{connect_local, connect_remote, Hello, Region};
 use super::lat;
 use super::plot;
 use super::report::{table_header, table_row, Row, RunInfo, LINE};
 use super::responder;
 use super::setup::{
-    connect_local, connect_remote, finish_size, is_memlock_limit, say_bye, wait_ctl, Abort,
-    BoxError, Hello, Region, Role, Side, READY,
+    finish_size, is_memlock_limit, say_bye, wait_ctl, Abort, BoxError, Role, Side, READY,
 };
 
 const MIB: f64 = 1048576.0;
 
 /// Runs `rdmx bench TEST ...`.
 pub(crate) fn run(args: &Args) -> Result<(), BoxError> {
+    if args.perftest {
+        return super::perftest::run(args);
+    }
     let cfg = args.resolve()?;
     let providers = providers(&cfg)?;
     let out = Out::new(&cfg, providers.len());

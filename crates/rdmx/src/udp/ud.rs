@@ -92,7 +92,7 @@ pub(crate) fn pump(qp: &UdpQp, g: &mut Inner, now: Instant) {
             continue;
         }
         if run_to.is_some_and(|r| r != to) {
-            qp.driver.send_now(run_to.take().expect("a run"), &run);
+            qp.driver.send_now(run_to.take().expect("a run"), &mut run);
             run.clear();
         }
         icrc::seal(local, to, &mut bytes);
@@ -100,7 +100,7 @@ pub(crate) fn pump(qp: &UdpQp, g: &mut Inner, now: Instant) {
         run_to = Some(to);
     }
     if let Some(to) = run_to {
-        qp.driver.send_now(to, &run);
+        qp.driver.send_now(to, &mut run);
     }
     soft::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
 }

@@ -314,12 +314,19 @@ pub(crate) fn ud_multicast(p: &Provider) {
     // group is this test's own (named after the sender's QPN): other tests of the host may
     // be sending to theirs at the same time.
     let [_, x, y, z] = tx.qp.qp_num().to_be_bytes();
-    let iface = AhAttr::to_endpoint(&tx.qp.endpoint())
-        .dgid
-        .to_ipv4_mapped();
+    let iface = AhAttr::to_endpoint(&tx.qp.endpoint()).dgid.to_ipv4_mapped();
     let group: Ipv6Addr = match iface {
         Some(_) => std::net::Ipv4Addr::new(239, x, y, z).to_ipv6_mapped(),
-        None => Ipv6Addr::new(0xff0e, 0, 0, 0, 0, 0, u16::from(x), u16::from_be_bytes([y, z])),
+        None => Ipv6Addr::new(
+            0xff0e,
+            0,
+            0,
+            0,
+            0,
+            0,
+            u16::from(x),
+            u16::from_be_bytes([y, z]),
+        ),
     };
     // What an application on RoCE does besides attaching (rdma_cm's rdma_join_multicast
     // does it for it): the host joins the group at the IP level on the device's interface.

@@ -18,9 +18,9 @@
 //! A UDP GSO send is one such packet that the kernel splits into segments where it leaves
 //! the host (or that stays joined over loopback); the segments get identifications 0, 1,
 //! 2, ... in order, each with its own UDP length. The sender seals each datagram for
-//! identification 0 and [`shift_id`] moves the ICRC of segment `k` to identification `k`
+//! identification 0 and `shift_id` moves the ICRC of segment `k` to identification `k`
 //! (the CRC is linear: a changed field changes the CRC by the CRC of the change, shifted
-//! by the bytes after it). A receiver accepts identifications 0 to [`MAX_SEGMENT_ID`]
+//! by the bytes after it). A receiver accepts identifications 0 to `MAX_SEGMENT_ID`
 //! on IPv4, so that it checks segments of a GSO send whether they arrive apart or joined
 //! (UDP GRO).
 

@@ -48,10 +48,14 @@ fn opts() -> ConnectOptions {
 }
 
 fn pair(port: u16) -> (Side, Side) {
+    pair_with(port, &opts())
+}
+
+fn pair_with(port: u16, o: &ConnectOptions) -> (Side, Side) {
     let a = side(&format!("127.1.0.1:{port}"));
     let b = side(&format!("127.1.0.2:{port}"));
-    a.qp.connect(b.qp.endpoint(), &opts()).expect("connect A");
-    b.qp.connect(a.qp.endpoint(), &opts()).expect("connect B");
+    a.qp.connect(b.qp.endpoint(), o).expect("connect A");
+    b.qp.connect(a.qp.endpoint(), o).expect("connect B");
     (a, b)
 }
 
@@ -273,7 +277,14 @@ fn rss_kib() -> u64 {
 
 #[test]
 fn a_flood_is_dropped_with_bounded_memory_while_the_pair_keeps_working() {
-    let (a, b) = pair(27791);
+    // The flood overflows B's socket buffer, so the pair's own packets are lost there as on
+    // a congested link, and the engine retransmits them. The default ACK timeout (code 14,
+    // 67 ms, 8 tries: about half a second) can run out while the flood lasts on a busy
+    // machine (RetryExcErr, as RC defines); a pair that must ride out floods is given a
+    // budget longer than they last, as here (code 18: 1.07 s per try).
+    let mut o = opts();
+    o.timeout = 18;
+    let (a, b) = pair_with(27791, &o);
     write_works(&a, &b, 13);
     let before_mem = image(&b.mr);
     let qpn = b.qp.qp_num();

@@ -35,7 +35,7 @@
 
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 use slab::Slab;
@@ -155,7 +155,7 @@ struct Shared<R: Registrar> {
     registrar: R,
     config: CacheConfig,
     monitor: Option<&'static Monitor>,
-    subscription: Option<u64>,
+    subscription: OnceLock<u64>,
     inner: Mutex<Inner<R>>,
 }
 
@@ -216,27 +216,29 @@ impl<R: Registrar> RegCache<R> {
                 }
             },
         };
-        let shared = Arc::new_cyclic(|weak: &Weak<Shared<R>>| {
-            let sink: Weak<dyn InvalidationSink> = weak.clone();
-            Shared {
-                registrar,
-                subscription: monitor.map(|m| m.subscribe(sink)),
-                monitor,
-                config,
-                inner: Mutex::new(Inner {
-                    entries: Slab::new(),
-                    by_start: BTreeMap::new(),
-                    longest: 0,
-                    oldest: None,
-                    newest: None,
-                    idle_entries: 0,
-                    idle_bytes: 0,
-                    next_generation: 0,
-                    in_flight: Slab::new(),
-                    stats: CacheStats::default(),
-                }),
-            }
+        let shared = Arc::new(Shared {
+            registrar,
+            subscription: OnceLock::new(),
+            monitor,
+            config,
+            inner: Mutex::new(Inner {
+                entries: Slab::new(),
+                by_start: BTreeMap::new(),
+                longest: 0,
+                oldest: None,
+                newest: None,
+                idle_entries: 0,
+                idle_bytes: 0,
+                next_generation: 0,
+                in_flight: Slab::new(),
+                stats: CacheStats::default(),
+            }),
         });
+        // Subscribed only now that the sink is alive: the monitor prunes entries whose
+        // sink cannot be upgraded. Nothing is cached yet, so nothing can be missed.
+        if let Some(m) = monitor {
+            let _ = shared.subscription.set(m.subscribe(shared.clone()));
+        }
         Ok(RegCache { shared })
     }
 
@@ -439,7 +441,7 @@ impl<R: Registrar> InvalidationSink for Shared<R> {
 
 impl<R: Registrar> Drop for Shared<R> {
     fn drop(&mut self) {
-        if let (Some(m), Some(id)) = (self.monitor, self.subscription) {
+        if let (Some(m), Some(&id)) = (self.monitor, self.subscription.get()) {
             m.unsubscribe(id);
         }
     }

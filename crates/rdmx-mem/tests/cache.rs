@@ -504,3 +504,37 @@ fn many_threads_unmap_and_remap_while_entries_are_in_use() {
     drop(c);
     assert_eq!(live.live().len(), 0, "registrations outlived the cache");
 }
+
+#[test]
+fn caches_created_concurrently_all_receive_invalidations() {
+    // Each cache subscribes to the monitor while other threads create and drop caches
+    // and unmap watched memory; every one of them must hear about its own unmap.
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            std::thread::spawn(move || {
+                for i in 0..300 {
+                    let (c, _live) =
+                        cache(CacheConfig::default().invalidation(Invalidation::Monitor));
+                    let len = page();
+                    let p = map(len, None).unwrap();
+                    // SAFETY: mapped until the unmap below; the handle is dropped first.
+                    let cached = unsafe { c.get_raw(p, len, Access::empty()) }
+                        .unwrap()
+                        .is_cached();
+                    unmap(p, len);
+                    rdmx_mem::monitor::global().unwrap().wait_idle();
+                    let s = c.stats();
+                    // Not cached when another thread's late unmap of the same address
+                    // raced with the registration; that is conservative, not a miss.
+                    if cached {
+                        assert_eq!(s.invalidations, 1, "thread {t} cache {i}: {s:?}");
+                    }
+                    assert_eq!(s.entries, 0, "thread {t} cache {i}: {s:?}");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}

@@ -7,7 +7,7 @@
 mod monitor {
     use std::os::fd::AsRawFd;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    use std::sync::{mpsc, Arc, Mutex, Weak};
+    use std::sync::{mpsc, Arc, Mutex};
     use std::time::{Duration, Instant};
 
     use rdmx_mem::monitor::{global, InvalidationSink, Monitor};
@@ -36,8 +36,7 @@ mod monitor {
         /// A subscribed recorder and its subscription id.
         fn subscribed() -> (Arc<Recorder>, u64) {
             let rec = Arc::new(Recorder::default());
-            let weak: Weak<dyn InvalidationSink> = Arc::downgrade(&rec) as _;
-            let id = monitor().subscribe(weak);
+            let id = monitor().subscribe(rec.clone());
             (rec, id)
         }
 
@@ -330,12 +329,12 @@ mod monitor {
 
         let unsub_calls = Arc::new(AtomicUsize::new(0));
         let unsub: Arc<dyn InvalidationSink> = Arc::new(Counter(Arc::clone(&unsub_calls)));
-        let unsub_id = m.subscribe(Arc::downgrade(&unsub));
+        let unsub_id = m.subscribe(unsub.clone());
         m.unsubscribe(unsub_id);
 
         let dropped_calls = Arc::new(AtomicUsize::new(0));
         let dropped: Arc<dyn InvalidationSink> = Arc::new(Counter(Arc::clone(&dropped_calls)));
-        m.subscribe(Arc::downgrade(&dropped));
+        m.subscribe(dropped.clone());
         drop(dropped);
 
         let len = 2 * page_size();
@@ -427,8 +426,7 @@ mod monitor {
             entered: AtomicBool::new(false),
             returned: AtomicBool::new(false),
         });
-        let weak: Weak<dyn InvalidationSink> = Arc::downgrade(&sink) as _;
-        let id = m.subscribe(weak);
+        let id = m.subscribe(sink.clone());
         let held = gate.lock().unwrap();
         unmap(p, len);
         // The event was read (munmap returned) but cannot be delivered while the gate is
@@ -461,8 +459,7 @@ mod monitor {
             entered: AtomicBool::new(false),
             returned: AtomicBool::new(false),
         });
-        let weak: Weak<dyn InvalidationSink> = Arc::downgrade(&sink) as _;
-        let gated_id = m.subscribe(weak);
+        let gated_id = m.subscribe(sink.clone());
         let mark = rec.mark();
         let sink2 = Arc::clone(&sink);
         within(10, move || {
@@ -529,8 +526,7 @@ mod monitor {
             id: Mutex::new(None),
             done: AtomicBool::new(false),
         });
-        let weak: Weak<dyn InvalidationSink> = Arc::downgrade(&sink) as _;
-        let reentrant_id = m.subscribe(weak);
+        let reentrant_id = m.subscribe(sink.clone());
         *sink.id.lock().unwrap() = Some(reentrant_id);
         let mark = rec.mark();
         within(10, move || {

@@ -185,9 +185,13 @@ impl Monitor {
     /// Subscribes `sink` to every range that goes away from now on. Returns an id for
     /// [`unsubscribe`](Self::unsubscribe).
     ///
-    /// Only the `Weak` is kept: once the sink is dropped it is no longer called, and its
-    /// entry is removed.
-    pub fn subscribe(&self, sink: Weak<dyn InvalidationSink>) -> u64 {
+    /// Only a `Weak` is kept: once the sink is dropped it is no longer called, and its
+    /// entry is removed. The sink is taken as a live `Arc` (only its `Weak` is kept) because an entry whose sink
+    /// cannot be upgraded counts as dropped: a `Weak` handed out by [`Arc::new_cyclic`]
+    /// before construction ends would be pruned by the next delivery or subscription and
+    /// the sink would silently never be called.
+    pub fn subscribe(&self, sink: Arc<dyn InvalidationSink>) -> u64 {
+        let sink = Arc::downgrade(&sink);
         let id = self.shared.next_id.fetch_add(1, SeqCst);
         let mut subs = self.shared.subscribers.lock();
         subs.retain(|(_, w)| w.strong_count() > 0);

@@ -37,7 +37,10 @@
 #                                 started before their server, e.g. across run2's VMs)
 #
 # Environment: RDMX_VM_CACHE (default ~/.cache/rdmx-vm), RXE_VM_MIRROR (default
-# http://deb.debian.org/debian), RXE_VM_TIMEOUT. Needs root (or sudo) to build the rootfs.
+# http://deb.debian.org/debian), RXE_VM_TIMEOUT, RXE_VM_KERNEL_ARGS (appended to the guest
+# kernel's command line), RXE_VM_BOOTS (default 3: a VM whose kernel dies before the
+# command starts - an early panic under TCG on a loaded host - is booted again, with
+# noapic, up to this many boots in all). Needs root (or sudo) to build the rootfs.
 # This file can also be sourced; it then only defines the rxe_* functions.
 set -euo pipefail
 
@@ -344,6 +347,9 @@ fi
 trap - ERR
 
 cd "$RXE_CWD" 2>/dev/null || cd /
+# Tells the host the VM booted: a VM that ends without this marker never ran the command
+# and may be booted again.
+: >/rxe/started
 rc=0
 bash /rxe/cmd </dev/null || rc=$?
 vm_exit "$rc"
@@ -516,11 +522,40 @@ rxe_run() { # [OPTS] -- CMD...
     RXE_TMP=$(mktemp -d "${TMPDIR:-/tmp}/rxe-vm.XXXXXX")
     trap rxe_cleanup EXIT
     rxe_prepare "$RXE_TMP/vm" vm 10.0.2.15 10.0.2.15 "$(printf '%q ' "${RXE_ARGS[@]}")"
-    mapfile -d '' args < <(rxe_qemu_args "$RXE_TMP/vm" "$RXE_TMP/vm.pid" \
-        user,id=n0,restrict=on 52:54:00:77:00:0f)
-    rxe_launch vm '' "${args[@]}"
-    wait $!
+    while :; do
+        rm -f "$RXE_TMP/vm.st" "$RXE_TMP/vm.pid" "$RXE_TMP/vm/started"
+        mapfile -d '' args < <(rxe_qemu_args "$RXE_TMP/vm" "$RXE_TMP/vm.pid" \
+            user,id=n0,restrict=on 52:54:00:77:00:0f)
+        rxe_launch vm '' "${args[@]}"
+        wait $!
+        rxe_boot_failed vm || break
+        rxe_boot_again || break
+    done
     return "$(rxe_status "$(cat "$RXE_TMP/vm.st")" VM)"
+}
+
+# True when VM ROLE ended on its own without a status and without having started its
+# command: its kernel did not boot (under TCG on a loaded host it sometimes panics early,
+# for example "IO-APIC + timer doesn't work"). A VM stopped by the host or timed out is
+# not one.
+rxe_boot_failed() { # ROLE
+    local st
+    st=$(cat "$RXE_TMP/$1.st" 2>/dev/null || echo 0)
+    [ $((st % 2)) -eq 0 ] && [ "$st" -ne 124 ] && [ "$st" -ne 137 ] &&
+        [ ! -e "$RXE_TMP/$1/started" ] && [ ! -e "$RXE_TMP/$1.killed" ]
+}
+
+# Allows another boot after a failed one (at most RXE_VM_BOOTS in all, default 3), with
+# noapic added to the kernel command line. False when the boots are used up.
+RXE_BOOTS=1
+rxe_boot_again() {
+    [ "$RXE_BOOTS" -lt "${RXE_VM_BOOTS:-3}" ] || return 1
+    RXE_BOOTS=$((RXE_BOOTS + 1))
+    case " ${RXE_VM_KERNEL_ARGS:-} " in
+    *" noapic "*) ;;
+    *) RXE_VM_KERNEL_ARGS="${RXE_VM_KERNEL_ARGS:+$RXE_VM_KERNEL_ARGS }noapic" ;;
+    esac
+    echo "rxe-vm: a VM did not boot; booting again (boot $RXE_BOOTS, kernel args: $RXE_VM_KERNEL_ARGS)" >&2
 }
 
 rxe_free_port() {
@@ -551,38 +586,44 @@ rxe_run2() { # [OPTS] --a CMD --b CMD
     trap rxe_cleanup EXIT
     rxe_prepare "$RXE_TMP/a" a 10.77.0.1 10.77.0.2 "$RXE_OPT_A"
     rxe_prepare "$RXE_TMP/b" b 10.77.0.2 10.77.0.1 "$RXE_OPT_B" "$RXE_OPT_B_NO_RXE"
-    port=$(rxe_free_port)
-    mapfile -d '' args_a < <(rxe_qemu_args "$RXE_TMP/a" "$RXE_TMP/a.pid" \
-        "socket,id=n0,listen=127.0.0.1:$port" 52:54:00:77:00:01)
-    mapfile -d '' args_b < <(rxe_qemu_args "$RXE_TMP/b" "$RXE_TMP/b.pid" \
-        "socket,id=n0,connect=127.0.0.1:$port" 52:54:00:77:00:02)
-    rxe_launch a '[a] ' "${args_a[@]}"
-    end=$((SECONDS + 20)) # b connects to a's listening socket
-    until rxe_listening "$port" || [ -e "$RXE_TMP/a.st" ] || [ $SECONDS -ge $end ]; do
-        sleep 0.1
+    while :; do
+        rm -f "$RXE_TMP"/[ab].st "$RXE_TMP"/[ab].pid "$RXE_TMP"/[ab].killed "$RXE_TMP"/[ab]/started
+        port=$(rxe_free_port)
+        mapfile -d '' args_a < <(rxe_qemu_args "$RXE_TMP/a" "$RXE_TMP/a.pid" \
+            "socket,id=n0,listen=127.0.0.1:$port" 52:54:00:77:00:01)
+        mapfile -d '' args_b < <(rxe_qemu_args "$RXE_TMP/b" "$RXE_TMP/b.pid" \
+            "socket,id=n0,connect=127.0.0.1:$port" 52:54:00:77:00:02)
+        rxe_launch a '[a] ' "${args_a[@]}"
+        end=$((SECONDS + 20)) # b connects to a's listening socket
+        until rxe_listening "$port" || [ -e "$RXE_TMP/a.st" ] || [ $SECONDS -ge $end ]; do
+            sleep 0.1
+        done
+        rxe_launch b '[b] ' "${args_b[@]}"
+        # When one VM fails, give the other 20 s to finish, then stop it.
+        end=''
+        while [ ! -e "$RXE_TMP/a.st" ] || [ ! -e "$RXE_TMP/b.st" ]; do
+            if [ -z "$end" ]; then
+                for r in a b; do
+                    if [ -e "$RXE_TMP/$r.st" ] && [ "$(cat "$RXE_TMP/$r.st")" != 1 ]; then
+                        end=$((SECONDS + 20))
+                    fi
+                done
+            elif [ $SECONDS -ge "$end" ]; then
+                for r in a b; do
+                    if [ ! -e "$RXE_TMP/$r.st" ] && [ -e "$RXE_TMP/$r.pid" ]; then
+                        echo "rxe-vm: stopping VM $r (the other one failed)" >&2
+                        : >"$RXE_TMP/$r.killed"
+                        kill "$(cat "$RXE_TMP/$r.pid")" 2>/dev/null || true
+                    fi
+                done
+                end=$((SECONDS + 3600))
+            fi
+            sleep 0.2
+        done
+        wait
+        { rxe_boot_failed a || rxe_boot_failed b; } || break
+        rxe_boot_again || break
     done
-    rxe_launch b '[b] ' "${args_b[@]}"
-    # When one VM fails, give the other 20 s to finish, then stop it.
-    end=''
-    while [ ! -e "$RXE_TMP/a.st" ] || [ ! -e "$RXE_TMP/b.st" ]; do
-        if [ -z "$end" ]; then
-            for r in a b; do
-                if [ -e "$RXE_TMP/$r.st" ] && [ "$(cat "$RXE_TMP/$r.st")" != 1 ]; then
-                    end=$((SECONDS + 20))
-                fi
-            done
-        elif [ $SECONDS -ge "$end" ]; then
-            for r in a b; do
-                if [ ! -e "$RXE_TMP/$r.st" ] && [ -e "$RXE_TMP/$r.pid" ]; then
-                    echo "rxe-vm: stopping VM $r (the other one failed)" >&2
-                    kill "$(cat "$RXE_TMP/$r.pid")" 2>/dev/null || true
-                fi
-            done
-            end=$((SECONDS + 3600))
-        fi
-        sleep 0.2
-    done
-    wait
     rc_a=$(rxe_status "$(cat "$RXE_TMP/a.st")" "VM a")
     rc_b=$(rxe_status "$(cat "$RXE_TMP/b.st")" "VM b")
     echo "rxe-vm: a exit $rc_a, b exit $rc_b"

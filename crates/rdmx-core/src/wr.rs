@@ -23,8 +23,13 @@ pub struct Sge {
 /// Queue pairs may allow fewer (`max_send_sge`, `max_recv_sge`); none allows more.
 pub const MAX_SGE: usize = 32;
 
-/// A scatter/gather list stored inline: up to [`MAX_SGE`] elements and no heap
-/// allocation, so a work request built from one costs no allocation to post.
+/// Elements an [`SgeList`] holds without a heap allocation.
+pub const INLINE_SGE: usize = 4;
+
+/// A scatter/gather list of up to [`MAX_SGE`] elements. The first [`INLINE_SGE`] are
+/// stored inline, so a work request with that many costs no allocation to build or post;
+/// a longer list moves to the heap once. The list is kept small on purpose: requests are
+/// built by value on the hot path, and every move copies it.
 ///
 /// ```
 /// use rdmx_core::wr::{Sge, SgeList, MAX_SGE};
@@ -33,12 +38,15 @@ pub const MAX_SGE: usize = 32;
 /// let mut list = SgeList::new();
 /// list.push(sge);
 /// assert_eq!(list.as_slice(), &[sge]);
+/// assert_eq!(SgeList::try_from(&[sge; MAX_SGE][..]).unwrap().len(), MAX_SGE);
 /// assert!(SgeList::try_from(&[sge; MAX_SGE + 1][..]).is_err());
 /// ```
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct SgeList {
     len: u8,
-    sges: [Sge; MAX_SGE],
+    inline: [Sge; INLINE_SGE],
+    /// Every element once there are more than [`INLINE_SGE`]; empty until then.
+    spilled: Vec<Sge>,
 }
 
 /// An [`SgeList`] already holds [`MAX_SGE`] elements.
@@ -54,20 +62,31 @@ impl SgeList {
     };
 
     /// An empty list.
+    #[inline]
     pub const fn new() -> Self {
         SgeList {
             len: 0,
-            sges: [Self::EMPTY; MAX_SGE],
+            inline: [Self::EMPTY; INLINE_SGE],
+            spilled: Vec::new(),
         }
     }
 
     /// Appends `sge`, or gives [`SgeListFull`] when the list holds [`MAX_SGE`] elements.
+    #[inline]
     pub fn try_push(&mut self, sge: Sge) -> Result<(), SgeListFull> {
-        let slot = self
-            .sges
-            .get_mut(usize::from(self.len))
-            .ok_or(SgeListFull)?;
-        *slot = sge;
+        let len = usize::from(self.len);
+        if len >= MAX_SGE {
+            return Err(SgeListFull);
+        }
+        if len < INLINE_SGE && self.spilled.is_empty() {
+            self.inline[len] = sge;
+        } else {
+            if self.spilled.is_empty() {
+                self.spilled.reserve(2 * INLINE_SGE);
+                self.spilled.extend_from_slice(&self.inline[..len]);
+            }
+            self.spilled.push(sge);
+        }
         self.len += 1;
         Ok(())
     }
@@ -86,11 +105,17 @@ impl SgeList {
     /// Removes every element.
     pub fn clear(&mut self) {
         self.len = 0;
+        self.spilled.clear();
     }
 
     /// The elements, in order.
+    #[inline]
     pub fn as_slice(&self) -> &[Sge] {
-        &self.sges[..usize::from(self.len)]
+        if self.spilled.is_empty() {
+            &self.inline[..usize::from(self.len)]
+        } else {
+            &self.spilled
+        }
     }
 
     /// Number of elements.
@@ -574,7 +599,7 @@ mod tests {
     }
 
     #[test]
-    fn sge_list_holds_up_to_max_sge_inline() {
+    fn sge_list_holds_up_to_max_sge() {
         let mut list = SgeList::default();
         assert!(list.is_empty());
         for i in 0..MAX_SGE as u64 {
@@ -587,6 +612,30 @@ mod tests {
         assert_eq!(list.total_len(), (0..MAX_SGE as u64).sum::<u64>());
         list.clear();
         assert!(list.is_empty());
+    }
+
+    #[test]
+    fn sge_list_keeps_order_across_the_move_to_the_heap_and_back() {
+        let mut list = SgeList::new();
+        for round in 0..2u64 {
+            for i in 0..=INLINE_SGE as u64 {
+                list.push(sge(i + round));
+                let want: Vec<Sge> = (0..=i).map(|j| sge(j + round)).collect();
+                assert_eq!(
+                    list.as_slice(),
+                    &want[..],
+                    "round {round}, {} elements",
+                    i + 1
+                );
+            }
+            let copy = list.clone();
+            assert_eq!(copy, list);
+            list.clear();
+            assert!(list.is_empty());
+            assert_eq!(list.as_slice(), &[]);
+        }
+        // Small enough that moving a request by value stays cheap.
+        assert!(std::mem::size_of::<SgeList>() <= 128);
     }
 
     #[test]

@@ -75,8 +75,10 @@ impl LocalSge {
 
 /// A send work request built from registered regions.
 ///
-/// It holds its elements inline (up to [`MAX_SGE`](rdmx_core::wr::MAX_SGE)) and borrows
-/// any [inline](Self::inline) payload, so building and posting one allocates nothing.
+/// It holds up to [`INLINE_SGE`](rdmx_core::wr::INLINE_SGE) elements inline and borrows
+/// any [inline](Self::inline) payload, so building and posting one with that many
+/// elements allocates nothing (a longer list, up to [`MAX_SGE`](rdmx_core::wr::MAX_SGE),
+/// allocates once).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SendRequest<'a> {
     wr: SendWr,
@@ -89,6 +91,7 @@ pub struct SendRequest<'a> {
 
 impl<'a> SendRequest<'a> {
     /// A request doing `op`, signaled by default.
+    #[inline(always)]
     pub fn new(wr_id: u64, op: SendOp) -> Self {
         SendRequest {
             wr: SendWr {
@@ -104,26 +107,32 @@ impl<'a> SendRequest<'a> {
         }
     }
     /// SEND.
+    #[inline(always)]
     pub fn send(wr_id: u64) -> Self {
         Self::new(wr_id, SendOp::Send)
     }
     /// RDMA WRITE to `remote`.
+    #[inline(always)]
     pub fn write(wr_id: u64, remote: RemoteAddr) -> Self {
         Self::new(wr_id, SendOp::Write(remote))
     }
     /// RDMA READ from `remote`.
+    #[inline(always)]
     pub fn read(wr_id: u64, remote: RemoteAddr) -> Self {
         Self::new(wr_id, SendOp::Read(remote))
     }
     /// SEND with immediate data.
+    #[inline(always)]
     pub fn send_with_imm(wr_id: u64, imm: u32) -> Self {
         Self::new(wr_id, SendOp::SendWithImm(imm))
     }
     /// RDMA WRITE with immediate data (consumes a receive at the peer).
+    #[inline(always)]
     pub fn write_with_imm(wr_id: u64, remote: RemoteAddr, imm: u32) -> Self {
         Self::new(wr_id, SendOp::WriteWithImm(remote, imm))
     }
     /// 8-byte compare-and-swap; the old value lands in the (8-byte) local element.
+    #[inline(always)]
     pub fn compare_swap(wr_id: u64, remote: RemoteAddr, compare: u64, swap: u64) -> Self {
         Self::new(
             wr_id,
@@ -135,11 +144,13 @@ impl<'a> SendRequest<'a> {
         )
     }
     /// 8-byte fetch-and-add; the old value lands in the (8-byte) local element.
+    #[inline(always)]
     pub fn fetch_add(wr_id: u64, remote: RemoteAddr, add: u64) -> Self {
         Self::new(wr_id, SendOp::FetchAdd { remote, add })
     }
     /// Adds a local element. More than the queue pair's `max_send_sge` are refused when
     /// the request is posted.
+    #[inline(always)]
     pub fn sge(mut self, sge: LocalSge) -> Self {
         if self.wr.sges.try_push(sge.0).is_err() {
             self.overflow += 1;
@@ -150,6 +161,7 @@ impl<'a> SendRequest<'a> {
     /// only; `ibv_send_wr.wr.ud`). A Q_Key with the high bit set sends the QP's own. To a
     /// multicast group: an [`AhAttr::multicast`](crate::AhAttr::multicast) handle and
     /// [`MULTICAST_QPN`](crate::MULTICAST_QPN).
+    #[inline(always)]
     pub fn ud(mut self, ah: &'a AddressHandle, remote_qpn: u32, remote_qkey: u32) -> Self {
         self.wr.ud = Some(UdDest {
             av: ah.attr().av(),
@@ -160,26 +172,31 @@ impl<'a> SendRequest<'a> {
         self
     }
     /// No completion on success (selective signaling).
+    #[inline(always)]
     pub fn unsignaled(mut self) -> Self {
         self.wr.flags.remove(SendFlags::SIGNALED);
         self
     }
     /// Wait for earlier READs and atomics before starting.
+    #[inline(always)]
     pub fn fence(mut self) -> Self {
         self.wr.flags |= SendFlags::FENCE;
         self
     }
     /// Ask for a solicited event at the receiver.
+    #[inline(always)]
     pub fn solicited(mut self) -> Self {
         self.wr.flags |= SendFlags::SOLICITED;
         self
     }
     /// Replaces the flags (SIGNALED is on by default; pass it to keep it).
+    #[inline(always)]
     pub fn flags(mut self, flags: SendFlags) -> Self {
         self.wr.flags = flags;
         self
     }
     /// Sends `data` inline: copied at post time, no local key needed.
+    #[inline(always)]
     pub fn inline(mut self, data: &'a [u8]) -> Self {
         self.wr.flags |= SendFlags::INLINE;
         self.wr.sges.clear();
@@ -224,6 +241,7 @@ pub struct RecvRequest {
 
 impl RecvRequest {
     /// A receive with no elements yet.
+    #[inline(always)]
     pub fn new(wr_id: u64) -> Self {
         RecvRequest {
             wr: RecvWr {
@@ -235,6 +253,7 @@ impl RecvRequest {
     }
     /// Adds a local element. More than the queue pair's `max_recv_sge` are refused when
     /// the request is posted.
+    #[inline]
     pub fn sge(mut self, sge: LocalSge) -> Self {
         if self.wr.sges.try_push(sge.0).is_err() {
             self.overflow += 1;

@@ -285,6 +285,7 @@ impl Side {
     }
 
     /// `req` on QP `i`, addressed to the peer QP when the queue pairs are UD.
+    #[inline(always)]
     pub(crate) fn route<'a>(&'a self, i: usize, req: SendRequest<'a>) -> SendRequest<'a> {
         match self.ud_peers.get().and_then(|v| v.get(i)) {
             Some((ah, qpn)) => req.ud(ah, *qpn, UD_QKEY),

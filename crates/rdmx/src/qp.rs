@@ -640,10 +640,32 @@ impl QueuePair {
         &self,
         reqs: &[SendRequest<'_>],
     ) -> std::result::Result<(), (usize, Error)> {
-        for (i, r) in reqs.iter().enumerate() {
-            self.post_send(r).map_err(|e| (i, e))?;
+        if self.qp_type == QpType::Ud {
+            for (i, r) in reqs.iter().enumerate() {
+                self.post_send(r).map_err(|e| (i, e))?;
+            }
+            return Ok(());
         }
-        Ok(())
+        // Checked up front; the requests before the first refused one go to the provider
+        // as one list (one lock and one progress step on the software providers).
+        let mut refused = None;
+        for (i, r) in reqs.iter().enumerate() {
+            let checked = r
+                .check_overflow()
+                .and_then(|()| self.check_type(&r.wr, r.inline, r.ah));
+            if let Err(e) = checked {
+                refused = Some((i, e));
+                break;
+            }
+        }
+        let valid = refused.as_ref().map_or(reqs.len(), |(i, _)| *i);
+        if valid > 0 {
+            let mut wrs = reqs[..valid].iter().map(|r| (&r.wr, r.inline));
+            // SAFETY: as in post_send: every element was made by LocalSge::new from a
+            // registered region that owns its memory.
+            unsafe { self.imp.post_send_list(&mut wrs) }?;
+        }
+        refused.map_or(Ok(()), Err)
     }
 
     /// Posts a send request with raw elements.

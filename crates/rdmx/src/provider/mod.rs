@@ -252,6 +252,23 @@ pub(crate) trait Qp: Send + Sync + fmt::Debug + Any {
         // SAFETY: forwarded; the caller upholds the contract.
         unsafe { self.post_send(wr, inline) }
     }
+    /// `ibv_post_send` with a list: posts `wrs` in order and stops at the first that is
+    /// refused, giving its index and the error. Providers that take a lock or make
+    /// progress per post override it to do that once for the list. Not for UD.
+    ///
+    /// # Safety
+    ///
+    /// As [`post_send`](Self::post_send), for every request.
+    unsafe fn post_send_list(
+        &self,
+        wrs: &mut dyn Iterator<Item = (&SendWr, Option<&[u8]>)>,
+    ) -> std::result::Result<(), (usize, crate::Error)> {
+        for (i, (wr, inline)) in wrs.enumerate() {
+            // SAFETY: forwarded; the caller upholds the contract.
+            unsafe { self.post_send(wr, inline) }.map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
     /// Attaches a UD queue pair to the multicast group `gid` (`ibv_attach_mcast`).
     fn attach_mcast(&self, _gid: [u8; 16], _lid: u16) -> Result<()> {
         Err(crate::Error::Unsupported("this provider has no multicast"))

@@ -46,32 +46,58 @@ use crate::Result;
 /// engine, whose packets carry it.
 pub(crate) fn post_send(qp: &ShmQp, wr: &SendWr, inline: Option<&[u8]>) -> Result<()> {
     let mut g = qp.inner.lock();
-    let peer = candidate(&g, wr);
+    let posted = post_one(qp, &mut g, wr, inline);
+    qp.pump(&mut g, Instant::now());
+    posted
+}
+
+/// Posts a list as [`post_send`] posts each request, under one lock and with one progress
+/// step; stops at the first refused, with its index.
+pub(crate) fn post_send_list(
+    qp: &ShmQp,
+    wrs: &mut dyn Iterator<Item = (&SendWr, Option<&[u8]>)>,
+) -> std::result::Result<(), (usize, crate::Error)> {
+    let mut g = qp.inner.lock();
+    let mut posted = Ok(());
+    for (i, (wr, inline)) in wrs.enumerate() {
+        if let Err(e) = post_one(qp, &mut g, wr, inline) {
+            posted = Err((i, e));
+            break;
+        }
+    }
+    qp.pump(&mut g, Instant::now());
+    posted
+}
+
+/// Executes `wr` at post if it can, else hands it to the engine; the caller makes
+/// progress.
+fn post_one(
+    qp: &ShmQp,
+    g: &mut MutexGuard<'_, Inner>,
+    wr: &SendWr,
+    inline: Option<&[u8]>,
+) -> Result<()> {
+    let peer = candidate(g, wr);
     let mut executed = false;
     if let Some(peer) = peer.filter(|p| !std::ptr::eq(Arc::as_ptr(p), qp)) {
         // Both locks, in address order (no other code holds two queue pairs' locks).
         let target = if Arc::as_ptr(&peer) < (qp as *const ShmQp) {
-            drop(g);
-            let t = peer.inner.lock();
-            g = qp.inner.lock();
-            t
+            MutexGuard::unlocked(g, || peer.inner.lock())
         } else {
             peer.inner.lock()
         };
         // The connection may have changed while the locks were taken.
-        let same = candidate(&g, wr).is_some_and(|p| Arc::ptr_eq(&p, &peer));
-        executed = same && target.conn.is_some() && execute(&mut g, target, wr, inline);
+        let same = candidate(g, wr).is_some_and(|p| Arc::ptr_eq(&p, &peer));
+        executed = same && target.conn.is_some() && execute(g, target, wr, inline);
     }
-    let posted = if executed {
+    if executed {
         g.executed_at_post += 1;
         Ok(())
     } else {
-        let i = &mut *g;
-        i.engine.post_send_ref(&i.keys, wr, inline)
-    };
-    qp.pump(&mut g, Instant::now());
-    posted?;
-    Ok(())
+        let i = &mut **g;
+        i.engine.post_send_ref(&i.keys, wr, inline)?;
+        Ok(())
+    }
 }
 
 /// The peer queue pair, if `wr` is a WRITE or READ that might run at post on this

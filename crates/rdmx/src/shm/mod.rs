@@ -469,6 +469,12 @@ impl Transport for Link {
     fn post_send(&self, wr: &rdmx_core::SendWr, inline: Option<&[u8]>) -> Result<()> {
         direct::post_send(&self.qp, wr, inline)
     }
+    fn post_send_list(
+        &self,
+        wrs: &mut dyn Iterator<Item = (&rdmx_core::SendWr, Option<&[u8]>)>,
+    ) -> std::result::Result<(), (usize, Error)> {
+        direct::post_send_list(&self.qp, wrs)
+    }
     fn entered_rtr(&self) -> Result<()> {
         self.qp.driver.establish(&self.qp, self.ring_bytes)
     }

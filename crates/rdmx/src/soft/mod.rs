@@ -300,6 +300,22 @@ pub(crate) trait Transport: Send + Sync + std::fmt::Debug + 'static {
         self.post_with(|e, keys| e.post_send_ref(keys, wr, inline))?;
         Ok(())
     }
+    /// Posts a list of send requests: by default, all under one
+    /// [`post_send`](Self::post_send)-like call to [`post_with`](Self::post_with), so the
+    /// engine's lock is taken and progress made once for the list. Stops at the first
+    /// request refused, with its index.
+    fn post_send_list(
+        &self,
+        wrs: &mut dyn Iterator<Item = (&SendWr, Option<&[u8]>)>,
+    ) -> std::result::Result<(), (usize, crate::Error)> {
+        self.post_with(|e, keys| {
+            for (i, (wr, inline)) in wrs.enumerate() {
+                e.post_send_ref(keys, wr, inline)
+                    .map_err(|err| (i, err.into()))?;
+            }
+            Ok(())
+        })
+    }
     /// The QP just entered RTR.
     fn entered_rtr(&self) -> Result<()> {
         Ok(())
@@ -352,6 +368,12 @@ impl<T: Transport> provider::Qp for SoftQp<T> {
     }
     unsafe fn post_send(&self, wr: &SendWr, inline: Option<&[u8]>) -> Result<()> {
         self.transport.post_send(wr, inline)
+    }
+    unsafe fn post_send_list(
+        &self,
+        wrs: &mut dyn Iterator<Item = (&SendWr, Option<&[u8]>)>,
+    ) -> std::result::Result<(), (usize, crate::Error)> {
+        self.transport.post_send_list(wrs)
     }
     unsafe fn post_send_ud(
         &self,

@@ -127,6 +127,87 @@ pub(crate) fn send_queue_full(p: &Provider) {
     assert_bytes(&image(&inbox), &data, &format!("{what}: received data"));
 }
 
+/// A post list (`post_send_list`) posts in order and stops at the first request refused,
+/// naming its index: one the facade refuses (too many elements) leaves the ones before it
+/// posted and run, one the queue refuses (full, SENDs stalled by RNR) likewise; the
+/// posted part completes in order with its data.
+pub(crate) fn post_list_stops_at_the_first_refused(p: &Provider) {
+    let what = format!("{}: post list", p.name);
+    const DEPTH: usize = 8;
+    let mut cfg = p.config();
+    cfg.caps = cfg.caps.max_send_wr(DEPTH);
+    cfg.opts.rnr_retry = 7;
+    let pair = p.pair_with(cfg, p.config());
+    let (qa, qb) = (pair.a.qp.qp_num(), pair.b.qp.qp_num());
+    let src = register(&pair.a.pd, 4 * DEPTH * 32, LOCAL);
+    let dst = register(&pair.b.pd, 4 * DEPTH * 32, ALL);
+    let data = fill(&src, 3);
+    fill(&dst, 4);
+
+    // WRITEs, the third with more elements than a request holds.
+    let write =
+        |k: usize| SendRequest::write(k as u64, raddr(&dst, 32 * k)).sge(sge(&src, 32 * k, 32));
+    let mut too_long = write(2);
+    // More than any request holds (32 elements).
+    for _ in 0..40 {
+        too_long = too_long.sge(sge(&src, 64, 1));
+    }
+    let list = [write(0), write(1), too_long, write(3)];
+    match pair.a.qp.post_send_list(&list) {
+        Err((2, Error::Post(PostError::TooManySges { .. }))) => {}
+        other => panic!("{what}: list with a long third request gave {other:?}"),
+    }
+    let done = wait_n(&pair.a.scq, 2, &what);
+    for (c, k) in done.iter().zip(0u64..) {
+        check_ok(c, k, WcOpcode::RdmaWrite, qa, &what);
+    }
+    assert_quiet(
+        &pair.a.scq,
+        &format!("{what}: nothing after the refused request"),
+    );
+    assert_bytes(
+        &image(&dst)[..64],
+        &data[..64],
+        &format!("{what}: the two WRITEs posted"),
+    );
+    assert_ne!(
+        &image(&dst)[64..128],
+        &data[64..128],
+        "{what}: the refused WRITEs ran"
+    );
+    if lacks(p, "RNR waits", |c| c.rnr_retry) {
+        return;
+    }
+
+    // SENDs stalled by RNR: the list fills the queue and stops there.
+    let base = 2 * DEPTH;
+    let send = |k: usize| SendRequest::send(k as u64).sge(sge(&src, 32 * k, 32));
+    let list: Vec<SendRequest<'_>> = (base..base + DEPTH + 3).map(send).collect();
+    match pair.a.qp.post_send_list(&list) {
+        Err((DEPTH, Error::Post(PostError::QueueFull { .. }))) => {}
+        other => panic!("{what}: list longer than the send queue gave {other:?}"),
+    }
+    assert_quiet(&pair.a.scq, &format!("{what}: SENDs waiting for receives"));
+    for k in base..base + DEPTH {
+        pair.b
+            .qp
+            .post_recv(RecvRequest::new(k as u64).sge(sge(&dst, 32 * k, 32)))
+            .unwrap_or_else(|e| panic!("{what}: post_recv: {e}"));
+    }
+    let sent = wait_n(&pair.a.scq, DEPTH, &what);
+    let recvd = wait_n(&pair.b.rcq, DEPTH, &what);
+    for ((c, r), k) in sent.iter().zip(&recvd).zip(base as u64..) {
+        check_ok(c, k, WcOpcode::Send, qa, &what);
+        check_ok(r, k, WcOpcode::Recv, qb, &what);
+    }
+    let (from, to) = (32 * base, 32 * (base + DEPTH));
+    assert_bytes(
+        &image(&dst)[from..to],
+        &data[from..to],
+        &format!("{what}: received data"),
+    );
+}
+
 /// With `max_recv_wr` receives posted, one more fails at once with QueueFull; receives
 /// consumed by SENDs free their slots.
 pub(crate) fn recv_queue_full(p: &Provider) {

@@ -74,6 +74,7 @@ macro_rules! conformance_suite {
             atomics::concurrent_fetch_add_from_qps_and_cpu,
             flow::selective_signaling,
             flow::send_queue_full,
+            flow::post_list_stops_at_the_first_refused,
             flow::recv_queue_full,
             flow::cq_overrun,
             flow::rnr_then_success,

@@ -47,8 +47,8 @@ use crate::Result;
 pub(crate) fn post_send(qp: &ShmQp, wr: &SendWr, inline: Option<&[u8]>) -> Result<()> {
     let mut g = qp.inner.lock();
     let peer = candidate(&g, wr);
-    let mut executed = false;
-    if let Some(peer) = peer.filter(|p| !std::ptr::eq(Arc::as_ptr(p), qp)) {
+    let mut executed = qp.driver.execute_at_post && super::mapped::execute(&mut g, wr, inline);
+    if let Some(peer) = peer.filter(|p| !executed && !std::ptr::eq(Arc::as_ptr(p), qp)) {
         // Both locks, in address order (no other code holds two queue pairs' locks).
         let target = if Arc::as_ptr(&peer) < (qp as *const ShmQp) {
             drop(g);

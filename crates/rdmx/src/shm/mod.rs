@@ -106,6 +106,8 @@
 mod copy;
 pub use copy::copy_slice;
 mod direct;
+mod mapped;
+pub use mapped::DRAIN_BOUND;
 mod qp;
 mod ring;
 mod sys;
@@ -182,6 +184,14 @@ pub struct Options {
     /// the target queue pair and key as the target would and copies with one memcpy,
     /// with no handoff to another thread (see the [module docs](self)). Default: on.
     pub execute_at_post: bool,
+    /// Between processes, let the initiator of an RDMA WRITE or READ execute it at post
+    /// time with one memcpy into or out of the target's memory, which it maps, when that
+    /// memory is memfd-backed ([`Mapping::shared`](rdmx_mem::Mapping::shared)) and
+    /// registered with remote access (the `mapped` data path; see the [module
+    /// docs](self) and [`mapped`](mapped/index.html)); both sides must ask for it. It
+    /// takes the place of `direct` between contexts of one process. Default: off,
+    /// unless the environment has `RDMX_SHM_DATA_PATH=mapped`.
+    pub mapped: bool,
     /// Users, besides this process's own, whose processes may connect to this context
     /// and whose contexts this one connects to (checked with `SO_PEERCRED` on the socket
     /// both ways). Default: none.
@@ -194,8 +204,9 @@ impl Default for Options {
             ring_bytes: 4 << 20,
             cma: std::env::var_os("RDMX_SHM_DATA_PATH").is_some_and(|v| v == "cma"),
             direct: !std::env::var_os("RDMX_SHM_DATA_PATH")
-                .is_some_and(|v| v == "ring" || v == "cma"),
+                .is_some_and(|v| v == "ring" || v == "cma" || v == "mapped"),
             execute_at_post: true,
+            mapped: std::env::var_os("RDMX_SHM_DATA_PATH").is_some_and(|v| v == "mapped"),
             allowed_uids: Vec::new(),
         }
     }
@@ -223,6 +234,12 @@ impl Options {
     /// Sets [`direct`](Self::direct).
     pub fn direct(mut self, on: bool) -> Self {
         self.direct = on;
+        self
+    }
+
+    /// Sets [`mapped`](Self::mapped).
+    pub fn mapped(mut self, on: bool) -> Self {
+        self.mapped = on;
         self
     }
 
@@ -311,7 +328,7 @@ impl Device {
         let seed = soft::seed()?;
         let keys = Arc::new(Keys::new(seed));
         let driver = Driver::start(seed, opts)?;
-        if opts.direct {
+        if opts.direct && !opts.mapped {
             local_devices().push((driver.id, Arc::downgrade(&keys), Arc::downgrade(&driver)));
         }
         Ok(Device {
@@ -384,6 +401,12 @@ impl SoftDevice for Device {
         Ok(Box::new(Cq {
             driver: self.driver.clone(),
         }))
+    }
+    fn registered(&self, mr: &Arc<provider::MrShared>) {
+        self.driver.published(mr);
+    }
+    fn deregistering(&self, mr: &provider::MrShared) {
+        self.driver.unpublish(mr);
     }
     fn create_qp(&self, init: provider::QpInit<'_>) -> Result<Box<dyn provider::Qp>> {
         let srq = SoftSrq::of(init.srq)?;
@@ -602,6 +625,10 @@ pub(crate) struct Driver {
     execute_at_post: bool,
     /// Other users whose processes may be peers.
     allowed_uids: Vec<u32>,
+    /// The key table of the `mapped` data path, when this context runs it.
+    published: Option<mapped::Published>,
+    /// Connections whose peers may claim this context's keys (`mapped`).
+    watch: Mutex<Vec<mapped::Watch>>,
     /// The datagram socket of UD queue pairs.
     ud: Arc<ud::Port>,
 }
@@ -672,9 +699,19 @@ impl Driver {
             // QP numbers 0 and 1 are special in InfiniBand.
             next_qpn: AtomicU32::new(((seed as u32) & 0x7f_ffff) | 0x10),
             cma: opts.cma,
-            direct: opts.direct,
+            // The mapped path takes the place of `direct` (it runs in one process too).
+            direct: opts.direct && !opts.mapped,
             execute_at_post: opts.execute_at_post,
             allowed_uids: opts.allowed_uids.clone(),
+            published: if opts.mapped {
+                Some(
+                    mapped::Published::new()
+                        .map_err(|e| Error::Io("create the shm key table", e))?,
+                )
+            } else {
+                None
+            },
+            watch: Mutex::new(Vec::new()),
             ud: Arc::new(ud),
         });
         let d = Arc::downgrade(&driver);
@@ -892,7 +929,21 @@ impl Driver {
                         .and_then(Weak::upgrade);
                     if let Some(qp) = qp {
                         let mut g = qp.inner.lock();
-                        let gone = g.conn.as_ref().is_some_and(|c| sys::hung_up(&c.sock));
+                        let mut gone = g.conn.as_ref().is_some_and(|c| sys::hung_up(&c.sock));
+                        if let Some(Conn {
+                            sock,
+                            mapped: Some(view),
+                            ..
+                        }) = g.conn.as_mut()
+                        {
+                            // Files the peer hands over, or takes back (`mapped`).
+                            if let Err(e) = view.receive(sock) {
+                                if !gone {
+                                    tracing::warn!(qpn = qp.qpn, "shm mapped: {e}");
+                                }
+                                gone = true;
+                            }
+                        }
                         if gone {
                             // Whatever the peer managed to put in the ring first counts.
                             qp.progress(&mut g, Instant::now());
@@ -990,8 +1041,9 @@ impl Driver {
         hello[24..32].copy_from_slice(&(ring_bytes as u64).to_be_bytes());
         hello[32..40].copy_from_slice(&self.probe_addr().to_be_bytes());
         hello[40..44].copy_from_slice(&self.id.to_be_bytes());
-        sys::send_with_fds(&s, &hello, &[memfd.as_raw_fd(), self.event.as_raw_fd()])
-            .map_err(|e| Error::Io("send the shm hello", e))?;
+        let mut fds = vec![memfd.as_raw_fd(), self.event.as_raw_fd()];
+        fds.extend(self.published.as_ref().map(|p| p.fd().as_raw_fd()));
+        sys::send_with_fds(&s, &hello, &fds).map_err(|e| Error::Io("send the shm hello", e))?;
         let mut reply = [0u8; REPLY_LEN];
         let fds = sys::recv_with_fds(&s, &mut reply).map_err(|e| {
             Error::Io(
@@ -1001,9 +1053,11 @@ impl Driver {
         })?;
         // The peer has its copy: ours goes (a memfd has no name to unlink).
         drop(memfd);
-        let (true, Some(peer_event)) = (&reply[..8] == REPLY_MAGIC, fds.into_iter().next()) else {
+        let mut fds = fds.into_iter();
+        let (true, Some(peer_event)) = (&reply[..8] == REPLY_MAGIC, fds.next()) else {
             return Err(Error::Protocol("the shm peer's answer is not rdmx's"));
         };
+        let mapped = self.peer_view(qp.qpn, fds.next());
         let peer_probe = u64::from_be_bytes(reply[8..16].try_into().expect("8 bytes"));
         let (direct, peer_qp) = local_peer(self.direct, peer_pid, peer.dev, peer.qpn);
         let pulls = direct.is_some() || self.try_pull(qp.qpn, peer_pid, peer_probe);
@@ -1016,17 +1070,38 @@ impl Driver {
         qp.attach(
             &mut g,
             Conn {
-                seg,
+                seg: Arc::new(seg),
                 side: 0,
-                sock: s,
+                sock: Arc::new(s),
                 peer_event,
                 peer_pid,
                 pulls,
                 direct,
                 peer_qp: peer_qp.filter(|_| self.execute_at_post),
+                mapped,
             },
         );
         Ok(())
+    }
+
+    /// The peer's key table, mapped, if both sides run the `mapped` data path (the peer
+    /// sent `fd`). Says why not in the log.
+    fn peer_view(&self, qpn: u32, fd: Option<OwnedFd>) -> Option<mapped::PeerView> {
+        self.published.as_ref()?;
+        let Some(fd) = fd else {
+            tracing::debug!(qpn, "shm: the peer does not run the mapped data path");
+            return None;
+        };
+        match mapped::PeerView::open(&fd) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::warn!(
+                    qpn,
+                    "shm: the peer's key table is unusable ({e}); no mapped path"
+                );
+                None
+            }
+        }
     }
 
     /// Whether a process of user `uid` may be a peer.
@@ -1170,20 +1245,23 @@ impl Driver {
         if pulls {
             seg.set_pulls(1);
         }
+        let mapped = self.peer_view(to, fds.next());
         let mut reply = [0u8; REPLY_LEN];
         reply[..8].copy_from_slice(REPLY_MAGIC);
         reply[8..16].copy_from_slice(&self.probe_addr().to_be_bytes());
-        sys::send_with_fds(&s, &reply, &[self.event.as_raw_fd()])
-            .map_err(|e| format!("answer: {e}"))?;
+        let mut out = vec![self.event.as_raw_fd()];
+        out.extend(self.published.as_ref().map(|p| p.fd().as_raw_fd()));
+        sys::send_with_fds(&s, &reply, &out).map_err(|e| format!("answer: {e}"))?;
         let conn = Conn {
-            seg,
+            seg: Arc::new(seg),
             side: 1,
-            sock: s,
+            sock: Arc::new(s),
             peer_event,
             peer_pid: pid,
             pulls,
             direct,
             peer_qp: peer_qp.filter(|_| self.execute_at_post),
+            mapped,
         };
         let mut g = qp.inner.lock();
         if g.attached() {

@@ -404,12 +404,13 @@ pub(crate) fn forget(sock: &UnixStream, id: u64) {
 }
 
 /// A connection whose claims deregistration must wait for: its segment, its socket
-/// (gone once the connection is), and the peer's side.
+/// (gone once the connection is), the peer's side, and whether the peer closed its end.
 #[derive(Debug)]
 pub(crate) struct Watch {
     pub(crate) seg: Arc<Segment>,
     pub(crate) sock: Weak<UnixStream>,
     pub(crate) peer: usize,
+    pub(crate) peer_gone: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Waits until no watched connection claims `tag`, for at most `bound`; forgets
@@ -424,7 +425,9 @@ pub(crate) fn drain(watch: &Mutex<Vec<Watch>>, tag: u64, bound: Duration) -> boo
             let sock = w.sock.upgrade();
             if claim == tag {
                 // A peer that closed its socket holds no claims.
-                if sock.as_ref().is_some_and(|s| sys::hung_up(s)) {
+                if w.peer_gone.load(Ordering::SeqCst)
+                    || sock.as_ref().is_some_and(|s| sys::hung_up(s))
+                {
                     return false;
                 }
                 busy = true;

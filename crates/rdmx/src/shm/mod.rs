@@ -929,7 +929,8 @@ impl Driver {
                         .and_then(Weak::upgrade);
                     if let Some(qp) = qp {
                         let mut g = qp.inner.lock();
-                        let mut gone = g.conn.as_ref().is_some_and(|c| sys::hung_up(&c.sock));
+                        let hung_up = g.conn.as_ref().is_some_and(|c| sys::hung_up(&c.sock));
+                        let mut gone = hung_up;
                         if let Some(Conn {
                             sock,
                             mapped: Some(view),
@@ -945,6 +946,10 @@ impl Driver {
                             }
                         }
                         if gone {
+                            if let Some(c) = g.conn.as_ref().filter(|_| hung_up) {
+                                // (Not a peer that broke the rules: it may still copy.)
+                                c.peer_gone.store(true, Ordering::SeqCst);
+                            }
                             // Whatever the peer managed to put in the ring first counts.
                             qp.progress(&mut g, Instant::now());
                             if let Some(c) = g.conn.as_ref() {
@@ -1079,6 +1084,7 @@ impl Driver {
                 direct,
                 peer_qp: peer_qp.filter(|_| self.execute_at_post),
                 mapped,
+                peer_gone: Arc::default(),
             },
         );
         Ok(())
@@ -1262,6 +1268,7 @@ impl Driver {
             direct,
             peer_qp: peer_qp.filter(|_| self.execute_at_post),
             mapped,
+            peer_gone: Arc::default(),
         };
         let mut g = qp.inner.lock();
         if g.attached() {

@@ -55,6 +55,9 @@ pub(crate) struct Conn {
     /// The peer's key table and the files it handed over, when both sides run the
     /// `mapped` data path.
     pub(crate) mapped: Option<PeerView>,
+    /// Raised when the peer closed its socket (it exited or was killed): its claims on
+    /// this side's keys are void (`mapped`).
+    pub(crate) peer_gone: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Drop for Conn {
@@ -223,6 +226,7 @@ impl ShmQp {
                     seg: c.seg.clone(),
                     sock: Arc::downgrade(&c.sock),
                     peer: 1 - c.side,
+                    peer_gone: c.peer_gone.clone(),
                 });
                 p.offer_all(&c.sock);
             }

@@ -381,6 +381,61 @@ impl super::Driver {
     }
 }
 
+#[cfg(feature = "testing")]
+impl Published {
+    /// Whether the table can be mapped writable (it must not: it is sealed).
+    pub(crate) fn writable(&self) -> bool {
+        Map::new(&self.fd, TABLE_LEN, true).is_ok()
+    }
+
+    /// Sets the length word of `rkey`'s slot, if it is published.
+    pub(crate) fn scribble_len(&self, rkey: u32, len: u64) -> bool {
+        let st = self.state.lock();
+        let idx = rkey as usize % SLOTS;
+        if !st.used[idx] {
+            return false;
+        }
+        slot_word(&self.table, idx, S_LEN).store(len, Ordering::SeqCst);
+        true
+    }
+}
+
+/// A second mapping of the file behind a shared mapping, as a peer holds it.
+#[cfg(feature = "testing")]
+#[derive(Debug)]
+pub struct PeerMapping(Map);
+
+#[cfg(feature = "testing")]
+impl PeerMapping {
+    /// Maps the file behind the live shared mapping that holds `addr`, as a peer does.
+    pub fn of(addr: *const u8) -> Option<PeerMapping> {
+        let (file, _) = rdmx_mem::shared::find(addr as usize, 1)?;
+        let fd = file.fd().try_clone_to_owned().ok()?;
+        Map::new(&fd, file.len(), true).ok().map(PeerMapping)
+    }
+
+    /// Writes `bytes` at byte `off` of the file; false if that lies outside it.
+    pub fn write(&self, off: usize, bytes: &[u8]) -> bool {
+        if off.checked_add(bytes.len()).is_none_or(|e| e > self.0.len) {
+            return false;
+        }
+        // SAFETY: inside the mapping (checked); shared memory, written by copy only.
+        unsafe { copy(self.0.base.add(off), bytes.as_ptr(), bytes.len()) };
+        true
+    }
+}
+
+#[cfg(feature = "testing")]
+impl PeerView {
+    /// The tag a claim on `rkey` carries now, if the peer publishes it.
+    pub(crate) fn tag_of(&self, rkey: u32) -> Option<u64> {
+        let idx = rkey as usize % SLOTS;
+        let seq = slot_word(&self.table, idx, S_SEQ).load(Ordering::SeqCst);
+        let key = slot_word(&self.table, idx, S_KEY).load(Ordering::SeqCst);
+        (seq & 1 == 0 && key as u32 == rkey).then(|| tag(idx, seq))
+    }
+}
+
 /// Hands file `f` to the peer on `sock`. A peer that does not get it (its socket is
 /// full) sends its requests to this file's regions by packets.
 pub(crate) fn offer(sock: &UnixStream, f: &SharedFile) {

@@ -152,6 +152,15 @@ pub fn data_path(qp: &crate::QueuePair) -> Option<&'static str> {
     g.conn.as_ref().map(qp::Conn::data_path)
 }
 
+/// Whether context `ctx` runs the `mapped` data path ([`Options::mapped`]): memory
+/// registered on it with remote access that is memfd-backed
+/// ([`Mapping::shared`](rdmx_mem::Mapping::shared)) is mapped by its peers; `None` for a
+/// context of another provider.
+pub fn maps_memory(ctx: &crate::Context) -> Option<bool> {
+    let d = ctx.device().as_any().downcast_ref::<Device>()?;
+    Some(d.driver.published.is_some())
+}
+
 /// How many send requests of `qp` its initiator executed at post time, with one memcpy
 /// between the two contexts' registered memory (the `direct` data path's shortcut for
 /// WRITEs and READs; see the [module docs](self)); `None` for a queue pair of another

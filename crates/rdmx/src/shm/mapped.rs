@@ -126,22 +126,18 @@ unsafe impl Sync for Map {}
 
 impl Map {
     fn new(fd: &OwnedFd, len: usize, writable: bool) -> std::io::Result<Map> {
-        let prot = if writable {
-            libc::PROT_READ | libc::PROT_WRITE
+        // Writable mappings are the peer's files: populated now, so that the copies take
+        // no page faults.
+        let (prot, flags) = if writable {
+            (
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+            )
         } else {
-            libc::PROT_READ
+            (libc::PROT_READ, libc::MAP_SHARED)
         };
         // SAFETY: a shared mapping of a file at an address of the kernel's choosing.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                prot,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd.as_raw_fd(), 0) };
         if p == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
@@ -416,7 +412,7 @@ impl PeerMapping {
 
     /// Writes `bytes` at byte `off` of the file; false if that lies outside it.
     pub fn write(&self, off: usize, bytes: &[u8]) -> bool {
-        if off.checked_add(bytes.len()).is_none_or(|e| e > self.0.len) {
+        if off.checked_add(bytes.len()).map_or(true, |e| e > self.0.len) {
             return false;
         }
         // SAFETY: inside the mapping (checked); shared memory, written by copy only.
@@ -650,14 +646,15 @@ pub(crate) fn execute(g: &mut Inner, wr: &SendWr, inline: Option<&[u8]>) -> bool
             let far = remote.wrapping_add(at);
             // SAFETY: `local` is inside a live registered region (resolved by the
             // engine, held by `req`); `far..far + len` inside the mapped file (`at +
-            // len` stays within the request's length), which `view` keeps mapped. The
-            // two may be views of the same pages (the peer is this process): `ptr::copy`
-            // allows that.
+            // len` stays within the request's length), which `view` keeps mapped: a
+            // mapping of its own, so the two address ranges never overlap (they may be
+            // views of the same pages when the peer is this process, which leaves the
+            // bytes unspecified, as concurrent access to registered memory does).
             unsafe {
                 if req.is_read() {
-                    std::ptr::copy(far, local, len as usize);
+                    copy(local, far, len as usize);
                 } else {
-                    std::ptr::copy(local, far, len as usize);
+                    copy(far, local, len as usize);
                 }
             }
             at += len as usize;

@@ -51,8 +51,8 @@ pub(crate) fn memfd_sealed(len: usize, seals: libc::c_int) -> io::Result<OwnedFd
 /// Seals `fd` against new writable mappings (`F_SEAL_FUTURE_WRITE`): the mappings made
 /// before keep writing, peers it is passed to can only read.
 pub(crate) fn seal_future_write(fd: &OwnedFd) -> io::Result<()> {
-    // SAFETY: fcntl on our own descriptor.
     let seals = libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL;
+    // SAFETY: fcntl on our own descriptor.
     check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) })?;
     Ok(())
 }

@@ -99,6 +99,13 @@ const FILE_MAGIC: &[u8; 8] = b"RDMXMFD1";
 /// ... or one to unmap: magic, file id, length (bytes).
 const FORGET_MAGIC: &[u8; 8] = b"RDMXMFD0";
 const MSG_LEN: usize = 24;
+/// Most files a peer may hand over on one connection (each is a mapping of this
+/// process); more ends the connection.
+const MAX_FILES: usize = 4096;
+/// Peer files up to this size are populated when mapped (no page faults in the first
+/// copies); larger ones fault their pages in as copies reach them, so that a peer cannot
+/// make this process allocate a huge file's pages.
+const POPULATE_MAX: usize = 256 << 20;
 /// Sequence numbers in a claim: the low 40 bits (the slot index is above them).
 const SEQ_MASK: u64 = (1 << 40) - 1;
 
@@ -126,15 +133,14 @@ unsafe impl Sync for Map {}
 
 impl Map {
     fn new(fd: &OwnedFd, len: usize, writable: bool) -> std::io::Result<Map> {
-        // Writable mappings are the peer's files: populated now, so that the copies take
-        // no page faults.
-        let (prot, flags) = if writable {
-            (
+        // Writable mappings are the peer's files: populated now if not too large.
+        let (prot, flags) = match writable {
+            true if len <= POPULATE_MAX => (
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED | libc::MAP_POPULATE,
-            )
-        } else {
-            (libc::PROT_READ, libc::MAP_SHARED)
+            ),
+            true => (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED),
+            false => (libc::PROT_READ, libc::MAP_SHARED),
         };
         // SAFETY: a shared mapping of a file at an address of the kernel's choosing.
         let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd.as_raw_fd(), 0) };
@@ -412,7 +418,10 @@ impl PeerMapping {
 
     /// Writes `bytes` at byte `off` of the file; false if that lies outside it.
     pub fn write(&self, off: usize, bytes: &[u8]) -> bool {
-        if off.checked_add(bytes.len()).map_or(true, |e| e > self.0.len) {
+        if off
+            .checked_add(bytes.len())
+            .map_or(true, |e| e > self.0.len)
+        {
             return false;
         }
         // SAFETY: inside the mapping (checked); shared memory, written by copy only.
@@ -547,6 +556,9 @@ impl PeerView {
                 (m, Some(fd), None) if m == FILE_MAGIC => {
                     if !sys::sealed(&fd) {
                         return Err(bad("a file whose size is not sealed"));
+                    }
+                    if self.files.len() >= MAX_FILES && !self.files.contains_key(&id) {
+                        return Err(bad("more files than a connection maps"));
                     }
                     let len = sys::file_size(&fd)?;
                     let len = usize::try_from(len)

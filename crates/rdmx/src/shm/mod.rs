@@ -32,6 +32,22 @@
 //!   bad key gets the responder's own answer, on both sides), SENDs, WRITEs with
 //!   immediate data and atomics take the rings; neither engine's PSNs move. It counts
 //!   in [`executed_at_post`]; [`Options::execute_at_post`] turns it off.
+//! - **mapped** (opt-in on both sides, [`Options::mapped`] or
+//!   `RDMX_SHM_DATA_PATH=mapped`; between processes, or two contexts of one): memory
+//!   allocated with [`Mapping::shared`](rdmx_mem::Mapping::shared) (a memfd sealed at its
+//!   size) and registered with remote access is published in the context's key table (a
+//!   memfd only the context can write) and its memfd handed to the peers over the
+//!   connection's socket; they map it. An RDMA WRITE or READ to such a region, posted
+//!   when the engine would execute it at post time as on `direct`, is checked by the
+//!   initiator against the target's key table and the target QP's word in the segment
+//!   (state, type, access flags, protection domain, rkey rights and bounds, the mapped
+//!   file's bounds), then copied with one memcpy through the initiator's mapping: no
+//!   system call, no target thread. Anything refused takes the rings. Deregistration
+//!   drains the peers' claims on the key, for at most [`DRAIN_BOUND`], then takes the
+//!   memory back from a peer that still claims it (the target's view becomes a private
+//!   copy). The protocol, and what it trusts, is described in full in the `mapped`
+//!   module's source documentation (`src/shm/mapped.rs`). Plain memory is never
+//!   published: its requests take the other paths.
 //! - **ring** (the default between processes): every payload is copied into the ring
 //!   and out of it (two copies, by the two sides at once).
 //! - **cma** (opt-in on both sides, [`Options::cma`] or `RDMX_SHM_DATA_PATH=cma`): a
@@ -144,7 +160,9 @@ pub const NAME: &str = "shm";
 const DEVICE: &str = "shm0";
 
 /// How a connected shm queue pair moves payloads: `"direct"` (its peer is in this
-/// process; large payloads with one memcpy), `"cma"` (large payloads with one
+/// process; large payloads with one memcpy), `"mapped"` (both sides map the other's
+/// memfd-backed regions: WRITEs and READs to them with one memcpy by the initiator,
+/// everything else through the rings, or by cma where both asked for it), `"cma"` (large payloads with one
 /// kernel copy, in both directions), `"ring"` (every payload through the rings),
 /// `"cma+ring"` (only one side can copy out of the other); `None` for a queue pair of
 /// another provider, or one without its connection yet.
@@ -188,7 +206,7 @@ pub struct Options {
     /// Between two contexts of this process, copy payloads of 4 KiB or more once,
     /// straight from the sender's registered memory into the receiver's (the `direct`
     /// data path); both contexts must allow it. Default: on, unless the environment has
-    /// `RDMX_SHM_DATA_PATH=ring` or `=cma`.
+    /// `RDMX_SHM_DATA_PATH=ring`, `=cma` or `=mapped`.
     pub direct: bool,
     /// On the `direct` data path, let the initiator of an RDMA WRITE or READ execute it
     /// when it is posted, if nothing earlier on its send queue is outstanding: it checks
@@ -199,7 +217,7 @@ pub struct Options {
     /// time with one memcpy into or out of the target's memory, which it maps, when that
     /// memory is memfd-backed ([`Mapping::shared`](rdmx_mem::Mapping::shared)) and
     /// registered with remote access (the `mapped` data path; see the [module
-    /// docs](self) and [`mapped`](mapped/index.html)); both sides must ask for it. It
+    /// docs](self)); both sides must ask for it. It
     /// takes the place of `direct` between contexts of one process. Default: off,
     /// unless the environment has `RDMX_SHM_DATA_PATH=mapped`.
     pub mapped: bool,

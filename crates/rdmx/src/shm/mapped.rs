@@ -58,7 +58,10 @@
 //! address ([`rdmx_mem::shared::detach`]), so whatever the peer writes later lands in
 //! pages this process no longer uses, and what it reads is no longer this process's
 //! memory; the mapping's other published regions are unpublished with it (their
-//! requests take the packets from then on). Deregistration then returns.
+//! requests take the packets from then on). Deregistration then returns. (Regions of
+//! the same mapping registered on another context of this process stay published there:
+//! registering one mapping on several contexts that run the mapped path, with a peer
+//! that stalls, is the one case the detaching does not cover.)
 //!
 //! A peer holding the memfd can reach the whole mapping while the target shares it:
 //! the mapped path trusts its peers (same user, or one in `allowed_uids`, checked with

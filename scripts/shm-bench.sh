@@ -6,7 +6,10 @@
 # gives the ratios. rdmx runs on its default data paths (between processes the ring, in
 # one process direct, as the runs report them); the `_cma` figures ask for the cma path
 # (RDMX_SHM_DATA_PATH=cma: payloads of 16 KiB or more pulled with process_vm_readv), and
-# `one_write_64k_ring` for the ring in one process. `copy_mis/copy` is the provider's
+# `one_write_64k_ring` for the ring in one process; the `_mapped` figures ask for the
+# mapped path (RDMX_SHM_DATA_PATH=mapped: the bench's regions are memfd-backed, the
+# initiator maps the target's and executes WRITEs and READs with one memcpy), against
+# UCX's put and get at the same sizes. `copy_mis/copy` is the provider's
 # copy of 64 KiB with source and destination 16 bytes apart against aligned (`rdmx bench
 # reg`), `memcpy_mis/memcpy` the same for glibc's memcpy.
 #
@@ -60,6 +63,7 @@ for r in $(seq "$ROUNDS"); do
     ucx ucp_put_bw 65536 20000 >>"$out/ucx_put_64k"
     ucx ucp_put_bw 1048576 2000 >>"$out/ucx_put_1m"
     ucx ucp_get 65536 20000 >>"$out/ucx_get_64k"
+    ucx ucp_get 1048576 2000 >>"$out/ucx_get_1m"
     ucx ucp_put_bw 8 1000000 >>"$out/ucx_put_8"
     ucx ucp_put_lat 8 100000 >>"$out/ucx_put_lat"
     ucx ucp_am_lat 8 100000 >>"$out/ucx_am_lat"
@@ -69,6 +73,11 @@ for r in $(seq "$ROUNDS"); do
     j "d['data_path']" <"$out/last.json" >>"$out/path_cma"
     RDMX_SHM_DATA_PATH=cma two write_bw 1048576 2000 >>"$out/write_1m_cma"
     RDMX_SHM_DATA_PATH=cma two read_bw 65536 20000 >>"$out/read_64k_cma"
+    RDMX_SHM_DATA_PATH=mapped two write_bw 65536 20000 >>"$out/write_64k_mapped"
+    j "d['data_path']" <"$out/last.json" >>"$out/path_mapped"
+    RDMX_SHM_DATA_PATH=mapped two write_bw 1048576 2000 >>"$out/write_1m_mapped"
+    RDMX_SHM_DATA_PATH=mapped two read_bw 65536 20000 >>"$out/read_64k_mapped"
+    RDMX_SHM_DATA_PATH=mapped two read_bw 1048576 2000 >>"$out/read_1m_mapped"
     two write_bw 1048576 2000 >>"$out/write_1m"
     two read_bw 65536 20000 >>"$out/read_64k"
     J=$rate two write_bw 8 200000 -l 32 >>"$out/write_8"
@@ -84,7 +93,8 @@ med() { sort -g "$out/$1" | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[
 figs=(memcpy_64k ucx_put_64k ucx_put_1m ucx_get_64k ucx_put_8 ucx_put_lat ucx_am_lat
     write_64k write_1m read_64k write_8 write_lat send_lat one_write_64k
     write_64k_cma write_1m_cma read_64k_cma one_write_64k_cma one_write_64k_ring
-    memcpy_64k_misaligned copy_64k copy_64k_misaligned)
+    memcpy_64k_misaligned copy_64k copy_64k_misaligned
+    ucx_get_1m write_64k_mapped write_1m_mapped read_64k_mapped read_1m_mapped)
 printf '%-14s %10s   (median of %s; MiB/s, M msg/s for 8 B bandwidth, latency in usec)\n' \
     figure value "$ROUNDS"
 args=()
@@ -95,11 +105,13 @@ done
 path=$(sort -u "$out/path" | paste -sd/)
 path_cma=$(sort -u "$out/path_cma" | paste -sd/)
 one_path=$(sort -u "$out/one_path" | paste -sd/)
-python3 - "$path" "$path_cma" "$one_path" "${args[@]}" <<'PY'
+path_mapped=$(sort -u "$out/path_mapped" | paste -sd/)
+python3 - "$path" "$path_cma" "$one_path" "$path_mapped" "${args[@]}" <<'PY'
 import sys
-path, path_cma, one_path = sys.argv[1:4]
+path, path_cma, one_path, path_mapped = sys.argv[1:5]
 (mc, up64, up1m, ug64, up8, upl, aml, w64, w1m, r64, w8, wl, sl, o64,
- w64c, w1mc, r64c, o64c, o64r, mcm, cp, cpm) = map(float, sys.argv[4:])
+ w64c, w1mc, r64c, o64c, o64r, mcm, cp, cpm,
+ ug1m, w64m, w1mm, r64m, r1mm) = map(float, sys.argv[5:])
 print(f"ratio write_bw_64k/ucx_put_bw={w64/up64:.2f} write_bw_1m/ucx_put_bw={w1m/up1m:.2f} "
       f"read_bw_64k/ucx_get={r64/ug64:.2f} write_bw_8/ucx_put_bw_8={w8/up8:.2f} "
       f"write_lat/ucx_put_lat={wl/upl:.2f} send_lat/ucx_am_lat={sl/aml:.2f} "
@@ -110,4 +122,7 @@ print(f"ratio write_bw_64k/ucx_put_bw={w64/up64:.2f} write_bw_1m/ucx_put_bw={w1m
       f"one_process_write_bw_64k/memcpy_aligned={o64c/mc:.2f}; "
       f"one process on the ring: write_bw_64k/memcpy_aligned={o64r/mc:.2f}; "
       f"copy_mis/copy={cpm/cp:.2f} copy/memcpy={cp/mc:.2f} memcpy_mis/memcpy={mcm/mc:.2f}")
+print(f"ratio mapped (data path: {path_mapped}): write_bw_64k/ucx_put_bw={w64m/up64:.2f} "
+      f"write_bw_1m/ucx_put_bw={w1mm/up1m:.2f} read_bw_64k/ucx_get={r64m/ug64:.2f} "
+      f"read_bw_1m/ucx_get={r1mm/ug1m:.2f}")
 PY

@@ -7,6 +7,8 @@
 //!   how to raise the limit.
 //! - [`mapping`]: owned anonymous mappings, optionally hugepage-backed, and the
 //!   [`Memory`] trait for memory a registration may own.
+//! - [`shared`]: memfd-backed mappings a provider may hand to a peer process, and taking
+//!   them back.
 //! - [`registrar`]: the [`Registrar`] / [`Region`] seam. The cache and the pools call a
 //!   registrar (in rdmx, a protection domain) and know nothing of providers.
 //! - [`cache`]: a registration cache for callers that bring plain buffers, with
@@ -27,6 +29,7 @@ pub mod monitor;
 pub mod pin;
 pub mod pool;
 pub mod registrar;
+pub mod shared;
 pub mod sys;
 
 pub use access::{Access, InvalidAccess};

@@ -38,6 +38,8 @@ pub struct Mapping {
     base: *mut libc::c_void,
     map_len: usize,
     backing: Backing,
+    /// A memfd-backed mapping ([`Mapping::shared`]): it leaves the registry on drop.
+    shared: bool,
 }
 
 // SAFETY: a Mapping owns its pages exclusively; the raw pointers are not shared aliases.
@@ -94,6 +96,23 @@ impl Mapping {
             base,
             map_len,
             backing,
+            shared: false,
+        }
+    }
+
+    pub(crate) fn from_shared_parts(
+        base: *mut libc::c_void,
+        map_len: usize,
+        len: usize,
+    ) -> Mapping {
+        // Built field by field: a temporary Mapping would unmap the pages when dropped.
+        Mapping {
+            ptr: NonNull::new(base.cast()).expect("mmap returned null"),
+            len,
+            base,
+            map_len,
+            backing: Backing::Normal,
+            shared: true,
         }
     }
 
@@ -140,6 +159,9 @@ fn map(len: usize, extra: libc::c_int) -> std::io::Result<*mut libc::c_void> {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        if self.shared {
+            crate::shared::forget(self.base as usize);
+        }
         if let Err(err) = syscall!(munmap(self.base, self.map_len)) {
             tracing::error!(%err, "munmap failed");
         }

@@ -556,3 +556,16 @@ fn pools_and_buffers_are_send_and_sync() {
     check::<PoolBuf<PinOnly>>();
     check::<PoolBuf<Counting>>();
 }
+
+#[test]
+fn shared_pools_take_memfd_backed_slabs() {
+    let pool = BufferPool::new(unpinned(), small().with_shared(true)).unwrap();
+    let mut buf = pool.get(1000).unwrap();
+    fill(&mut buf, 7);
+    let (file, _) = rdmx_mem::shared::find(buf.addr(), buf.len()).expect("a shared slab");
+    assert!(file.len() >= buf.len());
+    assert!(holds(&buf, 7));
+    let plain = BufferPool::new(unpinned(), small()).unwrap();
+    let buf = plain.get(1000).unwrap();
+    assert!(rdmx_mem::shared::find(buf.addr(), buf.len()).is_none());
+}

@@ -1,6 +1,8 @@
 //! tcp and shm between two processes: this test binary runs itself again as the peer,
 //! and the two connect through `rdmx::cm`. Each test runs on both providers (`_shm`),
-//! shm on its default ring data path and on the cma one (`_shm_cma`).
+//! shm on its default ring data path, on the cma one (`_shm_cma`) and on the mapped one
+//! (`_shm_mapped`: the regions are memfd-backed, and WRITEs and READs on an empty send
+//! queue are executed by the initiator through its mapping of the peer's memory).
 //!
 //! - every opcode crosses the process boundary with its data checked on both sides;
 //! - a peer killed with SIGKILL while requests are outstanding makes every one of them
@@ -42,6 +44,7 @@ struct Side {
 fn side(provider: &str) -> Side {
     let ctx = match provider {
         "shm-cma" => Context::open(rdmx::shm::Options::default().cma(true)),
+        "shm-mapped" => Context::open(rdmx::shm::Options::default().mapped(true)),
         p => Context::open_provider(p),
     }
     .expect("open the provider");
@@ -55,6 +58,16 @@ fn side(provider: &str) -> Side {
         cq,
         qp,
     }
+}
+
+/// A region of `len` bytes with `access`: memfd-backed on the mapped data path.
+fn region(provider: &str, pd: &ProtectionDomain, len: usize, access: Access) -> rdmx::MemoryRegion {
+    if provider == "shm-mapped" {
+        pd.register(rdmx::Mapping::shared(len).unwrap(), access)
+    } else {
+        pd.register(vec![0u8; len], access)
+    }
+    .expect("register")
 }
 
 fn region_bytes(r: &rdmx::RemoteRegion) -> Vec<u8> {
@@ -113,7 +126,7 @@ fn peer_process() {
     let mode = std::env::var(MODE_ENV).unwrap_or_default();
     let provider = std::env::var(PROVIDER_ENV).unwrap_or_else(|_| "tcp".into());
     let s = side(&provider);
-    let region = s.pd.register(vec![0u8; REGION], Access::ALL).unwrap();
+    let region = region(&provider, &s.pd, REGION, Access::ALL);
     region.write_at(HALF, &pattern(2, HALF - 8)).unwrap();
     let inbox = s.pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
     cm::connect(
@@ -166,7 +179,7 @@ fn every_opcode_between_two_processes_on(provider: &str) {
     let listener = cm::Listener::bind("127.0.0.1:0").unwrap();
     let mut child = spawn_peer(listener.local_addr().unwrap(), "check", provider);
     let s = side(provider);
-    let local = s.pd.register(vec![0u8; REGION], Access::ALL).unwrap();
+    let local = region(provider, &s.pd, REGION, Access::ALL);
     let reply = s.pd.register(vec![0u8; 8], Access::LOCAL_WRITE).unwrap();
     let theirs = listener
         .accept(
@@ -177,7 +190,11 @@ fn every_opcode_between_two_processes_on(provider: &str) {
         )
         .expect("accept the peer");
     if provider.starts_with("shm") {
-        let want = if provider == "shm" { "ring" } else { "cma" };
+        let want = match provider {
+            "shm" => "ring",
+            "shm-mapped" => "mapped",
+            _ => "cma",
+        };
         let deadline = Instant::now() + TIMEOUT;
         while rdmx::shm::data_path(&s.qp).is_none() {
             assert!(Instant::now() < deadline, "the shm connection never came");
@@ -195,14 +212,33 @@ fn every_opcode_between_two_processes_on(provider: &str) {
 
     // WRITE the first half, READ the second half back.
     local.write_at(0, &pattern(1, HALF)).unwrap();
-    s.qp.post_send(SendRequest::write(1, at(0)).sge(LocalSge::new(&local, 0, HALF).unwrap()))
-        .unwrap();
-    ok(&s.cq, 1, "WRITE");
+    // On the mapped path the peer's file comes over its socket after the connection: the
+    // same WRITE goes again until one is executed through the mapping.
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let before = rdmx::shm::executed_at_post(&s.qp);
+        s.qp.post_send(SendRequest::write(1, at(0)).sge(LocalSge::new(&local, 0, HALF).unwrap()))
+            .unwrap();
+        ok(&s.cq, 1, "WRITE");
+        if provider != "shm-mapped" || rdmx::shm::executed_at_post(&s.qp) > before {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no WRITE ran on the mapped path");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let executed = rdmx::shm::executed_at_post(&s.qp);
     s.qp.post_send(
         SendRequest::read(2, at(HALF)).sge(LocalSge::new(&local, HALF, HALF - 8).unwrap()),
     )
     .unwrap();
     ok(&s.cq, 2, "READ");
+    if provider == "shm-mapped" {
+        assert_eq!(
+            rdmx::shm::executed_at_post(&s.qp),
+            executed.map(|n| n + 1),
+            "the READ ran on the mapped path"
+        );
+    }
     let mut got = vec![0u8; HALF - 8];
     local.read_at(HALF, &mut got).unwrap();
     assert!(
@@ -250,6 +286,11 @@ fn every_opcode_between_two_processes_on(provider: &str) {
 }
 
 #[test]
+fn every_opcode_between_two_processes_shm_mapped() {
+    every_opcode_between_two_processes_on("shm-mapped");
+}
+
+#[test]
 fn killed_peer_fails_every_outstanding_request() {
     killed_peer_fails_every_outstanding_request_on("tcp");
 }
@@ -264,11 +305,17 @@ fn killed_peer_fails_every_outstanding_request_shm_cma() {
     killed_peer_fails_every_outstanding_request_on("shm-cma");
 }
 
+#[test]
+fn killed_peer_fails_every_outstanding_request_shm_mapped() {
+    killed_peer_fails_every_outstanding_request_on("shm-mapped");
+}
+
 fn killed_peer_fails_every_outstanding_request_on(provider: &str) {
     let listener = cm::Listener::bind("127.0.0.1:0").unwrap();
     let mut child = spawn_peer(listener.local_addr().unwrap(), "die", provider);
     let s = side(provider);
-    let local = s.pd.register(vec![7u8; REGION], Access::ALL).unwrap();
+    let local = region(provider, &s.pd, REGION, Access::ALL);
+    local.write_at(0, &[7u8; REGION]).unwrap();
     let theirs = listener
         .accept(
             std::slice::from_ref(&s.qp),

@@ -273,6 +273,8 @@ pub(crate) struct RunInfo {
     pub(crate) busy: bool,
     /// Whether the regions' pages are locked.
     pub(crate) pinned: bool,
+    /// Whether the regions are memfd-backed (shm's mapped data path maps them).
+    pub(crate) shared_memory: bool,
     pub(crate) qps: usize,
     /// Requests outstanding per QP.
     pub(crate) tx_depth: usize,
@@ -286,7 +288,7 @@ pub(crate) struct RunInfo {
     /// How the provider moves payloads (shm: `rdmx::shm::data_path`; udp: RoCEv2, and
     /// whether received ICRCs are checked).
     pub(crate) data_path: Option<&'static str>,
-    /// shm in one process: how many requests the initiator executed at post time (known
+    /// shm direct or mapped: how many requests the initiator executed at post time (known
     /// once the run is over).
     pub(crate) executed_at_post: Option<u64>,
     /// The provider was chosen by default (no --provider, no -d).
@@ -358,9 +360,22 @@ impl RunInfo {
         } else {
             "unpinned (RLIMIT_MEMLOCK)"
         };
-        s.push_str(&format!(" {:<15} : {memory}\n", "Memory"));
+        let shared = if self.shared_memory {
+            ", memfd-backed (the peer maps it)"
+        } else {
+            ""
+        };
+        s.push_str(&format!(" {:<15} : {memory}{shared}\n", "Memory"));
         if let Some(path) = self.data_path() {
-            s.push_str(&format!(" {:<15} : {path}\n", "Data path"));
+            if path == "mapped" && !self.shared_memory {
+                s.push_str(&format!(
+                    " {:<15} : mapped, but this memory is not memfd-backed: its requests take \
+                     the rings\n",
+                    "Data path"
+                ));
+            } else {
+                s.push_str(&format!(" {:<15} : {path}\n", "Data path"));
+            }
         }
         if self.by_default {
             s.push_str(&format!(
@@ -396,6 +411,7 @@ impl RunInfo {
             "post_list": self.post_list,
             "verify": self.verify,
             "pinned": self.pinned,
+            "shared_memory": self.shared_memory,
             "data_path": self.data_path(),
             "executed_at_post": self.executed_at_post,
             "provider_by_default": self.by_default,

@@ -232,6 +232,7 @@ fn info(cfg: &Config, side: &Side, mine: &Hello, peer: &Hello, where_: String) -
         mtu,
         busy: side.busy,
         pinned: side.pinned,
+        shared_memory: side.shared_memory,
         qps: p.qps,
         tx_depth: side.layout.window,
         cq_mod: side.layout.signal_every,
@@ -339,14 +340,7 @@ fn run_provider(cfg: &Config, name: &str, out: &Out) -> Result<(RunInfo, Vec<Row
                     (Ok(()), Ok(()), _) => Ok(()),
                 }
             })?;
-            if info.data_path.is_some_and(|d| d.starts_with("direct")) {
-                let n = a.qps.iter().filter_map(rdmx::shm::executed_at_post).sum();
-                out.print(&format!(
-                    " {:<15} : {n} requests executed by the initiator at post time",
-                    "Data path"
-                ));
-                info.executed_at_post = Some(n);
-            }
+            executed_at_post(&mut info, &a, out);
             info
         }
         PeerMode::Listen(_) => {
@@ -372,15 +366,36 @@ fn run_provider(cfg: &Config, name: &str, out: &Out) -> Result<(RunInfo, Vec<Row
         PeerMode::Connect(host, port) => {
             let [side] = open_sides(name, cfg, [Role::Requester], busy)?;
             let peer = connect_remote(&side, p, &cfg.peer, |_| {})?;
-            let info = info(cfg, &side, &side.hello(p), &peer, format!("{host}:{port}"));
+            let mut info = info(cfg, &side, &side.hello(p), &peer, format!("{host}:{port}"));
             out.print(&info.header());
             out.print(&table_header(p.test, cfg.report_gbits));
             drive(p, &side, &peer.regions, &abort, out, name, &mut on_row)?;
+            executed_at_post(&mut info, &side, out);
             info
         }
     };
     out.print(LINE);
     Ok((info, rows))
+}
+
+/// On shm's direct and mapped data paths: says how many requests the requester `side`
+/// executed at post time.
+fn executed_at_post(info: &mut RunInfo, side: &Side, out: &Out) {
+    if info
+        .data_path
+        .is_some_and(|d| d.starts_with("direct") || d == "mapped")
+    {
+        let n = side
+            .qps
+            .iter()
+            .filter_map(rdmx::shm::executed_at_post)
+            .sum();
+        out.print(&format!(
+            " {:<15} : {n} requests executed by the initiator at post time",
+            "Data path"
+        ));
+        info.executed_at_post = Some(n);
+    }
 }
 
 /// The requester's side of a run: every size, one row each.

@@ -172,6 +172,8 @@ pub(crate) struct Side {
     pub(crate) busy: bool,
     /// Whether its regions' pages are locked (see [`Side::open`]).
     pub(crate) pinned: bool,
+    /// Whether its regions are memfd-backed, for peers to map (shm's mapped data path).
+    pub(crate) shared_memory: bool,
     /// Whether the device has immediate data; without it (iWARP) control messages carry
     /// their value in the payload.
     pub(crate) imm: bool,
@@ -256,6 +258,9 @@ impl Side {
                 .into());
             }
         }
+        // On shm's mapped data path the peer maps memfd-backed memory; plain memory
+        // would take the rings.
+        let shared_memory = rdmx::shm::maps_memory(&ctx) == Some(true);
         let mut qps = Vec::with_capacity(p.qps);
         let mut mrs = Vec::with_capacity(p.qps);
         for _ in 0..p.qps {
@@ -268,7 +273,12 @@ impl Side {
                         )
                     })?,
             );
-            mrs.push(pd.register_with(Mapping::new(layout.len())?, Access::ALL, pinning)?);
+            let map = if shared_memory {
+                Mapping::shared(layout.len())?
+            } else {
+                Mapping::new(layout.len())?
+            };
+            mrs.push(pd.register_with(map, Access::ALL, pinning)?);
         }
         Ok(Side {
             imm: ctx.capabilities().imm_data,
@@ -280,6 +290,7 @@ impl Side {
             role,
             busy,
             pinned: pinning == Pinning::Pinned,
+            shared_memory,
             ud_peers: std::sync::OnceLock::new(),
         })
     }

@@ -159,6 +159,21 @@ impl<M: MemAccess> RcQp<M> {
         .ok()
     }
 
+    /// What a peer that executes requests on this (the target) queue pair from another
+    /// process needs to know of it, to check them as [`direct_target`](Self::direct_target)
+    /// does: its protection domain, access flags and type, when its responder accepts
+    /// requests now (RTR, RTS or SQD); `None` otherwise.
+    pub fn direct_target_view(&self) -> Option<(crate::mr::PdId, Access, QpType)> {
+        if !matches!(self.sm.state(), QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            return None;
+        }
+        Some((
+            self.cfg.pd,
+            self.sm.attrs().qp_access_flags,
+            self.cfg.qp_type,
+        ))
+    }
+
     /// The transport executed `req`: its completion (when signalled) joins the others,
     /// after every earlier one.
     pub fn direct_complete(&mut self, req: DirectRequest<M::Mr>) {

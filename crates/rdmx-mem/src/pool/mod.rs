@@ -80,6 +80,10 @@ pub struct PoolConfig {
     pub access: Access,
     /// Whether slabs ask for huge pages. Default: [`HugePages::Off`].
     pub hugepages: HugePages,
+    /// Whether slabs are memfd-backed ([`Mapping::shared`]), so that a provider may hand
+    /// them to a peer process to map (the shm provider's `mapped` data path, when the
+    /// access has remote rights); `hugepages` is then ignored. Default: false.
+    pub shared: bool,
     /// Buffers each thread may cache per class; also capped to one slab's worth of buffers.
     /// 0 disables thread caching (every get and drop takes the class lock). Default: 64.
     pub thread_cache: usize,
@@ -95,6 +99,7 @@ impl Default for PoolConfig {
             slab_bytes: 4 << 20,
             access: Access::LOCAL_WRITE,
             hugepages: HugePages::Off,
+            shared: false,
             thread_cache: 64,
             max_bytes: None,
         }
@@ -123,6 +128,12 @@ impl PoolConfig {
     /// Sets the hugepage preference.
     pub fn with_hugepages(mut self, hugepages: HugePages) -> Self {
         self.hugepages = hugepages;
+        self
+    }
+
+    /// Sets [`shared`](Self::shared).
+    pub fn with_shared(mut self, shared: bool) -> Self {
+        self.shared = shared;
         self
     }
 
@@ -234,6 +245,7 @@ struct Handle<R: Registrar> {
     /// the class of a length is then computed instead of searched.
     pow2_shift: Option<u32>,
     hugepages: HugePages,
+    shared_memory: bool,
 }
 
 impl<R: Registrar> Handle<R> {
@@ -304,6 +316,7 @@ impl<R: Registrar> BufferPool<R> {
                 pow2_shift: pow2_shift(&config.classes),
                 sizes: config.classes.into_boxed_slice(),
                 hugepages: config.hugepages,
+                shared_memory: config.shared,
             }),
         })
     }
@@ -397,7 +410,12 @@ impl<R: Registrar> BufferPool<R> {
         let c = &shared.classes[class];
         let len = c.size * c.per_slab;
         shared.reserve(len)?;
-        let made = Mapping::with_hugepages(len, h.hugepages).and_then(|mapping| {
+        let mapping = if h.shared_memory {
+            Mapping::shared(len)
+        } else {
+            Mapping::with_hugepages(len, h.hugepages)
+        };
+        let made = mapping.and_then(|mapping| {
             let base = mapping.as_ptr();
             // SAFETY: the mapping is owned by the slab made below, which keeps it mapped
             // until the slab is dropped, and the slab drops the region first. The bytes

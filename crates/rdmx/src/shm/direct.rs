@@ -78,8 +78,8 @@ fn post_one(
     inline: Option<&[u8]>,
 ) -> Result<()> {
     let peer = candidate(g, wr);
-    let mut executed = false;
-    if let Some(peer) = peer.filter(|p| !std::ptr::eq(Arc::as_ptr(p), qp)) {
+    let mut executed = qp.driver.execute_at_post && super::mapped::execute(g, wr, inline);
+    if let Some(peer) = peer.filter(|p| !executed && !std::ptr::eq(Arc::as_ptr(p), qp)) {
         // Both locks, in address order (no other code holds two queue pairs' locks).
         let target = if Arc::as_ptr(&peer) < (qp as *const ShmQp) {
             MutexGuard::unlocked(g, || peer.inner.lock())

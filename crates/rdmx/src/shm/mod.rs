@@ -32,6 +32,22 @@
 //!   bad key gets the responder's own answer, on both sides), SENDs, WRITEs with
 //!   immediate data and atomics take the rings; neither engine's PSNs move. It counts
 //!   in [`executed_at_post`]; [`Options::execute_at_post`] turns it off.
+//! - **mapped** (opt-in on both sides, [`Options::mapped`] or
+//!   `RDMX_SHM_DATA_PATH=mapped`; between processes, or two contexts of one): memory
+//!   allocated with [`Mapping::shared`](rdmx_mem::Mapping::shared) (a memfd sealed at its
+//!   size) and registered with remote access is published in the context's key table (a
+//!   memfd only the context can write) and its memfd handed to the peers over the
+//!   connection's socket; they map it. An RDMA WRITE or READ to such a region, posted
+//!   when the engine would execute it at post time as on `direct`, is checked by the
+//!   initiator against the target's key table and the target QP's word in the segment
+//!   (state, type, access flags, protection domain, rkey rights and bounds, the mapped
+//!   file's bounds), then copied with one memcpy through the initiator's mapping: no
+//!   system call, no target thread. Anything refused takes the rings. Deregistration
+//!   drains the peers' claims on the key, for at most [`DRAIN_BOUND`], then takes the
+//!   memory back from a peer that still claims it (the target's view becomes a private
+//!   copy). The protocol, and what it trusts, is described in full in the `mapped`
+//!   module's source documentation (`src/shm/mapped.rs`). Plain memory is never
+//!   published: its requests take the other paths.
 //! - **ring** (the default between processes): every payload is copied into the ring
 //!   and out of it (two copies, by the two sides at once).
 //! - **cma** (opt-in on both sides, [`Options::cma`] or `RDMX_SHM_DATA_PATH=cma`): a
@@ -106,6 +122,11 @@
 mod copy;
 pub use copy::copy_slice;
 mod direct;
+mod mapped;
+mod setup;
+#[cfg(feature = "testing")]
+pub mod testing;
+pub use mapped::DRAIN_BOUND;
 mod qp;
 mod ring;
 mod sys;
@@ -128,7 +149,6 @@ use slab::Slab;
 
 use qp::{Conn, Peer, ShmQp};
 use rdmx_core::{Mtu, QpType};
-use ring::Segment;
 
 use crate::endpoint::{PeerAddr, QpEndpoint};
 use crate::provider::{self, Capabilities, CqCore, ProviderConfig};
@@ -140,7 +160,9 @@ pub const NAME: &str = "shm";
 const DEVICE: &str = "shm0";
 
 /// How a connected shm queue pair moves payloads: `"direct"` (its peer is in this
-/// process; large payloads with one memcpy), `"cma"` (large payloads with one
+/// process; large payloads with one memcpy), `"mapped"` (both sides map the other's
+/// memfd-backed regions: WRITEs and READs to them with one memcpy by the initiator,
+/// everything else through the rings, or by cma where both asked for it), `"cma"` (large payloads with one
 /// kernel copy, in both directions), `"ring"` (every payload through the rings),
 /// `"cma+ring"` (only one side can copy out of the other); `None` for a queue pair of
 /// another provider, or one without its connection yet.
@@ -148,6 +170,15 @@ pub fn data_path(qp: &crate::QueuePair) -> Option<&'static str> {
     let link = qp.provider_qp().as_any().downcast_ref::<SoftQp<Link>>()?;
     let g = link.transport.qp.inner.lock();
     g.conn.as_ref().map(qp::Conn::data_path)
+}
+
+/// Whether context `ctx` runs the `mapped` data path ([`Options::mapped`]): memory
+/// registered on it with remote access that is memfd-backed
+/// ([`Mapping::shared`](rdmx_mem::Mapping::shared)) is mapped by its peers; `None` for a
+/// context of another provider.
+pub fn maps_memory(ctx: &crate::Context) -> Option<bool> {
+    let d = ctx.device().as_any().downcast_ref::<Device>()?;
+    Some(d.driver.published.is_some())
 }
 
 /// How many send requests of `qp` its initiator executed at post time, with one memcpy
@@ -175,13 +206,21 @@ pub struct Options {
     /// Between two contexts of this process, copy payloads of 4 KiB or more once,
     /// straight from the sender's registered memory into the receiver's (the `direct`
     /// data path); both contexts must allow it. Default: on, unless the environment has
-    /// `RDMX_SHM_DATA_PATH=ring` or `=cma`.
+    /// `RDMX_SHM_DATA_PATH=ring`, `=cma` or `=mapped`.
     pub direct: bool,
     /// On the `direct` data path, let the initiator of an RDMA WRITE or READ execute it
     /// when it is posted, if nothing earlier on its send queue is outstanding: it checks
     /// the target queue pair and key as the target would and copies with one memcpy,
     /// with no handoff to another thread (see the [module docs](self)). Default: on.
     pub execute_at_post: bool,
+    /// Between processes, let the initiator of an RDMA WRITE or READ execute it at post
+    /// time with one memcpy into or out of the target's memory, which it maps, when that
+    /// memory is memfd-backed ([`Mapping::shared`](rdmx_mem::Mapping::shared)) and
+    /// registered with remote access (the `mapped` data path; see the [module
+    /// docs](self)); both sides must ask for it. It
+    /// takes the place of `direct` between contexts of one process. Default: off,
+    /// unless the environment has `RDMX_SHM_DATA_PATH=mapped`.
+    pub mapped: bool,
     /// Users, besides this process's own, whose processes may connect to this context
     /// and whose contexts this one connects to (checked with `SO_PEERCRED` on the socket
     /// both ways). Default: none.
@@ -194,8 +233,9 @@ impl Default for Options {
             ring_bytes: 4 << 20,
             cma: std::env::var_os("RDMX_SHM_DATA_PATH").is_some_and(|v| v == "cma"),
             direct: !std::env::var_os("RDMX_SHM_DATA_PATH")
-                .is_some_and(|v| v == "ring" || v == "cma"),
+                .is_some_and(|v| v == "ring" || v == "cma" || v == "mapped"),
             execute_at_post: true,
+            mapped: std::env::var_os("RDMX_SHM_DATA_PATH").is_some_and(|v| v == "mapped"),
             allowed_uids: Vec::new(),
         }
     }
@@ -223,6 +263,12 @@ impl Options {
     /// Sets [`direct`](Self::direct).
     pub fn direct(mut self, on: bool) -> Self {
         self.direct = on;
+        self
+    }
+
+    /// Sets [`mapped`](Self::mapped).
+    pub fn mapped(mut self, on: bool) -> Self {
+        self.mapped = on;
         self
     }
 
@@ -311,7 +357,7 @@ impl Device {
         let seed = soft::seed()?;
         let keys = Arc::new(Keys::new(seed));
         let driver = Driver::start(seed, opts)?;
-        if opts.direct {
+        if opts.direct && !opts.mapped {
             local_devices().push((driver.id, Arc::downgrade(&keys), Arc::downgrade(&driver)));
         }
         Ok(Device {
@@ -384,6 +430,12 @@ impl SoftDevice for Device {
         Ok(Box::new(Cq {
             driver: self.driver.clone(),
         }))
+    }
+    fn registered(&self, mr: &Arc<provider::MrShared>) {
+        self.driver.published(mr);
+    }
+    fn deregistering(&self, mr: &provider::MrShared) {
+        self.driver.unpublish(mr);
     }
     fn create_qp(&self, init: provider::QpInit<'_>) -> Result<Box<dyn provider::Qp>> {
         let srq = SoftSrq::of(init.srq)?;
@@ -549,10 +601,6 @@ const EPOLL_EVERY: u32 = 64;
 const PARKED_TIMEOUT: Duration = Duration::from_secs(60);
 /// ... and connections that sent no hello after this long.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-const HELLO_MAGIC: &[u8; 8] = b"RDMXSHM3";
-const HELLO_LEN: usize = 44;
-const REPLY_MAGIC: &[u8; 8] = b"RDMXSHOK";
-const REPLY_LEN: usize = 16;
 
 fn qp_token(idx: usize) -> u64 {
     2 + 2 * idx as u64
@@ -608,6 +656,10 @@ pub(crate) struct Driver {
     execute_at_post: bool,
     /// Other users whose processes may be peers.
     allowed_uids: Vec<u32>,
+    /// The key table of the `mapped` data path, when this context runs it.
+    published: Option<mapped::Published>,
+    /// Connections whose peers may claim this context's keys (`mapped`).
+    watch: Mutex<Vec<mapped::Watch>>,
     /// The datagram socket of UD queue pairs.
     ud: Arc<ud::Port>,
 }
@@ -678,9 +730,19 @@ impl Driver {
             // QP numbers 0 and 1 are special in InfiniBand.
             next_qpn: AtomicU32::new(((seed as u32) & 0x7f_ffff) | 0x10),
             cma: opts.cma,
-            direct: opts.direct,
+            // The mapped path takes the place of `direct` (it runs in one process too).
+            direct: opts.direct && !opts.mapped,
             execute_at_post: opts.execute_at_post,
             allowed_uids: opts.allowed_uids.clone(),
+            published: if opts.mapped {
+                Some(
+                    mapped::Published::new()
+                        .map_err(|e| Error::Io("create the shm key table", e))?,
+                )
+            } else {
+                None
+            },
+            watch: Mutex::new(Vec::new()),
             ud: Arc::new(ud),
         });
         let d = Arc::downgrade(&driver);
@@ -898,8 +960,27 @@ impl Driver {
                         .and_then(Weak::upgrade);
                     if let Some(qp) = qp {
                         let mut g = qp.inner.lock();
-                        let gone = g.conn.as_ref().is_some_and(|c| sys::hung_up(&c.sock));
+                        let hung_up = g.conn.as_ref().is_some_and(|c| sys::hung_up(&c.sock));
+                        let mut gone = hung_up;
+                        if let Some(Conn {
+                            sock,
+                            mapped: Some(view),
+                            ..
+                        }) = g.conn.as_mut()
+                        {
+                            // Files the peer hands over, or takes back (`mapped`).
+                            if let Err(e) = view.receive(sock) {
+                                if !gone {
+                                    tracing::warn!(qpn = qp.qpn, "shm mapped: {e}");
+                                }
+                                gone = true;
+                            }
+                        }
                         if gone {
+                            if let Some(c) = g.conn.as_ref().filter(|_| hung_up) {
+                                // (Not a peer that broke the rules: it may still copy.)
+                                c.peer_gone.store(true, Ordering::SeqCst);
+                            }
                             // Whatever the peer managed to put in the ring first counts.
                             qp.progress(&mut g, Instant::now());
                             if let Some(c) = g.conn.as_ref() {
@@ -953,332 +1034,5 @@ impl Driver {
         }
         let _g = self.nap.0.lock();
         self.nap.1.notify_all();
-    }
-
-    /// Establishes the connection of `qp`, which just entered RTR: with a peer bound and
-    /// this side the smaller of the pair, connects to the peer's socket and hands it the
-    /// segment; otherwise waits for the peer (the RTR attributes' destination) to connect.
-    fn establish(&self, qp: &ShmQp, ring_bytes: usize) -> Result<()> {
-        let (peer, my_psn, timeout, dest) = {
-            let g = qp.inner.lock();
-            (g.peer, g.my_psn, g.connect_timeout, g.engine.dest_qpn())
-        };
-        let Some(peer) = peer.filter(|p| p.qpn == dest) else {
-            return self.expect(qp, dest);
-        };
-        if (qp.qpn, my_psn) >= (peer.qpn, peer.psn) {
-            return self.expect(qp, peer.qpn);
-        }
-        let addr = UnixAddr::from_abstract_name(socket_name(peer.pid, peer.dev))
-            .map_err(|e| Error::Io("socket name", e))?;
-        let s = UnixStream::connect_addr(&addr).map_err(|e| Error::Io("connect (shm)", e))?;
-        let (uid, peer_pid) = sys::peer_cred(&s).map_err(|e| Error::Io("SO_PEERCRED", e))?;
-        if !self.allows(uid) {
-            tracing::warn!(
-                uid,
-                "refusing an shm peer that runs as another user (not in allowed_uids)"
-            );
-            return Err(Error::Protocol(
-                "the shm peer runs as another user, not in allowed_uids",
-            ));
-        }
-        s.set_read_timeout(Some(timeout))
-            .map_err(|e| Error::Io("SO_RCVTIMEO", e))?;
-        s.set_write_timeout(Some(timeout))
-            .map_err(|e| Error::Io("SO_SNDTIMEO", e))?;
-        let (seg, memfd) =
-            Segment::create(ring_bytes).map_err(|e| Error::Io("create the shm segment", e))?;
-        let mut hello = [0u8; HELLO_LEN];
-        hello[..8].copy_from_slice(HELLO_MAGIC);
-        hello[8..12].copy_from_slice(&peer.qpn.to_be_bytes());
-        hello[12..16].copy_from_slice(&qp.qpn.to_be_bytes());
-        hello[16..24].copy_from_slice(&peer.secret.to_be_bytes());
-        hello[24..32].copy_from_slice(&(ring_bytes as u64).to_be_bytes());
-        hello[32..40].copy_from_slice(&self.probe_addr().to_be_bytes());
-        hello[40..44].copy_from_slice(&self.id.to_be_bytes());
-        sys::send_with_fds(&s, &hello, &[memfd.as_raw_fd(), self.event.as_raw_fd()])
-            .map_err(|e| Error::Io("send the shm hello", e))?;
-        let mut reply = [0u8; REPLY_LEN];
-        let fds = sys::recv_with_fds(&s, &mut reply).map_err(|e| {
-            Error::Io(
-                "receiving the shm peer's answer (it closes the connection on a wrong secret)",
-                e,
-            )
-        })?;
-        // The peer has its copy: ours goes (a memfd has no name to unlink).
-        drop(memfd);
-        let (true, Some(peer_event)) = (&reply[..8] == REPLY_MAGIC, fds.into_iter().next()) else {
-            return Err(Error::Protocol("the shm peer's answer is not rdmx's"));
-        };
-        let peer_probe = u64::from_be_bytes(reply[8..16].try_into().expect("8 bytes"));
-        let (direct, peer_qp) = local_peer(self.direct, peer_pid, peer.dev, peer.qpn);
-        let pulls = direct.is_some() || self.try_pull(qp.qpn, peer_pid, peer_probe);
-        if pulls {
-            seg.set_pulls(0);
-        }
-        s.set_nonblocking(true)
-            .map_err(|e| Error::Io("O_NONBLOCK", e))?;
-        let mut g = qp.inner.lock();
-        qp.attach(
-            &mut g,
-            Conn {
-                seg,
-                side: 0,
-                sock: s,
-                peer_event,
-                peer_pid,
-                pulls,
-                direct,
-                peer_qp: peer_qp.filter(|_| self.execute_at_post),
-            },
-        );
-        Ok(())
-    }
-
-    /// Whether a process of user `uid` may be a peer.
-    fn allows(&self, uid: u32) -> bool {
-        uid == sys::euid() || self.allowed_uids.contains(&uid)
-    }
-
-    /// The address of the word a peer reads to learn whether it can pull from this
-    /// process; 0 (do not try) when this context keeps to the ring.
-    fn probe_addr(&self) -> u64 {
-        if self.cma {
-            sys::probe_addr()
-        } else {
-            0
-        }
-    }
-
-    /// Whether QP `qpn` can pull from process `pid`, which named its probe word at `addr`
-    /// (0: the peer keeps to the ring). Says why not in the log.
-    fn try_pull(&self, qpn: u32, pid: i32, addr: u64) -> bool {
-        if !self.cma || addr == 0 {
-            tracing::debug!(qpn, "shm data path: ring (cma not asked for on both sides)");
-            return false;
-        }
-        match sys::probe(pid, addr) {
-            Ok(()) => {
-                tracing::debug!(qpn, pid, "shm: payloads from the peer arrive by cma");
-                true
-            }
-            Err(e) => {
-                tracing::warn!(
-                    qpn,
-                    pid,
-                    "shm: cannot read the peer's memory with process_vm_readv ({e}; \
-                     see kernel.yama.ptrace_scope): its payloads come through the ring"
-                );
-                false
-            }
-        }
-    }
-
-    /// Lets QP `from` connect to `qp`, taking its connection if it already did.
-    fn expect(&self, qp: &ShmQp, from: u32) -> Result<()> {
-        let mut g = qp.inner.lock();
-        g.expect_peer = Some(from);
-        let parked = self.pending.lock().remove(&qp.qpn);
-        match parked {
-            Some(p) if p.from == from => qp.attach(&mut g, p.conn),
-            Some(p) => {
-                tracing::warn!(
-                    qpn = qp.qpn,
-                    who = p.from,
-                    "dropping a connection from an unexpected QP"
-                );
-            }
-            None => {}
-        }
-        Ok(())
-    }
-
-    fn accept(&self) {
-        loop {
-            match self.listener.accept() {
-                Ok((s, _)) => {
-                    let mut hs = self.handshakes.lock();
-                    let entry = hs.vacant_entry();
-                    if s.set_nonblocking(true).is_ok()
-                        && self.epoll.add(s.as_raw_fd(), hs_token(entry.key())).is_ok()
-                    {
-                        entry.insert((s, Instant::now()));
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    tracing::warn!("accept (shm) failed: {e}");
-                    return;
-                }
-            }
-        }
-    }
-
-    fn handshake(&self, key: usize) {
-        let mut hs = self.handshakes.lock();
-        let Some((s, _)) = hs.get(key) else { return };
-        let mut hello = [0u8; HELLO_LEN];
-        let got = sys::recv_with_fds(s, &mut hello);
-        if matches!(&got, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock) {
-            return;
-        }
-        let (s, _) = hs.remove(key);
-        drop(hs);
-        self.epoll.remove(s.as_raw_fd());
-        if let Err(why) = self.admit(s, got, &hello) {
-            tracing::warn!("refusing an shm connection: {why}");
-        }
-    }
-
-    /// Checks a hello and its descriptors, answers, and hands the connection to its QP
-    /// (or parks it until the QP reaches RTR).
-    fn admit(
-        &self,
-        s: UnixStream,
-        got: std::io::Result<Vec<OwnedFd>>,
-        hello: &[u8; HELLO_LEN],
-    ) -> std::result::Result<(), String> {
-        let fds = got.map_err(|e| format!("no hello ({e})"))?;
-        let (uid, pid) = sys::peer_cred(&s).map_err(|e| format!("SO_PEERCRED: {e}"))?;
-        if !self.allows(uid) {
-            return Err(format!(
-                "process {pid} runs as user {uid}, not this one's nor in allowed_uids"
-            ));
-        }
-        if &hello[..8] != HELLO_MAGIC {
-            return Err("the hello is not rdmx's".into());
-        }
-        let be32 = |i: usize| u32::from_be_bytes(hello[i..i + 4].try_into().expect("4 bytes"));
-        let (to, from) = (be32(8), be32(12));
-        let secret = u64::from_be_bytes(hello[16..24].try_into().expect("8 bytes"));
-        let cap = u64::from_be_bytes(hello[24..32].try_into().expect("8 bytes"));
-        let token = self.by_qpn.lock().get(&to).copied();
-        let qp = token.and_then(|t| self.qps.lock().get(t).and_then(Weak::upgrade));
-        let Some(qp) = qp else {
-            return Err(format!("QP {to} (from QP {from}) does not exist"));
-        };
-        if secret != qp.secret {
-            return Err(format!(
-                "the connection to QP {to} from QP {from} did not present its secret"
-            ));
-        }
-        let mut fds = fds.into_iter();
-        let (Some(memfd), Some(peer_event)) = (fds.next(), fds.next()) else {
-            return Err("the hello lacks its descriptors".into());
-        };
-        let cap = usize::try_from(cap).map_err(|_| "a ring size out of range".to_string())?;
-        let seg = Segment::open(&memfd, cap).map_err(|e| format!("the segment: {e}"))?;
-        drop(memfd);
-        let peer_probe = u64::from_be_bytes(hello[32..40].try_into().expect("8 bytes"));
-        let (direct, peer_qp) = local_peer(self.direct, pid, be32(40), from);
-        let pulls = direct.is_some() || self.try_pull(to, pid, peer_probe);
-        if pulls {
-            seg.set_pulls(1);
-        }
-        let mut reply = [0u8; REPLY_LEN];
-        reply[..8].copy_from_slice(REPLY_MAGIC);
-        reply[8..16].copy_from_slice(&self.probe_addr().to_be_bytes());
-        sys::send_with_fds(&s, &reply, &[self.event.as_raw_fd()])
-            .map_err(|e| format!("answer: {e}"))?;
-        let conn = Conn {
-            seg,
-            side: 1,
-            sock: s,
-            peer_event,
-            peer_pid: pid,
-            pulls,
-            direct,
-            peer_qp: peer_qp.filter(|_| self.execute_at_post),
-        };
-        let mut g = qp.inner.lock();
-        if g.attached() {
-            return Err(format!("a second connection for connected QP {to}"));
-        }
-        if g.expect_peer == Some(from) {
-            qp.attach(&mut g, conn);
-        } else if let Some(expected) = g.expect_peer {
-            return Err(format!(
-                "a connection to QP {to} from QP {from}, not the expected {expected}"
-            ));
-        } else {
-            let parked = Parked {
-                conn,
-                from,
-                since: Instant::now(),
-            };
-            if let Some(old) = self.pending.lock().insert(to, parked) {
-                tracing::warn!(
-                    to,
-                    from = old.from,
-                    "closing a connection replaced by a newer one"
-                );
-            }
-        }
-        Ok(())
-    }
-
-    /// Closes handshakes and parked connections that waited too long.
-    fn expire(&self) {
-        let mut hs = self.handshakes.lock();
-        let stale: Vec<usize> = hs
-            .iter()
-            .filter(|(_, h)| h.1.elapsed() > HANDSHAKE_TIMEOUT)
-            .map(|(k, _)| k)
-            .collect();
-        for k in stale {
-            let (s, _) = hs.remove(k);
-            self.epoll.remove(s.as_raw_fd());
-            tracing::warn!(
-                "closing an shm connection that sent no hello within {HANDSHAKE_TIMEOUT:?}"
-            );
-        }
-        drop(hs);
-        let mut pending = self.pending.lock();
-        if !pending.is_empty() {
-            pending.retain(|to, p| {
-                let keep = p.since.elapsed() <= PARKED_TIMEOUT;
-                if !keep {
-                    tracing::warn!(
-                        to,
-                        from = p.from,
-                        "closing a connection whose QP did not reach RTR within {PARKED_TIMEOUT:?}"
-                    );
-                }
-                keep
-            });
-        }
-    }
-}
-
-/// Test tools: the rings as a broken or hostile peer could write them.
-#[cfg(feature = "testing")]
-pub mod testing {
-    use super::Link;
-    use crate::soft::SoftQp;
-    use crate::{Error, QueuePair, Result};
-
-    /// Writes `bytes` where the next record of the ring `qp` reads would start and moves
-    /// that ring's producer index `ahead` bytes past it, ignoring every rule of the ring:
-    /// what a peer that is broken, hostile, or killed mid-write leaves there. The QP reads
-    /// it on the next poll of its CQs. (The real peer may still write too: call this while
-    /// it has nothing to send.)
-    pub fn scribble_incoming(qp: &QueuePair, bytes: &[u8], ahead: u64) -> Result<()> {
-        let Some(link) = qp.provider_qp().as_any().downcast_ref::<SoftQp<Link>>() else {
-            return Err(Error::InvalidArgument("not an shm queue pair"));
-        };
-        let g = link.transport.qp.inner.lock();
-        let Some(conn) = g.conn.as_ref() else {
-            return Err(Error::InvalidArgument("the queue pair is not connected"));
-        };
-        let ring = 1 - conn.side;
-        let (tail_off, _, data) = conn.seg.layout(ring);
-        let head = g.cons.head();
-        let pos = (head % conn.seg.cap() as u64) as usize;
-        let n = bytes.len().min(conn.seg.cap() - pos);
-        conn.seg.scribble(data + pos, &bytes[..n]);
-        conn.seg
-            .scribble(tail_off, &head.wrapping_add(ahead).to_ne_bytes());
-        Ok(())
     }
 }

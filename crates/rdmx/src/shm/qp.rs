@@ -10,7 +10,10 @@ use parking_lot::Mutex;
 use rdmx_core::rc::{Placement, Srq, Transmit};
 use rdmx_core::{QpAttr, QpAttrMask, QpState};
 
+use std::sync::atomic::Ordering;
+
 use super::copy::copy;
+use super::mapped::{self, PeerView};
 use super::ring::{Consumer, Producer, RingError, Segment};
 use super::{sys, Driver};
 use crate::provider::{CqCore, MrRef};
@@ -34,10 +37,10 @@ const MAX_SPANS: usize = 64;
 /// the peer goes away, and the peer's wake-up eventfd.
 #[derive(Debug)]
 pub(crate) struct Conn {
-    pub(crate) seg: Segment,
+    pub(crate) seg: Arc<Segment>,
     /// 0: the side that created the segment; this side sends on ring `side`.
     pub(crate) side: usize,
-    pub(crate) sock: UnixStream,
+    pub(crate) sock: Arc<UnixStream>,
     pub(crate) peer_event: OwnedFd,
     /// The peer process (as the kernel names it, `SO_PEERCRED`).
     pub(crate) peer_pid: i32,
@@ -49,6 +52,20 @@ pub(crate) struct Conn {
     /// The peer queue pair, when it is in this process and its context copies directly:
     /// WRITEs and READs may then be executed at post time (see `direct`).
     pub(crate) peer_qp: Option<Weak<ShmQp>>,
+    /// The peer's key table and the files it handed over, when both sides run the
+    /// `mapped` data path.
+    pub(crate) mapped: Option<PeerView>,
+    /// Raised when the peer closed its socket (it exited or was killed): its claims on
+    /// this side's keys are void (`mapped`).
+    pub(crate) peer_gone: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // This QP accepts nothing more from a peer that executes requests itself; one
+        // that claims a key after this sees it and backs off (see `mapped`).
+        self.seg.target_word(self.side).store(0, Ordering::SeqCst);
+    }
 }
 
 impl Conn {
@@ -56,6 +73,9 @@ impl Conn {
     /// straight out of the other's memory, `ring` when neither does, `cma+ring` when only
     /// one side can.
     pub(crate) fn data_path(&self) -> &'static str {
+        if self.mapped.is_some() {
+            return "mapped";
+        }
         match (self.pulls, self.seg.pulls(1 - self.side)) {
             (true, true) if self.direct.is_some() => "direct",
             (true, true) => "cma",
@@ -122,8 +142,10 @@ pub(crate) struct Inner {
     pub(crate) connect_timeout: Duration,
     /// The earliest deadline handed to the driver and not yet fired.
     timer: Option<Instant>,
-    /// Requests executed at post time (the `direct` data path's shortcut).
+    /// Requests executed at post time (the `direct` and `mapped` data paths' shortcut).
     pub(crate) executed_at_post: u64,
+    /// The target word last written to the segment (`mapped`).
+    target_word: u64,
 }
 
 impl ShmQp {
@@ -168,6 +190,7 @@ impl ShmQp {
                 connect_timeout: Duration::from_secs(10),
                 timer: None,
                 executed_at_post: 0,
+                target_word: 0,
             }),
         }
     }
@@ -197,6 +220,17 @@ impl ShmQp {
         g.conn = Some(conn);
         g.expect_peer = None;
         self.driver.activate(self);
+        if let (Some(c), Some(p)) = (g.conn.as_ref(), self.driver.published.as_ref()) {
+            if c.mapped.is_some() {
+                self.driver.watch.lock().push(mapped::Watch {
+                    seg: c.seg.clone(),
+                    sock: Arc::downgrade(&c.sock),
+                    peer: 1 - c.side,
+                    peer_gone: c.peer_gone.clone(),
+                });
+                p.offer_all(&c.sock);
+            }
+        }
         self.progress(g, Instant::now());
     }
 
@@ -232,6 +266,13 @@ impl ShmQp {
             }
         };
         moved |= soft::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
+        if let Some(c) = g.conn.as_ref().filter(|c| c.mapped.is_some()) {
+            let w = mapped::target_word(g.engine.direct_target_view());
+            if w != g.target_word {
+                c.seg.target_word(c.side).store(w, Ordering::SeqCst);
+                g.target_word = w;
+            }
+        }
         if let Some(t) = g.engine.poll_timeout() {
             if g.timer.map_or(true, |held| t < held) {
                 g.timer = Some(t);

@@ -7,6 +7,8 @@
 //! 192   side 0 pulls     196   side 1 pulls        (it reads descriptor records)
 //! 256   ring 0: tail     384   ring 0: head        (side 0 → side 1)
 //! 512   ring 1: tail     640   ring 1: head        (side 1 → side 0)
+//! 768   side 0 as a target   832   side 1 as a target   (the `mapped` data path:
+//! 1024  side 0's claim       1088  side 1's claim        see `mapped`)
 //! 4096  ring 0 data, then ring 1 data              (capacity bytes each)
 //! ```
 //!
@@ -44,6 +46,8 @@ const KIND_PACKET: u32 = 1;
 const KIND_WRAP: u32 = 2;
 const KIND_DESC: u32 = 3;
 const PULLS_OFF: [usize; 2] = [192, 196];
+const TARGET_OFF: [usize; 2] = [768, 832];
+const CLAIM_OFF: [usize; 2] = [1024, 1088];
 /// Payloads at least this long are placed at their source's offset in a cache line.
 const ALIGN_MIN: usize = 256;
 /// Most bytes of a record's prefix (the packet's headers, and inline payload).
@@ -211,6 +215,18 @@ impl Segment {
     /// Whether side `side` said it reads descriptor records.
     pub(crate) fn pulls(&self, side: usize) -> bool {
         self.atomic32(PULLS_OFF[side]).load(Ordering::Acquire) == 1
+    }
+
+    /// The word in which side `side` says what its queue pair accepts as the target of
+    /// requests executed by the peer (the `mapped` data path).
+    pub(crate) fn target_word(&self, side: usize) -> &AtomicU64 {
+        self.atomic64(TARGET_OFF[side])
+    }
+
+    /// The word in which side `side` names the key it copies through now (the `mapped`
+    /// data path's claim; 0: none).
+    pub(crate) fn claim_word(&self, side: usize) -> &AtomicU64 {
+        self.atomic64(CLAIM_OFF[side])
     }
 
     /// Writes one record to ring `ring`: a prefix of `prefix_len` bytes and a payload of

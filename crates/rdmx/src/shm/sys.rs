@@ -26,6 +26,11 @@ const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEA
 /// in any file system (nothing to unlink), and only the processes it is passed to can map
 /// it.
 pub(crate) fn memfd(len: usize) -> io::Result<OwnedFd> {
+    memfd_sealed(len, SEALS)
+}
+
+/// [`memfd`] with the seals `seals`.
+pub(crate) fn memfd_sealed(len: usize, seals: libc::c_int) -> io::Result<OwnedFd> {
     // SAFETY: memfd_create takes a NUL-terminated name and flags and returns a new fd.
     let fd = check(unsafe {
         libc::memfd_create(
@@ -38,9 +43,18 @@ pub(crate) fn memfd(len: usize) -> io::Result<OwnedFd> {
     // SAFETY: ftruncate and fcntl on our own descriptor.
     unsafe {
         check(libc::ftruncate(fd.as_raw_fd(), len as libc::off_t))?;
-        check(libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS))?;
+        check(libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals))?;
     }
     Ok(fd)
+}
+
+/// Seals `fd` against new writable mappings (`F_SEAL_FUTURE_WRITE`): the mappings made
+/// before keep writing, peers it is passed to can only read.
+pub(crate) fn seal_future_write(fd: &OwnedFd) -> io::Result<()> {
+    let seals = libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL;
+    // SAFETY: fcntl on our own descriptor.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) })?;
+    Ok(())
 }
 
 /// Whether the file behind `fd` is sealed against changes of size.
@@ -247,7 +261,7 @@ pub(crate) fn probe_addr() -> u64 {
 }
 
 /// Most descriptors one message carries.
-const MAX_FDS: usize = 2;
+const MAX_FDS: usize = 3;
 
 /// Sends `bytes` and the descriptors `fds` in one message.
 pub(crate) fn send_with_fds(s: &UnixStream, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {

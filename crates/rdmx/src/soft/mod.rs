@@ -118,6 +118,11 @@ pub(crate) trait SoftDevice: Send + Sync + std::fmt::Debug + 'static {
     fn create_cq(&self, core: &Arc<CqCore>) -> Result<Box<dyn provider::Cq>>;
     /// A new queue pair.
     fn create_qp(&self, init: provider::QpInit<'_>) -> Result<Box<dyn provider::Qp>>;
+    /// A region was just registered (its keys work).
+    fn registered(&self, _mr: &Arc<provider::MrShared>) {}
+    /// A region is being deregistered: when this returns, no peer may reach its memory
+    /// any more (its keys stop working right after).
+    fn deregistering(&self, _mr: &provider::MrShared) {}
 }
 
 impl<D: SoftDevice> provider::Device for D {
@@ -135,9 +140,12 @@ impl<D: SoftDevice> provider::Device for D {
     }
     unsafe fn register(&self, reg: provider::Registration) -> Result<Arc<provider::MrShared>> {
         // SAFETY: forwarded; the caller upholds the contract.
-        unsafe { self.keys().register(reg) }
+        let mr = unsafe { self.keys().register(reg) }?;
+        self.registered(&mr);
+        Ok(mr)
     }
     fn deregister(&self, mr: &provider::MrShared) {
+        self.deregistering(mr);
         self.keys().deregister(mr);
     }
     fn check(

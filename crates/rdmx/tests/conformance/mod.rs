@@ -370,13 +370,26 @@ pub(crate) fn big_memory() -> MutexGuard<'static, ()> {
 
 /// Registers `len` zeroed heap bytes (no particular alignment).
 pub(crate) fn register(pd: &ProtectionDomain, len: usize, access: Access) -> MemoryRegion {
+    if len > 0 && SHARED_MEMORY.load(std::sync::atomic::Ordering::Relaxed) {
+        return register_page(pd, len, access);
+    }
     pd.register(vec![0u8; len], access)
         .unwrap_or_else(|e| panic!("register {len} bytes with {access:?}: {e}"))
 }
 
+/// Set by a suite whose provider maps peers' memory: [`register`] and [`register_page`]
+/// then register memfd-backed mappings ([`Mapping::shared`]) instead of plain memory.
+pub(crate) static SHARED_MEMORY: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// Registers a page-aligned mapping of `len` bytes (for atomics and exact bounds).
 pub(crate) fn register_page(pd: &ProtectionDomain, len: usize, access: Access) -> MemoryRegion {
-    let m = Mapping::new(len).unwrap_or_else(|e| panic!("map {len} bytes: {e}"));
+    let m = if SHARED_MEMORY.load(std::sync::atomic::Ordering::Relaxed) {
+        Mapping::shared(len)
+    } else {
+        Mapping::new(len)
+    };
+    let m = m.unwrap_or_else(|e| panic!("map {len} bytes: {e}"));
     pd.register(m, access)
         .unwrap_or_else(|e| panic!("register a {len}-byte mapping with {access:?}: {e}"))
 }

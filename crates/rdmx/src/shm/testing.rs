@@ -1,0 +1,101 @@
+//! Test tools: the rings as a broken or hostile peer could write them, and the shared
+//! words of the `mapped` data path.
+
+use super::Link;
+use crate::soft::SoftQp;
+use crate::{Error, QueuePair, Result};
+
+pub use super::mapped::PeerMapping;
+
+fn with_conn<T>(qp: &QueuePair, f: impl FnOnce(&super::Conn) -> Result<T>) -> Result<T> {
+    let Some(link) = qp.provider_qp().as_any().downcast_ref::<SoftQp<Link>>() else {
+        return Err(Error::InvalidArgument("not an shm queue pair"));
+    };
+    let g = link.transport.qp.inner.lock();
+    let Some(conn) = g.conn.as_ref() else {
+        return Err(Error::InvalidArgument("the queue pair is not connected"));
+    };
+    f(conn)
+}
+
+/// Makes `qp` claim its peer's key `rkey` as an initiator does before it copies (see
+/// the `mapped` data path), and never let go: what a peer stalled mid-copy, or one
+/// that scribbles its claim word, leaves in the segment.
+pub fn stall_claim(qp: &QueuePair, rkey: u32) -> Result<()> {
+    with_conn(qp, |c| {
+        let view = c.mapped.as_ref().ok_or(Error::InvalidArgument(
+            "the queue pair does not run the mapped data path",
+        ))?;
+        let tag = view.tag_of(rkey).ok_or(Error::InvalidArgument(
+            "the peer has not published that key",
+        ))?;
+        c.seg
+            .claim_word(c.side)
+            .store(tag, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    })
+}
+
+/// Writes `value` into `qp`'s claim word (0 lets go of any claim).
+pub fn scribble_claim(qp: &QueuePair, value: u64) -> Result<()> {
+    with_conn(qp, |c| {
+        c.seg
+            .claim_word(c.side)
+            .store(value, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    })
+}
+
+/// Writes `value` into the target word `qp`'s peer reads (what a peer that scribbles
+/// the segment can do to the words of the side it connects to).
+pub fn scribble_target_word(qp: &QueuePair, value: u64) -> Result<()> {
+    with_conn(qp, |c| {
+        c.seg
+            .target_word(c.side)
+            .store(value, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    })
+}
+
+/// Whether the key table of context `ctx` can be mapped writable, as a peer holding
+/// its descriptor would try (`None`: the context does not run the mapped path).
+pub fn key_table_writable(ctx: &crate::Context) -> Option<bool> {
+    let d = ctx.device().as_any().downcast_ref::<super::Device>()?;
+    Some(d.driver.published.as_ref()?.writable())
+}
+
+/// Sets the length word of key `rkey`'s slot in the key table of context `ctx` to
+/// `len`, as a lying target would publish it. Returns whether the key was published.
+pub fn scribble_key_length(ctx: &crate::Context, rkey: u32, len: u64) -> bool {
+    let Some(d) = ctx.device().as_any().downcast_ref::<super::Device>() else {
+        return false;
+    };
+    d.driver
+        .published
+        .as_ref()
+        .is_some_and(|p| p.scribble_len(rkey, len))
+}
+
+/// Writes `bytes` where the next record of the ring `qp` reads would start and moves
+/// that ring's producer index `ahead` bytes past it, ignoring every rule of the ring:
+/// what a peer that is broken, hostile, or killed mid-write leaves there. The QP reads
+/// it on the next poll of its CQs. (The real peer may still write too: call this while
+/// it has nothing to send.)
+pub fn scribble_incoming(qp: &QueuePair, bytes: &[u8], ahead: u64) -> Result<()> {
+    let Some(link) = qp.provider_qp().as_any().downcast_ref::<SoftQp<Link>>() else {
+        return Err(Error::InvalidArgument("not an shm queue pair"));
+    };
+    let g = link.transport.qp.inner.lock();
+    let Some(conn) = g.conn.as_ref() else {
+        return Err(Error::InvalidArgument("the queue pair is not connected"));
+    };
+    let ring = 1 - conn.side;
+    let (tail_off, _, data) = conn.seg.layout(ring);
+    let head = g.cons.head();
+    let pos = (head % conn.seg.cap() as u64) as usize;
+    let n = bytes.len().min(conn.seg.cap() - pos);
+    conn.seg.scribble(data + pos, &bytes[..n]);
+    conn.seg
+        .scribble(tail_off, &head.wrapping_add(ahead).to_ne_bytes());
+    Ok(())
+}

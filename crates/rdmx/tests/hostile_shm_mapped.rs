@@ -1,0 +1,209 @@
+//! A broken, stalled or hostile peer on the shm provider's `mapped` data path: a peer that
+//! claims a key and never lets go (stalled mid-copy, or scribbling its claim word), a
+//! peer that dies holding a claim, a peer that tries to map the key table writable, and a
+//! target whose key table lies about a region's length. Each time deregistration returns
+//! within its bound and the memory is then out of the peer's reach, and requests the
+//! checks refuse get the ring path's statuses.
+
+#[path = "common/logs.rs"]
+mod logs;
+
+use std::time::{Duration, Instant};
+
+use rdmx::shm::testing::{self, PeerMapping};
+use rdmx::shm::DRAIN_BOUND;
+use rdmx::{
+    Access, Completion, CompletionQueue, ConnectOptions, Context, LocalSge, Mapping, MemoryRegion,
+    Pinning, ProtectionDomain, QpCaps, QueuePair, RemoteAddr, SendRequest, WcStatus,
+};
+
+use logs::wait_logged;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+const LEN: usize = 64 << 10;
+
+struct Side {
+    ctx: Context,
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+    qp: QueuePair,
+}
+
+fn side() -> Side {
+    let _ = logs::logs();
+    let ctx = Context::open(rdmx::shm::Options::default().direct(false).mapped(true)).unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(64).unwrap();
+    let qp = pd.create_qp(&cq, &cq, QpCaps::default()).unwrap();
+    Side { ctx, pd, cq, qp }
+}
+
+/// A connected pair on the mapped path: the initiator and the target.
+fn pair() -> (Side, Side) {
+    let (a, b) = (side(), side());
+    let (ea, eb) = (a.qp.endpoint(), b.qp.endpoint());
+    a.qp.connect(eb, &ConnectOptions::default()).unwrap();
+    b.qp.connect(ea, &ConnectOptions::default()).unwrap();
+    let start = Instant::now();
+    while rdmx::shm::data_path(&a.qp).is_none() || rdmx::shm::data_path(&b.qp).is_none() {
+        assert!(start.elapsed() < DEADLINE, "the shm connection never came");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(rdmx::shm::data_path(&a.qp), Some("mapped"));
+    (a, b)
+}
+
+fn wait(cq: &CompletionQueue, what: &str) -> Completion {
+    let start = Instant::now();
+    loop {
+        if let Some(c) = cq.poll_one().unwrap() {
+            return c;
+        }
+        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+        std::thread::yield_now();
+    }
+}
+
+/// Registers the test's own shared mapping `m` on the target (the test keeps the memory,
+/// to look at it after deregistration).
+fn register(t: &Side, m: &Mapping, access: Access) -> MemoryRegion {
+    // SAFETY: `m` outlives the region in every test (the region is dropped first).
+    unsafe {
+        t.pd.register_raw(m.as_ptr(), m.len(), access, Pinning::Unpinned)
+    }
+    .unwrap()
+}
+
+/// WRITEs 64 bytes to `at` until one is executed through the mapping (the target's file
+/// reaches the initiator over its socket after the registration).
+fn write_until_mapped(a: &Side, src: &MemoryRegion, at: RemoteAddr) {
+    let start = Instant::now();
+    loop {
+        let before = rdmx::shm::executed_at_post(&a.qp).unwrap();
+        a.qp.post_send(SendRequest::write(1, at).sge(LocalSge::new(src, 0, 64).unwrap()))
+            .unwrap();
+        let c = wait(&a.cq, "a WRITE");
+        assert_eq!(c.status, WcStatus::Success, "{c:?}");
+        if rdmx::shm::executed_at_post(&a.qp).unwrap() > before {
+            return;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "no WRITE ran on the mapped path"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn bytes(m: &Mapping) -> Vec<u8> {
+    // SAFETY: `m` is a live mapping of `m.len()` bytes that no region references any more.
+    unsafe { std::slice::from_raw_parts(m.as_ptr(), m.len()) }.to_vec()
+}
+
+#[test]
+fn the_key_table_cannot_be_mapped_writable() {
+    let s = side();
+    assert_eq!(testing::key_table_writable(&s.ctx), Some(false));
+}
+
+/// A peer that claims the key and never lets go (stalled mid-copy): deregistration waits
+/// for it at most its bound, then takes the memory back; the peer's later writes through
+/// its mapping of the file no longer reach the target's memory.
+#[test]
+fn a_stalled_claim_ends_with_the_memory_detached() {
+    let (a, b) = pair();
+    let src = a.pd.register(vec![9u8; 4096], Access::LOCAL_WRITE).unwrap();
+    let m = Mapping::shared(LEN).unwrap();
+    let mr = register(&b, &m, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let peer = PeerMapping::of(m.as_ptr()).unwrap();
+    let at = mr.remote().at(0);
+    write_until_mapped(&a, &src, at);
+    testing::stall_claim(&a.qp, at.rkey).unwrap();
+    let start = Instant::now();
+    drop(mr);
+    let took = start.elapsed();
+    assert!(
+        took >= DRAIN_BOUND,
+        "deregistration did not wait for the claim"
+    );
+    assert!(took < DRAIN_BOUND + DEADLINE, "deregistration hung");
+    wait_logged("WARN", &["still claims a key being deregistered"]);
+    assert!(!m.is_shared(), "the memory was not detached");
+    let before = bytes(&m);
+    assert_eq!(&before[..64], &[9u8; 64], "the mapped WRITE landed");
+    assert!(peer.write(0, &[0xee; 4096]));
+    assert_eq!(
+        bytes(&m),
+        before,
+        "a write after deregistration reached the memory"
+    );
+    testing::scribble_claim(&a.qp, 0).unwrap();
+    // Requests to the gone key fail as on the ring path.
+    a.qp.post_send(SendRequest::write(2, at).sge(LocalSge::new(&src, 0, 64).unwrap()))
+        .unwrap();
+    let c = wait(&a.cq, "a WRITE to a deregistered key");
+    assert_eq!(c.status, WcStatus::RemAccessErr, "{c:?}");
+}
+
+/// Garbage in the claim word that names no key of the target's delays nothing: the
+/// region is deregistered without detaching the memory.
+#[test]
+fn a_scribbled_claim_word_naming_nothing_is_ignored() {
+    let (a, b) = pair();
+    let src = a.pd.register(vec![9u8; 4096], Access::LOCAL_WRITE).unwrap();
+    let m = Mapping::shared(LEN).unwrap();
+    let mr = register(&b, &m, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    write_until_mapped(&a, &src, mr.remote().at(0));
+    for garbage in [u64::MAX, 1, 0x5a5a_5a5a_5a5a_5a5a] {
+        testing::scribble_claim(&a.qp, garbage).unwrap();
+    }
+    drop(mr);
+    assert!(
+        m.is_shared(),
+        "the memory was detached for a claim on nothing"
+    );
+}
+
+/// A peer that dies holding a claim holds nothing: deregistration does not wait for it.
+#[test]
+fn a_dead_peer_holds_no_claims() {
+    let (a, b) = pair();
+    let src = a.pd.register(vec![9u8; 4096], Access::LOCAL_WRITE).unwrap();
+    let m = Mapping::shared(LEN).unwrap();
+    let mr = register(&b, &m, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let at = mr.remote().at(0);
+    write_until_mapped(&a, &src, at);
+    testing::stall_claim(&a.qp, at.rkey).unwrap();
+    drop(src);
+    drop(a);
+    drop(mr);
+    assert!(
+        m.is_shared(),
+        "the memory was detached for a dead peer's claim"
+    );
+}
+
+/// A target whose key table says a region is far longer than it is: the initiator checks
+/// the range against the file it mapped too, so a WRITE beyond it takes the rings, and
+/// the target's engine refuses it as it would any out-of-bounds request.
+#[test]
+fn a_key_table_that_lies_about_a_length() {
+    let (a, b) = pair();
+    let src = a.pd.register(vec![9u8; 4096], Access::LOCAL_WRITE).unwrap();
+    let m = Mapping::shared(4096).unwrap();
+    let mr = register(&b, &m, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let at = mr.remote().at(0);
+    write_until_mapped(&a, &src, at);
+    assert!(testing::scribble_key_length(&b.ctx, at.rkey, 1 << 40));
+    let far = RemoteAddr {
+        addr: at.addr + (1 << 20),
+        rkey: at.rkey,
+    };
+    let before = rdmx::shm::executed_at_post(&a.qp).unwrap();
+    a.qp.post_send(SendRequest::write(3, far).sge(LocalSge::new(&src, 0, 64).unwrap()))
+        .unwrap();
+    let c = wait(&a.cq, "a WRITE beyond the region");
+    assert_eq!(c.status, WcStatus::RemAccessErr, "{c:?}");
+    assert_eq!(rdmx::shm::executed_at_post(&a.qp), Some(before));
+    drop(mr);
+}

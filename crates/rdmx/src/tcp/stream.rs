@@ -7,7 +7,8 @@
 //! in one `writev`. Receiving reads headers into a small buffer, lets the engine check them
 //! and name where the payload goes, then `readv`s the payload straight into those places.
 //! Payload bytes that arrived in the same read as their headers (at most
-//! [`HEADER_READ`] bytes) are copied from the small buffer.
+//! [`HEADER_READ`] bytes) are copied from the small buffer; the `readv` that places a
+//! payload's last bytes reads the next frame's headers into that buffer too.
 
 use std::collections::VecDeque;
 use std::io;
@@ -414,6 +415,10 @@ impl Rx {
             if self.drained {
                 return Ok(RxEvent::Idle);
             }
+            // Every byte buffered was placed above: the buffer is empty.
+            debug_assert_eq!(self.start, self.end);
+            self.start = 0;
+            self.end = 0;
             iov.clear();
             let mut at = *off;
             for p in place.iter() {
@@ -452,9 +457,22 @@ impl Rx {
                     iov_base: self.discard.as_mut_ptr().cast(),
                     iov_len: gap,
                 });
+                at += gap;
             }
+            // When this readv asks for the payload's last bytes, it asks for the next
+            // frame's headers too (into the empty buffer), sparing a read per frame.
+            let payload = iov.as_slice().iter().map(|v| v.iov_len).sum::<usize>();
+            let ahead = if at >= *rest && iov.len() < MAX_IOV {
+                iov.push(libc::iovec {
+                    iov_base: self.buf.as_mut_ptr().cast(),
+                    iov_len: HEADER_READ,
+                });
+                HEADER_READ
+            } else {
+                0
+            };
             // SAFETY: every iovec names writable memory valid for the call: the discard
-            // buffer owned by self, or registered memory kept alive by the placements'
+            // and header buffers owned by self (HEADER_READ < buf.len()), or registered memory kept alive by the placements'
             // MrRefs, inside the bounds raw_range checked. Nothing holds a Rust reference
             // into registered memory.
             let n = unsafe { libc::readv(fd, iov.as_slice().as_ptr(), iov.len() as libc::c_int) };
@@ -469,9 +487,11 @@ impl Rx {
             if n == 0 {
                 return Err(StreamError::Closed);
             }
-            let asked: usize = iov.as_slice().iter().map(|v| v.iov_len).sum();
-            self.drained = (n as usize) < asked && !self.until_eof;
-            *off += n as usize;
+            let n = n as usize;
+            self.drained = n < payload + ahead && !self.until_eof;
+            let placed = n.min(payload);
+            *off += placed;
+            self.end = n - placed;
             self.total += n as u64;
         }
         if let RxState::Payload { mut place, .. } =

@@ -23,6 +23,11 @@ use crate::provider::MrRef;
 /// straight into place.
 pub(crate) const HEADER_READ: usize = 512;
 
+/// Bytes of the next frame asked for by the `readv` that ends a payload: the prefix and
+/// the headers of a WRITE's first (or only) packet, so that a stream of large WRITEs has
+/// no payload byte land in the header buffer (and copied out of it) at all.
+const READ_AHEAD: usize = PREFIX + rdmx_wire::BTH_LEN + rdmx_wire::RETH_LEN;
+
 /// Most iovecs given to one `readv`/`writev`.
 const MAX_IOV: usize = 64;
 
@@ -465,16 +470,16 @@ impl Rx {
             let ahead = if at >= *rest && iov.len() < MAX_IOV {
                 iov.push(libc::iovec {
                     iov_base: self.buf.as_mut_ptr().cast(),
-                    iov_len: HEADER_READ,
+                    iov_len: READ_AHEAD,
                 });
-                HEADER_READ
+                READ_AHEAD
             } else {
                 0
             };
             // SAFETY: every iovec names writable memory valid for the call: the discard
-            // and header buffers owned by self (HEADER_READ < buf.len()), or registered memory kept alive by the placements'
-            // MrRefs, inside the bounds raw_range checked. Nothing holds a Rust reference
-            // into registered memory.
+            // and header buffers owned by self (READ_AHEAD < buf.len()), or registered
+            // memory kept alive by the placements' MrRefs, inside the bounds raw_range
+            // checked. Nothing holds a Rust reference into registered memory.
             let n = unsafe { libc::readv(fd, iov.as_slice().as_ptr(), iov.len() as libc::c_int) };
             if n < 0 {
                 let e = io::Error::last_os_error();

@@ -42,7 +42,7 @@ rdmx() { # test size -> MiB/s or t_typical usec
         j "d['results'][0].get('bw_avg_mib_s') or d['results'][0]['t_typical_us']"
 }
 rdmx2p() { # size -> MiB/s, write_bw with server and client in two processes
-    "$RDMX" bench write_bw --provider tcp -s "$1" -D 3 --server -p 5303 >/dev/null & sleep 0.3
+    "$RDMX" bench write_bw --provider tcp -s "$1" -D 3 --server -p 5303 >/dev/null 2>&1 & sleep 0.3
     "$RDMX" bench write_bw --provider tcp -s "$1" -D 3 -p 5303 --json 127.0.0.1 |
         j "d['results'][0]['bw_avg_mib_s']"
     wait

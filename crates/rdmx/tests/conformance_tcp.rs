@@ -10,11 +10,11 @@ mod conformance_tcp {
 
     use crate::conformance::Provider;
 
-    /// tcp at its default path MTU (64 KiB): one frame per 64 KiB of payload.
+    /// tcp at its default path MTU (1 MiB): one frame per MiB of payload.
     const TCP: Provider = Provider {
         name: "tcp",
         open: || Context::open_provider("tcp"),
-        mtu: Mtu::Bytes(65536),
+        mtu: Mtu::Bytes(1 << 20),
     };
 
     conformance_suite!(TCP);

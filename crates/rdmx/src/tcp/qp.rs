@@ -13,7 +13,7 @@ use crate::provider::{CqCore, MrRef};
 use crate::soft::{self, Engine, Keys};
 
 /// Bytes of packets gathered for one writev before it is issued.
-const TX_BATCH: usize = 256 * 1024;
+const TX_BATCH: usize = 1 << 20;
 
 /// A tcp queue pair, shared by its handle and the driver.
 pub(crate) struct TcpQp {

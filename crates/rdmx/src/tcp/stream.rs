@@ -7,7 +7,8 @@
 //! in one `writev`. Receiving reads headers into a small buffer, lets the engine check them
 //! and name where the payload goes, then `readv`s the payload straight into those places.
 //! Payload bytes that arrived in the same read as their headers (at most
-//! [`HEADER_READ`] bytes) are copied from the small buffer.
+//! [`HEADER_READ`] bytes) are copied from the small buffer; the `readv` that places a
+//! payload's last bytes reads the next frame's headers into that buffer too.
 
 use std::collections::VecDeque;
 use std::io;
@@ -21,6 +22,11 @@ use crate::provider::MrRef;
 /// an 8-byte WRITE takes one read, and little enough that a large payload is mostly read
 /// straight into place.
 pub(crate) const HEADER_READ: usize = 512;
+
+/// Bytes of the next frame asked for by the `readv` that ends a payload: the prefix and
+/// the headers of a WRITE's first (or only) packet, so that a stream of large WRITEs has
+/// no payload byte land in the header buffer (and copied out of it) at all.
+const READ_AHEAD: usize = PREFIX + rdmx_wire::BTH_LEN + rdmx_wire::RETH_LEN;
 
 /// Most iovecs given to one `readv`/`writev`.
 const MAX_IOV: usize = 64;
@@ -414,6 +420,10 @@ impl Rx {
             if self.drained {
                 return Ok(RxEvent::Idle);
             }
+            // Every byte buffered was placed above: the buffer is empty.
+            debug_assert_eq!(self.start, self.end);
+            self.start = 0;
+            self.end = 0;
             iov.clear();
             let mut at = *off;
             for p in place.iter() {
@@ -452,11 +462,24 @@ impl Rx {
                     iov_base: self.discard.as_mut_ptr().cast(),
                     iov_len: gap,
                 });
+                at += gap;
             }
+            // When this readv asks for the payload's last bytes, it asks for the next
+            // frame's headers too (into the empty buffer), sparing a read per frame.
+            let payload = iov.as_slice().iter().map(|v| v.iov_len).sum::<usize>();
+            let ahead = if at >= *rest && iov.len() < MAX_IOV {
+                iov.push(libc::iovec {
+                    iov_base: self.buf.as_mut_ptr().cast(),
+                    iov_len: READ_AHEAD,
+                });
+                READ_AHEAD
+            } else {
+                0
+            };
             // SAFETY: every iovec names writable memory valid for the call: the discard
-            // buffer owned by self, or registered memory kept alive by the placements'
-            // MrRefs, inside the bounds raw_range checked. Nothing holds a Rust reference
-            // into registered memory.
+            // and header buffers owned by self (READ_AHEAD < buf.len()), or registered
+            // memory kept alive by the placements' MrRefs, inside the bounds raw_range
+            // checked. Nothing holds a Rust reference into registered memory.
             let n = unsafe { libc::readv(fd, iov.as_slice().as_ptr(), iov.len() as libc::c_int) };
             if n < 0 {
                 let e = io::Error::last_os_error();
@@ -469,9 +492,11 @@ impl Rx {
             if n == 0 {
                 return Err(StreamError::Closed);
             }
-            let asked: usize = iov.as_slice().iter().map(|v| v.iov_len).sum();
-            self.drained = (n as usize) < asked && !self.until_eof;
-            *off += n as usize;
+            let n = n as usize;
+            self.drained = n < payload + ahead && !self.until_eof;
+            let placed = n.min(payload);
+            *off += placed;
+            self.end = n - placed;
             self.total += n as u64;
         }
         if let RxState::Payload { mut place, .. } =

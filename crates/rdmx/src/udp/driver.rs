@@ -79,8 +79,6 @@ pub(crate) struct Driver {
     batch: usize,
     /// Runs of equal-sized datagrams go as one GSO send, and joined runs are taken (GRO).
     pub(crate) gso: bool,
-    /// Most datagrams per GSO send to a RoCE port.
-    pub(crate) roce_gso_segs: usize,
     qps: RwLock<HashMap<u32, Arc<UdpQp>>>,
     rx: Mutex<RxBatch>,
     timers: Mutex<BinaryHeap<Reverse<(Instant, u32)>>>,
@@ -116,7 +114,6 @@ pub(crate) struct Start {
     pub(crate) verify_icrc: bool,
     pub(crate) batch: usize,
     pub(crate) gso: bool,
-    pub(crate) roce_gso_segs: usize,
     pub(crate) qpn_seed: u32,
     #[cfg(feature = "testing")]
     pub(crate) faults: Option<crate::loopback::faults::Faults>,
@@ -144,7 +141,6 @@ impl Driver {
             verify_icrc: s.verify_icrc,
             batch: s.batch.clamp(1, BATCH),
             gso,
-            roce_gso_segs: s.roce_gso_segs,
             qps: RwLock::new(HashMap::new()),
             rx: Mutex::new(RxBatch::new(slot)),
             timers: Mutex::new(BinaryHeap::new()),
@@ -209,14 +205,8 @@ impl Driver {
         }
     }
 
-    /// Sends datagrams to `to` now, runs of them as GSO sends if the context has GSO.
+    /// Sends datagrams to `to` now.
     pub(crate) fn send_now(&self, to: SocketAddr, datagrams: &mut [Vec<u8>]) {
-        self.send_segs(to, datagrams, usize::MAX);
-    }
-
-    /// Sends datagrams to `to` now, at most `segs` of them (and the context's limit) per GSO
-    /// send.
-    pub(crate) fn send_segs(&self, to: SocketAddr, datagrams: &mut [Vec<u8>], segs: usize) {
         if datagrams.is_empty() {
             return;
         }
@@ -225,7 +215,7 @@ impl Driver {
             &CAddr::new(to),
             datagrams,
             self.batch,
-            if self.gso { segs } else { 1 },
+            self.gso,
         );
         self.stats.add(SENT, (datagrams.len() - failed) as u64);
         self.stats.add(SEND_FAILED, failed as u64);

@@ -125,12 +125,6 @@ pub struct Options {
     /// identification and UDP length it goes out with, so that a receiver checking the
     /// real headers (Linux rxe, an adapter) accepts it; see [`icrc`].
     pub gso: bool,
-    /// With [`gso`](Self::gso), the most datagrams one GSO send carries to a peer that is
-    /// a RoCE port (one that named itself by its GID: Linux rxe, an adapter), 1 to 64;
-    /// 1 sends it one datagram per message (default 1). Such a peer takes packets one at a
-    /// time: a GSO send's segments leave back to back, faster than a receiver in a
-    /// virtual machine reads them, and the ones it drops come back as retransmissions.
-    pub roce_gso_segs: usize,
     #[cfg(feature = "testing")]
     faults: Option<crate::loopback::faults::Faults>,
 }
@@ -144,7 +138,6 @@ impl Default for Options {
             send_window: 256,
             batch: sys::BATCH,
             gso: true,
-            roce_gso_segs: 1,
             #[cfg(feature = "testing")]
             faults: None,
         }
@@ -177,11 +170,6 @@ impl Options {
         self.gso = on;
         self
     }
-    /// Sets [`roce_gso_segs`](Self::roce_gso_segs).
-    pub fn roce_gso_segs(mut self, segs: usize) -> Self {
-        self.roce_gso_segs = segs;
-        self
-    }
     /// Sets [`send_window`](Self::send_window).
     pub fn send_window(mut self, packets: u32) -> Self {
         self.send_window = packets;
@@ -198,8 +186,7 @@ impl Options {
 
     /// The options of a context opened by name: [`BIND_ENV`] gives the address, and
     /// `RDMX_UDP_BATCH` the [`batch`](Self::batch), `RDMX_UDP_GSO=0` turns off
-    /// [`gso`](Self::gso), `RDMX_UDP_ROCE_GSO_SEGS` sets the
-    /// [`roce_gso_segs`](Self::roce_gso_segs), `RDMX_UDP_WINDOW` sets the [`send_window`](Self::send_window)
+    /// [`gso`](Self::gso), `RDMX_UDP_WINDOW` sets the [`send_window`](Self::send_window)
     /// and `RDMX_UDP_VERIFY_ICRC=0` turns off
     /// [`verify_icrc`](Self::verify_icrc).
     pub fn from_env() -> Result<Options> {
@@ -212,15 +199,6 @@ impl Options {
             o.send_window = v
                 .parse()
                 .map_err(|_| Error::InvalidArgument("RDMX_UDP_WINDOW is not a number"))?;
-        }
-        if let Ok(v) = std::env::var("RDMX_UDP_ROCE_GSO_SEGS") {
-            o.roce_gso_segs = v
-                .parse()
-                .ok()
-                .filter(|s| (1..=sys::GSO_MAX_SEGS).contains(s))
-                .ok_or(Error::InvalidArgument(
-                    "RDMX_UDP_ROCE_GSO_SEGS is not 1 to 64",
-                ))?;
         }
         if let Ok(v) = std::env::var("RDMX_UDP_BATCH") {
             o.batch = v
@@ -407,7 +385,6 @@ impl Device {
             verify_icrc: opts.verify_icrc,
             batch: opts.batch,
             gso: opts.gso,
-            roce_gso_segs: opts.roce_gso_segs.clamp(1, sys::GSO_MAX_SEGS),
             qpn_seed: (seed >> 32) as u32,
             #[cfg(feature = "testing")]
             faults: opts.faults.clone(),
@@ -550,15 +527,7 @@ impl Transport for Link {
                 "a udp peer must be of the context's address family",
             ));
         }
-        // A peer that names itself by a GID is a RoCE port (Linux rxe, an adapter), not
-        // this provider: it gets shorter GSO sends (Options::roce_gso_segs).
-        let segs = match peer.addr {
-            PeerAddr::Gid(_) => self.qp.driver.roce_gso_segs,
-            _ => usize::MAX,
-        };
-        let mut g = self.qp.inner.lock();
-        g.peer = Some(addr);
-        g.gso_segs = segs;
+        self.qp.inner.lock().peer = Some(addr);
         Ok(())
     }
     fn multicast(&self, gid: [u8; 16], attach: bool) -> Result<()> {

@@ -35,8 +35,6 @@ pub(crate) struct Inner {
     /// Where the peer QP is: the only source its packets are taken from, and where this
     /// QP's packets go.
     pub(crate) peer: Option<SocketAddr>,
-    /// Most datagrams per GSO send to the peer (fewer to a RoCE port than to rdmx).
-    pub(crate) gso_segs: usize,
     /// Datagrams built and not yet sent.
     tx: Vec<Vec<u8>>,
     /// Buffers of sent datagrams, for reuse.
@@ -68,7 +66,6 @@ impl UdpQp {
                 recv_cq: cqs.1,
                 srq,
                 peer: None,
-                gso_segs: usize::MAX,
                 tx: Vec::with_capacity(BATCH),
                 spare: Vec::new(),
                 timer: None,
@@ -164,7 +161,7 @@ impl UdpQp {
 
     #[cfg(not(feature = "testing"))]
     fn send(&self, g: &mut Inner, peer: SocketAddr, _now: Instant) {
-        self.driver.send_segs(peer, &mut g.tx, g.gso_segs);
+        self.driver.send_now(peer, &mut g.tx);
     }
 
     /// Sends the batch, through the context's faults if it has any.
@@ -173,7 +170,7 @@ impl UdpQp {
         use crate::loopback::faults;
         let (Some(inj), Some((rng, held))) = (self.driver.faults.as_ref(), g.faults.as_mut())
         else {
-            self.driver.send_segs(peer, &mut g.tx, g.gso_segs);
+            self.driver.send_now(peer, &mut g.tx);
             return;
         };
         let local = self.driver.local;
@@ -204,6 +201,6 @@ impl UdpQp {
             out.extend(fate.now.into_iter().map(|w| wire(d, w)));
             out.extend(overtaken);
         }
-        self.driver.send_segs(peer, &mut out, g.gso_segs);
+        self.driver.send_now(peer, &mut out);
     }
 }

@@ -151,14 +151,14 @@ fn from_c(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
 /// Largest UDP payload one GSO send carries.
 const GSO_MAX_BYTES: usize = 65000;
 /// Most segments one GSO send carries (the kernel's limit on older kernels).
-pub(crate) const GSO_MAX_SEGS: usize = 64;
+const GSO_MAX_SEGS: usize = 64;
 
 /// Room for a `UDP_SEGMENT` control message.
 type SegCmsg = [u64; 4];
 
-/// Sends `datagrams` to `to`, `batch` (at most [`BATCH`]) messages per call. With `segs`
-/// above 1, each run of up to `segs` (at most [`GSO_MAX_SEGS`]) equal-sized datagrams (and
-/// a shorter one ending it) goes as one message the kernel splits (`UDP_SEGMENT`). Each datagram comes sealed for IPv4 identification 0;
+/// Sends `datagrams` to `to`, `batch` (at most [`BATCH`]) messages per call. With `gso`,
+/// each run of equal-sized datagrams (and a shorter one ending it) goes as one message the
+/// kernel splits (`UDP_SEGMENT`). Each datagram comes sealed for IPv4 identification 0;
 /// over IPv4 the ICRC of segment `k` of a run is moved to identification `k`, the one the
 /// kernel gives it, for the call and restored after. Returns how many datagrams the kernel
 /// refused (counted as lost: the engine retransmits).
@@ -167,10 +167,9 @@ pub(crate) fn send_all(
     to: &CAddr,
     datagrams: &mut [Vec<u8>],
     batch: usize,
-    segs: usize,
+    gso: bool,
 ) -> usize {
     let batch = batch.clamp(1, BATCH);
-    let segs = segs.clamp(1, GSO_MAX_SEGS);
     let v4 = libc::c_int::from(to.storage.ss_family) == libc::AF_INET;
     let mut basis = None;
     let mut failed = 0;
@@ -185,9 +184,9 @@ pub(crate) fn send_all(
             let seg = datagrams[i].len();
             let mut n = 1;
             let mut bytes = seg;
-            if segs > 1 {
+            if gso {
                 while i + n < datagrams.len()
-                    && n < segs
+                    && n < GSO_MAX_SEGS
                     && niov + n < MAX_IOV
                     && bytes + datagrams[i + n].len() <= GSO_MAX_BYTES
                     && datagrams[i + n].len() <= seg

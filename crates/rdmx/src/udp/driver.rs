@@ -19,8 +19,6 @@ use crate::{Error, Result};
 
 /// The progress thread leaves the socket to an application that polled this recently.
 const HANDOVER: Duration = Duration::from_millis(1);
-/// Messages per `recvmmsg` when the kernel joins datagrams (UDP GRO).
-const GRO_BATCH: usize = 4;
 /// Timer key of delayed datagrams (fault injection); QP numbers have 24 bits.
 const DELAYED: u32 = u32::MAX;
 
@@ -275,24 +273,15 @@ impl Driver {
         }
     }
 
-    /// Reads every waiting datagram and hands each to its QP. The QPs a `recvmmsg` batch
-    /// touched send their answers (ACKs, read responses) before the next batch is read,
-    /// so that a sender's window moves while this side still has datagrams to read.
+    /// Reads every waiting datagram and hands each to its QP.
     fn receive(&self) {
         let Some(mut rx) = self.rx.try_lock() else {
             return;
         };
         let fd = self.sock.as_raw_fd();
-        // Joined runs are up to 64 KB each: a few of them per read keep what was read in
-        // the cache while it is checked and placed, and the answers prompt.
-        let batch = if self.gso {
-            self.batch.min(GRO_BATCH)
-        } else {
-            self.batch
-        };
         let mut touched: Vec<Arc<UdpQp>> = Vec::new();
         loop {
-            let n = rx.recv(fd, batch);
+            let n = rx.recv(fd, self.batch);
             let now = Instant::now();
             for i in 0..n {
                 let (from, bytes, cut, seg) = rx.get(i);
@@ -306,16 +295,15 @@ impl Driver {
                 }
                 self.deliver_run(from, bytes, seg, cut, now, &mut touched);
             }
-            if !touched.is_empty() {
-                let now = Instant::now();
-                for qp in touched.drain(..) {
-                    let mut g = qp.inner.lock();
-                    qp.pump(&mut g, now);
-                }
-            }
-            if n < batch {
+            if n < self.batch {
                 break;
             }
+        }
+        drop(rx);
+        let now = Instant::now();
+        for qp in touched {
+            let mut g = qp.inner.lock();
+            qp.pump(&mut g, now);
         }
     }
 

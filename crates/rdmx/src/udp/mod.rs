@@ -52,9 +52,7 @@
 //! ## Batching and progress
 //!
 //! Packets a QP produces in one go leave in `sendmmsg` batches; arriving datagrams are read
-//! with `recvmmsg`, every QP's packets of a batch handled before its answers are sent,
-//! and those sent before the next batch is read (with GRO a batch is a few joined runs, so
-//! that a sender's window keeps moving while this side reads).
+//! with `recvmmsg`, every QP's packets of a batch handled before its answers are sent.
 //! By default ([`Options::gso`]) each run of equal-sized datagrams of a multi-packet
 //! message (up to 64 of them, 64 KB) is one UDP GSO message, and the socket takes joined
 //! runs (UDP GRO): over loopback a run stays one packet from `sendmmsg` to `recvmmsg`, and

@@ -289,17 +289,11 @@ impl Driver {
                 if bytes.len() > seg {
                     self.stats.add(JOINED, bytes.len().div_ceil(seg) as u64);
                 }
-                for d in bytes.chunks(seg) {
-                    let len = if cut { usize::MAX } else { d.len() };
-                    if let Some(qp) = self.deliver(from, d, len, now) {
-                        if !touched.iter().any(|t| t.qpn == qp.qpn) {
-                            touched.push(qp);
-                        }
-                    }
-                }
                 if bytes.is_empty() {
                     self.deliver(from, bytes, 0, now);
+                    continue;
                 }
+                self.deliver_run(from, bytes, seg, cut, now, &mut touched);
             }
             if n < self.batch {
                 break;
@@ -313,6 +307,66 @@ impl Driver {
         }
     }
 
+    /// Checks the datagrams of a run the kernel joined (or a datagram alone: `seg` its
+    /// length), each `seg` bytes but the last, and feeds their packets to their QPs, the
+    /// QP of consecutive packets locked once; adds the QPs to pump to `touched`.
+    fn deliver_run(
+        &self,
+        from: Option<SocketAddr>,
+        bytes: &[u8],
+        seg: usize,
+        cut: bool,
+        now: Instant,
+        touched: &mut Vec<Arc<UdpQp>>,
+    ) {
+        let Some(from) = from else {
+            let n = bytes.len().div_ceil(seg) as u64;
+            self.stats.add(RECEIVED, n);
+            self.stats.add(WRONG_SOURCE, n);
+            return;
+        };
+        let mut chunks = bytes.chunks(seg);
+        let mut next = chunks.next();
+        while let Some(d) = next.take() {
+            let len = if cut { usize::MAX } else { d.len() };
+            self.stats.add(RECEIVED, 1);
+            let Some((packet, qpn)) = self.admit(Some(from), d, len) else {
+                next = chunks.next();
+                continue;
+            };
+            let Some(qp) = self.qps.read().get(&qpn).cloned() else {
+                self.stats.add(UNKNOWN_QP, 1);
+                next = chunks.next();
+                continue;
+            };
+            let mut g = qp.inner.lock();
+            let mut fed = self.feed(&qp, &mut g, from, packet, now);
+            // The packets after it for the same QP, under the same lock.
+            for d in chunks.by_ref() {
+                let len = if cut { usize::MAX } else { d.len() };
+                match self.admit(Some(from), d, len) {
+                    Some((packet, n)) if n == qpn => {
+                        self.stats.add(RECEIVED, 1);
+                        fed |= self.feed(&qp, &mut g, from, packet, now);
+                    }
+                    // Counted when it is taken up again.
+                    Some(_) => {
+                        next = Some(d);
+                        break;
+                    }
+                    None => self.stats.add(RECEIVED, 1),
+                }
+            }
+            drop(g);
+            if fed && !touched.iter().any(|t| t.qpn == qp.qpn) {
+                touched.push(qp);
+            }
+            if next.is_none() {
+                next = chunks.next();
+            }
+        }
+    }
+
     /// Checks a datagram of `len` bytes (`usize::MAX`: cut short by the socket) and feeds
     /// its packet to its QP; returns the QP to pump afterwards.
     pub(crate) fn deliver(
@@ -323,6 +377,26 @@ impl Driver {
         now: Instant,
     ) -> Option<Arc<UdpQp>> {
         self.stats.add(RECEIVED, 1);
+        let (packet, qpn) = self.admit(from, bytes, len)?;
+        let from = from?;
+        let Some(qp) = self.qps.read().get(&qpn).cloned() else {
+            self.stats.add(UNKNOWN_QP, 1);
+            return None;
+        };
+        let mut g = qp.inner.lock();
+        let fed = self.feed(&qp, &mut g, from, packet, now);
+        drop(g);
+        fed.then_some(qp)
+    }
+
+    /// Checks a datagram's source, length, ICRC and headers (counting what it drops):
+    /// its packet and the QP number it names.
+    fn admit<'a>(
+        &self,
+        from: Option<SocketAddr>,
+        bytes: &'a [u8],
+        len: usize,
+    ) -> Option<(&'a [u8], u32)> {
         let Some(from) = from else {
             self.stats.add(WRONG_SOURCE, 1);
             return None;
@@ -332,8 +406,8 @@ impl Driver {
         } else {
             icrc::check(from, self.local, bytes, self.max_datagram, self.verify_icrc)
         };
-        let (packet, qpn) = match checked {
-            Ok(p) => p,
+        match checked {
+            Ok(p) => Some(p),
             Err(r) => {
                 self.stats.add(
                     match r {
@@ -343,36 +417,41 @@ impl Driver {
                     },
                     1,
                 );
-                return None;
+                None
             }
-        };
-        let Some(qp) = self.qps.read().get(&qpn).cloned() else {
-            self.stats.add(UNKNOWN_QP, 1);
-            return None;
-        };
-        let mut g = qp.inner.lock();
+        }
+    }
+
+    /// Feeds a checked packet from `from` to `qp` (locked: `g`) if the QP takes it from
+    /// there in its state; whether it did.
+    fn feed(
+        &self,
+        qp: &UdpQp,
+        g: &mut super::qp::Inner,
+        from: SocketAddr,
+        packet: &[u8],
+        now: Instant,
+    ) -> bool {
         if g.engine.config().qp_type == rdmx_core::QpType::Ud {
             // A UD queue pair takes datagrams from anyone; the engine checks the Q_Key.
             self.stats.add(DELIVERED, 1);
-            super::ud::receive(&mut g, from, self.local, packet);
-            drop(g);
-            return Some(qp);
+            super::ud::receive(g, from, self.local, packet);
+            return true;
         }
         let from_peer = g.peer.is_some_and(|p| {
             p.ip() == from.ip() && (p.port() == from.port() || p.port() == icrc::ROCE_PORT)
         });
         if !from_peer {
             self.stats.add(WRONG_SOURCE, 1);
-            return None;
+            return false;
         }
         if !matches!(g.engine.state(), QpState::Rtr | QpState::Rts | QpState::Sqd) {
             self.stats.add(NOT_READY, 1);
-            return None;
+            return false;
         }
         self.stats.add(DELIVERED, 1);
-        qp.handle(&mut g, now, packet);
-        drop(g);
-        Some(qp)
+        qp.handle(g, now, packet);
+        true
     }
 
     fn fire_timers(&self) {

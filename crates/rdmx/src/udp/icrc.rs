@@ -174,18 +174,35 @@ fn id_delta(basis: &[u32; 6], id: u16) -> u32 {
         .fold(0, |d, j| d ^ basis[j])
 }
 
+/// [`id_basis`] of `packet_len`, from a per-thread cache of the last few lengths (a
+/// message's first packet is longer than the ones after it, so lengths alternate).
+fn cached_basis(packet_len: usize) -> [u32; 6] {
+    const WAYS: usize = 4;
+    /// Lengths with their factors, and the way the next miss replaces.
+    type Ways = ([(usize, [u32; 6]); WAYS], usize);
+    thread_local! {
+        static CACHE: std::cell::Cell<Ways> =
+            const { std::cell::Cell::new(([(usize::MAX, [0; 6]); WAYS], 0)) };
+    }
+    CACHE.with(|c| {
+        let (mut ways, next) = c.get();
+        if let Some((_, b)) = ways.iter().find(|(len, _)| *len == packet_len) {
+            return *b;
+        }
+        let b = id_basis(packet_len);
+        ways[next] = (packet_len, b);
+        c.set((ways, (next + 1) % WAYS));
+        b
+    })
+}
+
 /// Moves the ICRC at the end of `datagram` (sealed for IPv4 identification 0) to
-/// identification `id` (1 to [`MAX_SEGMENT_ID`]); applied twice, it restores it. `basis`
-/// caches the factors of the last datagram length.
-pub(crate) fn shift_id(datagram: &mut [u8], id: u16, basis: &mut Option<(usize, [u32; 6])>) {
+/// identification `id` (1 to [`MAX_SEGMENT_ID`]); applied twice, it restores it.
+pub(crate) fn shift_id(datagram: &mut [u8], id: u16) {
     let Some(at) = datagram.len().checked_sub(ICRC_LEN) else {
         return;
     };
-    let b = match basis {
-        Some((len, b)) if *len == at => b,
-        _ => &mut basis.insert((at, id_basis(at))).1,
-    };
-    let d = id_delta(b, id);
+    let d = id_delta(&cached_basis(at), id);
     let t = &mut datagram[at..];
     let c = u32::from_le_bytes([t[0], t[1], t[2], t[3]]) ^ d;
     t.copy_from_slice(&c.to_le_bytes());
@@ -194,21 +211,8 @@ pub(crate) fn shift_id(datagram: &mut [u8], id: u16, basis: &mut Option<(usize, 
 /// Whether `got` is the ICRC of an IPv4 packet of `packet_len` bytes whose ICRC for
 /// identification 0 is `want`, with an identification from 1 to [`MAX_SEGMENT_ID`].
 fn matches_other_id(got: u32, want: u32, packet_len: usize) -> bool {
-    thread_local! {
-        static BASIS: std::cell::Cell<(usize, [u32; 6])> =
-            const { std::cell::Cell::new((usize::MAX, [0; 6])) };
-    }
     let d = got ^ want;
-    let basis = BASIS.with(|c| {
-        let (len, b) = c.get();
-        if len == packet_len {
-            b
-        } else {
-            let b = id_basis(packet_len);
-            c.set((packet_len, b));
-            b
-        }
-    });
+    let basis = cached_basis(packet_len);
     (1..=MAX_SEGMENT_ID).any(|id| id_delta(&basis, id) == d)
 }
 
@@ -305,14 +309,13 @@ mod tests {
     #[test]
     fn a_segment_icrc_moves_to_its_ip_identification() {
         let (src, dst) = (a("127.0.0.1:4791"), a("127.0.0.2:4791"));
-        let mut basis = None;
         for len in [16usize, 1040, 4112] {
             let mut p: Vec<u8> = vec![0x07, 0, 0xff, 0xff, 0, 0, 0, 0x12, 0x80, 0, 0, 5];
             p.extend((0..len - 16).map(|i| (i * 13) as u8));
             seal(src, dst, &mut p);
             let sealed = p.clone();
             for id in 1..=MAX_SEGMENT_ID {
-                shift_id(&mut p, id, &mut basis);
+                shift_id(&mut p, id);
                 let t = &p[p.len() - 4..];
                 let got = u32::from_le_bytes([t[0], t[1], t[2], t[3]]);
                 assert_eq!(
@@ -322,7 +325,7 @@ mod tests {
                 );
                 // What a receiver accepts: a segment of a GSO send.
                 assert!(check(src, dst, &p, 9000, true).is_ok(), "id {id}");
-                shift_id(&mut p, id, &mut basis);
+                shift_id(&mut p, id);
                 assert_eq!(p, sealed);
             }
             // An identification no GSO send gives is refused.

@@ -171,7 +171,6 @@ pub(crate) fn send_all(
 ) -> usize {
     let batch = batch.clamp(1, BATCH);
     let v4 = libc::c_int::from(to.storage.ss_family) == libc::AF_INET;
-    let mut basis = None;
     let mut failed = 0;
     let mut at = 0;
     while at < datagrams.len() {
@@ -204,16 +203,16 @@ pub(crate) fn send_all(
             niov += n;
             i += n;
         }
-        let shift = |datagrams: &mut [Vec<u8>], basis: &mut Option<(usize, [u32; 6])>| {
+        let shift = |datagrams: &mut [Vec<u8>]| {
             for &(first, n, _) in &runs[..nruns] {
                 if v4 && n > 1 {
                     for (k, d) in datagrams[first + 1..first + n].iter_mut().enumerate() {
-                        icrc::shift_id(d, k as u16 + 1, basis);
+                        icrc::shift_id(d, k as u16 + 1);
                     }
                 }
             }
         };
-        shift(datagrams, &mut basis);
+        shift(datagrams);
         let mut iov = [libc::iovec {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
@@ -246,7 +245,7 @@ pub(crate) fn send_all(
         // SAFETY: every header names memory valid for the call (the datagrams, `to`, the
         // iovecs and control messages on this stack frame); sendmmsg only reads it.
         let r = unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr(), nruns as libc::c_uint, 0) };
-        shift(datagrams, &mut basis);
+        shift(datagrams);
         if r < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {

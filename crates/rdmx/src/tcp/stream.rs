@@ -28,6 +28,10 @@ pub(crate) const HEADER_READ: usize = 512;
 /// no payload byte land in the header buffer (and copied out of it) at all.
 const READ_AHEAD: usize = PREFIX + rdmx_wire::BTH_LEN + rdmx_wire::RETH_LEN;
 
+/// A payload at least this long is followed by a read-ahead of [`READ_AHEAD`] bytes, a
+/// shorter one by [`HEADER_READ`].
+const LARGE_PAYLOAD: usize = 4096;
+
 /// Most iovecs given to one `readv`/`writev`.
 const MAX_IOV: usize = 64;
 
@@ -465,21 +469,30 @@ impl Rx {
                 at += gap;
             }
             // When this readv asks for the payload's last bytes, it asks for the next
-            // frame's headers too (into the empty buffer), sparing a read per frame.
+            // frame's headers too (into the empty buffer), sparing a read per frame:
+            // after a large payload just one WRITE's headers (the next is likely large
+            // too, and its bytes go straight into place), after a small one a whole
+            // header read (small frames are then taken several per read).
             let payload = iov.as_slice().iter().map(|v| v.iov_len).sum::<usize>();
             let ahead = if at >= *rest && iov.len() < MAX_IOV {
+                let ahead = if payload >= LARGE_PAYLOAD {
+                    READ_AHEAD
+                } else {
+                    HEADER_READ
+                };
                 iov.push(libc::iovec {
                     iov_base: self.buf.as_mut_ptr().cast(),
-                    iov_len: READ_AHEAD,
+                    iov_len: ahead,
                 });
-                READ_AHEAD
+                ahead
             } else {
                 0
             };
             // SAFETY: every iovec names writable memory valid for the call: the discard
-            // and header buffers owned by self (READ_AHEAD < buf.len()), or registered
-            // memory kept alive by the placements' MrRefs, inside the bounds raw_range
-            // checked. Nothing holds a Rust reference into registered memory.
+            // and header buffers owned by self (READ_AHEAD and HEADER_READ are below
+            // buf.len()), or registered memory kept alive by the placements' MrRefs,
+            // inside the bounds raw_range checked. Nothing holds a Rust reference into
+            // registered memory.
             let n = unsafe { libc::readv(fd, iov.as_slice().as_ptr(), iov.len() as libc::c_int) };
             if n < 0 {
                 let e = io::Error::last_os_error();

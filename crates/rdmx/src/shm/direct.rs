@@ -154,6 +154,24 @@ unsafe fn transfer(req: &DirectRequest<MrRef>, inline: Option<&[u8]>, target: &M
     let remote = target
         .raw_range(va, req.len() as usize)
         .expect("the target's engine resolved the range");
+    // SAFETY: `remote` is the resolved range, `req.len()` bytes inside the target's
+    // region; the rest is this function's contract.
+    unsafe { transfer_at(req, inline, remote) }
+}
+
+/// Copies a direct request's bytes between its local memory (segments, or `inline`) and
+/// `remote`: to it for a WRITE, from it for a READ.
+///
+/// # Safety
+///
+/// `req`'s segments were resolved by the initiator's engine (so each lies inside its
+/// region, which `req` keeps alive); `remote` is valid for `req.len()` bytes of reads
+/// and writes for as long as the call lasts.
+pub(super) unsafe fn transfer_at(
+    req: &DirectRequest<MrRef>,
+    inline: Option<&[u8]>,
+    remote: *mut u8,
+) {
     if let Some(data) = inline {
         // SAFETY: `data` is readable for its length, `remote` writable for `req.len()`
         // bytes, which is `data.len()` (the engine took the length from it).
@@ -166,8 +184,9 @@ unsafe fn transfer(req: &DirectRequest<MrRef>, inline: Option<&[u8]>, target: &M
             .raw_range(addr, len as usize)
             .expect("the engine resolved the segment");
         let far = remote.wrapping_add(at);
-        // SAFETY: both ranges lie inside live registered regions (the contract); `at +
-        // len` stays within the request's length, the sum of the segments.
+        // SAFETY: `local` lies inside a live registered region, `far..far + len` inside
+        // `remote` (the contract): `at + len` stays within the request's length, the
+        // sum of the segments.
         unsafe {
             if req.is_read() {
                 move_bytes(local, far, len as usize);

@@ -82,7 +82,6 @@ use parking_lot::Mutex;
 use rdmx_core::{Access, QpType, SendOp, SendWr};
 use rdmx_mem::shared::SharedFile;
 
-use super::copy::copy;
 use super::qp::{Conn, Inner};
 use super::ring::Segment;
 use super::sys;
@@ -428,7 +427,7 @@ impl PeerMapping {
             return false;
         }
         // SAFETY: inside the mapping (checked); shared memory, written by copy only.
-        unsafe { copy(self.0.base.add(off), bytes.as_ptr(), bytes.len()) };
+        unsafe { super::copy::copy(self.0.base.add(off), bytes.as_ptr(), bytes.len()) };
         true
     }
 }
@@ -690,35 +689,12 @@ pub(crate) fn execute(g: &mut Inner, wr: &SendWr, inline: Option<&[u8]>) -> bool
         g.engine.direct_cancel(req);
         return false;
     }
-    let remote = found.at;
-    if let Some(data) = inline {
-        // SAFETY: `remote` lies `req.len()` bytes inside the peer's mapped file (checked
-        // by `check`), which `view` keeps mapped; `data` is the caller's slice of that
-        // length.
-        unsafe { copy(remote, data.as_ptr(), data.len()) };
-    } else {
-        let mut at = 0usize;
-        for (mr, addr, len) in req.local() {
-            let local = mr
-                .raw_range(addr, len as usize)
-                .expect("the engine resolved the segment");
-            let far = remote.wrapping_add(at);
-            // SAFETY: `local` is inside a live registered region (resolved by the
-            // engine, held by `req`); `far..far + len` inside the mapped file (`at +
-            // len` stays within the request's length), which `view` keeps mapped: a
-            // mapping of its own, so the two address ranges never overlap (they may be
-            // views of the same pages when the peer is this process, which leaves the
-            // bytes unspecified, as concurrent access to registered memory does).
-            unsafe {
-                if req.is_read() {
-                    copy(local, far, len as usize);
-                } else {
-                    copy(far, local, len as usize);
-                }
-            }
-            at += len as usize;
-        }
-    }
+    // SAFETY: `found.at` lies `req.len()` bytes inside the peer's mapped file (checked
+    // by `check`), which `view` keeps mapped for the call; `req`'s segments were resolved
+    // by this QP's engine. The file is a mapping of its own, so it never overlaps local
+    // memory (it may view the same pages when the peer is this process, which leaves the
+    // bytes unspecified, as concurrent access to registered memory does).
+    unsafe { super::direct::transfer_at(&req, inline, found.at) };
     claim.store(0, Ordering::Release);
     g.engine.direct_complete(req);
     true

@@ -7,7 +7,7 @@ use crate::{Error, QueuePair, Result};
 
 pub use super::mapped::PeerMapping;
 
-fn with_conn<T>(qp: &QueuePair, f: impl FnOnce(&super::Conn) -> Result<T>) -> Result<T> {
+fn with_conn<T>(qp: &QueuePair, f: impl FnOnce(&super::qp::Conn) -> Result<T>) -> Result<T> {
     let Some(link) = qp.provider_qp().as_any().downcast_ref::<SoftQp<Link>>() else {
         return Err(Error::InvalidArgument("not an shm queue pair"));
     };

@@ -9,9 +9,10 @@
 # `one_write_64k_ring` for the ring in one process; the `_mapped` figures ask for the
 # mapped path (RDMX_SHM_DATA_PATH=mapped: the bench's regions are memfd-backed, the
 # initiator maps the target's and executes WRITEs and READs with one memcpy), against
-# UCX's put and get at the same sizes. `copy_mis/copy` is the provider's
-# copy of 64 KiB with source and destination 16 bytes apart against aligned (`rdmx bench
-# reg`), `memcpy_mis/memcpy` the same for glibc's memcpy.
+# UCX's put and get at the same sizes, and its 8-byte rate and latencies against UCX's.
+# `copy_mis/copy` is the provider's copy of 64 KiB with source and destination 16 bytes
+# apart against aligned (`rdmx bench reg`), `memcpy_mis/memcpy` the same for glibc's
+# memcpy.
 #
 # Usage: scripts/shm-bench.sh            (ROUNDS=5 by default)
 set -euo pipefail
@@ -78,6 +79,9 @@ for r in $(seq "$ROUNDS"); do
     RDMX_SHM_DATA_PATH=mapped two write_bw 1048576 2000 >>"$out/write_1m_mapped"
     RDMX_SHM_DATA_PATH=mapped two read_bw 65536 20000 >>"$out/read_64k_mapped"
     RDMX_SHM_DATA_PATH=mapped two read_bw 1048576 2000 >>"$out/read_1m_mapped"
+    RDMX_SHM_DATA_PATH=mapped J=$rate two write_bw 8 200000 -l 32 >>"$out/write_8_mapped"
+    RDMX_SHM_DATA_PATH=mapped two write_lat 8 20000 >>"$out/write_lat_mapped"
+    RDMX_SHM_DATA_PATH=mapped two send_lat 8 20000 >>"$out/send_lat_mapped"
     two write_bw 1048576 2000 >>"$out/write_1m"
     two read_bw 65536 20000 >>"$out/read_64k"
     J=$rate two write_bw 8 200000 -l 32 >>"$out/write_8"
@@ -94,7 +98,8 @@ figs=(memcpy_64k ucx_put_64k ucx_put_1m ucx_get_64k ucx_put_8 ucx_put_lat ucx_am
     write_64k write_1m read_64k write_8 write_lat send_lat one_write_64k
     write_64k_cma write_1m_cma read_64k_cma one_write_64k_cma one_write_64k_ring
     memcpy_64k_misaligned copy_64k copy_64k_misaligned
-    ucx_get_1m write_64k_mapped write_1m_mapped read_64k_mapped read_1m_mapped)
+    ucx_get_1m write_64k_mapped write_1m_mapped read_64k_mapped read_1m_mapped
+    write_8_mapped write_lat_mapped send_lat_mapped)
 printf '%-14s %10s   (median of %s; MiB/s, M msg/s for 8 B bandwidth, latency in usec)\n' \
     figure value "$ROUNDS"
 args=()
@@ -111,7 +116,7 @@ import sys
 path, path_cma, one_path, path_mapped = sys.argv[1:5]
 (mc, up64, up1m, ug64, up8, upl, aml, w64, w1m, r64, w8, wl, sl, o64,
  w64c, w1mc, r64c, o64c, o64r, mcm, cp, cpm,
- ug1m, w64m, w1mm, r64m, r1mm) = map(float, sys.argv[5:])
+ ug1m, w64m, w1mm, r64m, r1mm, w8m, wlm, slm) = map(float, sys.argv[5:])
 print(f"ratio write_bw_64k/ucx_put_bw={w64/up64:.2f} write_bw_1m/ucx_put_bw={w1m/up1m:.2f} "
       f"read_bw_64k/ucx_get={r64/ug64:.2f} write_bw_8/ucx_put_bw_8={w8/up8:.2f} "
       f"write_lat/ucx_put_lat={wl/upl:.2f} send_lat/ucx_am_lat={sl/aml:.2f} "
@@ -124,5 +129,6 @@ print(f"ratio write_bw_64k/ucx_put_bw={w64/up64:.2f} write_bw_1m/ucx_put_bw={w1m
       f"copy_mis/copy={cpm/cp:.2f} copy/memcpy={cp/mc:.2f} memcpy_mis/memcpy={mcm/mc:.2f}")
 print(f"ratio mapped (data path: {path_mapped}): write_bw_64k/ucx_put_bw={w64m/up64:.2f} "
       f"write_bw_1m/ucx_put_bw={w1mm/up1m:.2f} read_bw_64k/ucx_get={r64m/ug64:.2f} "
-      f"read_bw_1m/ucx_get={r1mm/ug1m:.2f}")
+      f"read_bw_1m/ucx_get={r1mm/ug1m:.2f} write_bw_8/ucx_put_bw_8={w8m/up8:.2f} "
+      f"write_lat/ucx_put_lat={wlm/upl:.2f} send_lat/ucx_am_lat={slm/aml:.2f}")
 PY

@@ -100,10 +100,19 @@ fn post_one(
     }
 }
 
-/// The peer queue pair, if `wr` is a WRITE or READ that might run at post on this
-/// connection (the engine decides with both queue pairs locked).
+/// Whether `wr` may run at post on this QP, on any path that executes at post: a WRITE
+/// or READ with nothing outstanding before it, and on UC with every packet sent before
+/// it taken by the peer.
+pub(super) fn may_run_at_post(g: &Inner, wr: &SendWr) -> bool {
+    matches!(wr.op, SendOp::Write(_) | SendOp::Read(_))
+        && g.engine.outstanding().0 == 0
+        && (g.engine.config().qp_type != rdmx_core::QpType::Uc || g.peer_took_all())
+}
+
+/// The peer queue pair, if `wr` might run at post on this connection (the engine decides
+/// with both queue pairs locked).
 fn candidate(g: &Inner, wr: &SendWr) -> Option<Arc<ShmQp>> {
-    if !matches!(wr.op, SendOp::Write(_) | SendOp::Read(_)) || g.engine.outstanding().0 > 0 {
+    if !may_run_at_post(g, wr) {
         return None;
     }
     g.conn.as_ref()?.peer_qp.as_ref()?.upgrade()
@@ -118,9 +127,6 @@ fn execute(
     inline: Option<&[u8]>,
 ) -> bool {
     let ty = g.engine.config().qp_type;
-    if ty == rdmx_core::QpType::Uc && !g.peer_took_all() {
-        return false;
-    }
     let i = &mut *g;
     let Some(req) = i.engine.direct_request(&i.keys, wr, inline) else {
         return false;

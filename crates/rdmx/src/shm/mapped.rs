@@ -79,7 +79,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use rdmx_core::{Access, QpType, SendOp, SendWr};
+use rdmx_core::{Access, QpType, SendWr};
 use rdmx_mem::shared::SharedFile;
 
 use super::qp::{Conn, Inner};
@@ -638,13 +638,10 @@ pub(crate) fn target_word(view: Option<(rdmx_core::PdId, Access, QpType)>) -> u6
 /// Executes `wr` on the mapped data path if it qualifies and the target accepts it;
 /// returns whether it did (its completion is then queued in the engine).
 pub(crate) fn execute(g: &mut Inner, wr: &SendWr, inline: Option<&[u8]>) -> bool {
-    if !matches!(wr.op, SendOp::Write(_) | SendOp::Read(_)) || g.engine.outstanding().0 > 0 {
+    if !super::direct::may_run_at_post(g, wr) {
         return false;
     }
     let ty = g.engine.config().qp_type;
-    if ty == QpType::Uc && !g.peer_took_all() {
-        return false;
-    }
     let Some(Conn {
         seg,
         side,

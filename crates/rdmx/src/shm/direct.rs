@@ -181,7 +181,7 @@ pub(super) unsafe fn transfer_at(
     if let Some(data) = inline {
         // SAFETY: `data` is readable for its length, `remote` writable for `req.len()`
         // bytes, which is `data.len()` (the engine took the length from it).
-        unsafe { move_bytes(remote, data.as_ptr(), data.len()) };
+        unsafe { place(remote, data.as_ptr(), data.len()) };
         return;
     }
     let mut at = 0usize;
@@ -197,10 +197,33 @@ pub(super) unsafe fn transfer_at(
             if req.is_read() {
                 move_bytes(local, far, len as usize);
             } else {
-                move_bytes(far, local, len as usize);
+                place(far, local, len as usize);
             }
         }
         at += len as usize;
+    }
+}
+
+/// Copies the bytes of a WRITE as [`move_bytes`] does, storing the last byte after all
+/// the others when the ranges do not overlap: an adapter places a WRITE in order, and a
+/// target that polls the last byte of its buffer for arrival (perftest's latency tests)
+/// must then find the whole message. `memcpy` stores a copy's first bytes last.
+///
+/// # Safety
+///
+/// As [`move_bytes`].
+unsafe fn place(dst: *mut u8, src: *const u8, len: usize) {
+    let (d, s) = (dst as usize, src as usize);
+    if len < 2 || (d < s.wrapping_add(len) && s < d.wrapping_add(len)) {
+        // SAFETY: forwarded.
+        unsafe { move_bytes(dst, src, len) };
+        return;
+    }
+    // SAFETY: forwarded; the ranges do not overlap, and both splits lie inside them.
+    unsafe {
+        copy(dst, src, len - 1);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+        copy(dst.add(len - 1), src.add(len - 1), 1);
     }
 }
 

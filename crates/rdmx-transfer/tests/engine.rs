@@ -230,11 +230,14 @@ fn a_failed_path_is_rebuilt_lazily_after_its_set_aside_time() {
     let src = a
         .register("src", pattern(4, len), Access::LOCAL_WRITE)
         .unwrap();
-    let dst = b.register("dst", 32 * len, Access::REMOTE_WRITE).unwrap();
+    // Enough requests that the batch is still under way when rail 1 closes after the
+    // first completes (tcp moves 1 MiB in a fraction of a millisecond).
+    let n = 128;
+    let dst = b.register("dst", n * len, Access::REMOTE_WRITE).unwrap();
     let seg = a.open_segment(&b.control_addr().to_string()).unwrap();
     let batch = || {
         let mut bt = Batch::new();
-        for i in 0..32 {
+        for i in 0..n {
             bt.write(
                 (&src, 0),
                 &seg,

@@ -511,6 +511,9 @@ impl Transport for Link {
     fn with<T>(&self, f: impl FnOnce(&mut Engine, &Keys) -> T) -> T {
         self.qp.with(|i| f(&mut i.engine, &i.keys))
     }
+    fn post_recv_with(&self, f: impl FnOnce(&mut Engine, &Keys) -> Result<()>) -> Result<()> {
+        self.qp.with_quiet(|i| f(&mut i.engine, &i.keys))
+    }
     fn post_send(&self, wr: &rdmx_core::SendWr, inline: Option<&[u8]>) -> Result<()> {
         direct::post_send(&self.qp, wr, inline)
     }

@@ -203,6 +203,16 @@ impl ShmQp {
         out
     }
 
+    /// Runs `f` on the engine, then routes completions: for verbs that give the engine
+    /// nothing to send (posting a receive).
+    pub(crate) fn with_quiet<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> T {
+        let mut g = self.inner.lock();
+        let out = f(&mut g);
+        let g = &mut *g;
+        soft::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
+        out
+    }
+
     /// Gives the QP its connection.
     pub(crate) fn attach(&self, g: &mut Inner, conn: Conn) {
         if let Err(e) = self
@@ -236,14 +246,34 @@ impl ShmQp {
 
     /// Reads what arrived and sends what is due. Returns whether anything moved.
     pub(crate) fn progress(&self, g: &mut Inner, now: Instant) -> bool {
-        let moved = match g.receive(now) {
+        let moved = self.read(g, now);
+        self.pump(g, now) || moved
+    }
+
+    /// A polling round's step: reads what arrived and, when something did or a packet of
+    /// ours waits for room in the ring, sends what is due. An idle round stops there:
+    /// everything else that gives the engine work makes progress itself (posts and the
+    /// other verbs through [`with`](Self::with), timers through
+    /// [`timeout`](Self::timeout), a new connection through [`attach`](Self::attach)).
+    pub(crate) fn poll(&self, g: &mut Inner, now: Instant) -> bool {
+        let moved = self.read(g, now);
+        if moved || g.held {
+            self.pump(g, now) || moved
+        } else {
+            false
+        }
+    }
+
+    /// Hands what arrived to the engine; a peer that broke the ring's rules fails the QP.
+    /// Returns whether anything moved.
+    fn read(&self, g: &mut Inner, now: Instant) -> bool {
+        match g.receive(now) {
             Ok(n) => n > 0,
             Err(e) => {
                 g.fail(self.qpn, &e.to_string());
                 true
             }
-        };
-        self.pump(g, now) || moved
+        }
     }
 
     /// A timer may be due.

@@ -301,6 +301,13 @@ pub(crate) trait Transport: Send + Sync + std::fmt::Debug + 'static {
     fn post_with<T>(&self, f: impl FnOnce(&mut Engine, &Keys) -> T) -> T {
         self.with(f)
     }
+    /// Posts a receive request with `f`: by default through [`with`](Self::with). A
+    /// receive gives the engine nothing to send (a requester that met an RNR NAK sends
+    /// again on its own timer), so a transport may only route completions (a QP in the
+    /// error state flushes the receive at once).
+    fn post_recv_with(&self, f: impl FnOnce(&mut Engine, &Keys) -> Result<()>) -> Result<()> {
+        self.with(f)
+    }
     /// Posts a send request: by default, to the engine through
     /// [`post_with`](Self::post_with). A transport that can execute some requests itself
     /// (shm between two contexts of one process) takes them here.
@@ -398,8 +405,8 @@ impl<T: Transport> provider::Qp for SoftQp<T> {
         unsafe { provider::Qp::post_send(self, &wr, inline) }
     }
     unsafe fn post_recv(&self, wr: &RecvWr) -> Result<()> {
-        self.transport.with(|e, keys| e.post_recv_ref(keys, wr))?;
-        Ok(())
+        self.transport
+            .post_recv_with(|e, keys| Ok(e.post_recv_ref(keys, wr)?))
     }
     fn attach_mcast(&self, gid: [u8; 16], _lid: u16) -> Result<()> {
         self.transport.multicast(gid, true)

@@ -5,17 +5,18 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use slab::Slab;
 
 use super::qp::TcpQp;
 use super::*;
+use crate::soft::Handover;
 
 pub(super) const WAKER: Token = Token(0);
 pub(super) const LISTENER: Token = Token(1);
@@ -23,8 +24,6 @@ pub(super) const LISTENER: Token = Token(1);
 pub(super) const DIRECT_QPS: usize = 4;
 /// ... and runs epoll every this many rounds.
 pub(super) const EPOLL_EVERY: u32 = 16;
-/// The progress thread leaves the driver to an application that polled this recently.
-pub(super) const HANDOVER: Duration = Duration::from_millis(1);
 /// A stream parked for a QP that has not reached RTR yet is closed after this long.
 pub(super) const PARKED_TIMEOUT: Duration = Duration::from_secs(60);
 /// Handshakes older than this are dropped.
@@ -78,15 +77,12 @@ pub(crate) struct Driver {
     pub(super) paying: Mutex<Vec<usize>>,
     /// Rounds with direct reads ([`Driver::direct`]).
     pub(super) rounds: AtomicU32,
-    /// When an application last polled, in nanoseconds after `epoch` (0: not polling).
-    pub(super) app_polled: AtomicU64,
-    pub(super) epoch: Instant,
+    /// Who runs the driver: polling applications or the progress thread.
+    pub(super) handover: Handover,
     /// The progress thread sleeps in `epoll_wait`, holding `poll`, and nobody woke it yet.
     pub(super) in_epoll: AtomicBool,
     /// An application's poll runs the driver right now (see [`Driver::defers`]).
     pub(super) app_round: AtomicBool,
-    /// Where the progress thread sleeps while applications poll.
-    pub(super) nap: (Mutex<()>, Condvar),
     pub(super) stop: AtomicBool,
     pub(super) next_qpn: AtomicU32,
     pub(super) busy_poll: bool,
@@ -132,11 +128,9 @@ impl Driver {
             owed: Mutex::new(Vec::new()),
             paying: Mutex::new(Vec::new()),
             rounds: AtomicU32::new(0),
-            app_polled: AtomicU64::new(0),
-            epoch: Instant::now(),
+            handover: Handover::new(),
             in_epoll: AtomicBool::new(false),
             app_round: AtomicBool::new(false),
-            nap: (Mutex::new(()), Condvar::new()),
             stop: AtomicBool::new(false),
             // QP numbers 0 and 1 are special in InfiniBand.
             next_qpn: AtomicU32::new((qpn_seed & 0x7f_ffff) | 0x10),
@@ -166,23 +160,15 @@ impl Driver {
     pub(crate) fn shutdown(&self) {
         self.stop.store(true, Ordering::SeqCst);
         let _ = self.waker.wake();
-        let _g = self.nap.0.lock();
-        self.nap.1.notify_all();
+        self.handover.wake();
     }
 
     /// The progress thread: runs the driver while no application polls, and sleeps while
-    /// one does (until [`HANDOVER`] after its last poll, or until it stops polling).
+    /// one does (until [`HANDOVER`](crate::soft::handover::HANDOVER) after its last poll,
+    /// or until it stops polling).
     pub(super) fn run_thread(&self) {
         while !self.stop.load(Ordering::SeqCst) {
-            if let Some(until) = self.app_polling_until() {
-                let mut g = self.nap.0.lock();
-                // Checked again under the lock: `idle` and `shutdown` notify under it.
-                if self.stop.load(Ordering::SeqCst) {
-                    return;
-                }
-                if self.app_polling_until().is_some() {
-                    self.nap.1.wait_until(&mut g, until);
-                }
+            if self.handover.nap_while_app_polls(&self.stop) {
                 continue;
             }
             if !self.progress(Some(Duration::from_millis(100))) {
@@ -192,36 +178,16 @@ impl Driver {
                 // reader. The application polls again after its round, or says it stops
                 // (`idle` wakes this nap); if it does neither, the thread resumes after
                 // HANDOVER, as if it had stopped polling.
-                let mut g = self.nap.0.lock();
-                if self.stop.load(Ordering::SeqCst) {
-                    return;
-                }
-                if self.app_round.load(Ordering::SeqCst) {
-                    self.nap.1.wait_for(&mut g, HANDOVER);
-                }
+                self.handover.nap_while(&self.stop, &self.app_round);
             }
         }
-    }
-
-    /// Until when the progress thread leaves the driver to polling applications, if an
-    /// application polled within [`HANDOVER`].
-    pub(super) fn app_polling_until(&self) -> Option<Instant> {
-        let at = self.app_polled.load(Ordering::SeqCst);
-        if at == 0 {
-            return None;
-        }
-        let until = self.epoch + Duration::from_nanos(at) + HANDOVER;
-        (Instant::now() < until).then_some(until)
     }
 
     /// An application polls (progress-thread mode): records it, then runs the driver once
     /// without waiting if nobody else is; if the progress thread holds it asleep in
     /// `epoll_wait`, wakes it (once) so that it hands over.
     pub(crate) fn app_progress(&self) {
-        let now = self.epoch.elapsed().as_nanos() as u64 | 1;
-        if self.app_polled.load(Ordering::Relaxed) != now {
-            self.app_polled.store(now, Ordering::SeqCst);
-        }
+        self.handover.app_polls(Instant::now());
         match self.poll.try_lock() {
             Some(guard) => {
                 self.app_round.store(true, Ordering::Relaxed);
@@ -239,11 +205,9 @@ impl Driver {
     /// An application stops polling (it is about to sleep on a CQ's notification): the
     /// progress thread resumes at once.
     pub(crate) fn idle(&self) {
-        if self.busy_poll || self.app_polled.swap(0, Ordering::SeqCst) == 0 {
-            return;
+        if !self.busy_poll {
+            self.handover.idle();
         }
-        let _g = self.nap.0.lock();
-        self.nap.1.notify_all();
     }
 
     pub(crate) fn alloc_qpn(&self) -> u32 {
@@ -288,7 +252,7 @@ impl Driver {
     /// Whether what arriving packets cause (mostly ACKs) may wait for the next round or
     /// the application's next post, to leave in one `writev` with it: when busy-polling,
     /// and in rounds an application's poll runs (it polls again soon, or, if it stops, the
-    /// progress thread pays within [`HANDOVER`]).
+    /// progress thread pays within [`HANDOVER`](crate::soft::handover::HANDOVER)).
     pub(crate) fn defers(&self) -> bool {
         self.busy_poll || self.app_round.load(Ordering::Relaxed)
     }

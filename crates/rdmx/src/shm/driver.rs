@@ -15,7 +15,7 @@ use slab::Slab;
 
 use super::qp::{Conn, ShmQp};
 use super::*;
-use crate::soft::Handover;
+use crate::soft::{Handover, Waiting};
 
 const EVENT: u64 = 0;
 const LISTENER: u64 = 1;
@@ -31,9 +31,7 @@ const CLOCK_EVERY: u32 = 64;
 /// An application's poll looks at the sockets (peers gone, new connections) every this
 /// many rounds.
 const EPOLL_EVERY: u32 = 64;
-/// Connections parked for a QP that has not reached RTR are closed after this long...
-pub(super) const PARKED_TIMEOUT: Duration = Duration::from_secs(60);
-/// ... and connections that sent no hello after this long.
+/// Connections that sent no hello after this long are closed.
 pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub(super) fn qp_token(idx: usize) -> u64 {
@@ -49,13 +47,6 @@ pub(super) fn socket_name(pid: u32, id: u32) -> String {
     format!("rdmx-shm.{pid}.{id:08x}")
 }
 
-/// A connection whose QP does not expect it yet.
-pub(super) struct Parked {
-    pub(super) conn: Conn,
-    pub(super) from: u32,
-    pub(super) since: Instant,
-}
-
 /// A context's listener, connections, timers and progress thread.
 pub(crate) struct Driver {
     pub(super) epoll: sys::Epoll,
@@ -68,7 +59,8 @@ pub(crate) struct Driver {
     pub(super) by_qpn: Mutex<HashMap<u32, usize>>,
     /// QPs with a connection: what a round reads.
     pub(super) active: RwLock<Vec<Arc<ShmQp>>>,
-    pub(super) pending: Mutex<HashMap<u32, Parked>>,
+    /// Connections made before their QP expected them.
+    pub(super) pending: Waiting<Conn>,
     pub(super) handshakes: Mutex<Slab<(UnixStream, Instant)>>,
     pub(super) timers: Mutex<BinaryHeap<Reverse<(Instant, usize)>>>,
     /// Held by whoever runs a round.
@@ -149,7 +141,7 @@ impl Driver {
             qps: Mutex::new(Slab::new()),
             by_qpn: Mutex::new(HashMap::new()),
             active: RwLock::new(Vec::new()),
-            pending: Mutex::new(HashMap::new()),
+            pending: Waiting::new(),
             handshakes: Mutex::new(Slab::new()),
             timers: Mutex::new(BinaryHeap::new()),
             running: Mutex::new(()),
@@ -213,7 +205,7 @@ impl Driver {
         self.active.write().retain(|q| q.token != qp.token);
         self.qps.lock().try_remove(qp.token);
         self.by_qpn.lock().remove(&qp.qpn);
-        self.pending.lock().remove(&qp.qpn);
+        self.pending.remove(qp.qpn);
         // Closes the connection (the peer sees its socket end).
         let conn = qp.inner.lock().conn.take();
         if let Some(c) = conn {

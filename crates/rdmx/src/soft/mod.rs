@@ -7,6 +7,7 @@
 
 pub(crate) mod handover;
 mod mem;
+mod waiting;
 
 use std::any::Any;
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use rdmx_mem::Access;
 
 pub(crate) use handover::Handover;
 pub(crate) use mem::Keys;
+pub(crate) use waiting::Waiting;
 
 use crate::endpoint::{PeerAddr, QpEndpoint};
 use crate::provider::{self, AtomicCap, Capabilities, CqCore, MrRef};

@@ -16,7 +16,7 @@ use slab::Slab;
 
 use super::qp::TcpQp;
 use super::*;
-use crate::soft::Handover;
+use crate::soft::{Handover, Waiting};
 
 pub(super) const WAKER: Token = Token(0);
 pub(super) const LISTENER: Token = Token(1);
@@ -24,8 +24,6 @@ pub(super) const LISTENER: Token = Token(1);
 pub(super) const DIRECT_QPS: usize = 4;
 /// ... and runs epoll every this many rounds.
 pub(super) const EPOLL_EVERY: u32 = 16;
-/// A stream parked for a QP that has not reached RTR yet is closed after this long.
-pub(super) const PARKED_TIMEOUT: Duration = Duration::from_secs(60);
 /// Handshakes older than this are dropped.
 pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The hello a dialing QP sends: magic, the QP it wants, the QP it is, and the secret of
@@ -39,14 +37,6 @@ pub(super) fn qp_token(idx: usize) -> Token {
 
 pub(super) fn hs_token(idx: usize) -> Token {
     Token(3 + 2 * idx)
-}
-
-/// A stream whose hello named a QP that does not expect it yet.
-pub(super) struct Parked {
-    pub(super) stream: mio::net::TcpStream,
-    /// The QP it comes from.
-    pub(super) from: u32,
-    pub(super) since: Instant,
 }
 
 /// A stream that dialed in and has not said which QP it wants yet.
@@ -66,9 +56,8 @@ pub(crate) struct Driver {
     pub(super) local: SocketAddr,
     pub(super) qps: Mutex<Slab<Weak<TcpQp>>>,
     pub(super) by_qpn: Mutex<HashMap<u32, usize>>,
-    /// Streams that dialed in before their QP expected them, by the QP they want.
-    /// (At most one per QP, each closed after [`PARKED_TIMEOUT`].)
-    pub(super) pending: Mutex<HashMap<u32, Parked>>,
+    /// Streams that dialed in before their QP expected them.
+    pub(super) pending: Waiting<mio::net::TcpStream>,
     pub(super) handshakes: Mutex<Slab<Handshake>>,
     pub(super) timers: Mutex<BinaryHeap<Reverse<(Instant, usize)>>>,
     /// Busy-poll mode: QPs whose transmission waits for the next round.
@@ -122,7 +111,7 @@ impl Driver {
             local,
             qps: Mutex::new(Slab::new()),
             by_qpn: Mutex::new(HashMap::new()),
-            pending: Mutex::new(HashMap::new()),
+            pending: Waiting::new(),
             handshakes: Mutex::new(Slab::new()),
             timers: Mutex::new(BinaryHeap::new()),
             owed: Mutex::new(Vec::new()),
@@ -227,7 +216,7 @@ impl Driver {
     pub(crate) fn remove_qp(&self, qp: &TcpQp) {
         self.qps.lock().try_remove(qp.token);
         self.by_qpn.lock().remove(&qp.qpn);
-        self.pending.lock().remove(&qp.qpn);
+        self.pending.remove(qp.qpn);
     }
 
     pub(super) fn register(&self, s: &mut mio::net::TcpStream, token: usize) -> io::Result<()> {
@@ -345,17 +334,8 @@ impl Driver {
     pub(super) fn expect(&self, qp: &TcpQp, from: u32) -> Result<()> {
         let mut g = qp.inner.lock();
         g.expect_peer = Some(from);
-        let parked = self.pending.lock().remove(&qp.qpn);
-        match parked {
-            Some(p) if p.from == from => qp.attach(&mut g, p.stream),
-            Some(p) => {
-                tracing::warn!(
-                    qpn = qp.qpn,
-                    who = p.from,
-                    "dropping a stream from an unexpected QP"
-                );
-            }
-            None => {}
+        if let Some(stream) = self.pending.take(qp.qpn, from) {
+            qp.attach(&mut g, stream);
         }
         Ok(())
     }
@@ -489,20 +469,7 @@ impl Driver {
             let _ = self.registry.deregister(&mut h.stream);
         }
         drop(hs);
-        let mut pending = self.pending.lock();
-        if !pending.is_empty() {
-            pending.retain(|to, p| {
-                let keep = p.since.elapsed() <= PARKED_TIMEOUT;
-                if !keep {
-                    tracing::warn!(
-                        to,
-                        from = p.from,
-                        "closing a stream whose QP did not reach RTR within {PARKED_TIMEOUT:?}"
-                    );
-                }
-                keep
-            });
-        }
+        self.pending.expire();
     }
 
     pub(super) fn accept(&self) {
@@ -603,18 +570,7 @@ impl Driver {
             );
         } else {
             // The peer reached RTR first: keep the stream until this QP does.
-            let parked = Parked {
-                stream: h.stream,
-                from,
-                since: Instant::now(),
-            };
-            if let Some(old) = self.pending.lock().insert(to, parked) {
-                tracing::warn!(
-                    to,
-                    from = old.from,
-                    "closing a stream replaced by a newer one"
-                );
-            }
+            self.pending.park(to, from, h.stream);
         }
     }
 }

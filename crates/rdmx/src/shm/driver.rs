@@ -6,23 +6,21 @@ use std::collections::{BinaryHeap, HashMap};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 use slab::Slab;
 
 use super::qp::{Conn, ShmQp};
 use super::*;
+use crate::soft::{Handover, Waiting};
 
 const EVENT: u64 = 0;
 const LISTENER: u64 = 1;
 /// The datagram socket's token (QP and handshake tokens count up from 2).
 const UD: u64 = u64::MAX;
-/// The progress thread leaves the rings to an application that polled this recently.
-const HANDOVER: Duration = Duration::from_millis(1);
-const HANDOVER_NS: u64 = HANDOVER.as_nanos() as u64;
 /// The progress thread spins this long after the last work before it sleeps. Waking it
 /// costs a peer a system call and the packet tens of microseconds, so it stays up through
 /// the gaps of a busy stream (measured: 8-byte WRITEs ran 7× faster with 2 ms than with
@@ -33,9 +31,7 @@ const CLOCK_EVERY: u32 = 64;
 /// An application's poll looks at the sockets (peers gone, new connections) every this
 /// many rounds.
 const EPOLL_EVERY: u32 = 64;
-/// Connections parked for a QP that has not reached RTR are closed after this long...
-pub(super) const PARKED_TIMEOUT: Duration = Duration::from_secs(60);
-/// ... and connections that sent no hello after this long.
+/// Connections that sent no hello after this long are closed.
 pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub(super) fn qp_token(idx: usize) -> u64 {
@@ -51,13 +47,6 @@ pub(super) fn socket_name(pid: u32, id: u32) -> String {
     format!("rdmx-shm.{pid}.{id:08x}")
 }
 
-/// A connection whose QP does not expect it yet.
-pub(super) struct Parked {
-    pub(super) conn: Conn,
-    pub(super) from: u32,
-    pub(super) since: Instant,
-}
-
 /// A context's listener, connections, timers and progress thread.
 pub(crate) struct Driver {
     pub(super) epoll: sys::Epoll,
@@ -70,7 +59,8 @@ pub(crate) struct Driver {
     pub(super) by_qpn: Mutex<HashMap<u32, usize>>,
     /// QPs with a connection: what a round reads.
     pub(super) active: RwLock<Vec<Arc<ShmQp>>>,
-    pub(super) pending: Mutex<HashMap<u32, Parked>>,
+    /// Connections made before their QP expected them.
+    pub(super) pending: Waiting<Conn>,
     pub(super) handshakes: Mutex<Slab<(UnixStream, Instant)>>,
     pub(super) timers: Mutex<BinaryHeap<Reverse<(Instant, usize)>>>,
     /// Held by whoever runs a round.
@@ -78,10 +68,8 @@ pub(crate) struct Driver {
     /// The progress thread sleeps in `epoll_wait`.
     pub(super) sleeping: AtomicBool,
     pub(super) rounds: AtomicU32,
-    /// When an application last polled, in nanoseconds after `epoch` (0: not polling).
-    pub(super) app_polled: AtomicU64,
-    pub(super) epoch: Instant,
-    pub(super) nap: (Mutex<()>, Condvar),
+    /// Who runs rounds: polling applications or the progress thread.
+    pub(super) handover: Handover,
     pub(super) stop: AtomicBool,
     pub(super) next_qpn: AtomicU32,
     /// Copy large payloads out of peers' memory where the kernel allows it.
@@ -153,15 +141,13 @@ impl Driver {
             qps: Mutex::new(Slab::new()),
             by_qpn: Mutex::new(HashMap::new()),
             active: RwLock::new(Vec::new()),
-            pending: Mutex::new(HashMap::new()),
+            pending: Waiting::new(),
             handshakes: Mutex::new(Slab::new()),
             timers: Mutex::new(BinaryHeap::new()),
             running: Mutex::new(()),
             sleeping: AtomicBool::new(false),
             rounds: AtomicU32::new(0),
-            app_polled: AtomicU64::new(0),
-            epoch: Instant::now(),
-            nap: (Mutex::new(()), Condvar::new()),
+            handover: Handover::new(),
             stop: AtomicBool::new(false),
             // QP numbers 0 and 1 are special in InfiniBand.
             next_qpn: AtomicU32::new(((seed as u32) & 0x7f_ffff) | 0x10),
@@ -199,8 +185,7 @@ impl Driver {
     pub(super) fn shutdown(&self) {
         self.stop.store(true, Ordering::SeqCst);
         sys::signal(self.event.as_raw_fd());
-        let _g = self.nap.0.lock();
-        self.nap.1.notify_all();
+        self.handover.wake();
     }
 
     pub(super) fn alloc_qpn(&self) -> u32 {
@@ -220,7 +205,7 @@ impl Driver {
         self.active.write().retain(|q| q.token != qp.token);
         self.qps.lock().try_remove(qp.token);
         self.by_qpn.lock().remove(&qp.qpn);
-        self.pending.lock().remove(&qp.qpn);
+        self.pending.remove(qp.qpn);
         // Closes the connection (the peer sees its socket end).
         let conn = qp.inner.lock().conn.take();
         if let Some(c) = conn {
@@ -265,11 +250,7 @@ impl Driver {
             if d.stop.load(Ordering::SeqCst) {
                 return;
             }
-            if let Some(until) = d.app_polling_until() {
-                let mut g = d.nap.0.lock();
-                if !d.stop.load(Ordering::SeqCst) && d.app_polling_until().is_some() {
-                    d.nap.1.wait_until(&mut g, until);
-                }
+            if d.handover.nap_while_app_polls(&d.stop) {
                 now = Instant::now();
                 continue;
             }
@@ -436,27 +417,10 @@ impl Driver {
         self.expire();
     }
 
-    /// Until when the progress thread leaves the rings to polling applications.
-    pub(super) fn app_polling_until(&self) -> Option<Instant> {
-        let at = self.app_polled.load(Ordering::SeqCst);
-        if at == 0 {
-            return None;
-        }
-        let until = self.epoch + Duration::from_nanos(at) + HANDOVER;
-        (Instant::now() < until).then_some(until)
-    }
-
     /// An application polls: records it and runs a round if nobody else is.
     pub(super) fn app_progress(&self) {
         let now = Instant::now();
-        let now_ns = now.duration_since(self.epoch).as_nanos() as u64 | 1;
-        // Written when it moved by a sixteenth of the handover time or more: the word is
-        // read by the progress thread, and a store on every poll is a store on every
-        // poll of a spinning application.
-        let polled = self.app_polled.load(Ordering::Relaxed);
-        if now_ns.wrapping_sub(polled) >= HANDOVER_NS / 16 {
-            self.app_polled.store(now_ns, Ordering::SeqCst);
-        }
+        self.handover.app_polls(now);
         if let Some(_g) = self.running.try_lock() {
             self.round(now);
             if self.rounds.fetch_add(1, Ordering::Relaxed) % EPOLL_EVERY == 0 {
@@ -469,10 +433,6 @@ impl Driver {
 
     /// An application stops polling: the progress thread resumes at once.
     pub(super) fn idle(&self) {
-        if self.app_polled.swap(0, Ordering::SeqCst) == 0 {
-            return;
-        }
-        let _g = self.nap.0.lock();
-        self.nap.1.notify_all();
+        self.handover.idle();
     }
 }

@@ -139,7 +139,7 @@ use std::any::Any;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use driver::{hs_token, qp_token, socket_name, Driver, Parked, HANDSHAKE_TIMEOUT, PARKED_TIMEOUT};
+use driver::{hs_token, qp_token, socket_name, Driver, HANDSHAKE_TIMEOUT};
 use qp::{Peer, ShmQp};
 use rdmx_core::{Mtu, QpType};
 

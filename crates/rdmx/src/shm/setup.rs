@@ -9,10 +9,7 @@ use std::time::Instant;
 
 use super::qp::{Conn, ShmQp};
 use super::ring::Segment;
-use super::{
-    hs_token, local_peer, mapped, socket_name, sys, Driver, Parked, HANDSHAKE_TIMEOUT,
-    PARKED_TIMEOUT,
-};
+use super::{hs_token, local_peer, mapped, socket_name, sys, Driver, HANDSHAKE_TIMEOUT};
 use crate::{Error, Result};
 
 const HELLO_MAGIC: &[u8; 8] = b"RDMXSHM3";
@@ -169,17 +166,8 @@ impl Driver {
     fn expect(&self, qp: &ShmQp, from: u32) -> Result<()> {
         let mut g = qp.inner.lock();
         g.expect_peer = Some(from);
-        let parked = self.pending.lock().remove(&qp.qpn);
-        match parked {
-            Some(p) if p.from == from => qp.attach(&mut g, p.conn),
-            Some(p) => {
-                tracing::warn!(
-                    qpn = qp.qpn,
-                    who = p.from,
-                    "dropping a connection from an unexpected QP"
-                );
-            }
-            None => {}
+        if let Some(conn) = self.pending.take(qp.qpn, from) {
+            qp.attach(&mut g, conn);
         }
         Ok(())
     }
@@ -297,18 +285,7 @@ impl Driver {
                 "a connection to QP {to} from QP {from}, not the expected {expected}"
             ));
         } else {
-            let parked = Parked {
-                conn,
-                from,
-                since: Instant::now(),
-            };
-            if let Some(old) = self.pending.lock().insert(to, parked) {
-                tracing::warn!(
-                    to,
-                    from = old.from,
-                    "closing a connection replaced by a newer one"
-                );
-            }
+            self.pending.park(to, from, conn);
         }
         Ok(())
     }
@@ -329,19 +306,6 @@ impl Driver {
             );
         }
         drop(hs);
-        let mut pending = self.pending.lock();
-        if !pending.is_empty() {
-            pending.retain(|to, p| {
-                let keep = p.since.elapsed() <= PARKED_TIMEOUT;
-                if !keep {
-                    tracing::warn!(
-                        to,
-                        from = p.from,
-                        "closing a connection whose QP did not reach RTR within {PARKED_TIMEOUT:?}"
-                    );
-                }
-                keep
-            });
-        }
+        self.pending.expire();
     }
 }

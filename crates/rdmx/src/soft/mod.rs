@@ -2,9 +2,12 @@
 //! (loopback, tcp): the key table ([`Keys`]), software capabilities, shared receive
 //! queues, and [`SoftQp`], a queue pair that runs the engine over a pluggable packet
 //! [`Transport`]. A software provider brings only its transport: how packets move, how
-//! progress is made, and where the peer is.
+//! progress is made, and where the peer is. The providers with a progress thread (tcp,
+//! shm, udp) share it with polling applications through a [`Handover`].
 
+pub(crate) mod handover;
 mod mem;
+mod waiting;
 
 use std::any::Any;
 use std::sync::Arc;
@@ -17,7 +20,9 @@ use rdmx_core::{
 };
 use rdmx_mem::Access;
 
+pub(crate) use handover::Handover;
 pub(crate) use mem::Keys;
+pub(crate) use waiting::Waiting;
 
 use crate::endpoint::{PeerAddr, QpEndpoint};
 use crate::provider::{self, AtomicCap, Capabilities, CqCore, MrRef};

@@ -5,17 +5,18 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use slab::Slab;
 
 use super::qp::TcpQp;
 use super::*;
+use crate::soft::{Handover, Waiting};
 
 pub(super) const WAKER: Token = Token(0);
 pub(super) const LISTENER: Token = Token(1);
@@ -23,10 +24,6 @@ pub(super) const LISTENER: Token = Token(1);
 pub(super) const DIRECT_QPS: usize = 4;
 /// ... and runs epoll every this many rounds.
 pub(super) const EPOLL_EVERY: u32 = 16;
-/// The progress thread leaves the driver to an application that polled this recently.
-pub(super) const HANDOVER: Duration = Duration::from_millis(1);
-/// A stream parked for a QP that has not reached RTR yet is closed after this long.
-pub(super) const PARKED_TIMEOUT: Duration = Duration::from_secs(60);
 /// Handshakes older than this are dropped.
 pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The hello a dialing QP sends: magic, the QP it wants, the QP it is, and the secret of
@@ -40,14 +37,6 @@ pub(super) fn qp_token(idx: usize) -> Token {
 
 pub(super) fn hs_token(idx: usize) -> Token {
     Token(3 + 2 * idx)
-}
-
-/// A stream whose hello named a QP that does not expect it yet.
-pub(super) struct Parked {
-    pub(super) stream: mio::net::TcpStream,
-    /// The QP it comes from.
-    pub(super) from: u32,
-    pub(super) since: Instant,
 }
 
 /// A stream that dialed in and has not said which QP it wants yet.
@@ -67,9 +56,8 @@ pub(crate) struct Driver {
     pub(super) local: SocketAddr,
     pub(super) qps: Mutex<Slab<Weak<TcpQp>>>,
     pub(super) by_qpn: Mutex<HashMap<u32, usize>>,
-    /// Streams that dialed in before their QP expected them, by the QP they want.
-    /// (At most one per QP, each closed after [`PARKED_TIMEOUT`].)
-    pub(super) pending: Mutex<HashMap<u32, Parked>>,
+    /// Streams that dialed in before their QP expected them.
+    pub(super) pending: Waiting<mio::net::TcpStream>,
     pub(super) handshakes: Mutex<Slab<Handshake>>,
     pub(super) timers: Mutex<BinaryHeap<Reverse<(Instant, usize)>>>,
     /// Busy-poll mode: QPs whose transmission waits for the next round.
@@ -78,15 +66,12 @@ pub(crate) struct Driver {
     pub(super) paying: Mutex<Vec<usize>>,
     /// Rounds with direct reads ([`Driver::direct`]).
     pub(super) rounds: AtomicU32,
-    /// When an application last polled, in nanoseconds after `epoch` (0: not polling).
-    pub(super) app_polled: AtomicU64,
-    pub(super) epoch: Instant,
+    /// Who runs the driver: polling applications or the progress thread.
+    pub(super) handover: Handover,
     /// The progress thread sleeps in `epoll_wait`, holding `poll`, and nobody woke it yet.
     pub(super) in_epoll: AtomicBool,
     /// An application's poll runs the driver right now (see [`Driver::defers`]).
     pub(super) app_round: AtomicBool,
-    /// Where the progress thread sleeps while applications poll.
-    pub(super) nap: (Mutex<()>, Condvar),
     pub(super) stop: AtomicBool,
     pub(super) next_qpn: AtomicU32,
     pub(super) busy_poll: bool,
@@ -126,17 +111,15 @@ impl Driver {
             local,
             qps: Mutex::new(Slab::new()),
             by_qpn: Mutex::new(HashMap::new()),
-            pending: Mutex::new(HashMap::new()),
+            pending: Waiting::new(),
             handshakes: Mutex::new(Slab::new()),
             timers: Mutex::new(BinaryHeap::new()),
             owed: Mutex::new(Vec::new()),
             paying: Mutex::new(Vec::new()),
             rounds: AtomicU32::new(0),
-            app_polled: AtomicU64::new(0),
-            epoch: Instant::now(),
+            handover: Handover::new(),
             in_epoll: AtomicBool::new(false),
             app_round: AtomicBool::new(false),
-            nap: (Mutex::new(()), Condvar::new()),
             stop: AtomicBool::new(false),
             // QP numbers 0 and 1 are special in InfiniBand.
             next_qpn: AtomicU32::new((qpn_seed & 0x7f_ffff) | 0x10),
@@ -166,23 +149,15 @@ impl Driver {
     pub(crate) fn shutdown(&self) {
         self.stop.store(true, Ordering::SeqCst);
         let _ = self.waker.wake();
-        let _g = self.nap.0.lock();
-        self.nap.1.notify_all();
+        self.handover.wake();
     }
 
     /// The progress thread: runs the driver while no application polls, and sleeps while
-    /// one does (until [`HANDOVER`] after its last poll, or until it stops polling).
+    /// one does (until [`HANDOVER`](crate::soft::handover::HANDOVER) after its last poll,
+    /// or until it stops polling).
     pub(super) fn run_thread(&self) {
         while !self.stop.load(Ordering::SeqCst) {
-            if let Some(until) = self.app_polling_until() {
-                let mut g = self.nap.0.lock();
-                // Checked again under the lock: `idle` and `shutdown` notify under it.
-                if self.stop.load(Ordering::SeqCst) {
-                    return;
-                }
-                if self.app_polling_until().is_some() {
-                    self.nap.1.wait_until(&mut g, until);
-                }
+            if self.handover.nap_while_app_polls(&self.stop) {
                 continue;
             }
             if !self.progress(Some(Duration::from_millis(100))) {
@@ -192,36 +167,16 @@ impl Driver {
                 // reader. The application polls again after its round, or says it stops
                 // (`idle` wakes this nap); if it does neither, the thread resumes after
                 // HANDOVER, as if it had stopped polling.
-                let mut g = self.nap.0.lock();
-                if self.stop.load(Ordering::SeqCst) {
-                    return;
-                }
-                if self.app_round.load(Ordering::SeqCst) {
-                    self.nap.1.wait_for(&mut g, HANDOVER);
-                }
+                self.handover.nap_while(&self.stop, &self.app_round);
             }
         }
-    }
-
-    /// Until when the progress thread leaves the driver to polling applications, if an
-    /// application polled within [`HANDOVER`].
-    pub(super) fn app_polling_until(&self) -> Option<Instant> {
-        let at = self.app_polled.load(Ordering::SeqCst);
-        if at == 0 {
-            return None;
-        }
-        let until = self.epoch + Duration::from_nanos(at) + HANDOVER;
-        (Instant::now() < until).then_some(until)
     }
 
     /// An application polls (progress-thread mode): records it, then runs the driver once
     /// without waiting if nobody else is; if the progress thread holds it asleep in
     /// `epoll_wait`, wakes it (once) so that it hands over.
     pub(crate) fn app_progress(&self) {
-        let now = self.epoch.elapsed().as_nanos() as u64 | 1;
-        if self.app_polled.load(Ordering::Relaxed) != now {
-            self.app_polled.store(now, Ordering::SeqCst);
-        }
+        self.handover.app_polls(Instant::now());
         match self.poll.try_lock() {
             Some(guard) => {
                 self.app_round.store(true, Ordering::Relaxed);
@@ -239,11 +194,9 @@ impl Driver {
     /// An application stops polling (it is about to sleep on a CQ's notification): the
     /// progress thread resumes at once.
     pub(crate) fn idle(&self) {
-        if self.busy_poll || self.app_polled.swap(0, Ordering::SeqCst) == 0 {
-            return;
+        if !self.busy_poll {
+            self.handover.idle();
         }
-        let _g = self.nap.0.lock();
-        self.nap.1.notify_all();
     }
 
     pub(crate) fn alloc_qpn(&self) -> u32 {
@@ -263,7 +216,7 @@ impl Driver {
     pub(crate) fn remove_qp(&self, qp: &TcpQp) {
         self.qps.lock().try_remove(qp.token);
         self.by_qpn.lock().remove(&qp.qpn);
-        self.pending.lock().remove(&qp.qpn);
+        self.pending.remove(qp.qpn);
     }
 
     pub(super) fn register(&self, s: &mut mio::net::TcpStream, token: usize) -> io::Result<()> {
@@ -288,7 +241,7 @@ impl Driver {
     /// Whether what arriving packets cause (mostly ACKs) may wait for the next round or
     /// the application's next post, to leave in one `writev` with it: when busy-polling,
     /// and in rounds an application's poll runs (it polls again soon, or, if it stops, the
-    /// progress thread pays within [`HANDOVER`]).
+    /// progress thread pays within [`HANDOVER`](crate::soft::handover::HANDOVER)).
     pub(crate) fn defers(&self) -> bool {
         self.busy_poll || self.app_round.load(Ordering::Relaxed)
     }
@@ -381,17 +334,8 @@ impl Driver {
     pub(super) fn expect(&self, qp: &TcpQp, from: u32) -> Result<()> {
         let mut g = qp.inner.lock();
         g.expect_peer = Some(from);
-        let parked = self.pending.lock().remove(&qp.qpn);
-        match parked {
-            Some(p) if p.from == from => qp.attach(&mut g, p.stream),
-            Some(p) => {
-                tracing::warn!(
-                    qpn = qp.qpn,
-                    who = p.from,
-                    "dropping a stream from an unexpected QP"
-                );
-            }
-            None => {}
+        if let Some(stream) = self.pending.take(qp.qpn, from) {
+            qp.attach(&mut g, stream);
         }
         Ok(())
     }
@@ -525,20 +469,7 @@ impl Driver {
             let _ = self.registry.deregister(&mut h.stream);
         }
         drop(hs);
-        let mut pending = self.pending.lock();
-        if !pending.is_empty() {
-            pending.retain(|to, p| {
-                let keep = p.since.elapsed() <= PARKED_TIMEOUT;
-                if !keep {
-                    tracing::warn!(
-                        to,
-                        from = p.from,
-                        "closing a stream whose QP did not reach RTR within {PARKED_TIMEOUT:?}"
-                    );
-                }
-                keep
-            });
-        }
+        self.pending.expire();
     }
 
     pub(super) fn accept(&self) {
@@ -639,18 +570,7 @@ impl Driver {
             );
         } else {
             // The peer reached RTR first: keep the stream until this QP does.
-            let parked = Parked {
-                stream: h.stream,
-                from,
-                since: Instant::now(),
-            };
-            if let Some(old) = self.pending.lock().insert(to, parked) {
-                tracing::warn!(
-                    to,
-                    from = old.from,
-                    "closing a stream replaced by a newer one"
-                );
-            }
+            self.pending.park(to, from, h.stream);
         }
     }
 }

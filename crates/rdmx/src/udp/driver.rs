@@ -8,17 +8,16 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 use rdmx_core::QpState;
 
 use super::icrc::{self, Reject};
 use super::qp::UdpQp;
 use super::sys::{self, CAddr, RxBatch, BATCH};
 use super::UdpStats;
+use crate::soft::Handover;
 use crate::{Error, Result};
 
-/// The progress thread leaves the socket to an application that polled this recently.
-const HANDOVER: Duration = Duration::from_millis(1);
 /// Timer key of delayed datagrams (fault injection); QP numbers have 24 bits.
 const DELAYED: u32 = u32::MAX;
 
@@ -87,9 +86,8 @@ pub(crate) struct Driver {
     /// The progress thread sleeps in `poll` until this instant (ns after `epoch`;
     /// `u64::MAX`: not sleeping there).
     sleeping_until: AtomicU64,
-    /// When an application last polled (ns after `epoch`; 0: not polling).
-    app_polled: AtomicU64,
-    nap: (Mutex<()>, Condvar),
+    /// Who takes datagrams and fires timers: polling applications or the progress thread.
+    handover: Handover,
     epoch: Instant,
     stop: AtomicBool,
     next_qpn: AtomicU32,
@@ -146,8 +144,7 @@ impl Driver {
             stats: Stats::default(),
             wake: sys::eventfd().map_err(|e| Error::Io("eventfd", e))?,
             sleeping_until: AtomicU64::new(u64::MAX),
-            app_polled: AtomicU64::new(0),
-            nap: (Mutex::new(()), Condvar::new()),
+            handover: Handover::new(),
             epoch: Instant::now(),
             stop: AtomicBool::new(false),
             // QP numbers 0 and 1 are special in InfiniBand.
@@ -169,7 +166,7 @@ impl Driver {
     pub(crate) fn shutdown(&self) {
         self.stop.store(true, Ordering::SeqCst);
         sys::wake(self.wake.as_raw_fd());
-        self.nap.1.notify_all();
+        self.handover.wake();
     }
 
     /// A new QP number, not in use in this context.
@@ -228,15 +225,13 @@ impl Driver {
 
     /// An application polled: receive and fire timers without waiting.
     pub(crate) fn app_progress(&self) {
-        self.app_polled
-            .store(self.ns(Instant::now()).max(1), Ordering::Relaxed);
+        self.handover.app_polls(Instant::now());
         self.progress();
     }
 
     /// An application stops polling: the progress thread takes over at once.
     pub(crate) fn idle(&self) {
-        self.app_polled.store(0, Ordering::Relaxed);
-        self.nap.1.notify_all();
+        self.handover.idle();
     }
 
     /// Receives what waits and fires due timers.
@@ -247,13 +242,10 @@ impl Driver {
 
     fn run_thread(self: Arc<Self>) {
         while !self.stop.load(Ordering::SeqCst) {
-            let polled = self.app_polled.load(Ordering::Relaxed);
-            let now = Instant::now();
-            if polled != 0 && self.ns(now).saturating_sub(polled) < HANDOVER.as_nanos() as u64 {
-                let mut g = self.nap.0.lock();
-                self.nap.1.wait_for(&mut g, HANDOVER);
+            if self.handover.nap_while_app_polls(&self.stop) {
                 continue;
             }
+            let now = Instant::now();
             let next = self.timers.lock().peek().map(|Reverse((t, _))| *t);
             // Sleeps are capped, so a timer pushed just before the flag was set is late by
             // at most this much.

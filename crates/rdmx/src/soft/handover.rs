@@ -1,0 +1,183 @@
+//! How a software provider's driver passes between the applications that poll its CQs
+//! and its progress thread.
+//!
+//! An application that polls runs the driver itself (its completions arrive sooner than
+//! through a thread that would have to be woken), and records that it polled. While one
+//! polled within the last [`HANDOVER`], the progress thread naps instead of competing for
+//! the driver; it resumes [`HANDOVER`] after the last poll, or at once when the
+//! application says it stops polling ([`Handover::idle`], before it sleeps on a CQ's
+//! notification) or the provider shuts down ([`Handover::wake`]).
+//!
+//! ```text
+//!   progress thread                          application
+//!   loop {                                   poll a CQ:
+//!     if nap_while_app_polls() { continue }    app_polls(now); run the driver once
+//!     run the driver                         sleep on a CQ's notification:
+//!   }                                          idle()  (ends the nap)
+//! ```
+//!
+//! The tcp, shm and udp drivers share it; tcp also naps with [`Handover::nap_while`] when
+//! it finds an application's round running the driver.
+//!
+//! Both wake-ups notify under the nap's lock, and the thread checks again under it before
+//! it sleeps, so none is lost.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+/// The progress thread leaves the driver to an application that polled this recently.
+pub(crate) const HANDOVER: Duration = Duration::from_millis(1);
+const HANDOVER_NS: u64 = HANDOVER.as_nanos() as u64;
+
+/// Who runs a driver: the polling applications or the progress thread (see the module
+/// documentation).
+#[derive(Debug)]
+pub(crate) struct Handover {
+    /// When an application last polled, in nanoseconds after `epoch` (0: not polling).
+    app_polled: AtomicU64,
+    epoch: Instant,
+    /// Where the progress thread sleeps while applications poll.
+    nap: (Mutex<()>, Condvar),
+}
+
+impl Handover {
+    pub(crate) fn new() -> Handover {
+        Handover {
+            app_polled: AtomicU64::new(0),
+            epoch: Instant::now(),
+            nap: (Mutex::new(()), Condvar::new()),
+        }
+    }
+
+    /// An application polls at `now`.
+    pub(crate) fn app_polls(&self, now: Instant) {
+        let ns = now.saturating_duration_since(self.epoch).as_nanos() as u64 | 1;
+        // Written when it moved by a sixteenth of the handover time or more: the progress
+        // thread reads the word, and a store on every poll of an application spinning on
+        // its CQ is a store on every poll.
+        let polled = self.app_polled.load(Ordering::Relaxed);
+        if ns.wrapping_sub(polled) >= HANDOVER_NS / 16 {
+            self.app_polled.store(ns, Ordering::SeqCst);
+        }
+    }
+
+    /// Until when the progress thread leaves the driver to polling applications, if an
+    /// application polled within [`HANDOVER`].
+    pub(crate) fn app_polling_until(&self) -> Option<Instant> {
+        let at = self.app_polled.load(Ordering::SeqCst);
+        if at == 0 {
+            return None;
+        }
+        let until = self.epoch + Duration::from_nanos(at) + HANDOVER;
+        (Instant::now() < until).then_some(until)
+    }
+
+    /// The progress thread, before it runs the driver: if an application polls, sleeps
+    /// until [`HANDOVER`] after its last poll (or until [`idle`](Self::idle) or
+    /// [`wake`](Self::wake); not at all once `stop` is raised) and returns true; the
+    /// thread then looks at `stop` and asks again.
+    pub(crate) fn nap_while_app_polls(&self, stop: &AtomicBool) -> bool {
+        let Some(until) = self.app_polling_until() else {
+            return false;
+        };
+        let mut g = self.nap.0.lock();
+        // Checked again under the lock: `idle` and `wake` notify under it.
+        if !stop.load(Ordering::SeqCst) && self.app_polling_until().is_some() {
+            self.nap.1.wait_until(&mut g, until);
+        }
+        true
+    }
+
+    /// The progress thread found the driver taken: if `busy` (an application's round runs
+    /// it) and `stop` is not raised, sleeps up to [`HANDOVER`], or until
+    /// [`idle`](Self::idle) or [`wake`](Self::wake).
+    pub(crate) fn nap_while(&self, stop: &AtomicBool, busy: &AtomicBool) {
+        let mut g = self.nap.0.lock();
+        if !stop.load(Ordering::SeqCst) && busy.load(Ordering::SeqCst) {
+            self.nap.1.wait_for(&mut g, HANDOVER);
+        }
+    }
+
+    /// An application stops polling (it is about to sleep on a CQ's notification): the
+    /// progress thread resumes at once.
+    pub(crate) fn idle(&self) {
+        if self.app_polled.swap(0, Ordering::SeqCst) == 0 {
+            return;
+        }
+        self.wake();
+    }
+
+    /// Ends the progress thread's nap (it is to look at its stop flag).
+    pub(crate) fn wake(&self) {
+        let _g = self.nap.0.lock();
+        self.nap.1.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    /// A poll dated a minute ahead, so that no test depends on how fast it runs.
+    fn later() -> Instant {
+        Instant::now() + Duration::from_secs(60)
+    }
+
+    #[test]
+    fn polling_hands_over_and_idle_takes_back() {
+        let h = Handover::new();
+        assert_eq!(h.app_polling_until(), None);
+        let at = later();
+        h.app_polls(at);
+        let until = h.app_polling_until().expect("an application polls");
+        assert!(until >= at + HANDOVER && until <= at + HANDOVER + Duration::from_nanos(1));
+        h.idle();
+        assert_eq!(h.app_polling_until(), None);
+        assert!(!h.nap_while_app_polls(&AtomicBool::new(false)));
+    }
+
+    #[test]
+    fn a_poll_long_past_hands_nothing_over() {
+        let h = Handover::new();
+        h.app_polls(Instant::now());
+        std::thread::sleep(HANDOVER * 2);
+        assert_eq!(h.app_polling_until(), None);
+    }
+
+    #[test]
+    fn a_stopping_thread_does_not_nap() {
+        let h = Handover::new();
+        h.app_polls(later());
+        let stop = AtomicBool::new(true);
+        // Returns at once (it would otherwise sleep a minute): the caller sees `stop`.
+        assert!(h.nap_while_app_polls(&stop));
+        h.nap_while(&stop, &AtomicBool::new(true));
+    }
+
+    #[test]
+    fn idle_ends_the_nap() {
+        let h = Arc::new(Handover::new());
+        h.app_polls(later());
+        let (started, start_seen) = std::sync::mpsc::channel();
+        let h2 = h.clone();
+        let napper = std::thread::spawn(move || {
+            let stop = AtomicBool::new(false);
+            let start = Instant::now();
+            started.send(()).expect("the test waits");
+            while h2.nap_while_app_polls(&stop) {}
+            start.elapsed()
+        });
+        start_seen.recv().expect("the napping thread starts");
+        // Most likely asleep by now; if not, it finds the application gone and does not
+        // sleep at all.
+        std::thread::sleep(Duration::from_millis(20));
+        h.idle();
+        let napped = napper.join().expect("the napping thread");
+        // Without the wake-up the thread would sleep until a minute after the poll.
+        assert!(napped < Duration::from_secs(30), "napped {napped:?}");
+    }
+}

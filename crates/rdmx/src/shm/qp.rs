@@ -146,6 +146,11 @@ pub(crate) struct Inner {
     pub(crate) executed_at_post: u64,
     /// The target word last written to the segment (`mapped`).
     target_word: u64,
+    /// A polling round runs: the peer is woken ([`Inner::wake`]) at the round's next
+    /// visit rather than at once (see [`ShmQp::poll`]).
+    lazy_wake: bool,
+    /// The peer may sleep waiting for what this QP did since it last looked.
+    wake_due: bool,
 }
 
 impl ShmQp {
@@ -191,6 +196,8 @@ impl ShmQp {
                 timer: None,
                 executed_at_post: 0,
                 target_word: 0,
+                lazy_wake: false,
+                wake_due: false,
             }),
         }
     }
@@ -255,13 +262,26 @@ impl ShmQp {
     /// everything else that gives the engine work makes progress itself (posts and the
     /// other verbs through [`with`](Self::with), timers through
     /// [`timeout`](Self::timeout), a new connection through [`attach`](Self::attach)).
+    ///
+    /// Waking a sleeping peer takes a full fence after the ring writes, which waits until
+    /// the peer's core has given up the lines written: in a round, that is on the way from
+    /// a packet's arrival to its completion (a SEND's ACK, the room released). So a round
+    /// only notes that the peer may need waking, and looks at the next visit, a poll
+    /// later, or before the progress thread sleeps. (A peer only sleeps after it found
+    /// nothing to do for a while; every path that does not spin wakes it at once.)
     pub(crate) fn poll(&self, g: &mut Inner, now: Instant) -> bool {
+        if g.wake_due {
+            g.wake();
+        }
+        g.lazy_wake = true;
         let moved = self.read(g, now);
-        if moved || g.held {
+        let moved = if moved || g.held {
             self.pump(g, now) || moved
         } else {
             false
-        }
+        };
+        g.lazy_wake = false;
+        moved
     }
 
     /// Hands what arrived to the engine; a peer that broke the ring's rules fails the QP.
@@ -334,10 +354,34 @@ impl Inner {
         self.held || !matches!(conn.seg.peek(1 - conn.side, &mut self.cons), Ok(None))
     }
 
-    /// Side `side` of every connection: sleeping or awake.
-    pub(crate) fn set_asleep(&self, on: bool) {
+    /// This QP's side of its connection: sleeping or awake. A peer still to be woken is
+    /// woken first.
+    pub(crate) fn set_asleep(&mut self, on: bool) {
+        if self.wake_due {
+            self.wake();
+        }
         if let Some(c) = self.conn.as_ref() {
             c.seg.set_asleep(c.side, on);
+        }
+    }
+
+    /// Something went into the ring or room came free: the peer is woken if it sleeps,
+    /// now or (in a polling round) at the round's next visit.
+    fn peer_may_wait(&mut self) {
+        if self.lazy_wake {
+            self.wake_due = true;
+        } else {
+            self.wake();
+        }
+    }
+
+    /// Wakes the peer if it sleeps.
+    fn wake(&mut self) {
+        self.wake_due = false;
+        if let Some(c) = self.conn.as_ref() {
+            if c.seg.take_asleep(1 - c.side) {
+                sys::signal(c.peer_event.as_raw_fd());
+            }
         }
     }
 
@@ -486,9 +530,9 @@ impl Inner {
             seg.consume(ring, &mut self.cons, &rec);
             n += 1;
         }
-        if n > 0 && conn.seg.take_asleep(ring) {
-            // The peer sleeps and may wait for the room just released.
-            sys::signal(conn.peer_event.as_raw_fd());
+        if n > 0 {
+            // The peer may sleep waiting for the room just released.
+            self.peer_may_wait();
         }
         Ok(n)
     }
@@ -586,8 +630,8 @@ impl Inner {
             self.held = false;
             sent = true;
         }
-        if sent && conn.seg.take_asleep(1 - conn.side) {
-            sys::signal(conn.peer_event.as_raw_fd());
+        if sent {
+            self.peer_may_wait();
         }
         Ok(sent)
     }

@@ -204,7 +204,7 @@ impl Driver {
     }
 
     /// Sends datagrams to `to` now.
-    pub(crate) fn send_now(&self, to: SocketAddr, datagrams: &mut [Vec<u8>]) {
+    pub(crate) fn send_now<D: sys::Wire>(&self, to: SocketAddr, datagrams: &mut [D]) {
         if datagrams.is_empty() {
             return;
         }

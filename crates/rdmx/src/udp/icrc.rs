@@ -18,7 +18,7 @@
 //! A UDP GSO send is one such packet that the kernel splits into segments where it leaves
 //! the host (or that stays joined over loopback); the segments get identifications 0, 1,
 //! 2, ... in order, each with its own UDP length. The sender seals each datagram for
-//! identification 0 and `shift_id` moves the ICRC of segment `k` to identification `k`
+//! identification 0 and `shift` moves the ICRC of segment `k` to identification `k`
 //! (the CRC is linear: a changed field changes the CRC by the CRC of the change, shifted
 //! by the bytes after it). A receiver accepts identifications 0 to `MAX_SEGMENT_ID`
 //! on IPv4, so that it checks segments of a GSO send whether they arrive apart or joined
@@ -46,11 +46,24 @@ pub fn icrc(src: SocketAddr, dst: SocketAddr, packet: &[u8]) -> u32 {
 
 /// [`icrc`] for a packet whose IPv4 header carries identification `id` (ignored on IPv6).
 fn icrc_with_id(src: SocketAddr, dst: SocketAddr, packet: &[u8], id: u16) -> u32 {
+    start(src, dst, packet.len(), packet, id).finalize()
+}
+
+/// The ICRC's state after the masked headers of a packet of `packet_len` bytes (BTH to
+/// pad) from `src` to `dst` and the packet's first bytes, `first` (its BTH masked): the
+/// rest of the packet is fed to it by the caller, wherever those bytes are.
+pub(crate) fn start(
+    src: SocketAddr,
+    dst: SocketAddr,
+    packet_len: usize,
+    first: &[u8],
+    id: u16,
+) -> Hasher {
     // The masked LRH, IP and UDP headers and the BTH go in one update (short ones cost
     // nearly as much as long ones): 8 + 40 + 8 + 12 bytes at most.
     let mut head = [0xffu8; 8 + 40 + UDP_LEN + BTH_LEN];
     let mut at = 8;
-    let udp_len = (UDP_LEN + packet.len() + ICRC_LEN) as u16;
+    let udp_len = (UDP_LEN + packet_len + ICRC_LEN) as u16;
     match (src, dst) {
         (SocketAddr::V4(s), SocketAddr::V4(d)) => {
             let total = 20 + udp_len;
@@ -89,16 +102,16 @@ fn icrc_with_id(src: SocketAddr, dst: SocketAddr, packet: &[u8], id: u16) -> u32
     head[at + 4..at + 6].copy_from_slice(&udp_len.to_be_bytes());
     at += UDP_LEN;
     let mut h = Hasher::new();
-    if packet.len() >= BTH_LEN {
-        head[at..at + BTH_LEN].copy_from_slice(&packet[..BTH_LEN]);
+    if first.len() >= BTH_LEN {
+        head[at..at + BTH_LEN].copy_from_slice(&first[..BTH_LEN]);
         head[at + 4] = 0xff;
         h.update(&head[..at + BTH_LEN]);
-        h.update(&packet[BTH_LEN..]);
+        h.update(&first[BTH_LEN..]);
     } else {
         h.update(&head[..at]);
-        h.update(packet);
+        h.update(first);
     }
-    h.finalize()
+    h
 }
 
 fn v6(a: SocketAddr) -> [u8; 16] {
@@ -198,14 +211,21 @@ fn cached_basis(packet_len: usize) -> [u32; 6] {
 
 /// Moves the ICRC at the end of `datagram` (sealed for IPv4 identification 0) to
 /// identification `id` (1 to [`MAX_SEGMENT_ID`]); applied twice, it restores it.
-pub(crate) fn shift_id(datagram: &mut [u8], id: u16) {
+#[cfg(test)]
+fn shift_id(datagram: &mut [u8], id: u16) {
     let Some(at) = datagram.len().checked_sub(ICRC_LEN) else {
         return;
     };
-    let d = id_delta(&cached_basis(at), id);
-    let t = &mut datagram[at..];
-    let c = u32::from_le_bytes([t[0], t[1], t[2], t[3]]) ^ d;
-    t.copy_from_slice(&c.to_le_bytes());
+    let (_, t) = datagram.split_at_mut(at);
+    shift(t.try_into().expect("four bytes"), at, id);
+}
+
+/// Moves `icrc`, the ICRC of a packet of `packet_len` bytes (BTH to pad) sealed for IPv4
+/// identification 0, to identification `id` (1 to [`MAX_SEGMENT_ID`]); applied twice, it
+/// restores it.
+pub(crate) fn shift(icrc: &mut [u8; ICRC_LEN], packet_len: usize, id: u16) {
+    let d = id_delta(&cached_basis(packet_len), id);
+    *icrc = (u32::from_le_bytes(*icrc) ^ d).to_le_bytes();
 }
 
 /// Whether `got` is the ICRC of an IPv4 packet of `packet_len` bytes whose ICRC for

@@ -5,7 +5,10 @@ use std::io;
 use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 
+use rdmx_core::rc::Transmit;
+
 use super::icrc;
+use crate::provider::MrRef;
 
 /// Datagrams moved by one `sendmmsg` or `recvmmsg`.
 pub(crate) const BATCH: usize = 32;
@@ -156,16 +159,168 @@ const GSO_MAX_SEGS: usize = 64;
 /// Room for a `UDP_SEGMENT` control message.
 type SegCmsg = [u64; 4];
 
+/// A datagram to send, as the iovecs that gather it.
+pub(crate) trait Wire {
+    /// Its length in bytes.
+    fn wire_len(&self) -> usize;
+    /// How many iovecs it takes (at most [`MAX_PARTS`]).
+    fn parts(&self) -> usize;
+    /// Appends its iovecs to `iov`, which has room for [`parts`](Self::parts) more.
+    fn push_iov(&self, iov: &mut [libc::iovec], at: &mut usize);
+    /// Moves its ICRC (sealed for IPv4 identification 0) to identification `id`; applied
+    /// twice, it restores it.
+    fn shift_id(&mut self, id: u16);
+}
+
+fn iovec(p: *const u8, len: usize) -> libc::iovec {
+    libc::iovec {
+        iov_base: p.cast_mut().cast(),
+        iov_len: len,
+    }
+}
+
+/// A datagram in one buffer, its ICRC at the end.
+impl Wire for Vec<u8> {
+    fn wire_len(&self) -> usize {
+        self.len()
+    }
+    fn parts(&self) -> usize {
+        1
+    }
+    fn push_iov(&self, iov: &mut [libc::iovec], at: &mut usize) {
+        iov[*at] = iovec(self.as_ptr(), self.len());
+        *at += 1;
+    }
+    fn shift_id(&mut self, id: u16) {
+        if let Some(at) = self.len().checked_sub(icrc::ICRC_LEN) {
+            let (_, t) = self.split_at_mut(at);
+            icrc::shift(t.try_into().expect("four bytes"), at, id);
+        }
+    }
+}
+
+/// Most spans of registered memory a [`Packet`] gathers from before it is copied into
+/// one buffer instead.
+const MAX_SPANS: usize = 8;
+/// Most iovecs a datagram takes: its headers, its spans, and its pad with its ICRC.
+const MAX_PARTS: usize = MAX_SPANS + 2;
+
+/// A packet of a queue pair's engine to send: its headers in a buffer, its payload still
+/// in registered memory (gathered by the kernel straight from there), then its pad and
+/// ICRC, computed over the payload where it lies.
+#[derive(Debug, Default)]
+pub(crate) struct Packet {
+    t: Transmit<MrRef>,
+    /// The pad's zeros (0 to 3), then the ICRC.
+    tail: [u8; 3 + icrc::ICRC_LEN],
+}
+
+impl Packet {
+    fn tail_len(&self) -> usize {
+        usize::from(self.t.pad) + icrc::ICRC_LEN
+    }
+
+    fn icrc_mut(&mut self) -> &mut [u8; icrc::ICRC_LEN] {
+        let pad = usize::from(self.t.pad);
+        (&mut self.tail[pad..pad + icrc::ICRC_LEN])
+            .try_into()
+            .expect("four bytes")
+    }
+
+    /// Takes the packet `from` holds (leaving it this packet's emptied buffers) and seals
+    /// it for `src` to `dst`. A packet gathered from more than [`MAX_SPANS`] spans is
+    /// copied into its header buffer first.
+    pub(crate) fn seal(&mut self, from: &mut Transmit<MrRef>, src: SocketAddr, dst: SocketAddr) {
+        self.t.gather.clear();
+        std::mem::swap(&mut self.t, from);
+        if self.t.gather.len() > MAX_SPANS {
+            for s in std::mem::take(&mut self.t.gather) {
+                let at = self.t.header.len();
+                self.t.header.resize(at + s.len as usize, 0);
+                let r = s.mr.read_at(
+                    (s.addr as usize).wrapping_sub(s.mr.addr()),
+                    &mut self.t.header[at..],
+                );
+                debug_assert!(r.is_ok(), "the engine gathers inside resolved regions");
+            }
+        }
+        let mut h = icrc::start(src, dst, self.t.len(), &self.t.header, 0);
+        for s in &self.t.gather {
+            let p =
+                s.mr.raw_range(s.addr, s.len as usize)
+                    .expect("the engine gathers inside resolved regions");
+            // SAFETY: `raw_range` checked that the `s.len` bytes at `p` lie inside the
+            // region, and `s.mr` keeps its memory mapped while the slice lives (this
+            // statement). Registered memory may be written behind Rust's back (the
+            // application breaking the rule that a buffer stays unchanged while a request
+            // sending it is outstanding, or a peer's WRITE to the same bytes); every byte
+            // value is valid, so such a write can only change the CRC read here, and the
+            // receiver then drops the packet as corrupted (the engine resends it).
+            h.update(unsafe { std::slice::from_raw_parts(p, s.len as usize) });
+        }
+        let pad = usize::from(self.t.pad);
+        self.tail = [0; 3 + icrc::ICRC_LEN];
+        h.update(&self.tail[..pad]);
+        *self.icrc_mut() = h.finalize().to_le_bytes();
+    }
+
+    /// Lets go of the registered memory it gathers from, keeping its buffers for reuse.
+    pub(crate) fn release(&mut self) {
+        self.t.gather.clear();
+    }
+
+    /// The packet as one buffer, its ICRC at the end.
+    #[cfg(feature = "testing")]
+    pub(crate) fn to_vec(&self) -> Vec<u8> {
+        let mut v = self.t.header.clone();
+        for s in &self.t.gather {
+            let at = v.len();
+            v.resize(at + s.len as usize, 0);
+            let r =
+                s.mr.read_at((s.addr as usize).wrapping_sub(s.mr.addr()), &mut v[at..]);
+            debug_assert!(r.is_ok(), "the engine gathers inside resolved regions");
+        }
+        v.extend_from_slice(&self.tail[..self.tail_len()]);
+        v
+    }
+}
+
+impl Wire for Packet {
+    fn wire_len(&self) -> usize {
+        self.t.len() + icrc::ICRC_LEN
+    }
+    fn parts(&self) -> usize {
+        self.t.gather.len() + 2
+    }
+    fn push_iov(&self, iov: &mut [libc::iovec], at: &mut usize) {
+        iov[*at] = iovec(self.t.header.as_ptr(), self.t.header.len());
+        *at += 1;
+        for s in &self.t.gather {
+            let p =
+                s.mr.raw_range(s.addr, s.len as usize)
+                    .expect("the engine gathers inside resolved regions");
+            iov[*at] = iovec(p, s.len as usize);
+            *at += 1;
+        }
+        iov[*at] = iovec(self.tail.as_ptr(), self.tail_len());
+        *at += 1;
+    }
+    fn shift_id(&mut self, id: u16) {
+        let len = self.t.len();
+        icrc::shift(self.icrc_mut(), len, id);
+    }
+}
+
 /// Sends `datagrams` to `to`, `batch` (at most [`BATCH`]) messages per call. With `gso`,
 /// each run of equal-sized datagrams (and a shorter one ending it) goes as one message the
 /// kernel splits (`UDP_SEGMENT`). Each datagram comes sealed for IPv4 identification 0;
 /// over IPv4 the ICRC of segment `k` of a run is moved to identification `k`, the one the
 /// kernel gives it, for the call and restored after. Returns how many datagrams the kernel
 /// refused (counted as lost: the engine retransmits).
-pub(crate) fn send_all(
+pub(crate) fn send_all<D: Wire>(
     fd: RawFd,
     to: &CAddr,
-    datagrams: &mut [Vec<u8>],
+    datagrams: &mut [D],
     batch: usize,
     gso: bool,
 ) -> usize {
@@ -173,77 +328,73 @@ pub(crate) fn send_all(
     let v4 = libc::c_int::from(to.storage.ss_family) == libc::AF_INET;
     let mut failed = 0;
     let mut at = 0;
+    let mut iov = [iovec(std::ptr::null(), 0); MAX_IOV];
     while at < datagrams.len() {
         // Up to `batch` messages, each a run of datagrams: (first, count, segment size).
         let mut runs = [(0usize, 0usize, 0u16); BATCH];
         let mut nruns = 0;
         let mut i = at;
         let mut niov = 0;
-        while nruns < batch && i < datagrams.len() && niov < MAX_IOV {
-            let seg = datagrams[i].len();
+        while nruns < batch && i < datagrams.len() && niov + MAX_PARTS <= MAX_IOV {
+            let seg = datagrams[i].wire_len();
             let mut n = 1;
             let mut bytes = seg;
+            niov += datagrams[i].parts();
             if gso {
                 while i + n < datagrams.len()
                     && n < GSO_MAX_SEGS
-                    && niov + n < MAX_IOV
-                    && bytes + datagrams[i + n].len() <= GSO_MAX_BYTES
-                    && datagrams[i + n].len() <= seg
+                    && niov + MAX_PARTS <= MAX_IOV
+                    && bytes + datagrams[i + n].wire_len() <= GSO_MAX_BYTES
+                    && datagrams[i + n].wire_len() <= seg
                 {
-                    let last = datagrams[i + n].len() < seg;
-                    bytes += datagrams[i + n].len();
+                    let len = datagrams[i + n].wire_len();
+                    bytes += len;
+                    niov += datagrams[i + n].parts();
                     n += 1;
-                    if last {
+                    if len < seg {
                         break;
                     }
                 }
             }
             runs[nruns] = (i, n, seg as u16);
             nruns += 1;
-            niov += n;
             i += n;
         }
-        let shift = |datagrams: &mut [Vec<u8>]| {
+        let shift = |datagrams: &mut [D]| {
             for &(first, n, _) in &runs[..nruns] {
                 if v4 && n > 1 {
                     for (k, d) in datagrams[first + 1..first + n].iter_mut().enumerate() {
-                        icrc::shift_id(d, k as u16 + 1);
+                        d.shift_id(k as u16 + 1);
                     }
                 }
             }
         };
         shift(datagrams);
-        let mut iov = [libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; MAX_IOV];
         let mut cmsgs: [SegCmsg; BATCH] = [[0; 4]; BATCH];
         // SAFETY: all-zero is a valid mmsghdr.
         let mut msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
         let mut v = 0;
         for (k, &(first, n, seg)) in runs[..nruns].iter().enumerate() {
+            let start = v;
             for d in &datagrams[first..first + n] {
-                iov[v] = libc::iovec {
-                    iov_base: d.as_ptr().cast_mut().cast(),
-                    iov_len: d.len(),
-                };
-                v += 1;
+                d.push_iov(&mut iov, &mut v);
             }
             let h = &mut msgs[k].msg_hdr;
             h.msg_name = (&to.storage as *const libc::sockaddr_storage)
                 .cast_mut()
                 .cast();
             h.msg_namelen = to.len;
-            h.msg_iov = &mut iov[v - n];
-            h.msg_iovlen = n;
+            h.msg_iov = &mut iov[start];
+            h.msg_iovlen = v - start;
             if n > 1 {
                 let space = seg_cmsg(&mut cmsgs[k], seg);
                 h.msg_control = cmsgs[k].as_mut_ptr().cast();
                 h.msg_controllen = space;
             }
         }
-        // SAFETY: every header names memory valid for the call (the datagrams, `to`, the
-        // iovecs and control messages on this stack frame); sendmmsg only reads it.
+        // SAFETY: every header names memory valid for the call: the datagrams' buffers,
+        // registered memory their spans keep mapped (bounds checked by `raw_range`), `to`,
+        // and the iovecs and control messages on this stack frame. sendmmsg only reads it.
         let r = unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr(), nruns as libc::c_uint, 0) };
         shift(datagrams);
         if r < 0 {
@@ -262,8 +413,8 @@ pub(crate) fn send_all(
     failed
 }
 
-/// Most iovecs one `sendmmsg` call names.
-const MAX_IOV: usize = 256;
+/// Most iovecs one `sendmmsg` call names (a message may name up to 1024, `UIO_MAXIOV`).
+const MAX_IOV: usize = 1024;
 
 /// Writes a `UDP_SEGMENT` control message for segments of `seg` bytes into `buf`;
 /// returns its length.

@@ -18,7 +18,7 @@
 //! A UDP GSO send is one such packet that the kernel splits into segments where it leaves
 //! the host (or that stays joined over loopback); the segments get identifications 0, 1,
 //! 2, ... in order, each with its own UDP length. The sender seals each datagram for
-//! identification 0 and `shift` moves the ICRC of segment `k` to identification `k`
+//! identification 0 and `Basis::shift` moves the ICRC of segment `k` to identification `k`
 //! (the CRC is linear: a changed field changes the CRC by the CRC of the change, shifted
 //! by the bytes after it). A receiver accepts identifications 0 to `MAX_SEGMENT_ID`
 //! on IPv4, so that it checks segments of a GSO send whether they arrive apart or joined
@@ -217,15 +217,25 @@ fn shift_id(datagram: &mut [u8], id: u16) {
         return;
     };
     let (_, t) = datagram.split_at_mut(at);
-    shift(t.try_into().expect("four bytes"), at, id);
+    Basis::new(at).shift(t.try_into().expect("four bytes"), id);
 }
 
-/// Moves `icrc`, the ICRC of a packet of `packet_len` bytes (BTH to pad) sealed for IPv4
-/// identification 0, to identification `id` (1 to [`MAX_SEGMENT_ID`]); applied twice, it
-/// restores it.
-pub(crate) fn shift(icrc: &mut [u8; ICRC_LEN], packet_len: usize, id: u16) {
-    let d = id_delta(&cached_basis(packet_len), id);
-    *icrc = (u32::from_le_bytes(*icrc) ^ d).to_le_bytes();
+/// What moves the ICRC of an IPv4 packet of a given length from identification 0 to
+/// another.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Basis([u32; 6]);
+
+impl Basis {
+    /// For packets of `packet_len` bytes (BTH to pad).
+    pub(crate) fn new(packet_len: usize) -> Basis {
+        Basis(cached_basis(packet_len))
+    }
+
+    /// Moves `icrc`, sealed for IPv4 identification 0, to identification `id` (1 to
+    /// [`MAX_SEGMENT_ID`]); applied twice, it restores it.
+    pub(crate) fn shift(&self, icrc: &mut [u8; ICRC_LEN], id: u16) {
+        *icrc = (u32::from_le_bytes(*icrc) ^ id_delta(&self.0, id)).to_le_bytes();
+    }
 }
 
 /// Whether `got` is the ICRC of an IPv4 packet of `packet_len` bytes whose ICRC for

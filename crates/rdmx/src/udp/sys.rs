@@ -166,16 +166,25 @@ pub(crate) trait Wire {
     /// How many iovecs it takes (at most [`MAX_PARTS`]).
     fn parts(&self) -> usize;
     /// Appends its iovecs to `iov`, which has room for [`parts`](Self::parts) more.
-    fn push_iov(&self, iov: &mut [libc::iovec], at: &mut usize);
-    /// Moves its ICRC (sealed for IPv4 identification 0) to identification `id`; applied
-    /// twice, it restores it.
-    fn shift_id(&mut self, id: u16);
+    fn push_iov(&self, iov: &mut IoVecs);
+    /// Its ICRC, the last bytes of a datagram of at least [`icrc::ICRC_LEN`] bytes.
+    fn icrc_mut(&mut self) -> &mut [u8; icrc::ICRC_LEN];
 }
 
-fn iovec(p: *const u8, len: usize) -> libc::iovec {
-    libc::iovec {
-        iov_base: p.cast_mut().cast(),
-        iov_len: len,
+/// The iovecs of one `sendmmsg` call, filled from the front (left uninitialized until
+/// then: most calls name a few).
+pub(crate) struct IoVecs {
+    v: [std::mem::MaybeUninit<libc::iovec>; MAX_IOV],
+    n: usize,
+}
+
+impl IoVecs {
+    fn push(&mut self, p: *const u8, len: usize) {
+        self.v[self.n].write(libc::iovec {
+            iov_base: p.cast_mut().cast(),
+            iov_len: len,
+        });
+        self.n += 1;
     }
 }
 
@@ -187,15 +196,12 @@ impl Wire for Vec<u8> {
     fn parts(&self) -> usize {
         1
     }
-    fn push_iov(&self, iov: &mut [libc::iovec], at: &mut usize) {
-        iov[*at] = iovec(self.as_ptr(), self.len());
-        *at += 1;
+    fn push_iov(&self, iov: &mut IoVecs) {
+        iov.push(self.as_ptr(), self.len());
     }
-    fn shift_id(&mut self, id: u16) {
-        if let Some(at) = self.len().checked_sub(icrc::ICRC_LEN) {
-            let (_, t) = self.split_at_mut(at);
-            icrc::shift(t.try_into().expect("four bytes"), at, id);
-        }
+    fn icrc_mut(&mut self) -> &mut [u8; icrc::ICRC_LEN] {
+        let at = self.len() - icrc::ICRC_LEN;
+        (&mut self[at..]).try_into().expect("four bytes")
     }
 }
 
@@ -292,22 +298,18 @@ impl Wire for Packet {
     fn parts(&self) -> usize {
         self.t.gather.len() + 2
     }
-    fn push_iov(&self, iov: &mut [libc::iovec], at: &mut usize) {
-        iov[*at] = iovec(self.t.header.as_ptr(), self.t.header.len());
-        *at += 1;
+    fn push_iov(&self, iov: &mut IoVecs) {
+        iov.push(self.t.header.as_ptr(), self.t.header.len());
         for s in &self.t.gather {
             let p =
                 s.mr.raw_range(s.addr, s.len as usize)
                     .expect("the engine gathers inside resolved regions");
-            iov[*at] = iovec(p, s.len as usize);
-            *at += 1;
+            iov.push(p, s.len as usize);
         }
-        iov[*at] = iovec(self.tail.as_ptr(), self.tail_len());
-        *at += 1;
+        iov.push(self.tail.as_ptr(), self.tail_len());
     }
-    fn shift_id(&mut self, id: u16) {
-        let len = self.t.len();
-        icrc::shift(self.icrc_mut(), len, id);
+    fn icrc_mut(&mut self) -> &mut [u8; icrc::ICRC_LEN] {
+        Packet::icrc_mut(self)
     }
 }
 
@@ -328,7 +330,10 @@ pub(crate) fn send_all<D: Wire>(
     let v4 = libc::c_int::from(to.storage.ss_family) == libc::AF_INET;
     let mut failed = 0;
     let mut at = 0;
-    let mut iov = [iovec(std::ptr::null(), 0); MAX_IOV];
+    let mut iov = IoVecs {
+        v: [const { std::mem::MaybeUninit::uninit() }; MAX_IOV],
+        n: 0,
+    };
     while at < datagrams.len() {
         // Up to `batch` messages, each a run of datagrams: (first, count, segment size).
         let mut runs = [(0usize, 0usize, 0u16); BATCH];
@@ -363,39 +368,53 @@ pub(crate) fn send_all<D: Wire>(
         let shift = |datagrams: &mut [D]| {
             for &(first, n, _) in &runs[..nruns] {
                 if v4 && n > 1 {
+                    // The segments of a run share a length but for the last.
+                    let mut basis = None;
                     for (k, d) in datagrams[first + 1..first + n].iter_mut().enumerate() {
-                        d.shift_id(k as u16 + 1);
+                        let Some(len) = d.wire_len().checked_sub(icrc::ICRC_LEN) else {
+                            continue;
+                        };
+                        let b = match basis {
+                            Some((l, b)) if l == len => b,
+                            _ => {
+                                let b = icrc::Basis::new(len);
+                                basis = Some((len, b));
+                                b
+                            }
+                        };
+                        b.shift(d.icrc_mut(), k as u16 + 1);
                     }
                 }
             }
         };
         shift(datagrams);
         let mut cmsgs: [SegCmsg; BATCH] = [[0; 4]; BATCH];
-        // SAFETY: all-zero is a valid mmsghdr.
-        let mut msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
-        let mut v = 0;
+        let mut msgs = [const { std::mem::MaybeUninit::<libc::mmsghdr>::uninit() }; BATCH];
+        iov.n = 0;
         for (k, &(first, n, seg)) in runs[..nruns].iter().enumerate() {
-            let start = v;
+            let start = iov.n;
             for d in &datagrams[first..first + n] {
-                d.push_iov(&mut iov, &mut v);
+                d.push_iov(&mut iov);
             }
-            let h = &mut msgs[k].msg_hdr;
+            // SAFETY: all-zero is a valid mmsghdr.
+            let h = &mut msgs[k].write(unsafe { std::mem::zeroed() }).msg_hdr;
             h.msg_name = (&to.storage as *const libc::sockaddr_storage)
                 .cast_mut()
                 .cast();
             h.msg_namelen = to.len;
-            h.msg_iov = &mut iov[start];
-            h.msg_iovlen = v - start;
+            h.msg_iov = iov.v[start].as_mut_ptr();
+            h.msg_iovlen = iov.n - start;
             if n > 1 {
                 let space = seg_cmsg(&mut cmsgs[k], seg);
                 h.msg_control = cmsgs[k].as_mut_ptr().cast();
                 h.msg_controllen = space;
             }
         }
-        // SAFETY: every header names memory valid for the call: the datagrams' buffers,
+        // SAFETY: the first `nruns` headers were written above; each names memory valid
+        // for the call: the datagrams' buffers,
         // registered memory their spans keep mapped (bounds checked by `raw_range`), `to`,
         // and the iovecs and control messages on this stack frame. sendmmsg only reads it.
-        let r = unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr(), nruns as libc::c_uint, 0) };
+        let r = unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr().cast(), nruns as libc::c_uint, 0) };
         shift(datagrams);
         if r < 0 {
             let e = io::Error::last_os_error();

@@ -462,9 +462,14 @@ pub(crate) fn enable_gro(fd: RawFd) -> io::Result<()> {
     setsockopt(fd, libc::SOL_UDP, libc::UDP_GRO, 1)
 }
 
+/// The alignment of the receive slots.
+const PAGE: usize = 4096;
+
 /// Room for one `recvmmsg` batch.
 pub(crate) struct RxBatch {
     bufs: Vec<u8>,
+    /// Where the first slot starts in `bufs`: on a page boundary.
+    base: usize,
     slot: usize,
     /// A control buffer per slot (the `UDP_GRO` segment size).
     control: Vec<SegCmsg>,
@@ -479,8 +484,9 @@ unsafe impl Send for RxBatch {}
 
 impl RxBatch {
     pub(crate) fn new(slot: usize) -> RxBatch {
-        RxBatch {
-            bufs: vec![0; slot * BATCH],
+        let mut b = RxBatch {
+            bufs: vec![0; slot * BATCH + PAGE],
+            base: 0,
             slot,
             control: vec![[0; 4]; BATCH],
             // SAFETY: all-zero is a valid sockaddr_storage and mmsghdr.
@@ -494,7 +500,9 @@ impl RxBatch {
             ],
             // SAFETY: as above.
             msgs: vec![unsafe { std::mem::zeroed() }; BATCH],
-        }
+        };
+        b.base = b.bufs.as_ptr().align_offset(PAGE);
+        b
     }
 
     /// Receives what is waiting, without blocking, up to `batch` (at most [`BATCH`])
@@ -502,7 +510,7 @@ impl RxBatch {
     pub(crate) fn recv(&mut self, fd: RawFd, batch: usize) -> usize {
         for i in 0..BATCH {
             self.iov[i] = libc::iovec {
-                iov_base: self.bufs[i * self.slot..].as_mut_ptr().cast(),
+                iov_base: self.bufs[self.base + i * self.slot..].as_mut_ptr().cast(),
                 iov_len: self.slot,
             };
             let m = &mut self.msgs[i];
@@ -566,7 +574,7 @@ impl RxBatch {
         }
         (
             from_c(&self.addrs[i]),
-            &self.bufs[i * self.slot..i * self.slot + len],
+            &self.bufs[self.base + i * self.slot..self.base + i * self.slot + len],
             cut,
             seg,
         )

@@ -239,11 +239,13 @@ impl Basis {
 }
 
 /// Whether `got` is the ICRC of an IPv4 packet of `packet_len` bytes whose ICRC for
-/// identification 0 is `want`, with an identification from 1 to [`MAX_SEGMENT_ID`].
-fn matches_other_id(got: u32, want: u32, packet_len: usize) -> bool {
+/// identification 0 is `want`, with an identification from 1 to [`MAX_SEGMENT_ID`];
+/// `likely` is tried first.
+fn matches_other_id(got: u32, want: u32, packet_len: usize, likely: u16) -> bool {
     let d = got ^ want;
     let basis = cached_basis(packet_len);
-    (1..=MAX_SEGMENT_ID).any(|id| id_delta(&basis, id) == d)
+    let ok = |id: u16| id_delta(&basis, id) == d;
+    (1..=MAX_SEGMENT_ID).contains(&likely) && ok(likely) || (1..=MAX_SEGMENT_ID).any(ok)
 }
 
 /// Appends the ICRC of `packet` to it.
@@ -265,13 +267,15 @@ pub(crate) enum Reject {
 
 /// Checks a datagram from `src` to `dst`: its length, its ICRC (with `verify`), and the
 /// BTH fields every packet for this provider has. Returns the packet without its ICRC
-/// and the destination QP number.
+/// and the destination QP number. Over IPv4, `likely_id` is the identification tried
+/// first after 0 (segment `k` of a joined run most likely carries `k`).
 pub(crate) fn check(
     src: SocketAddr,
     dst: SocketAddr,
     datagram: &[u8],
     max_len: usize,
     verify: bool,
+    likely_id: u16,
 ) -> Result<(&[u8], u32), Reject> {
     if datagram.len() < BTH_LEN + ICRC_LEN || datagram.len() > max_len {
         return Err(Reject::Length);
@@ -281,7 +285,7 @@ pub(crate) fn check(
         let got = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
         let want = icrc(src, dst, packet);
         let v4 = matches!((src, dst), (SocketAddr::V4(_), SocketAddr::V4(_)));
-        if got != want && !(v4 && matches_other_id(got, want, packet.len())) {
+        if got != want && !(v4 && matches_other_id(got, want, packet.len(), likely_id)) {
             return Err(Reject::Icrc);
         }
     }
@@ -313,25 +317,25 @@ mod tests {
         let mut p = vec![0x04, 0, 0xff, 0xff, 0, 0, 0, 0x12, 0x80, 0, 0, 5];
         p.extend_from_slice(&[7u8; 20]);
         seal(src, dst, &mut p);
-        let (packet, qpn) = check(src, dst, &p, 9000, true).expect("intact");
+        let (packet, qpn) = check(src, dst, &p, 9000, true, 0).expect("intact");
         assert_eq!((packet.len(), qpn), (32, 0x12));
         for bit in 0..p.len() * 8 {
             let mut q = p.clone();
             q[bit / 8] ^= 1 << (bit % 8);
             // Byte 4 of the BTH is masked out of the ICRC, as in IBTA.
             if bit / 8 == 4 {
-                assert!(check(src, dst, &q, 9000, true).is_ok());
+                assert!(check(src, dst, &q, 9000, true, 0).is_ok());
                 continue;
             }
-            assert!(check(src, dst, &q, 9000, true).is_err(), "bit {bit}");
+            assert!(check(src, dst, &q, 9000, true, 0).is_err(), "bit {bit}");
         }
         // The addresses and ports are covered.
         assert_eq!(
-            check(a("127.0.0.3:4791"), dst, &p, 9000, true),
+            check(a("127.0.0.3:4791"), dst, &p, 9000, true, 0),
             Err(Reject::Icrc)
         );
         assert_eq!(
-            check(src, a("127.0.0.2:4792"), &p, 9000, true),
+            check(src, a("127.0.0.2:4792"), &p, 9000, true, 0),
             Err(Reject::Icrc)
         );
     }
@@ -354,7 +358,10 @@ mod tests {
                     "id {id}"
                 );
                 // What a receiver accepts: a segment of a GSO send.
-                assert!(check(src, dst, &p, 9000, true).is_ok(), "id {id}");
+                assert!(check(src, dst, &p, 9000, true, 0).is_ok(), "id {id}");
+                // Named as the likely one, or another named instead.
+                assert!(check(src, dst, &p, 9000, true, id).is_ok(), "id {id}");
+                assert!(check(src, dst, &p, 9000, true, 64 - id).is_ok(), "id {id}");
                 shift_id(&mut p, id);
                 assert_eq!(p, sealed);
             }
@@ -362,7 +369,8 @@ mod tests {
             let c = icrc_with_id(src, dst, &p[..p.len() - 4], 64);
             let at = p.len() - 4;
             p[at..].copy_from_slice(&c.to_le_bytes());
-            assert_eq!(check(src, dst, &p, 9000, true), Err(Reject::Icrc));
+            assert_eq!(check(src, dst, &p, 9000, true, 0), Err(Reject::Icrc));
+            assert_eq!(check(src, dst, &p, 9000, true, 64), Err(Reject::Icrc));
         }
     }
 
@@ -373,9 +381,9 @@ mod tests {
             0x04, 0, 0xff, 0xff, 0, 0, 0, 0x12, 0x80, 0, 0, 5, 1, 2, 3, 4,
         ];
         seal(src, dst, &mut p);
-        assert!(check(src, dst, &p, 9000, true).is_ok());
+        assert!(check(src, dst, &p, 9000, true, 0).is_ok());
         assert_eq!(
-            check(src, a("[fe80::3]:4791"), &p, 9000, true),
+            check(src, a("[fe80::3]:4791"), &p, 9000, true, 0),
             Err(Reject::Icrc)
         );
     }
@@ -383,8 +391,14 @@ mod tests {
     #[test]
     fn short_long_and_foreign_datagrams_are_refused() {
         let (src, dst) = (a("127.0.0.1:4791"), a("127.0.0.2:4791"));
-        assert_eq!(check(src, dst, &[0; 15], 9000, false), Err(Reject::Length));
-        assert_eq!(check(src, dst, &[0; 101], 100, false), Err(Reject::Length));
+        assert_eq!(
+            check(src, dst, &[0; 15], 9000, false, 0),
+            Err(Reject::Length)
+        );
+        assert_eq!(
+            check(src, dst, &[0; 101], 100, false, 0),
+            Err(Reject::Length)
+        );
         // RD opcode 0x40, transport version 1, partition 0x1234.
         for bth in [
             [0x40, 0, 0xff, 0xff],
@@ -393,7 +407,7 @@ mod tests {
         ] {
             let mut p = bth.to_vec();
             p.extend_from_slice(&[0; 12]);
-            assert_eq!(check(src, dst, &p, 9000, false), Err(Reject::Header));
+            assert_eq!(check(src, dst, &p, 9000, false, 0), Err(Reject::Header));
         }
     }
 }

@@ -256,12 +256,14 @@ impl Packet {
                 s.mr.raw_range(s.addr, s.len as usize)
                     .expect("the engine gathers inside resolved regions");
             // SAFETY: `raw_range` checked that the `s.len` bytes at `p` lie inside the
-            // region, and `s.mr` keeps its memory mapped while the slice lives (this
-            // statement). Registered memory may be written behind Rust's back (the
-            // application breaking the rule that a buffer stays unchanged while a request
-            // sending it is outstanding, or a peer's WRITE to the same bytes); every byte
-            // value is valid, so such a write can only change the CRC read here, and the
-            // receiver then drops the packet as corrupted (the engine resends it).
+            // region, and `s.mr` (held by this packet, as the engine held it while the
+            // request was outstanding) keeps that memory mapped while the slice lives: this
+            // statement only. It is the one shared reference over registered memory (other
+            // accesses are raw copies, `provider::mem`), so that the CRC reads the payload
+            // in place: the CRC only reads, each byte once, and every byte value is valid.
+            // A write racing with it (the application changing a buffer a request it
+            // posted still sends, or a peer's WRITE to the same bytes) can only change
+            // the CRC: the receiver drops the packet as corrupted, and it is sent again.
             h.update(unsafe { std::slice::from_raw_parts(p, s.len as usize) });
         }
         let pad = usize::from(self.t.pad);
@@ -411,9 +413,9 @@ pub(crate) fn send_all<D: Wire>(
             }
         }
         // SAFETY: the first `nruns` headers were written above; each names memory valid
-        // for the call: the datagrams' buffers,
-        // registered memory their spans keep mapped (bounds checked by `raw_range`), `to`,
-        // and the iovecs and control messages on this stack frame. sendmmsg only reads it.
+        // for the call: the datagrams' buffers, registered memory their spans keep mapped
+        // (bounds checked by `raw_range`), `to`, and the iovecs and control messages on
+        // this stack frame. sendmmsg only reads it.
         let r = unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr().cast(), nruns as libc::c_uint, 0) };
         shift(datagrams);
         if r < 0 {

@@ -201,7 +201,7 @@ impl Driver {
     }
 
     /// Sends datagrams to `to` now.
-    pub(crate) fn send_now(&self, to: SocketAddr, datagrams: &mut [Vec<u8>]) {
+    pub(crate) fn send_now<D: sys::Wire>(&self, to: SocketAddr, datagrams: &mut [D]) {
         if datagrams.is_empty() {
             return;
         }
@@ -317,12 +317,14 @@ impl Driver {
             self.stats.add(WRONG_SOURCE, n);
             return;
         };
+        // Segment `k` of a joined run most likely carries IPv4 identification `k`.
+        let id = |d: &[u8]| ((d.as_ptr() as usize - bytes.as_ptr() as usize) / seg) as u16;
         let mut chunks = bytes.chunks(seg);
         let mut next = chunks.next();
         while let Some(d) = next.take() {
             let len = if cut { usize::MAX } else { d.len() };
             self.stats.add(RECEIVED, 1);
-            let Some((packet, qpn)) = self.admit(Some(from), d, len) else {
+            let Some((packet, qpn)) = self.admit(Some(from), d, len, id(d)) else {
                 next = chunks.next();
                 continue;
             };
@@ -336,7 +338,7 @@ impl Driver {
             // The packets after it for the same QP, under the same lock.
             for d in chunks.by_ref() {
                 let len = if cut { usize::MAX } else { d.len() };
-                match self.admit(Some(from), d, len) {
+                match self.admit(Some(from), d, len, id(d)) {
                     Some((packet, n)) if n == qpn => {
                         self.stats.add(RECEIVED, 1);
                         fed |= self.feed(&qp, &mut g, from, packet, now);
@@ -369,7 +371,7 @@ impl Driver {
         now: Instant,
     ) -> Option<Arc<UdpQp>> {
         self.stats.add(RECEIVED, 1);
-        let (packet, qpn) = self.admit(from, bytes, len)?;
+        let (packet, qpn) = self.admit(from, bytes, len, 0)?;
         let from = from?;
         let Some(qp) = self.qps.read().get(&qpn).cloned() else {
             self.stats.add(UNKNOWN_QP, 1);
@@ -388,6 +390,7 @@ impl Driver {
         from: Option<SocketAddr>,
         bytes: &'a [u8],
         len: usize,
+        likely_id: u16,
     ) -> Option<(&'a [u8], u32)> {
         let Some(from) = from else {
             self.stats.add(WRONG_SOURCE, 1);
@@ -396,7 +399,14 @@ impl Driver {
         let checked = if len > self.max_datagram {
             Err(Reject::Length)
         } else {
-            icrc::check(from, self.local, bytes, self.max_datagram, self.verify_icrc)
+            icrc::check(
+                from,
+                self.local,
+                bytes,
+                self.max_datagram,
+                self.verify_icrc,
+                likely_id,
+            )
         };
         match checked {
             Ok(p) => Some(p),

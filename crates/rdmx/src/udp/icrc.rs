@@ -18,7 +18,7 @@
 //! A UDP GSO send is one such packet that the kernel splits into segments where it leaves
 //! the host (or that stays joined over loopback); the segments get identifications 0, 1,
 //! 2, ... in order, each with its own UDP length. The sender seals each datagram for
-//! identification 0 and `shift_id` moves the ICRC of segment `k` to identification `k`
+//! identification 0 and `Basis::shift` moves the ICRC of segment `k` to identification `k`
 //! (the CRC is linear: a changed field changes the CRC by the CRC of the change, shifted
 //! by the bytes after it). A receiver accepts identifications 0 to `MAX_SEGMENT_ID`
 //! on IPv4, so that it checks segments of a GSO send whether they arrive apart or joined
@@ -46,11 +46,24 @@ pub fn icrc(src: SocketAddr, dst: SocketAddr, packet: &[u8]) -> u32 {
 
 /// [`icrc`] for a packet whose IPv4 header carries identification `id` (ignored on IPv6).
 fn icrc_with_id(src: SocketAddr, dst: SocketAddr, packet: &[u8], id: u16) -> u32 {
+    start(src, dst, packet.len(), packet, id).finalize()
+}
+
+/// The ICRC's state after the masked headers of a packet of `packet_len` bytes (BTH to
+/// pad) from `src` to `dst` and the packet's first bytes, `first` (its BTH masked): the
+/// rest of the packet is fed to it by the caller, wherever those bytes are.
+pub(crate) fn start(
+    src: SocketAddr,
+    dst: SocketAddr,
+    packet_len: usize,
+    first: &[u8],
+    id: u16,
+) -> Hasher {
     // The masked LRH, IP and UDP headers and the BTH go in one update (short ones cost
     // nearly as much as long ones): 8 + 40 + 8 + 12 bytes at most.
     let mut head = [0xffu8; 8 + 40 + UDP_LEN + BTH_LEN];
     let mut at = 8;
-    let udp_len = (UDP_LEN + packet.len() + ICRC_LEN) as u16;
+    let udp_len = (UDP_LEN + packet_len + ICRC_LEN) as u16;
     match (src, dst) {
         (SocketAddr::V4(s), SocketAddr::V4(d)) => {
             let total = 20 + udp_len;
@@ -89,16 +102,16 @@ fn icrc_with_id(src: SocketAddr, dst: SocketAddr, packet: &[u8], id: u16) -> u32
     head[at + 4..at + 6].copy_from_slice(&udp_len.to_be_bytes());
     at += UDP_LEN;
     let mut h = Hasher::new();
-    if packet.len() >= BTH_LEN {
-        head[at..at + BTH_LEN].copy_from_slice(&packet[..BTH_LEN]);
+    if first.len() >= BTH_LEN {
+        head[at..at + BTH_LEN].copy_from_slice(&first[..BTH_LEN]);
         head[at + 4] = 0xff;
         h.update(&head[..at + BTH_LEN]);
-        h.update(&packet[BTH_LEN..]);
+        h.update(&first[BTH_LEN..]);
     } else {
         h.update(&head[..at]);
-        h.update(packet);
+        h.update(first);
     }
-    h.finalize()
+    h
 }
 
 fn v6(a: SocketAddr) -> [u8; 16] {
@@ -198,22 +211,41 @@ fn cached_basis(packet_len: usize) -> [u32; 6] {
 
 /// Moves the ICRC at the end of `datagram` (sealed for IPv4 identification 0) to
 /// identification `id` (1 to [`MAX_SEGMENT_ID`]); applied twice, it restores it.
-pub(crate) fn shift_id(datagram: &mut [u8], id: u16) {
+#[cfg(test)]
+fn shift_id(datagram: &mut [u8], id: u16) {
     let Some(at) = datagram.len().checked_sub(ICRC_LEN) else {
         return;
     };
-    let d = id_delta(&cached_basis(at), id);
-    let t = &mut datagram[at..];
-    let c = u32::from_le_bytes([t[0], t[1], t[2], t[3]]) ^ d;
-    t.copy_from_slice(&c.to_le_bytes());
+    let (_, t) = datagram.split_at_mut(at);
+    Basis::new(at).shift(t.try_into().expect("four bytes"), id);
+}
+
+/// What moves the ICRC of an IPv4 packet of a given length from identification 0 to
+/// another.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Basis([u32; 6]);
+
+impl Basis {
+    /// For packets of `packet_len` bytes (BTH to pad).
+    pub(crate) fn new(packet_len: usize) -> Basis {
+        Basis(cached_basis(packet_len))
+    }
+
+    /// Moves `icrc`, sealed for IPv4 identification 0, to identification `id` (1 to
+    /// [`MAX_SEGMENT_ID`]); applied twice, it restores it.
+    pub(crate) fn shift(&self, icrc: &mut [u8; ICRC_LEN], id: u16) {
+        *icrc = (u32::from_le_bytes(*icrc) ^ id_delta(&self.0, id)).to_le_bytes();
+    }
 }
 
 /// Whether `got` is the ICRC of an IPv4 packet of `packet_len` bytes whose ICRC for
-/// identification 0 is `want`, with an identification from 1 to [`MAX_SEGMENT_ID`].
-fn matches_other_id(got: u32, want: u32, packet_len: usize) -> bool {
+/// identification 0 is `want`, with an identification from 1 to [`MAX_SEGMENT_ID`];
+/// `likely` is tried first.
+fn matches_other_id(got: u32, want: u32, packet_len: usize, likely: u16) -> bool {
     let d = got ^ want;
     let basis = cached_basis(packet_len);
-    (1..=MAX_SEGMENT_ID).any(|id| id_delta(&basis, id) == d)
+    let ok = |id: u16| id_delta(&basis, id) == d;
+    (1..=MAX_SEGMENT_ID).contains(&likely) && ok(likely) || (1..=MAX_SEGMENT_ID).any(ok)
 }
 
 /// Appends the ICRC of `packet` to it.
@@ -235,13 +267,15 @@ pub(crate) enum Reject {
 
 /// Checks a datagram from `src` to `dst`: its length, its ICRC (with `verify`), and the
 /// BTH fields every packet for this provider has. Returns the packet without its ICRC
-/// and the destination QP number.
+/// and the destination QP number. Over IPv4, `likely_id` is the identification tried
+/// first after 0 (segment `k` of a joined run most likely carries `k`).
 pub(crate) fn check(
     src: SocketAddr,
     dst: SocketAddr,
     datagram: &[u8],
     max_len: usize,
     verify: bool,
+    likely_id: u16,
 ) -> Result<(&[u8], u32), Reject> {
     if datagram.len() < BTH_LEN + ICRC_LEN || datagram.len() > max_len {
         return Err(Reject::Length);
@@ -251,7 +285,7 @@ pub(crate) fn check(
         let got = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
         let want = icrc(src, dst, packet);
         let v4 = matches!((src, dst), (SocketAddr::V4(_), SocketAddr::V4(_)));
-        if got != want && !(v4 && matches_other_id(got, want, packet.len())) {
+        if got != want && !(v4 && matches_other_id(got, want, packet.len(), likely_id)) {
             return Err(Reject::Icrc);
         }
     }
@@ -283,25 +317,25 @@ mod tests {
         let mut p = vec![0x04, 0, 0xff, 0xff, 0, 0, 0, 0x12, 0x80, 0, 0, 5];
         p.extend_from_slice(&[7u8; 20]);
         seal(src, dst, &mut p);
-        let (packet, qpn) = check(src, dst, &p, 9000, true).expect("intact");
+        let (packet, qpn) = check(src, dst, &p, 9000, true, 0).expect("intact");
         assert_eq!((packet.len(), qpn), (32, 0x12));
         for bit in 0..p.len() * 8 {
             let mut q = p.clone();
             q[bit / 8] ^= 1 << (bit % 8);
             // Byte 4 of the BTH is masked out of the ICRC, as in IBTA.
             if bit / 8 == 4 {
-                assert!(check(src, dst, &q, 9000, true).is_ok());
+                assert!(check(src, dst, &q, 9000, true, 0).is_ok());
                 continue;
             }
-            assert!(check(src, dst, &q, 9000, true).is_err(), "bit {bit}");
+            assert!(check(src, dst, &q, 9000, true, 0).is_err(), "bit {bit}");
         }
         // The addresses and ports are covered.
         assert_eq!(
-            check(a("127.0.0.3:4791"), dst, &p, 9000, true),
+            check(a("127.0.0.3:4791"), dst, &p, 9000, true, 0),
             Err(Reject::Icrc)
         );
         assert_eq!(
-            check(src, a("127.0.0.2:4792"), &p, 9000, true),
+            check(src, a("127.0.0.2:4792"), &p, 9000, true, 0),
             Err(Reject::Icrc)
         );
     }
@@ -324,7 +358,10 @@ mod tests {
                     "id {id}"
                 );
                 // What a receiver accepts: a segment of a GSO send.
-                assert!(check(src, dst, &p, 9000, true).is_ok(), "id {id}");
+                assert!(check(src, dst, &p, 9000, true, 0).is_ok(), "id {id}");
+                // Named as the likely one, or another named instead.
+                assert!(check(src, dst, &p, 9000, true, id).is_ok(), "id {id}");
+                assert!(check(src, dst, &p, 9000, true, 64 - id).is_ok(), "id {id}");
                 shift_id(&mut p, id);
                 assert_eq!(p, sealed);
             }
@@ -332,7 +369,8 @@ mod tests {
             let c = icrc_with_id(src, dst, &p[..p.len() - 4], 64);
             let at = p.len() - 4;
             p[at..].copy_from_slice(&c.to_le_bytes());
-            assert_eq!(check(src, dst, &p, 9000, true), Err(Reject::Icrc));
+            assert_eq!(check(src, dst, &p, 9000, true, 0), Err(Reject::Icrc));
+            assert_eq!(check(src, dst, &p, 9000, true, 64), Err(Reject::Icrc));
         }
     }
 
@@ -343,9 +381,9 @@ mod tests {
             0x04, 0, 0xff, 0xff, 0, 0, 0, 0x12, 0x80, 0, 0, 5, 1, 2, 3, 4,
         ];
         seal(src, dst, &mut p);
-        assert!(check(src, dst, &p, 9000, true).is_ok());
+        assert!(check(src, dst, &p, 9000, true, 0).is_ok());
         assert_eq!(
-            check(src, a("[fe80::3]:4791"), &p, 9000, true),
+            check(src, a("[fe80::3]:4791"), &p, 9000, true, 0),
             Err(Reject::Icrc)
         );
     }
@@ -353,8 +391,14 @@ mod tests {
     #[test]
     fn short_long_and_foreign_datagrams_are_refused() {
         let (src, dst) = (a("127.0.0.1:4791"), a("127.0.0.2:4791"));
-        assert_eq!(check(src, dst, &[0; 15], 9000, false), Err(Reject::Length));
-        assert_eq!(check(src, dst, &[0; 101], 100, false), Err(Reject::Length));
+        assert_eq!(
+            check(src, dst, &[0; 15], 9000, false, 0),
+            Err(Reject::Length)
+        );
+        assert_eq!(
+            check(src, dst, &[0; 101], 100, false, 0),
+            Err(Reject::Length)
+        );
         // RD opcode 0x40, transport version 1, partition 0x1234.
         for bth in [
             [0x40, 0, 0xff, 0xff],
@@ -363,7 +407,7 @@ mod tests {
         ] {
             let mut p = bth.to_vec();
             p.extend_from_slice(&[0; 12]);
-            assert_eq!(check(src, dst, &p, 9000, false), Err(Reject::Header));
+            assert_eq!(check(src, dst, &p, 9000, false, 0), Err(Reject::Header));
         }
     }
 }

@@ -53,6 +53,11 @@
 //!
 //! Packets a QP produces in one go leave in `sendmmsg` batches; arriving datagrams are read
 //! with `recvmmsg`, every QP's packets of a batch handled before its answers are sent.
+//! A packet's payload is not copied on its way out: its iovecs name its headers, the
+//! registered memory it is gathered from (the packet holds the region until it is sent) and
+//! its pad with its ICRC, which is computed over that memory where it lies. Arriving
+//! payloads are copied once, from the receive buffer into registered memory, after their
+//! datagram's ICRC and headers have been checked.
 //! By default ([`Options::gso`]) each run of equal-sized datagrams of a multi-packet
 //! message (up to 64 of them, 64 KB) is one UDP GSO message, and the socket takes joined
 //! runs (UDP GRO): over loopback a run stays one packet from `sendmmsg` to `recvmmsg`, and

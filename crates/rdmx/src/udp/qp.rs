@@ -7,9 +7,10 @@ use std::time::Instant;
 use parking_lot::Mutex;
 use rdmx_core::rc::Srq;
 
+use rdmx_core::rc::Transmit;
+
 use super::driver::Driver;
-use super::icrc;
-use super::sys::BATCH;
+use super::sys::{Packet, BATCH};
 use crate::provider::{CqCore, MrRef};
 use crate::soft::{self, Engine, Keys};
 
@@ -35,10 +36,12 @@ pub(crate) struct Inner {
     /// Where the peer QP is: the only source its packets are taken from, and where this
     /// QP's packets go.
     pub(crate) peer: Option<SocketAddr>,
-    /// Datagrams built and not yet sent.
-    tx: Vec<Vec<u8>>,
-    /// Buffers of sent datagrams, for reuse.
-    spare: Vec<Vec<u8>>,
+    /// Packets built and not yet sent.
+    tx: Vec<Packet>,
+    /// Sent packets, their buffers kept for reuse (holding no registered memory).
+    spare: Vec<Packet>,
+    /// What the engine fills with the next packet.
+    scratch: Transmit<MrRef>,
     /// The earliest deadline handed to the driver and not yet fired.
     pub(crate) timer: Option<Instant>,
     /// With fault injection: the QP's generator and a datagram held back.
@@ -68,6 +71,7 @@ impl UdpQp {
                 peer: None,
                 tx: Vec::with_capacity(BATCH),
                 spare: Vec::new(),
+                scratch: Transmit::default(),
                 timer: None,
                 #[cfg(feature = "testing")]
                 faults,
@@ -113,22 +117,23 @@ impl UdpQp {
         loop {
             let mut more = true;
             while g.tx.len() < BATCH {
-                let mut buf = g.spare.pop().unwrap_or_default();
-                let Inner { engine, keys, .. } = &mut *g;
-                if !engine.poll_transmit_into(now, &**keys, &mut buf) {
-                    g.spare.push(buf);
+                let Inner {
+                    engine, scratch, ..
+                } = &mut *g;
+                if !engine.poll_transmit_parts(now, scratch) {
                     more = false;
                     break;
                 }
                 match g.peer {
                     Some(peer) => {
-                        icrc::seal(local, peer, &mut buf);
-                        g.tx.push(buf);
+                        let mut p = g.spare.pop().unwrap_or_default();
+                        p.seal(&mut g.scratch, local, peer);
+                        g.tx.push(p);
                     }
                     // Connected without a peer (modified by hand): nowhere to send.
                     None => {
                         self.driver.stats.count_unrouted();
-                        g.spare.push(buf);
+                        g.scratch.gather.clear();
                     }
                 }
             }
@@ -136,7 +141,10 @@ impl UdpQp {
                 self.send(g, peer, now);
             }
             let Inner { tx, spare, .. } = &mut *g;
-            spare.append(tx);
+            for mut p in tx.drain(..) {
+                p.release();
+                spare.push(p);
+            }
             if !more {
                 break;
             }
@@ -167,6 +175,7 @@ impl UdpQp {
     /// Sends the batch, through the context's faults if it has any.
     #[cfg(feature = "testing")]
     fn send(&self, g: &mut Inner, peer: SocketAddr, now: Instant) {
+        use super::icrc;
         use crate::loopback::faults;
         let (Some(inj), Some((rng, held))) = (self.driver.faults.as_ref(), g.faults.as_mut())
         else {
@@ -189,8 +198,9 @@ impl UdpQp {
             b
         };
         let mut out = Vec::with_capacity(g.tx.len());
-        for d in &g.tx {
-            let fate = faults::apply(inj, rng, now, self.qpn, d.clone());
+        for p in &g.tx {
+            let d = &p.to_vec()[..];
+            let fate = faults::apply(inj, rng, now, self.qpn, d.to_vec());
             let overtaken = match fate.hold {
                 Some(h) => held.replace(wire(d, h)),
                 None => held.take(),

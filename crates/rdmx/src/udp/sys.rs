@@ -5,7 +5,10 @@ use std::io;
 use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 
+use rdmx_core::rc::Transmit;
+
 use super::icrc;
+use crate::provider::MrRef;
 
 /// Datagrams moved by one `sendmmsg` or `recvmmsg`.
 pub(crate) const BATCH: usize = 32;
@@ -156,16 +159,172 @@ const GSO_MAX_SEGS: usize = 64;
 /// Room for a `UDP_SEGMENT` control message.
 type SegCmsg = [u64; 4];
 
+/// A datagram to send, as the iovecs that gather it.
+pub(crate) trait Wire {
+    /// Its length in bytes.
+    fn wire_len(&self) -> usize;
+    /// How many iovecs it takes (at most [`MAX_PARTS`]).
+    fn parts(&self) -> usize;
+    /// Appends its iovecs to `iov`, which has room for [`parts`](Self::parts) more.
+    fn push_iov(&self, iov: &mut IoVecs);
+    /// Its ICRC, the last bytes of a datagram of at least [`icrc::ICRC_LEN`] bytes.
+    fn icrc_mut(&mut self) -> &mut [u8; icrc::ICRC_LEN];
+}
+
+/// The iovecs of one `sendmmsg` call, filled from the front (left uninitialized until
+/// then: most calls name a few).
+pub(crate) struct IoVecs {
+    v: [std::mem::MaybeUninit<libc::iovec>; MAX_IOV],
+    n: usize,
+}
+
+impl IoVecs {
+    fn push(&mut self, p: *const u8, len: usize) {
+        self.v[self.n].write(libc::iovec {
+            iov_base: p.cast_mut().cast(),
+            iov_len: len,
+        });
+        self.n += 1;
+    }
+}
+
+/// A datagram in one buffer, its ICRC at the end.
+impl Wire for Vec<u8> {
+    fn wire_len(&self) -> usize {
+        self.len()
+    }
+    fn parts(&self) -> usize {
+        1
+    }
+    fn push_iov(&self, iov: &mut IoVecs) {
+        iov.push(self.as_ptr(), self.len());
+    }
+    fn icrc_mut(&mut self) -> &mut [u8; icrc::ICRC_LEN] {
+        let at = self.len() - icrc::ICRC_LEN;
+        (&mut self[at..]).try_into().expect("four bytes")
+    }
+}
+
+/// Most spans of registered memory a [`Packet`] gathers from before it is copied into
+/// one buffer instead.
+const MAX_SPANS: usize = 8;
+/// Most iovecs a datagram takes: its headers, its spans, and its pad with its ICRC.
+const MAX_PARTS: usize = MAX_SPANS + 2;
+
+/// A packet of a queue pair's engine to send: its headers in a buffer, its payload still
+/// in registered memory (gathered by the kernel straight from there), then its pad and
+/// ICRC, computed over the payload where it lies.
+#[derive(Debug, Default)]
+pub(crate) struct Packet {
+    t: Transmit<MrRef>,
+    /// The pad's zeros (0 to 3), then the ICRC.
+    tail: [u8; 3 + icrc::ICRC_LEN],
+}
+
+impl Packet {
+    fn tail_len(&self) -> usize {
+        usize::from(self.t.pad) + icrc::ICRC_LEN
+    }
+
+    fn icrc_mut(&mut self) -> &mut [u8; icrc::ICRC_LEN] {
+        let pad = usize::from(self.t.pad);
+        (&mut self.tail[pad..pad + icrc::ICRC_LEN])
+            .try_into()
+            .expect("four bytes")
+    }
+
+    /// Takes the packet `from` holds (leaving it this packet's emptied buffers) and seals
+    /// it for `src` to `dst`. A packet gathered from more than [`MAX_SPANS`] spans is
+    /// copied into its header buffer first.
+    pub(crate) fn seal(&mut self, from: &mut Transmit<MrRef>, src: SocketAddr, dst: SocketAddr) {
+        self.t.gather.clear();
+        std::mem::swap(&mut self.t, from);
+        if self.t.gather.len() > MAX_SPANS {
+            for s in std::mem::take(&mut self.t.gather) {
+                let at = self.t.header.len();
+                self.t.header.resize(at + s.len as usize, 0);
+                let r = s.mr.read_at(
+                    (s.addr as usize).wrapping_sub(s.mr.addr()),
+                    &mut self.t.header[at..],
+                );
+                debug_assert!(r.is_ok(), "the engine gathers inside resolved regions");
+            }
+        }
+        let mut h = icrc::start(src, dst, self.t.len(), &self.t.header, 0);
+        for s in &self.t.gather {
+            let p =
+                s.mr.raw_range(s.addr, s.len as usize)
+                    .expect("the engine gathers inside resolved regions");
+            // SAFETY: `raw_range` checked that the `s.len` bytes at `p` lie inside the
+            // region, and `s.mr` (held by this packet, as the engine held it while the
+            // request was outstanding) keeps that memory mapped while the slice lives: this
+            // statement only. It is the one shared reference over registered memory (other
+            // accesses are raw copies, `provider::mem`), so that the CRC reads the payload
+            // in place: the CRC only reads, each byte once, and every byte value is valid.
+            // A write racing with it (the application changing a buffer a request it
+            // posted still sends, or a peer's WRITE to the same bytes) can only change
+            // the CRC: the receiver drops the packet as corrupted, and it is sent again.
+            h.update(unsafe { std::slice::from_raw_parts(p, s.len as usize) });
+        }
+        let pad = usize::from(self.t.pad);
+        self.tail = [0; 3 + icrc::ICRC_LEN];
+        h.update(&self.tail[..pad]);
+        *self.icrc_mut() = h.finalize().to_le_bytes();
+    }
+
+    /// Lets go of the registered memory it gathers from, keeping its buffers for reuse.
+    pub(crate) fn release(&mut self) {
+        self.t.gather.clear();
+    }
+
+    /// The packet as one buffer, its ICRC at the end.
+    #[cfg(feature = "testing")]
+    pub(crate) fn to_vec(&self) -> Vec<u8> {
+        let mut v = self.t.header.clone();
+        for s in &self.t.gather {
+            let at = v.len();
+            v.resize(at + s.len as usize, 0);
+            let r =
+                s.mr.read_at((s.addr as usize).wrapping_sub(s.mr.addr()), &mut v[at..]);
+            debug_assert!(r.is_ok(), "the engine gathers inside resolved regions");
+        }
+        v.extend_from_slice(&self.tail[..self.tail_len()]);
+        v
+    }
+}
+
+impl Wire for Packet {
+    fn wire_len(&self) -> usize {
+        self.t.len() + icrc::ICRC_LEN
+    }
+    fn parts(&self) -> usize {
+        self.t.gather.len() + 2
+    }
+    fn push_iov(&self, iov: &mut IoVecs) {
+        iov.push(self.t.header.as_ptr(), self.t.header.len());
+        for s in &self.t.gather {
+            let p =
+                s.mr.raw_range(s.addr, s.len as usize)
+                    .expect("the engine gathers inside resolved regions");
+            iov.push(p, s.len as usize);
+        }
+        iov.push(self.tail.as_ptr(), self.tail_len());
+    }
+    fn icrc_mut(&mut self) -> &mut [u8; icrc::ICRC_LEN] {
+        Packet::icrc_mut(self)
+    }
+}
+
 /// Sends `datagrams` to `to`, `batch` (at most [`BATCH`]) messages per call. With `gso`,
 /// each run of equal-sized datagrams (and a shorter one ending it) goes as one message the
 /// kernel splits (`UDP_SEGMENT`). Each datagram comes sealed for IPv4 identification 0;
 /// over IPv4 the ICRC of segment `k` of a run is moved to identification `k`, the one the
 /// kernel gives it, for the call and restored after. Returns how many datagrams the kernel
 /// refused (counted as lost: the engine retransmits).
-pub(crate) fn send_all(
+pub(crate) fn send_all<D: Wire>(
     fd: RawFd,
     to: &CAddr,
-    datagrams: &mut [Vec<u8>],
+    datagrams: &mut [D],
     batch: usize,
     gso: bool,
 ) -> usize {
@@ -173,78 +332,91 @@ pub(crate) fn send_all(
     let v4 = libc::c_int::from(to.storage.ss_family) == libc::AF_INET;
     let mut failed = 0;
     let mut at = 0;
+    let mut iov = IoVecs {
+        v: [const { std::mem::MaybeUninit::uninit() }; MAX_IOV],
+        n: 0,
+    };
     while at < datagrams.len() {
         // Up to `batch` messages, each a run of datagrams: (first, count, segment size).
         let mut runs = [(0usize, 0usize, 0u16); BATCH];
         let mut nruns = 0;
         let mut i = at;
         let mut niov = 0;
-        while nruns < batch && i < datagrams.len() && niov < MAX_IOV {
-            let seg = datagrams[i].len();
+        while nruns < batch && i < datagrams.len() && niov + MAX_PARTS <= MAX_IOV {
+            let seg = datagrams[i].wire_len();
             let mut n = 1;
             let mut bytes = seg;
+            niov += datagrams[i].parts();
             if gso {
                 while i + n < datagrams.len()
                     && n < GSO_MAX_SEGS
-                    && niov + n < MAX_IOV
-                    && bytes + datagrams[i + n].len() <= GSO_MAX_BYTES
-                    && datagrams[i + n].len() <= seg
+                    && niov + MAX_PARTS <= MAX_IOV
+                    && bytes + datagrams[i + n].wire_len() <= GSO_MAX_BYTES
+                    && datagrams[i + n].wire_len() <= seg
                 {
-                    let last = datagrams[i + n].len() < seg;
-                    bytes += datagrams[i + n].len();
+                    let len = datagrams[i + n].wire_len();
+                    bytes += len;
+                    niov += datagrams[i + n].parts();
                     n += 1;
-                    if last {
+                    if len < seg {
                         break;
                     }
                 }
             }
             runs[nruns] = (i, n, seg as u16);
             nruns += 1;
-            niov += n;
             i += n;
         }
-        let shift = |datagrams: &mut [Vec<u8>]| {
+        let shift = |datagrams: &mut [D]| {
             for &(first, n, _) in &runs[..nruns] {
                 if v4 && n > 1 {
+                    // The segments of a run share a length but for the last.
+                    let mut basis = None;
                     for (k, d) in datagrams[first + 1..first + n].iter_mut().enumerate() {
-                        icrc::shift_id(d, k as u16 + 1);
+                        let Some(len) = d.wire_len().checked_sub(icrc::ICRC_LEN) else {
+                            continue;
+                        };
+                        let b = match basis {
+                            Some((l, b)) if l == len => b,
+                            _ => {
+                                let b = icrc::Basis::new(len);
+                                basis = Some((len, b));
+                                b
+                            }
+                        };
+                        b.shift(d.icrc_mut(), k as u16 + 1);
                     }
                 }
             }
         };
         shift(datagrams);
-        let mut iov = [libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; MAX_IOV];
         let mut cmsgs: [SegCmsg; BATCH] = [[0; 4]; BATCH];
-        // SAFETY: all-zero is a valid mmsghdr.
-        let mut msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
-        let mut v = 0;
+        let mut msgs = [const { std::mem::MaybeUninit::<libc::mmsghdr>::uninit() }; BATCH];
+        iov.n = 0;
         for (k, &(first, n, seg)) in runs[..nruns].iter().enumerate() {
+            let start = iov.n;
             for d in &datagrams[first..first + n] {
-                iov[v] = libc::iovec {
-                    iov_base: d.as_ptr().cast_mut().cast(),
-                    iov_len: d.len(),
-                };
-                v += 1;
+                d.push_iov(&mut iov);
             }
-            let h = &mut msgs[k].msg_hdr;
+            // SAFETY: all-zero is a valid mmsghdr.
+            let h = &mut msgs[k].write(unsafe { std::mem::zeroed() }).msg_hdr;
             h.msg_name = (&to.storage as *const libc::sockaddr_storage)
                 .cast_mut()
                 .cast();
             h.msg_namelen = to.len;
-            h.msg_iov = &mut iov[v - n];
-            h.msg_iovlen = n;
+            h.msg_iov = iov.v[start].as_mut_ptr();
+            h.msg_iovlen = iov.n - start;
             if n > 1 {
                 let space = seg_cmsg(&mut cmsgs[k], seg);
                 h.msg_control = cmsgs[k].as_mut_ptr().cast();
                 h.msg_controllen = space;
             }
         }
-        // SAFETY: every header names memory valid for the call (the datagrams, `to`, the
-        // iovecs and control messages on this stack frame); sendmmsg only reads it.
-        let r = unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr(), nruns as libc::c_uint, 0) };
+        // SAFETY: the first `nruns` headers were written above; each names memory valid
+        // for the call: the datagrams' buffers, registered memory their spans keep mapped
+        // (bounds checked by `raw_range`), `to`, and the iovecs and control messages on
+        // this stack frame. sendmmsg only reads it.
+        let r = unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr().cast(), nruns as libc::c_uint, 0) };
         shift(datagrams);
         if r < 0 {
             let e = io::Error::last_os_error();
@@ -262,8 +434,8 @@ pub(crate) fn send_all(
     failed
 }
 
-/// Most iovecs one `sendmmsg` call names.
-const MAX_IOV: usize = 256;
+/// Most iovecs one `sendmmsg` call names (a message may name up to 1024, `UIO_MAXIOV`).
+const MAX_IOV: usize = 1024;
 
 /// Writes a `UDP_SEGMENT` control message for segments of `seg` bytes into `buf`;
 /// returns its length.
@@ -292,9 +464,14 @@ pub(crate) fn enable_gro(fd: RawFd) -> io::Result<()> {
     setsockopt(fd, libc::SOL_UDP, libc::UDP_GRO, 1)
 }
 
+/// The alignment of the receive slots.
+const PAGE: usize = 4096;
+
 /// Room for one `recvmmsg` batch.
 pub(crate) struct RxBatch {
     bufs: Vec<u8>,
+    /// Where the first slot starts in `bufs`: on a page boundary.
+    base: usize,
     slot: usize,
     /// A control buffer per slot (the `UDP_GRO` segment size).
     control: Vec<SegCmsg>,
@@ -309,8 +486,9 @@ unsafe impl Send for RxBatch {}
 
 impl RxBatch {
     pub(crate) fn new(slot: usize) -> RxBatch {
-        RxBatch {
-            bufs: vec![0; slot * BATCH],
+        let mut b = RxBatch {
+            bufs: vec![0; slot * BATCH + PAGE],
+            base: 0,
             slot,
             control: vec![[0; 4]; BATCH],
             // SAFETY: all-zero is a valid sockaddr_storage and mmsghdr.
@@ -324,7 +502,9 @@ impl RxBatch {
             ],
             // SAFETY: as above.
             msgs: vec![unsafe { std::mem::zeroed() }; BATCH],
-        }
+        };
+        b.base = b.bufs.as_ptr().align_offset(PAGE);
+        b
     }
 
     /// Receives what is waiting, without blocking, up to `batch` (at most [`BATCH`])
@@ -332,7 +512,7 @@ impl RxBatch {
     pub(crate) fn recv(&mut self, fd: RawFd, batch: usize) -> usize {
         for i in 0..BATCH {
             self.iov[i] = libc::iovec {
-                iov_base: self.bufs[i * self.slot..].as_mut_ptr().cast(),
+                iov_base: self.bufs[self.base + i * self.slot..].as_mut_ptr().cast(),
                 iov_len: self.slot,
             };
             let m = &mut self.msgs[i];
@@ -396,7 +576,7 @@ impl RxBatch {
         }
         (
             from_c(&self.addrs[i]),
-            &self.bufs[i * self.slot..i * self.slot + len],
+            &self.bufs[self.base + i * self.slot..self.base + i * self.slot + len],
             cut,
             seg,
         )

@@ -267,7 +267,7 @@ fn read_group(g: &Group, sock: &UdpSocket, group: Ipv4Addr, max_datagram: usize,
                 return;
             }
         };
-        let Ok((packet, qpn)) = icrc::check(from, to, &buf[..n], max_datagram, verify) else {
+        let Ok((packet, qpn)) = icrc::check(from, to, &buf[..n], max_datagram, verify, 0) else {
             tracing::trace!(%group, %from, "dropping a malformed group datagram");
             continue;
         };

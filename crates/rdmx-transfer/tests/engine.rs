@@ -2,30 +2,18 @@
 //! through the real transports), and its reliability: broken rails, dead peers, bad
 //! control connections and descriptors, mismatched MTUs.
 
+mod common;
+
 use std::io::Write;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use common::{assert_a_path_failed, local, open_peer, pattern, tcp_rails, wait_completed, writes};
 use rdmx::Access;
-use rdmx_transfer::{Batch, Config, Engine, Error, Rail, RequestStatus, Target, Transport};
+use rdmx_transfer::{
+    Batch, Config, Engine, Error, Rail, RequestStatus, Segment, Target, Transport,
+};
 
 const T: Duration = Duration::from_secs(20);
-
-fn local() -> SocketAddr {
-    "127.0.0.1:0".parse().unwrap()
-}
-
-fn tcp_rails(n: usize) -> Config {
-    Config::default()
-        .rails((0..n).map(|_| Rail::tcp(local())).collect())
-        .listen(local())
-}
-
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
 
 /// Writes `n` requests of `len` bytes from `a` into `b`'s buffer "dst", reads them back
 /// into "back", and checks every byte; returns the transport used.
@@ -38,13 +26,8 @@ fn round_trip(a: &Engine, b: &Engine, n: usize, len: usize) -> Transport {
     let dst = b
         .register("dst", total, Access::REMOTE_WRITE | Access::REMOTE_READ)
         .unwrap();
-    let seg = a.open_segment(&b.control_addr().to_string()).unwrap();
-    let mut w = Batch::new();
-    for i in 0..n {
-        let off = (i * len) as u64;
-        w.write((&src, off), &seg, Target::Buffer("dst", off), len as u64)
-            .unwrap();
-    }
+    let seg = open_peer(a, b);
+    let mut w = writes(&src, &seg, n, len, |o| o, |o| Target::Buffer("dst", o));
     w.notify(b"written").unwrap();
     let h = a.submit(w);
     let st = h.wait(T).unwrap();
@@ -149,7 +132,7 @@ fn bad_requests_are_refused_before_submission() {
     let b = Engine::new("b", tcp_rails(1)).unwrap();
     let src = a.register("src", 8192, Access::LOCAL_WRITE).unwrap();
     b.register("ro", 4096, Access::REMOTE_READ).unwrap();
-    let seg = a.open_segment(&b.control_addr().to_string()).unwrap();
+    let seg = open_peer(&a, &b);
     let mut batch = Batch::new();
     let e = batch
         .write((&src, 0), &seg, Target::Buffer("ro", 0), 4096)
@@ -186,19 +169,10 @@ fn a_rail_broken_mid_batch_moves_its_slices_to_the_other() {
         .register("src", pattern(9, n * len), Access::LOCAL_WRITE)
         .unwrap();
     let dst = b.register("dst", n * len, Access::REMOTE_WRITE).unwrap();
-    let seg = a.open_segment(&b.control_addr().to_string()).unwrap();
-    let mut batch = Batch::new();
-    for i in 0..n {
-        let off = (i * len) as u64;
-        batch
-            .write((&src, off), &seg, Target::Offset(off), len as u64)
-            .unwrap();
-    }
-    let h = a.submit(batch);
+    let seg = open_peer(&a, &b);
+    let h = a.submit(writes(&src, &seg, n, len, |o| o, Target::Offset));
     // Break rail 1 while the batch is under way.
-    while h.check().completed < 2 && !h.is_done() {
-        std::thread::yield_now();
-    }
+    wait_completed(&h, 2, std::thread::yield_now);
     assert!(
         !h.is_done(),
         "the batch finished before the rail could be broken"
@@ -212,11 +186,7 @@ fn a_rail_broken_mid_batch_moves_its_slices_to_the_other() {
         got == pattern(9, n * len),
         "data differs after the rail broke"
     );
-    let paths = &a.status()[0].2;
-    assert!(
-        paths.iter().any(|p| !p.up && p.failures > 0),
-        "no path saw the failure: {paths:?}"
-    );
+    assert_a_path_failed(&a);
 }
 
 /// A set-aside path is rebuilt on demand once its time is up: the target takes a rail
@@ -234,24 +204,10 @@ fn a_failed_path_is_rebuilt_lazily_after_its_set_aside_time() {
     // first completes (tcp moves 1 MiB in a fraction of a millisecond).
     let n = 128;
     let dst = b.register("dst", n * len, Access::REMOTE_WRITE).unwrap();
-    let seg = a.open_segment(&b.control_addr().to_string()).unwrap();
-    let batch = || {
-        let mut bt = Batch::new();
-        for i in 0..n {
-            bt.write(
-                (&src, 0),
-                &seg,
-                Target::Offset((i * len) as u64),
-                len as u64,
-            )
-            .unwrap();
-        }
-        bt
-    };
+    let seg = open_peer(&a, &b);
+    let batch = || writes(&src, &seg, n, len, |_| 0, Target::Offset);
     let h = a.submit(batch());
-    while h.check().completed < 1 && !h.is_done() {
-        std::thread::yield_now();
-    }
+    wait_completed(&h, 1, std::thread::yield_now);
     b.close_rail(1).unwrap();
     assert!(h.wait(T).unwrap().is_success());
     let down = |a: &Engine| a.status()[0].2.iter().filter(|p| !p.up).count();
@@ -296,16 +252,9 @@ fn a_dead_peer_fails_its_requests_and_spares_the_others() {
     let dst2 = alive
         .register("dst", n * len, Access::REMOTE_WRITE)
         .unwrap();
-    let s1 = a.open_segment(&dying.control_addr().to_string()).unwrap();
-    let s2 = a.open_segment(&alive.control_addr().to_string()).unwrap();
-    let batch_to = |seg| {
-        let mut b = Batch::new();
-        for i in 0..n {
-            b.write((&src, 0), seg, Target::Offset((i * len) as u64), len as u64)
-                .unwrap();
-        }
-        b
-    };
+    let s1 = open_peer(&a, &dying);
+    let s2 = open_peer(&a, &alive);
+    let batch_to = |seg: &Segment| writes(&src, seg, n, len, |_| 0, Target::Offset);
     let h1 = a.submit(batch_to(&s1));
     let h2 = a.submit(batch_to(&s2));
     drop(dying);
@@ -386,7 +335,7 @@ fn standalone_notifications_and_slot_pools() {
     let slot = pool.get().unwrap();
     slot.write(0, b"page").unwrap();
     assert_eq!(pool.available(), 7);
-    let seg = a.open_segment(&b.control_addr().to_string()).unwrap();
+    let seg = open_peer(&a, &b);
     let out = a.register("out", 16 << 10, Access::LOCAL_WRITE).unwrap();
     let mut batch = Batch::new();
     batch
@@ -418,7 +367,7 @@ fn standalone_notifications_and_slot_pools() {
     }
     assert!(b.try_recv_notification().is_none());
     // b can talk back over the same connection.
-    let a_seg = b.open_segment(&a.control_addr().to_string()).unwrap();
+    let a_seg = open_peer(&b, &a);
     assert!(b
         .notify(&a_seg, b"hi")
         .unwrap()
@@ -474,19 +423,10 @@ fn a_peer_process_killed_mid_batch() {
         .register("src", pattern(7, len), Access::LOCAL_WRITE)
         .unwrap();
     let victim = a.open_segment(&addr).unwrap();
-    let alive = a.open_segment(&other.control_addr().to_string()).unwrap();
-    let batch_to = |seg, n: usize| {
-        let mut b = Batch::new();
-        for i in 0..n {
-            b.write((&src, 0), seg, Target::Offset((i * len) as u64), len as u64)
-                .unwrap();
-        }
-        b
-    };
+    let alive = open_peer(&a, &other);
+    let batch_to = |seg: &Segment, n: usize| writes(&src, seg, n, len, |_| 0, Target::Offset);
     let h = a.submit(batch_to(&victim, 64));
-    while h.check().completed < 1 && !h.is_done() {
-        std::thread::yield_now();
-    }
+    wait_completed(&h, 1, std::thread::yield_now);
     child.kill().unwrap();
     child.wait().unwrap();
     let killed = Instant::now();
@@ -535,7 +475,7 @@ fn a_cluster_token_keeps_strangers_out() {
     assert!(wrong.open_segment(&b.control_addr().to_string()).is_err());
     let friend = Engine::new("a", tcp_rails(1).token("s3cret")).unwrap();
     let src = friend.register("src", 4096, Access::LOCAL_WRITE).unwrap();
-    let seg = friend.open_segment(&b.control_addr().to_string()).unwrap();
+    let seg = open_peer(&friend, &b);
     let mut batch = Batch::new();
     batch
         .write((&src, 0), &seg, Target::Offset(0), 4096)

@@ -3,14 +3,17 @@
 //! the `etcd` binary the tests say so and skip.
 #![cfg(feature = "etcd")]
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::tcp_rails;
 use rdmx::Access;
-use rdmx_transfer::{Batch, Config, Engine, Error, Rail, SegmentEvent, Target};
+use rdmx_transfer::{Batch, Config, Engine, Error, SegmentEvent, Target};
 
 const T: Duration = Duration::from_secs(20);
 
@@ -133,11 +136,7 @@ fn b64(raw: &[u8]) -> String {
 }
 
 fn cfg(url: &str) -> Config {
-    Config::default()
-        .rails(vec![Rail::tcp("127.0.0.1:0".parse().unwrap())])
-        .listen("127.0.0.1:0".parse().unwrap())
-        .metadata(url)
-        .lease_ttl(Duration::from_secs(2))
+    tcp_rails(1).metadata(url).lease_ttl(Duration::from_secs(2))
 }
 
 fn wait_event(e: &Engine, want: &SegmentEvent) {

@@ -8,8 +8,11 @@
 //! Where no RDMA device exists every test passes after printing why it did not run,
 //! unless `RDMX_REQUIRE_VERBS=1`, which turns that into a failure.
 
+mod common;
+
 use std::time::Duration;
 
+use common::{assert_a_path_failed, local, open_peer, paged_pattern, wait_completed, writes};
 use rdmx::Access;
 use rdmx_transfer::{Batch, Config, Engine, Rail, RequestStatus, Target, Transport};
 
@@ -42,13 +45,7 @@ fn two_rails(dev: &str) -> Config {
     };
     Config::default()
         .rails(vec![rail(), rail()])
-        .listen("127.0.0.1:0".parse().unwrap())
-}
-
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 12) as u8)
-        .collect()
+        .listen(local())
 }
 
 #[test]
@@ -60,20 +57,15 @@ fn a_batch_over_two_verbs_rails_lands_and_reads_back() {
     let (n, len) = (24, 100_000);
     let total = n * len;
     let src = a
-        .register("src", pattern(5, total), Access::LOCAL_WRITE)
+        .register("src", paged_pattern(5, total), Access::LOCAL_WRITE)
         .unwrap();
     let back = a.register("back", total, Access::LOCAL_WRITE).unwrap();
     let dst = b
         .register("dst", total, Access::REMOTE_WRITE | Access::REMOTE_READ)
         .unwrap();
-    let seg = a.open_segment(&b.control_addr().to_string()).unwrap();
+    let seg = open_peer(&a, &b);
     assert_eq!(seg.transport(), Transport::Verbs);
-    let mut w = Batch::new();
-    for i in 0..n {
-        let off = (i * len) as u64;
-        w.write((&src, off), &seg, Target::Buffer("dst", off), len as u64)
-            .unwrap();
-    }
+    let mut w = writes(&src, &seg, n, len, |o| o, |o| Target::Buffer("dst", o));
     w.notify(b"written over verbs").unwrap();
     let h = a.submit(w);
     let st = h.wait(T).unwrap();
@@ -83,7 +75,7 @@ fn a_batch_over_two_verbs_rails_lands_and_reads_back() {
     assert_eq!(note.data, b"written over verbs");
     let mut got = vec![0u8; total];
     dst.read(0, &mut got).unwrap();
-    assert!(got == pattern(5, total), "the written bytes differ");
+    assert!(got == paged_pattern(5, total), "the written bytes differ");
 
     let mut r = Batch::new();
     for i in 0..n {
@@ -93,7 +85,7 @@ fn a_batch_over_two_verbs_rails_lands_and_reads_back() {
     }
     assert!(a.submit(r).wait(T).unwrap().is_success());
     back.read(0, &mut got).unwrap();
-    assert!(got == pattern(5, total), "the read bytes differ");
+    assert!(got == paged_pattern(5, total), "the read bytes differ");
 
     let st = a.status();
     let paths = &st[0].2;
@@ -124,21 +116,12 @@ fn a_verbs_rail_broken_mid_batch_moves_its_slices_to_the_other() {
     let b = Engine::new("b", two_rails(&dev)).unwrap();
     let (n, len) = (48, 256 << 10);
     let src = a
-        .register("src", pattern(9, n * len), Access::LOCAL_WRITE)
+        .register("src", paged_pattern(9, n * len), Access::LOCAL_WRITE)
         .unwrap();
     let dst = b.register("dst", n * len, Access::REMOTE_WRITE).unwrap();
-    let seg = a.open_segment(&b.control_addr().to_string()).unwrap();
-    let mut batch = Batch::new();
-    for i in 0..n {
-        let off = (i * len) as u64;
-        batch
-            .write((&src, off), &seg, Target::Offset(off), len as u64)
-            .unwrap();
-    }
-    let h = a.submit(batch);
-    while h.check().completed < 2 && !h.is_done() {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    let seg = open_peer(&a, &b);
+    let h = a.submit(writes(&src, &seg, n, len, |o| o, Target::Offset));
+    wait_completed(&h, 2, || std::thread::sleep(Duration::from_millis(1)));
     assert!(
         !h.is_done(),
         "the batch finished before the rail could be broken"
@@ -166,12 +149,8 @@ fn a_verbs_rail_broken_mid_batch_moves_its_slices_to_the_other() {
     let mut got = vec![0u8; n * len];
     dst.read(0, &mut got).unwrap();
     assert!(
-        got == pattern(9, n * len),
+        got == paged_pattern(9, n * len),
         "data differs after the rail broke"
     );
-    let paths = &a.status()[0].2;
-    assert!(
-        paths.iter().any(|p| !p.up && p.failures > 0),
-        "no path saw the failure: {paths:?}"
-    );
+    assert_a_path_failed(&a);
 }

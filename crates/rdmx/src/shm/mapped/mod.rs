@@ -1,0 +1,241 @@
+//! The `mapped` data path: an RDMA WRITE or READ between two processes executed by the
+//! initiator at post time, with one memcpy between its registered memory and the
+//! target's, which it maps.
+//!
+//! Memory rdmx allocates for this ([`Mapping::shared`](rdmx_mem::Mapping::shared)) is
+//! backed by a memfd sealed at its size. When such memory is registered with remote
+//! access on a context that runs the mapped path, the context publishes the region in
+//! its **key table** and hands the memfd to the peer of each of its connections that
+//! runs it too (over the connection's Unix socket, `SCM_RIGHTS`; also to a connection
+//! made later); the peer maps it. A region of plain memory is not published: requests to
+//! it take the rings, as before.
+//!
+//! ## What lives where
+//!
+//! - The key table: a memfd per context, created and written by it alone, passed to each
+//!   peer at connection setup and sealed (`F_SEAL_FUTURE_WRITE`) so peers can only map it
+//!   read-only. A slot per key (by rkey modulo the table's size; a key whose slot is
+//!   taken is not published) holds under a sequence lock: the rkey, its access rights,
+//!   protection domain, the region's address and length, which file backs it and where.
+//!   The sequence number is even when the slot is stable, odd while it is written.
+//! - In each connection's segment, per side: a **target word**, where a side says what
+//!   its queue pair accepts (its responder's state is RTR, RTS or SQD; its access flags;
+//!   its type and protection domain), written by that side after every engine change;
+//!   and a **claim word**, where a side names the slot and sequence number it copies
+//!   through now (0: none).
+//!
+//! ## Executing a request
+//!
+//! Only a request the engine lets the initiator execute at post time qualifies, as on
+//! the `direct` path (an RDMA WRITE without immediate data or a READ, on an empty send
+//! queue; UC: every packet sent before has been read). The initiator reads the target
+//! word and the key's slot (a consistent snapshot, or nothing), and checks what the
+//! target's responder would: the QP's state, type and access flags; the rkey, its
+//! protection domain (the target QP's), its rights and that the range lies within the
+//! region; then that the range lies within the mapped file. It **claims** the slot
+//! (stores its tag in its claim word), then reads the slot's sequence number and the
+//! target word again: if either changed, it withdraws the claim and the request takes
+//! the packets. Otherwise it copies, clears the claim and completes the request. Any
+//! check that fails sends the request by packets, so errors (a bad key, bounds, rights,
+//! state) get the responder's own answer, on both sides. Everything read from the shared
+//! memory is checked before use: offsets and lengths from the peer are never trusted.
+//!
+//! ## Revocation
+//!
+//! Deregistering a published region first unpublishes it (odd sequence number, slot
+//! cleared, even again: a tag naming the old number never matches again), then waits
+//! until no connection's claim word names the slot with its old sequence number. Both
+//! the claim and the unpublication are sequentially consistent stores each followed by
+//! a load of the other's word, so either the initiator sees the slot changed and does
+//! not copy, or deregistration sees the claim and waits for it to go. Destroying a queue
+//! pair zeroes its target word the same way before its connection goes; a peer that
+//! claims afterwards sees it and backs off. Connections whose peer has closed its socket
+//! (it exited or was killed) hold no claims.
+//!
+//! The wait is bounded ([`DRAIN_BOUND`]). A peer that still claims the key after it
+//! (stalled mid-copy, or writing garbage into its claim word) loses the memory instead:
+//! the target replaces its own view of the whole mapping with a private copy at the same
+//! address ([`rdmx_mem::shared::detach`]), so whatever the peer writes later lands in
+//! pages this process no longer uses, and what it reads is no longer this process's
+//! memory; the mapping's other published regions are unpublished with it (their
+//! requests take the packets from then on). Deregistration then returns. (Regions of
+//! the same mapping registered on another context of this process stay published there:
+//! registering one mapping on several contexts that run the mapped path, with a peer
+//! that stalls, is the one case the detaching does not cover.)
+//!
+//! A peer holding the memfd can reach the whole mapping while the target shares it:
+//! the mapped path trusts its peers (same user, or one in `allowed_uids`, checked with
+//! `SO_PEERCRED`) to follow the protocol, as a process with ptrace rights over the other
+//! could read and write it anyway; a peer that ignores the claims altogether and writes
+//! into the mapping is not stopped. Memory that must never be within a peer's reach is
+//! plain memory (`Vec`, [`Mapping::new`](rdmx_mem::Mapping::new)), which the rings
+//! carry.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use rdmx_core::{Access, QpType};
+
+mod peer;
+mod table;
+
+pub(crate) use peer::{execute, PeerView};
+pub(crate) use table::{Published, Watch};
+
+const TABLE_MAGIC: u64 = u64::from_be_bytes(*b"RDMXKEYS");
+/// Slots of a key table.
+const SLOTS: usize = 1024;
+const SLOT: usize = 64;
+const TABLE_HDR: usize = 64;
+/// Bytes of a key table.
+const TABLE_LEN: usize = TABLE_HDR + SLOTS * SLOT;
+/// How long deregistration waits for a peer's claim to go before it detaches the memory.
+pub const DRAIN_BOUND: Duration = Duration::from_secs(1);
+/// A message on a connection's socket: a file to map (with its descriptor)...
+const FILE_MAGIC: &[u8; 8] = b"RDMXMFD1";
+/// ... or one to unmap: magic, file id, length (bytes).
+const FORGET_MAGIC: &[u8; 8] = b"RDMXMFD0";
+const MSG_LEN: usize = 24;
+/// Most files a peer may hand over on one connection (each is a mapping of this
+/// process); more ends the connection.
+const MAX_FILES: usize = 4096;
+/// Peer files up to this size are populated when mapped (no page faults in the first
+/// copies); larger ones fault their pages in as copies reach them, so that a peer cannot
+/// make this process allocate a huge file's pages.
+const POPULATE_MAX: usize = 256 << 20;
+/// Sequence numbers in a claim: the low 40 bits (the slot index is above them).
+const SEQ_MASK: u64 = (1 << 40) - 1;
+
+// Slot words (byte offsets in a slot).
+const S_SEQ: usize = 0;
+const S_KEY: usize = 8; // rkey | access << 32
+const S_PD: usize = 16; // pd | valid << 32
+const S_FILE: usize = 24;
+const S_OFF: usize = 32;
+const S_VA: usize = 40;
+const S_LEN: usize = 48;
+
+/// A shared mapping of a file, unmapped on drop.
+#[derive(Debug)]
+struct Map {
+    base: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is shared memory reached only through atomics and raw copies; the
+// pointer is no alias of anything Rust owns.
+unsafe impl Send for Map {}
+// SAFETY: as above.
+unsafe impl Sync for Map {}
+
+impl Map {
+    fn new(fd: &OwnedFd, len: usize, writable: bool) -> std::io::Result<Map> {
+        // Writable mappings are the peer's files: populated now if not too large.
+        let (prot, flags) = match writable {
+            true if len <= POPULATE_MAX => (
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+            ),
+            true => (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED),
+            false => (libc::PROT_READ, libc::MAP_SHARED),
+        };
+        // SAFETY: a shared mapping of a file at an address of the kernel's choosing.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd.as_raw_fd(), 0) };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Map {
+            base: p.cast(),
+            len,
+        })
+    }
+
+    /// The word at byte `off`, if it lies inside the mapping (8-aligned).
+    fn word(&self, off: usize) -> &AtomicU64 {
+        assert!(off % 8 == 0 && off + 8 <= self.len);
+        // SAFETY: inside the mapping (checked), 8-aligned (page-aligned base), which
+        // lives as long as `self`; shared words are only accessed atomically.
+        unsafe { AtomicU64::from_ptr(self.base.add(off).cast()) }
+    }
+}
+
+impl Drop for Map {
+    fn drop(&mut self) {
+        // SAFETY: the mapping this value made; nothing refers into it once it goes.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+fn slot_word(table: &Map, idx: usize, w: usize) -> &AtomicU64 {
+    table.word(TABLE_HDR + idx * SLOT + w)
+}
+
+fn tag(idx: usize, seq: u64) -> u64 {
+    ((idx as u64 + 1) << 40) | (seq & SEQ_MASK)
+}
+
+/// The target word of a queue pair whose engine reports `view` (0: it accepts nothing).
+pub(crate) fn target_word(view: Option<(rdmx_core::PdId, Access, QpType)>) -> u64 {
+    let Some((pd, access, ty)) = view else {
+        return 0;
+    };
+    let ty = match ty {
+        QpType::Rc => 1,
+        QpType::Uc => 2,
+        _ => return 0,
+    };
+    u64::from(pd.0) << 32 | u64::from(access.bits() & 0xff_ffff) << 8 | ty << 1 | 1
+}
+
+/// A second mapping of the file behind a shared mapping, as a peer holds it.
+#[cfg(feature = "testing")]
+#[derive(Debug)]
+pub struct PeerMapping(Map);
+
+#[cfg(feature = "testing")]
+impl PeerMapping {
+    /// Maps the file behind the live shared mapping that holds `addr`, as a peer does.
+    pub fn of(addr: *const u8) -> Option<PeerMapping> {
+        let (file, _) = rdmx_mem::shared::find(addr as usize, 1)?;
+        let fd = file.fd().try_clone_to_owned().ok()?;
+        Map::new(&fd, file.len(), true).ok().map(PeerMapping)
+    }
+
+    /// Writes `bytes` at byte `off` of the file; false if that lies outside it.
+    pub fn write(&self, off: usize, bytes: &[u8]) -> bool {
+        if off
+            .checked_add(bytes.len())
+            .map_or(true, |e| e > self.0.len)
+        {
+            return false;
+        }
+        // SAFETY: inside the mapping (checked); shared memory, written by copy only.
+        unsafe { crate::shm::copy::copy(self.0.base.add(off), bytes.as_ptr(), bytes.len()) };
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::peer::target_word_checked;
+    use super::*;
+
+    #[test]
+    fn target_words_say_type_and_access() {
+        let w = target_word(Some((rdmx_core::PdId(7), Access::REMOTE_WRITE, QpType::Rc)));
+        assert_eq!(w >> 32, 7);
+        assert!(target_word_checked(w, Access::REMOTE_WRITE, QpType::Rc).is_some());
+        assert!(target_word_checked(w, Access::REMOTE_READ, QpType::Rc).is_none());
+        assert!(target_word_checked(w, Access::REMOTE_WRITE, QpType::Uc).is_none());
+        assert!(target_word_checked(0, Access::empty(), QpType::Rc).is_none());
+        assert_eq!(target_word(None), 0);
+    }
+
+    #[test]
+    fn tags_differ_by_slot_and_sequence() {
+        assert_ne!(tag(0, 2), tag(1, 2));
+        assert_ne!(tag(0, 2), tag(0, 4));
+        assert_ne!(tag(0, 0), 0);
+    }
+}

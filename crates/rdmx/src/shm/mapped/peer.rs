@@ -1,0 +1,281 @@
+//! The initiator's side of the mapped path: the peer's key table and files as this
+//! process maps them, and executing a request through them at post time.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{fence, Ordering};
+
+use rdmx_core::{Access, QpType, SendWr};
+
+use super::{
+    slot_word, tag, Map, FILE_MAGIC, FORGET_MAGIC, MAX_FILES, MSG_LEN, SLOTS, S_FILE, S_KEY, S_LEN,
+    S_OFF, S_PD, S_SEQ, S_VA, TABLE_LEN, TABLE_MAGIC,
+};
+use crate::shm::qp::{Conn, Inner};
+use crate::shm::ring::Segment;
+use crate::shm::sys;
+
+/// The peer's key table and the files it handed over, as this process maps them.
+#[derive(Debug)]
+pub(crate) struct PeerView {
+    table: Map,
+    files: HashMap<u64, Map, IdState>,
+}
+
+/// Hashes the peer's file ids for the lookup every mapped request makes: one multiply,
+/// keyed per process so that a peer cannot pick ids that collide (SipHash, the default,
+/// was a sixth of an 8-byte WRITE's cost).
+#[derive(Clone, Debug)]
+struct IdState(u64);
+
+impl Default for IdState {
+    fn default() -> Self {
+        static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        IdState(*SEED.get_or_init(|| {
+            use std::hash::{BuildHasher, RandomState};
+            RandomState::new().hash_one(0x726d_6478u64) | 1
+        }))
+    }
+}
+
+impl std::hash::BuildHasher for IdState {
+    type Hasher = IdHasher;
+    fn build_hasher(&self) -> IdHasher {
+        IdHasher(self.0)
+    }
+}
+
+/// See [`IdState`].
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .rotate_left(23)
+            ^ self.0;
+    }
+    fn finish(&self) -> u64 {
+        let x = self.0.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        x ^ (x >> 33)
+    }
+}
+
+impl PeerView {
+    /// Maps the peer's key table (read-only), after checking its seals, size and header.
+    pub(crate) fn open(fd: &OwnedFd) -> std::io::Result<PeerView> {
+        let bad = |why| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+        if !sys::sealed(fd) {
+            return Err(bad("a key table whose size is not sealed"));
+        }
+        if sys::file_size(fd)? < TABLE_LEN as u64 {
+            return Err(bad("a key table too small"));
+        }
+        let table = Map::new(fd, TABLE_LEN, false)?;
+        if table.word(0).load(Ordering::Relaxed) != TABLE_MAGIC
+            || table.word(8).load(Ordering::Relaxed) != SLOTS as u64
+        {
+            return Err(bad("a key table that is not rdmx's"));
+        }
+        Ok(PeerView {
+            table,
+            files: HashMap::default(),
+        })
+    }
+
+    /// Reads the messages waiting on the connection's socket. An error (a message that
+    /// is not rdmx's, a file that cannot be mapped, the socket's end) ends the
+    /// connection.
+    pub(crate) fn receive(&mut self, sock: &UnixStream) -> std::io::Result<()> {
+        let bad = |why| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+        loop {
+            let mut msg = [0u8; MSG_LEN];
+            let fds = match sys::recv_with_fds(sock, &mut msg) {
+                Ok(fds) => fds,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            let id = u64::from_ne_bytes(msg[8..16].try_into().expect("8 bytes"));
+            let mut fds = fds.into_iter();
+            match (&msg[..8], fds.next(), fds.next()) {
+                (m, Some(fd), None) if m == FILE_MAGIC => {
+                    if !sys::sealed(&fd) {
+                        return Err(bad("a file whose size is not sealed"));
+                    }
+                    if self.files.len() >= MAX_FILES && !self.files.contains_key(&id) {
+                        return Err(bad("more files than a connection maps"));
+                    }
+                    let len = sys::file_size(&fd)?;
+                    let len = usize::try_from(len)
+                        .ok()
+                        .filter(|&n| n > 0 && n <= isize::MAX as usize)
+                        .ok_or_else(|| bad("a file of a bad size"))?;
+                    self.files.insert(id, Map::new(&fd, len, true)?);
+                }
+                (m, None, None) if m == FORGET_MAGIC => {
+                    self.files.remove(&id);
+                }
+                _ => return Err(bad("a message that is not rdmx's")),
+            }
+        }
+    }
+}
+
+/// Executes `wr` on the mapped data path if it qualifies and the target accepts it;
+/// returns whether it did (its completion is then queued in the engine).
+pub(crate) fn execute(g: &mut Inner, wr: &SendWr, inline: Option<&[u8]>) -> bool {
+    if !crate::shm::direct::may_run_at_post(g, wr) {
+        return false;
+    }
+    let ty = g.engine.config().qp_type;
+    let Some(Conn {
+        seg,
+        side,
+        mapped: Some(view),
+        ..
+    }) = g.conn.as_ref()
+    else {
+        return false;
+    };
+    if view.files.is_empty() {
+        return false;
+    }
+    let Some(req) = g.engine.direct_request(&g.keys, wr, inline) else {
+        return false;
+    };
+    let (va, rkey) = req.remote();
+    let need = if req.is_read() {
+        Access::REMOTE_READ
+    } else {
+        Access::REMOTE_WRITE
+    };
+    let Some(found) = check(
+        view,
+        seg,
+        1 - side,
+        va,
+        rkey,
+        u64::from(req.len()),
+        need,
+        ty,
+    ) else {
+        g.engine.direct_cancel(req);
+        return false;
+    };
+    // Claim the slot, then see that neither it nor the target changed (module docs).
+    let claim = seg.claim_word(*side);
+    claim.store(found.tag, Ordering::SeqCst);
+    let seq = slot_word(&view.table, found.idx, S_SEQ).load(Ordering::SeqCst);
+    let target = seg.target_word(1 - side).load(Ordering::SeqCst);
+    if seq != found.seq || target != found.target {
+        claim.store(0, Ordering::Release);
+        g.engine.direct_cancel(req);
+        return false;
+    }
+    // SAFETY: `found.at` lies `req.len()` bytes inside the peer's mapped file (checked
+    // by `check`), which `view` keeps mapped for the call; `req`'s segments were resolved
+    // by this QP's engine. The file is a mapping of its own, so it never overlaps local
+    // memory (it may view the same pages when the peer is this process, which leaves the
+    // bytes unspecified, as concurrent access to registered memory does).
+    unsafe { crate::shm::direct::transfer_at(&req, inline, found.at) };
+    claim.store(0, Ordering::Release);
+    g.engine.direct_complete(req);
+    true
+}
+
+/// Where a checked request goes: the address in the mapped file, the slot and its
+/// sequence number, the claim's tag, and the target word it was checked against.
+struct Found {
+    at: *mut u8,
+    idx: usize,
+    seq: u64,
+    tag: u64,
+    target: u64,
+}
+
+/// Checks a request to `[va, va + len)` with `rkey` needing `need`, as the target's
+/// responder would, against the target word of side `peer` and the peer's key table.
+#[allow(clippy::too_many_arguments)]
+fn check(
+    view: &PeerView,
+    seg: &Segment,
+    peer: usize,
+    va: u64,
+    rkey: u32,
+    len: u64,
+    need: Access,
+    ty: QpType,
+) -> Option<Found> {
+    let target = seg.target_word(peer).load(Ordering::SeqCst);
+    if target != target_word_checked(target, need, ty)? {
+        return None;
+    }
+    let idx = rkey as usize % SLOTS;
+    let w = |o| slot_word(&view.table, idx, o);
+    let seq = w(S_SEQ).load(Ordering::Acquire);
+    if seq & 1 != 0 {
+        return None;
+    }
+    let (key, pd, file, off, e_va, e_len) = (
+        w(S_KEY).load(Ordering::Relaxed),
+        w(S_PD).load(Ordering::Relaxed),
+        w(S_FILE).load(Ordering::Relaxed),
+        w(S_OFF).load(Ordering::Relaxed),
+        w(S_VA).load(Ordering::Relaxed),
+        w(S_LEN).load(Ordering::Relaxed),
+    );
+    fence(Ordering::Acquire);
+    if w(S_SEQ).load(Ordering::Relaxed) != seq {
+        return None;
+    }
+    let rights = Access::from_bits_truncate((key >> 32) as u32);
+    if pd >> 32 != 1
+        || key as u32 != rkey
+        || pd as u32 != (target >> 32) as u32
+        || !rights.contains(need)
+        || va < e_va
+        || va.checked_add(len)? > e_va.checked_add(e_len)?
+    {
+        return None;
+    }
+    let map = view.files.get(&file)?;
+    let start = off.checked_add(va - e_va)?;
+    if start.checked_add(len)? > map.len as u64 {
+        return None;
+    }
+    Some(Found {
+        at: map.base.wrapping_add(start as usize),
+        idx,
+        seq,
+        tag: tag(idx, seq),
+        target,
+    })
+}
+
+/// `target` if it says a QP of type `ty` that accepts requests needing `need`.
+pub(super) fn target_word_checked(target: u64, need: Access, ty: QpType) -> Option<u64> {
+    let want_ty = match ty {
+        QpType::Rc => 1,
+        QpType::Uc => 2,
+        _ => return None,
+    };
+    let access = Access::from_bits_truncate(((target >> 8) & 0xff_ffff) as u32);
+    (target & 1 == 1 && (target >> 1) & 3 == want_ty && access.contains(need)).then_some(target)
+}
+
+#[cfg(feature = "testing")]
+impl PeerView {
+    /// The tag a claim on `rkey` carries now, if the peer publishes it.
+    pub(crate) fn tag_of(&self, rkey: u32) -> Option<u64> {
+        let idx = rkey as usize % SLOTS;
+        let seq = slot_word(&self.table, idx, S_SEQ).load(Ordering::SeqCst);
+        let key = slot_word(&self.table, idx, S_KEY).load(Ordering::SeqCst);
+        (seq & 1 == 0 && key as u32 == rkey).then(|| tag(idx, seq))
+    }
+}

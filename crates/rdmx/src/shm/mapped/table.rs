@@ -1,0 +1,314 @@
+//! The target's side of the mapped path: its key table, publishing and unpublishing
+//! regions, handing their files to peers, and waiting for peers' claims to go.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use rdmx_core::Access;
+use rdmx_mem::shared::SharedFile;
+
+use super::{
+    slot_word, tag, Map, DRAIN_BOUND, FILE_MAGIC, FORGET_MAGIC, MSG_LEN, SLOTS, S_FILE, S_KEY,
+    S_LEN, S_OFF, S_PD, S_SEQ, S_VA, TABLE_LEN, TABLE_MAGIC,
+};
+use crate::provider::MrShared;
+use crate::shm::ring::Segment;
+use crate::shm::sys;
+
+/// This context's key table, and the files of its published regions.
+#[derive(Debug)]
+pub(crate) struct Published {
+    fd: OwnedFd,
+    table: Map,
+    state: Mutex<PubState>,
+}
+
+#[derive(Debug, Default)]
+struct PubState {
+    /// Files of published regions, and how many regions each backs.
+    files: HashMap<u64, (Arc<SharedFile>, usize)>,
+    /// Published regions by lkey: their slot and file.
+    by_lkey: HashMap<u32, (usize, u64)>,
+    used: Vec<bool>,
+}
+
+/// What deregistering a region leaves to do: wait for claims of `tag`, and tell peers
+/// to unmap `forget`.
+struct Withdrawn {
+    tag: u64,
+    file: u64,
+    forget: Option<u64>,
+}
+
+impl Published {
+    pub(crate) fn new() -> std::io::Result<Published> {
+        let fd = sys::memfd_sealed(TABLE_LEN, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW)?;
+        let table = Map::new(&fd, TABLE_LEN, true)?;
+        table.word(0).store(TABLE_MAGIC, Ordering::Relaxed);
+        table.word(8).store(SLOTS as u64, Ordering::Relaxed);
+        // From now on nobody can map it writable: peers read it, this mapping writes it.
+        sys::seal_future_write(&fd)?;
+        Ok(Published {
+            fd,
+            table,
+            state: Mutex::new(PubState {
+                used: vec![false; SLOTS],
+                ..PubState::default()
+            }),
+        })
+    }
+
+    /// The table's descriptor, for the peer.
+    pub(crate) fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+
+    /// Publishes `mr` if it has remote access and lies in a shared mapping. Returns its
+    /// file if peers do not have it yet.
+    pub(crate) fn publish(&self, mr: &MrShared) -> Option<Arc<SharedFile>> {
+        if !mr
+            .access
+            .intersects(Access::REMOTE_READ | Access::REMOTE_WRITE)
+        {
+            return None;
+        }
+        let (file, off) = rdmx_mem::shared::find(mr.addr as usize, mr.len)?;
+        let idx = mr.rkey as usize % SLOTS;
+        let mut st = self.state.lock();
+        if st.used[idx] {
+            tracing::debug!(
+                rkey = mr.rkey,
+                "shm mapped: the key's slot is taken; its requests take the rings"
+            );
+            return None;
+        }
+        st.used[idx] = true;
+        st.by_lkey.insert(mr.lkey, (idx, file.id()));
+        let w = |o| slot_word(&self.table, idx, o);
+        let seq = w(S_SEQ).load(Ordering::Relaxed);
+        w(S_SEQ).store(seq + 1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        w(S_KEY).store(
+            u64::from(mr.rkey) | u64::from(mr.access.bits()) << 32,
+            Ordering::Relaxed,
+        );
+        w(S_PD).store(u64::from(mr.pd.0) | 1 << 32, Ordering::Relaxed);
+        w(S_FILE).store(file.id(), Ordering::Relaxed);
+        w(S_OFF).store(off, Ordering::Relaxed);
+        w(S_VA).store(mr.addr as u64, Ordering::Relaxed);
+        w(S_LEN).store(mr.len as u64, Ordering::Relaxed);
+        w(S_SEQ).store(seq + 2, Ordering::Release);
+        let entry = st.files.entry(file.id()).or_insert((file, 0));
+        entry.1 += 1;
+        (entry.1 == 1).then(|| entry.0.clone())
+    }
+
+    /// Unpublishes the slot `idx`; returns the tag of claims made on it before.
+    fn clear(&self, idx: usize) -> u64 {
+        let w = |o| slot_word(&self.table, idx, o);
+        let seq = w(S_SEQ).load(Ordering::Relaxed);
+        // Sequentially consistent, then the caller loads the claims: see the module docs.
+        w(S_SEQ).store(seq + 1, Ordering::SeqCst);
+        w(S_PD).store(0, Ordering::SeqCst);
+        w(S_SEQ).store(seq + 2, Ordering::SeqCst);
+        tag(idx, seq)
+    }
+
+    /// Unpublishes `mr`, if it was published.
+    fn withdraw(&self, mr: &MrShared) -> Option<Withdrawn> {
+        let mut st = self.state.lock();
+        let (idx, file) = st.by_lkey.remove(&mr.lkey)?;
+        st.used[idx] = false;
+        let tag = self.clear(idx);
+        let forget = match st.files.get_mut(&file) {
+            Some(e) if e.1 > 1 => {
+                e.1 -= 1;
+                None
+            }
+            _ => st.files.remove(&file).map(|_| file),
+        };
+        Some(Withdrawn { tag, file, forget })
+    }
+
+    /// Unpublishes every region of file `file` (its mapping was detached). Returns
+    /// whether the file was still offered.
+    fn withdraw_file(&self, file: u64) -> bool {
+        let mut st = self.state.lock();
+        let idxs: Vec<(u32, usize)> = st
+            .by_lkey
+            .iter()
+            .filter(|(_, (_, f))| *f == file)
+            .map(|(&k, &(i, _))| (k, i))
+            .collect();
+        for (lkey, idx) in idxs {
+            st.by_lkey.remove(&lkey);
+            st.used[idx] = false;
+            self.clear(idx);
+        }
+        st.files.remove(&file).is_some()
+    }
+
+    /// Offers every published file to a new connection's peer.
+    pub(crate) fn offer_all(&self, sock: &UnixStream) {
+        let files: Vec<Arc<SharedFile>> = self
+            .state
+            .lock()
+            .files
+            .values()
+            .map(|(f, _)| f.clone())
+            .collect();
+        for f in files {
+            offer(sock, &f);
+        }
+    }
+}
+
+impl crate::shm::Driver {
+    /// The connections that run the mapped path (their peers map this context's files).
+    fn mapped_socks(&self) -> Vec<Arc<UnixStream>> {
+        let active: Vec<_> = self.active.read().clone();
+        active
+            .iter()
+            .filter_map(|q| {
+                let g = q.inner.lock();
+                let c = g.conn.as_ref()?;
+                c.mapped.is_some().then(|| c.sock.clone())
+            })
+            .collect()
+    }
+
+    /// `mr` was registered: published if it qualifies, its file offered to the peers.
+    pub(crate) fn published(&self, mr: &MrShared) {
+        let Some(file) = self.published.as_ref().and_then(|p| p.publish(mr)) else {
+            return;
+        };
+        for s in self.mapped_socks() {
+            offer(&s, &file);
+        }
+    }
+
+    /// `mr` is being deregistered: unpublished, and once no peer copies through its key
+    /// (or [`DRAIN_BOUND`] has passed and its mapping was detached), returns.
+    pub(crate) fn unpublish(&self, mr: &MrShared) {
+        let Some(p) = self.published.as_ref() else {
+            return;
+        };
+        let Some(w) = p.withdraw(mr) else { return };
+        let mut forget_file = w.forget;
+        if !drain(&self.watch, w.tag, DRAIN_BOUND) {
+            tracing::warn!(
+                rkey = mr.rkey,
+                "shm mapped: a peer still claims a key being deregistered after {DRAIN_BOUND:?}; \
+                 its memory is taken back from every peer (detached)"
+            );
+            match rdmx_mem::shared::detach(mr.addr as usize) {
+                Ok(_) => {
+                    if p.withdraw_file(w.file) {
+                        forget_file = Some(w.file);
+                    }
+                }
+                Err(e) => tracing::error!(
+                    rkey = mr.rkey,
+                    "shm mapped: detaching the memory failed ({e})"
+                ),
+            }
+        }
+        if let Some(id) = forget_file {
+            for s in self.mapped_socks() {
+                forget(&s, id);
+            }
+        }
+    }
+}
+
+/// Hands file `f` to the peer on `sock`. A peer that does not get it (its socket is
+/// full) sends its requests to this file's regions by packets.
+fn offer(sock: &UnixStream, f: &SharedFile) {
+    let mut msg = [0u8; MSG_LEN];
+    msg[..8].copy_from_slice(FILE_MAGIC);
+    msg[8..16].copy_from_slice(&f.id().to_ne_bytes());
+    msg[16..24].copy_from_slice(&(f.len() as u64).to_ne_bytes());
+    if let Err(e) = sys::send_with_fds(sock, &msg, &[f.fd().as_raw_fd()]) {
+        tracing::debug!("shm mapped: could not offer a file to the peer ({e})");
+    }
+}
+
+/// Tells the peer on `sock` to unmap file `id`.
+fn forget(sock: &UnixStream, id: u64) {
+    let mut msg = [0u8; MSG_LEN];
+    msg[..8].copy_from_slice(FORGET_MAGIC);
+    msg[8..16].copy_from_slice(&id.to_ne_bytes());
+    if let Err(e) = sys::send_with_fds(sock, &msg, &[]) {
+        tracing::debug!("shm mapped: could not tell the peer to unmap a file ({e})");
+    }
+}
+
+/// A connection whose claims deregistration must wait for: its segment, its socket
+/// (gone once the connection is), the peer's side, and whether the peer closed its end.
+#[derive(Debug)]
+pub(crate) struct Watch {
+    pub(crate) seg: Arc<Segment>,
+    pub(crate) sock: Weak<UnixStream>,
+    pub(crate) peer: usize,
+    pub(crate) peer_gone: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Waits until no watched connection claims `tag`, for at most `bound`; forgets
+/// connections that are gone and claim nothing. Returns whether the claims went.
+fn drain(watch: &Mutex<Vec<Watch>>, tag: u64, bound: Duration) -> bool {
+    let deadline = Instant::now() + bound;
+    let mut spins = 0u32;
+    loop {
+        let mut busy = false;
+        watch.lock().retain(|w| {
+            let claim = w.seg.claim_word(w.peer).load(Ordering::SeqCst);
+            let sock = w.sock.upgrade();
+            if claim == tag {
+                // A peer that closed its socket holds no claims.
+                if w.peer_gone.load(Ordering::SeqCst)
+                    || sock.as_ref().is_some_and(|s| sys::hung_up(s))
+                {
+                    return false;
+                }
+                busy = true;
+            }
+            sock.is_some() || claim != 0
+        });
+        if !busy {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        spins += 1;
+        if spins < 1000 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
+#[cfg(feature = "testing")]
+impl Published {
+    /// Whether the table can be mapped writable (it must not: it is sealed).
+    pub(crate) fn writable(&self) -> bool {
+        Map::new(&self.fd, TABLE_LEN, true).is_ok()
+    }
+
+    /// Sets the length word of `rkey`'s slot, if it is published.
+    pub(crate) fn scribble_len(&self, rkey: u32, len: u64) -> bool {
+        let st = self.state.lock();
+        let idx = rkey as usize % SLOTS;
+        if !st.used[idx] {
+            return false;
+        }
+        slot_word(&self.table, idx, S_LEN).store(len, Ordering::SeqCst);
+        true
+    }
+}

@@ -151,9 +151,6 @@ pub(crate) struct Inner {
     lazy_wake: bool,
     /// The peer may sleep waiting for what this QP did since it last looked.
     wake_due: bool,
-    /// A polling round handed completions over and left what the engine has to send
-    /// (acknowledgements) to the next visit (see [`ShmQp::poll`]).
-    send_due: bool,
 }
 
 impl ShmQp {
@@ -201,7 +198,6 @@ impl ShmQp {
                 target_word: 0,
                 lazy_wake: false,
                 wake_due: false,
-                send_due: false,
             }),
         }
     }
@@ -273,28 +269,17 @@ impl ShmQp {
     /// only notes that the peer may need waking, and looks at the next visit, a poll
     /// later, or before the progress thread sleeps. (A peer only sleeps after it found
     /// nothing to do for a while; every path that does not spin wakes it at once.)
-    ///
-    /// For the same reason, a round that hands completions over (a receive, a READ's
-    /// data) leaves what the engine has to send in answer, the acknowledgement, to the
-    /// next visit: the application that polls gets its completion first. An engine only
-    /// ever sends more in answer to what arrived, so nothing else waits on it; and a QP
-    /// with something due is never left to sleep ([`Inner::ready`]).
     pub(crate) fn poll(&self, g: &mut Inner, now: Instant) -> bool {
         if g.wake_due {
             g.wake();
         }
         g.lazy_wake = true;
-        let due = std::mem::take(&mut g.send_due);
         let moved = self.read(g, now);
-        let moved =
-            if moved && !due && soft::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq) {
-                g.send_due = true;
-                true
-            } else if moved || due || g.held {
-                self.pump(g, now) || moved
-            } else {
-                false
-            };
+        let moved = if moved || g.held {
+            self.pump(g, now) || moved
+        } else {
+            false
+        };
         g.lazy_wake = false;
         moved
     }
@@ -323,7 +308,6 @@ impl ShmQp {
     /// Sends what the engine has, routes its completions and arms its timer. Returns
     /// whether anything was sent or completed.
     pub(crate) fn pump(&self, g: &mut Inner, now: Instant) -> bool {
-        g.send_due = false;
         let mut moved = match g.send(now) {
             Ok(sent) => sent,
             Err(e) => {
@@ -367,9 +351,7 @@ impl Inner {
         let Some(conn) = self.conn.as_ref() else {
             return false;
         };
-        self.held
-            || self.send_due
-            || !matches!(conn.seg.peek(1 - conn.side, &mut self.cons), Ok(None))
+        self.held || !matches!(conn.seg.peek(1 - conn.side, &mut self.cons), Ok(None))
     }
 
     /// This QP's side of its connection: sleeping or awake. A peer still to be woken is

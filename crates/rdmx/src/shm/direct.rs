@@ -31,7 +31,6 @@
 //! pairs posting to each other at once never wait on each other for good.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use parking_lot::MutexGuard;
 use rdmx_core::rc::DirectRequest;
@@ -40,6 +39,7 @@ use rdmx_core::{SendOp, SendWr};
 use super::copy::copy;
 use super::qp::{Inner, ShmQp};
 use crate::provider::MrRef;
+use crate::soft;
 use crate::Result;
 
 /// Posts `wr` on `qp`: executed now when it can be (see the module docs), else to the
@@ -47,7 +47,7 @@ use crate::Result;
 pub(crate) fn post_send(qp: &ShmQp, wr: &SendWr, inline: Option<&[u8]>) -> Result<()> {
     let mut g = qp.inner.lock();
     let posted = post_one(qp, &mut g, wr, inline);
-    qp.pump(&mut g, Instant::now());
+    qp.pump(&mut g, soft::clock::now());
     posted
 }
 
@@ -65,7 +65,7 @@ pub(crate) fn post_send_list(
             break;
         }
     }
-    qp.pump(&mut g, Instant::now());
+    qp.pump(&mut g, soft::clock::now());
     posted
 }
 

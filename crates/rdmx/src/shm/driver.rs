@@ -15,7 +15,7 @@ use slab::Slab;
 
 use super::qp::{Conn, ShmQp};
 use super::*;
-use crate::soft::{Handover, Waiting};
+use crate::soft::{self, Handover, Waiting};
 
 const EVENT: u64 = 0;
 const LISTENER: u64 = 1;
@@ -419,7 +419,7 @@ impl Driver {
 
     /// An application polls: records it and runs a round if nobody else is.
     pub(super) fn app_progress(&self) {
-        let now = Instant::now();
+        let now = soft::clock::now();
         self.handover.app_polls(now);
         if let Some(_g) = self.running.try_lock() {
             self.round(now);

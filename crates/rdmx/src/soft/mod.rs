@@ -5,6 +5,7 @@
 //! progress is made, and where the peer is. The providers with a progress thread (tcp,
 //! shm, udp) share it with polling applications through a [`Handover`].
 
+pub(crate) mod clock;
 pub(crate) mod handover;
 mod mem;
 mod waiting;

@@ -60,12 +60,8 @@ impl Credits {
     /// The largest code whose credit count is `<= n` (so never advertising
     /// more than `n`); counts above 32768 saturate at code 30.
     pub fn from_count(n: u32) -> Credits {
-        let mut code = 0;
-        for (i, &c) in CREDIT_COUNTS.iter().enumerate() {
-            if u32::from(c) <= n {
-                code = i;
-            }
-        }
+        // The table ascends from 0, so at least its first entry is ≤ n.
+        let code = CREDIT_COUNTS.partition_point(|&c| u32::from(c) <= n) - 1;
         Credits(code as u8)
     }
 

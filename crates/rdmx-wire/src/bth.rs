@@ -322,6 +322,31 @@ impl BthRepr {
         })
     }
 
+    /// [`BthRepr::parse`] of a BTH whose length, version and opcode (`op`) the caller has
+    /// already checked.
+    #[inline]
+    pub(crate) fn parse_checked<T: AsRef<[u8]> + ?Sized>(packet: &Bth<&T>, op: Opcode) -> BthRepr {
+        let d: &[u8; BTH_LEN] = packet.buffer.as_ref()[..BTH_LEN]
+            .try_into()
+            .expect("a slice of BTH_LEN bytes");
+        let w0 = u32::from_be_bytes([d[0], d[1], d[2], d[3]]);
+        let w1 = u32::from_be_bytes([d[4], d[5], d[6], d[7]]);
+        let w2 = u32::from_be_bytes([d[8], d[9], d[10], d[11]]);
+        let flags = (w0 >> 16) as u8;
+        BthRepr {
+            opcode: op,
+            solicited: flags & field::SE != 0,
+            migreq: flags & field::MIG != 0,
+            pad_count: (flags & field::PAD) >> field::PAD_SHIFT,
+            pkey: w0 as u16,
+            fecn: w1 & (u32::from(field::FECN) << 24) != 0,
+            becn: w1 & (u32::from(field::BECN) << 24) != 0,
+            dest_qpn: w1 & QPN_MASK,
+            ack_req: w2 & (u32::from(field::ACK) << 24) != 0,
+            psn: w2 & PSN_MASK,
+        }
+    }
+
     /// Checks that every field fits its wire width.
     pub fn check(&self) -> Result<()> {
         if self.dest_qpn > QPN_MASK {
@@ -360,16 +385,22 @@ impl BthRepr {
     /// [`BTH_LEN`] bytes.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, packet: &mut Bth<&mut T>) {
         debug_assert_eq!(self.check(), Ok(()), "BthRepr field out of range");
-        let d = packet.buffer.as_mut();
-        d[field::OPCODE] = self.opcode.as_u8();
-        d[field::FLAGS] = (u8::from(self.solicited) << 7)
-            | (u8::from(self.migreq) << 6)
-            | ((self.pad_count & 0x3) << field::PAD_SHIFT);
-        put_u16(d, field::PKEY, self.pkey);
-        d[field::FECN_BECN] = (u8::from(self.fecn) << 7) | (u8::from(self.becn) << 6);
-        put_u24(d, field::DEST_QP, self.dest_qpn);
-        d[field::ACK_REQ] = u8::from(self.ack_req) << 7;
-        put_u24(d, field::PSN, self.psn);
+        let d: &mut [u8; BTH_LEN] = (&mut packet.buffer.as_mut()[..BTH_LEN])
+            .try_into()
+            .expect("a slice of BTH_LEN bytes");
+        // Three big-endian words (one bounds check): opcode, flags and P_Key; FECN/BECN
+        // and the destination QP; AckReq and the PSN.
+        let flags = (u32::from(self.solicited) << 7)
+            | (u32::from(self.migreq) << 6)
+            | (u32::from(self.pad_count & 0x3) << field::PAD_SHIFT);
+        let w0 = (u32::from(self.opcode.as_u8()) << 24) | (flags << 16) | u32::from(self.pkey);
+        let w1 = (u32::from(self.fecn) << 31)
+            | (u32::from(self.becn) << 30)
+            | (self.dest_qpn & QPN_MASK);
+        let w2 = (u32::from(self.ack_req) << 31) | (self.psn & PSN_MASK);
+        d[0..4].copy_from_slice(&w0.to_be_bytes());
+        d[4..8].copy_from_slice(&w1.to_be_bytes());
+        d[8..12].copy_from_slice(&w2.to_be_bytes());
     }
 }
 

@@ -70,6 +70,14 @@ impl HeaderKind {
     /// Byte offset of this header in a packet with opcode `op`, or `None`
     /// if the opcode does not carry it.
     pub const fn offset_in(self, op: Opcode) -> Option<usize> {
+        match OFFSETS[op as usize][self as usize] {
+            0 => None,
+            off => Some(off as usize),
+        }
+    }
+
+    /// [`HeaderKind::offset_in`], worked out (once, at compile time, into [`OFFSETS`]).
+    const fn compute_offset_in(self, op: Opcode) -> Option<usize> {
         if !self.present_in(op) {
             return None;
         }
@@ -100,6 +108,44 @@ impl HeaderKind {
         }
     }
 }
+
+/// Each extension header's offset in a packet of each opcode (indexed by the opcode's
+/// value, then by [`HeaderKind`]); 0 where the opcode carries no such header. Parsing
+/// looks offsets up here rather than summing header lengths for every header it reads.
+const OFFSETS: [[u8; 6]; 24] = {
+    let mut table = [[0u8; 6]; 24];
+    let mut i = 0;
+    while i < Opcode::ALL.len() {
+        let op = Opcode::ALL[i];
+        let mut k = 0;
+        while k < HeaderKind::ALL.len() {
+            if let Some(off) = HeaderKind::ALL[k].compute_offset_in(op) {
+                table[op as usize][k] = off as u8;
+            }
+            k += 1;
+        }
+        i += 1;
+    }
+    table
+};
+
+/// The extension headers of each opcode (indexed by its value) as a bit set: bit `k` for
+/// `HeaderKind::ALL[k]`.
+const KINDS: [u8; 24] = {
+    let mut kinds = [0u8; 24];
+    let mut op = 0;
+    while op < 24 {
+        let mut k = 0;
+        while k < 6 {
+            if OFFSETS[op][k] != 0 {
+                kinds[op] |= 1 << k;
+            }
+            k += 1;
+        }
+        op += 1;
+    }
+    kinds
+};
 
 impl fmt::Display for HeaderKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -452,12 +498,14 @@ impl<'a> RcRepr<'a> {
         Self::parse_with_payload(packet, payload)
     }
 
+    #[inline]
     fn parse_with_payload<T: AsRef<[u8]> + ?Sized>(
         packet: &RcPacket<&'a T>,
         payload: &'a [u8],
     ) -> Result<RcRepr<'a>> {
         let data: &'a [u8] = packet.buffer.as_ref();
-        let bth = BthRepr::parse(&Bth::new_unchecked(data))?;
+        // The view was checked: length, version and opcode.
+        let bth = BthRepr::parse_checked(&Bth::new_unchecked(data), packet.opcode);
         Ok(RcRepr {
             bth,
             reth: packet.reth().map(|v| RethRepr::parse(&v)).transpose()?,
@@ -491,6 +539,7 @@ impl<'a> RcRepr<'a> {
     ///
     /// This is how a stream transport places payloads without copying them: it parses
     /// the headers first and reads the payload straight to where it belongs.
+    #[inline]
     pub fn parse_split(header: &'a [u8], rest_len: usize) -> Result<(RcRepr<'a>, usize)> {
         let op = RcPacket::<&[u8]>::check_headers(header)?;
         let hlen = op.header_len();
@@ -539,18 +588,25 @@ impl<'a> RcRepr<'a> {
         }
         .check()?;
         let present = [
-            (HeaderKind::Reth, self.reth.is_some()),
-            (HeaderKind::AtomicEth, self.atomic_eth.is_some()),
-            (HeaderKind::Aeth, self.aeth.is_some()),
-            (HeaderKind::AtomicAckEth, self.atomic_ack_eth.is_some()),
-            (HeaderKind::ImmDt, self.immdt.is_some()),
-            (HeaderKind::Ieth, self.ieth.is_some()),
+            self.reth.is_some(),
+            self.atomic_eth.is_some(),
+            self.aeth.is_some(),
+            self.atomic_ack_eth.is_some(),
+            self.immdt.is_some(),
+            self.ieth.is_some(),
         ];
-        for (kind, is) in present {
-            match (kind.present_in(op), is) {
-                (true, false) => return Err(Error::MissingHeader(kind)),
-                (false, true) => return Err(Error::UnexpectedHeader(kind)),
-                _ => {}
+        let mask = present
+            .iter()
+            .enumerate()
+            .fold(0u8, |m, (k, &is)| m | (u8::from(is) << k));
+        // One comparison for the usual case; the loop names the first mismatch.
+        if mask != KINDS[op as usize] {
+            for (kind, is) in HeaderKind::ALL.into_iter().zip(present) {
+                match (kind.present_in(op), is) {
+                    (true, false) => return Err(Error::MissingHeader(kind)),
+                    (false, true) => return Err(Error::UnexpectedHeader(kind)),
+                    _ => {}
+                }
             }
         }
         if let Some(aeth) = &self.aeth {

@@ -205,6 +205,7 @@ impl<Mr> Responder<Mr> {
     }
 
     /// The coalesced ACK, if one is due.
+    #[inline]
     fn ack_packet(&mut self, attrs: &QpAttr, credits: Option<u32>) -> Option<RcRepr<'static>> {
         let (psn, msn) = self.ack.take()?;
         let mut h = codec::header(Opcode::Acknowledge, attrs.dest_qp_num, psn);

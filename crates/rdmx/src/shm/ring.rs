@@ -252,7 +252,9 @@ impl Segment {
             worst <= cap / 2 && prefix_len <= MAX_PREFIX,
             "record too large for the ring"
         );
-        let mut pos = (p.tail % cap as u64) as usize;
+        // `cap` is a power of two (checked where the segment is made or opened): a mask, not
+        // a division.
+        let mut pos = (p.tail & (cap as u64 - 1)) as usize;
         let wrap = if cap - pos < worst { cap - pos } else { 0 };
         if cap as u64 - (p.tail - p.head) < (wrap + worst) as u64 {
             let head = self.atomic64(HEAD_OFF[ring]).load(Ordering::Acquire);
@@ -311,8 +313,11 @@ impl Segment {
             // is loaded: when a record has arrived, both lines come over at once instead
             // of one after the other (a hint only: what is read is read below, after the
             // index).
-            prefetch(self.data(ring).wrapping_add((c.head % cap) as usize));
-            prefetch(self.data(ring).wrapping_add((c.head % cap) as usize + 48));
+            prefetch(self.data(ring).wrapping_add((c.head & (cap - 1)) as usize));
+            prefetch(
+                self.data(ring)
+                    .wrapping_add((c.head & (cap - 1)) as usize + 48),
+            );
             let tail = self.atomic64(TAIL_OFF[ring]).load(Ordering::Acquire);
             let avail = tail.wrapping_sub(c.head);
             if avail == 0 {
@@ -324,7 +329,7 @@ impl Segment {
                     value: tail,
                 });
             }
-            let pos = (c.head % cap) as usize;
+            let pos = (c.head & (cap - 1)) as usize;
             let mut hdr = [0u32; 4];
             // SAFETY: pos + 16 ≤ cap (16-aligned positions), inside this ring's data;
             // copied out once, then checked.

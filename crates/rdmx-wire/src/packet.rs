@@ -505,23 +505,43 @@ impl<'a> RcRepr<'a> {
     ) -> Result<RcRepr<'a>> {
         let data: &'a [u8] = packet.buffer.as_ref();
         // The view was checked: length, version and opcode.
-        let bth = BthRepr::parse_checked(&Bth::new_unchecked(data), packet.opcode);
-        Ok(RcRepr {
-            bth,
-            reth: packet.reth().map(|v| RethRepr::parse(&v)).transpose()?,
-            atomic_eth: packet
+        let mut repr = RcRepr::new(BthRepr::parse_checked(
+            &Bth::new_unchecked(data),
+            packet.opcode,
+        ));
+        repr.payload = payload;
+        // Most packets carry one extension header or none: test the opcode's set once,
+        // then parse only what is there.
+        let kinds = KINDS[packet.opcode as usize];
+        if kinds == 0 {
+            return Ok(repr);
+        }
+        let has = |k: HeaderKind| kinds & (1 << k as u8) != 0;
+        if has(HeaderKind::Reth) {
+            repr.reth = packet.reth().map(|v| RethRepr::parse(&v)).transpose()?;
+        }
+        if has(HeaderKind::AtomicEth) {
+            repr.atomic_eth = packet
                 .atomic_eth()
                 .map(|v| AtomicEthRepr::parse(&v))
-                .transpose()?,
-            aeth: packet.aeth().map(|v| AethRepr::parse(&v)).transpose()?,
-            atomic_ack_eth: packet
+                .transpose()?;
+        }
+        if has(HeaderKind::Aeth) {
+            repr.aeth = packet.aeth().map(|v| AethRepr::parse(&v)).transpose()?;
+        }
+        if has(HeaderKind::AtomicAckEth) {
+            repr.atomic_ack_eth = packet
                 .atomic_ack_eth()
                 .map(|v| AtomicAckEthRepr::parse(&v))
-                .transpose()?,
-            immdt: packet.immdt().map(|v| ImmDtRepr::parse(&v)).transpose()?,
-            ieth: packet.ieth().map(|v| IethRepr::parse(&v)).transpose()?,
-            payload,
-        })
+                .transpose()?;
+        }
+        if has(HeaderKind::ImmDt) {
+            repr.immdt = packet.immdt().map(|v| ImmDtRepr::parse(&v)).transpose()?;
+        }
+        if has(HeaderKind::Ieth) {
+            repr.ieth = packet.ieth().map(|v| IethRepr::parse(&v)).transpose()?;
+        }
+        Ok(repr)
     }
 
     /// [`RcPacket::new_checked`] followed by [`RcRepr::parse`].

@@ -629,15 +629,21 @@ impl<M: MemAccess> RcQp<M> {
                 return None;
             }
         }
-        let (hdr, len) = codec::decode_split(header, rest_len)?;
+        // Borrowed where it was parsed: the headers are large enough that a move is a
+        // `memcpy`.
+        let parsed = codec::decode_split(header, rest_len);
+        let (hdr, len) = parsed.as_ref()?;
         self.handle(
             now,
             mem,
             srq,
-            &hdr,
-            &mut Payload::Deferred { len, out: place },
+            hdr,
+            &mut Payload::Deferred {
+                len: *len,
+                out: place,
+            },
         );
-        Some(len)
+        Some(*len)
     }
 
     fn handle(

@@ -5,26 +5,35 @@
 //! 0     magic, ring capacity                       (written by the creator, checked once)
 //! 64    side 0 asleep    128   side 1 asleep       (wake-up flags)
 //! 192   side 0 pulls     196   side 1 pulls        (it reads descriptor records)
-//! 256   ring 0: tail     384   ring 0: head        (side 0 → side 1)
-//! 512   ring 1: tail     640   ring 1: head        (side 1 → side 0)
+//! 384   ring 0: head                               (side 0 → side 1)
+//! 640   ring 1: head                               (side 1 → side 0)
 //! 768   side 0 as a target   832   side 1 as a target   (the `mapped` data path:
 //! 1024  side 0's claim       1088  side 1's claim        see `mapped`)
 //! 4096  ring 0 data, then ring 1 data              (capacity bytes each)
 //! ```
 //!
-//! Indices are byte counts that only grow; a position is the count modulo the capacity.
-//! A ring holds records, 16-aligned, never wrapping: a record that would not fit before
-//! the end is preceded by a wrap record that fills the rest. A record is a 16-byte header
-//! (kind, prefix length, payload offset, payload length), the packet's first bytes (its
-//! headers), then, at `payload offset`, the rest of the packet. Large payloads start at
-//! the same offset within a cache line as the memory they were copied from, so that copy
-//! runs at full speed. A descriptor record has the same layout; its payload names where
-//! the packet's payload lies in the producer's memory, for the consumer to copy from
-//! there itself (a side says it can by raising its `pulls` flag).
+//! The consumer's head is a byte count that only grows; a position is the count modulo
+//! the capacity. A ring holds records, 16-aligned, never wrapping: a record that would
+//! not fit before the end is preceded by a wrap record that fills the rest. A record is a
+//! 16-byte header (kind, prefix length, payload offset, payload length), the packet's
+//! first bytes (its headers), then, at `payload offset`, the rest of the packet. Large
+//! payloads start at the same offset within a cache line as the memory they were copied
+//! from, so that copy runs at full speed. A descriptor record has the same layout; its
+//! payload names where the packet's payload lies in the producer's memory, for the
+//! consumer to copy from there itself (a side says it can by raising its `pulls` flag).
+//!
+//! The kind word publishes a record: the producer writes it last, with release ordering,
+//! and the consumer polls the kind word where its next record starts, so an arriving
+//! record costs the consumer's core one cache-line transfer, not one for an index and
+//! then one for the record. A kind of 0 means nothing yet: before it publishes a record,
+//! the producer clears the kind word where the record after it will start (the room it
+//! asks for includes that header), so the consumer never mistakes bytes of an older
+//! record for a new one. A fresh segment is all zeros. The producer learns how far the
+//! consumer got from the consumer's head.
 //!
 //! Everything in the segment is the peer's to change at any moment. The producer keeps
-//! its own tail and the consumer its own head (neither reads its own index back); each
-//! reads the other's index once per use with an atomic load and checks it; headers are
+//! its own tail and the consumer its own head (neither reads its own index back); the
+//! producer reads the consumer's head with an atomic load and checks it; headers are
 //! copied out once and checked before anything is trusted; payload bytes are only ever
 //! copied, never referenced. A peer that breaks a rule gets a [`RingError`], and its queue
 //! pair goes to the error state: it cannot make this process read or write outside the
@@ -36,9 +45,8 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use super::copy::copy;
 use super::sys;
 
-const MAGIC: u64 = u64::from_be_bytes(*b"RDMXSHM1");
+const MAGIC: u64 = u64::from_be_bytes(*b"RDMXSHM2");
 const SLEEP_OFF: [usize; 2] = [64, 128];
-const TAIL_OFF: [usize; 2] = [256, 512];
 const HEAD_OFF: [usize; 2] = [384, 640];
 const DATA_OFF: usize = 4096;
 const REC_HDR: usize = 16;
@@ -254,9 +262,11 @@ impl Segment {
         );
         // `cap` is a power of two (checked where the segment is made or opened): a mask, not
         // a division.
-        let mut pos = (p.tail & (cap as u64 - 1)) as usize;
-        let wrap = if cap - pos < worst { cap - pos } else { 0 };
-        if cap as u64 - (p.tail - p.head) < (wrap + worst) as u64 {
+        let at = (p.tail & (cap as u64 - 1)) as usize;
+        let wrap = if cap - at < worst { cap - at } else { 0 };
+        // Room for the record and for the next record's header, which is cleared ahead.
+        let need = (wrap + worst + REC_HDR) as u64;
+        if cap as u64 - (p.tail - p.head) < need {
             let head = self.atomic64(HEAD_OFF[ring]).load(Ordering::Acquire);
             if head > p.tail || p.tail - head > cap as u64 || head < p.head {
                 return Err(RingError::Index {
@@ -265,19 +275,12 @@ impl Segment {
                 });
             }
             p.head = head;
-            if cap as u64 - (p.tail - p.head) < (wrap + worst) as u64 {
+            if cap as u64 - (p.tail - p.head) < need {
                 return Ok(false);
             }
         }
         let data = self.data(ring);
-        if wrap > 0 {
-            let hdr = [KIND_WRAP, 0, 0, 0];
-            // SAFETY: pos + 16 ≤ cap (positions are 16-aligned, cap a power of two ≥ 4096):
-            // the header lies inside this ring's data, in bytes the consumer has released.
-            unsafe { copy_hdr(data.add(pos), &hdr) };
-            p.tail += wrap as u64;
-            pos = 0;
-        }
+        let pos = if wrap > 0 { 0 } else { at };
         let off = if payload_len >= ALIGN_MIN {
             base + (align.wrapping_sub(pos + base) & 63)
         } else {
@@ -285,70 +288,69 @@ impl Segment {
         };
         let size = round16(off + payload_len);
         debug_assert!(pos + size <= cap && size <= worst);
-        let hdr = [
-            if desc { KIND_DESC } else { KIND_PACKET },
-            prefix_len as u32,
-            off as u32,
-            payload_len as u32,
-        ];
-        // SAFETY: [pos, pos + size) lies inside this ring's data and was released by the
-        // consumer (room checked above); `fill` writes only the prefix and payload ranges.
+        let next = (pos + size) & (cap - 1);
+        // SAFETY: every position written lies inside this ring's data, 16-aligned, in bytes
+        // the consumer has released (room checked above, the next header's included; with
+        // a wrap, the record and the next header lie before `at`: size ≤ worst ≤ cap/2 <
+        // at). `fill` writes only the prefix and payload ranges.
         unsafe {
+            // The next record's kind first: the consumer, having read this record, must
+            // find no record there until the next push publishes one.
+            kind_word(data, next).store(0, Ordering::Relaxed);
             let rec = data.add(pos);
-            copy_hdr(rec, &hdr);
+            copy(
+                rec.add(4),
+                [prefix_len as u32, off as u32, payload_len as u32]
+                    .as_ptr()
+                    .cast(),
+                12,
+            );
             fill(rec.add(REC_HDR), rec.add(off));
+            // Publishes the record: everything above is visible to whoever reads this.
+            kind_word(data, pos).store(
+                if desc { KIND_DESC } else { KIND_PACKET },
+                Ordering::Release,
+            );
+            if wrap > 0 {
+                // Then the wrap record, where the consumer looks, sends it to the start.
+                kind_word(data, at).store(KIND_WRAP, Ordering::Release);
+            }
         }
-        p.tail += size as u64;
-        self.atomic64(TAIL_OFF[ring])
-            .store(p.tail, Ordering::Release);
+        p.tail += (wrap + size) as u64;
         Ok(true)
     }
 
     /// The next record of ring `ring`, if one has arrived. Records the peer got wrong are
     /// errors; wrap records are skipped.
     pub(crate) fn peek(&self, ring: usize, c: &mut Consumer) -> Result<Option<Record>, RingError> {
-        let cap = self.cap as u64;
+        let cap = self.cap;
+        let data = self.data(ring);
         loop {
-            // Fetch the line the next record starts in, and the next one, while the index
-            // is loaded: when a record has arrived, both lines come over at once instead
-            // of one after the other (a hint only: what is read is read below, after the
-            // index).
-            prefetch(self.data(ring).wrapping_add((c.head & (cap - 1)) as usize));
-            prefetch(
-                self.data(ring)
-                    .wrapping_add((c.head & (cap - 1)) as usize + 48),
-            );
-            let tail = self.atomic64(TAIL_OFF[ring]).load(Ordering::Acquire);
-            let avail = tail.wrapping_sub(c.head);
-            if avail == 0 {
-                return Ok(None);
-            }
-            if avail > cap || tail % 16 != 0 {
-                return Err(RingError::Index {
-                    what: "producer index",
-                    value: tail,
-                });
-            }
-            let pos = (c.head & (cap - 1)) as usize;
-            let mut hdr = [0u32; 4];
-            // SAFETY: pos + 16 ≤ cap (16-aligned positions), inside this ring's data;
-            // copied out once, then checked.
-            unsafe { copy(hdr.as_mut_ptr().cast(), self.data(ring).add(pos), REC_HDR) };
-            let room = (cap as usize - pos).min(avail as usize);
-            match hdr[0] {
+            let pos = (c.head & (cap as u64 - 1)) as usize;
+            // SAFETY: `pos` is 16-aligned inside this ring's data.
+            let kind = unsafe { kind_word(data, pos) }.load(Ordering::Acquire);
+            match kind {
+                0 => return Ok(None),
                 KIND_WRAP => {
-                    if pos == 0 || (cap as usize - pos) as u64 > avail {
+                    // A producer wraps only when a record (at most half the ring) does
+                    // not fit before the end: never in the first half.
+                    if pos <= cap / 2 {
                         return Err(RingError::Garbage("a wrap record in the wrong place"));
                     }
-                    c.head += cap - pos as u64;
+                    c.head += (cap - pos) as u64;
                 }
-                kind @ (KIND_PACKET | KIND_DESC) => {
-                    let (prefix, off, len) = (hdr[1] as usize, hdr[2] as usize, hdr[3] as usize);
+                KIND_PACKET | KIND_DESC => {
+                    let mut hdr = [0u32; 3];
+                    // SAFETY: pos + 16 ≤ cap (16-aligned positions), inside this ring's
+                    // data; copied out once, then checked.
+                    unsafe { copy(hdr.as_mut_ptr().cast(), data.add(pos + 4), 12) };
+                    let (prefix, off, len) = (hdr[0] as usize, hdr[1] as usize, hdr[2] as usize);
                     if prefix > MAX_PREFIX || off < REC_HDR + prefix || off > REC_HDR + prefix + 64
                     {
                         return Err(RingError::Garbage("a record with a bad layout"));
                     }
                     let size = round16(off + len);
+                    let room = cap - pos;
                     if len > room || size > room {
                         return Err(RingError::Garbage("a record longer than the ring holds"));
                     }
@@ -406,26 +408,16 @@ impl Segment {
     }
 }
 
-/// Asks the CPU to bring the cache line holding `p` closer; `p` need not be valid.
-#[inline(always)]
-fn prefetch(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is a hint; it never faults, whatever the address.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
-
-/// Copies a record header into the ring.
+/// The kind word of the record header at `pos` of the ring data at `data`: 0 until the
+/// producer publishes the record there.
 ///
 /// # Safety
 ///
-/// `dst` is writable for 16 bytes.
-unsafe fn copy_hdr(dst: *mut u8, hdr: &[u32; 4]) {
-    // SAFETY: forwarded; `hdr` is 16 bytes.
-    unsafe { std::ptr::copy_nonoverlapping(hdr.as_ptr().cast::<u8>(), dst, REC_HDR) };
+/// `pos` is 16-aligned and `pos + 16` lies inside the ring's data.
+unsafe fn kind_word<'a>(data: *mut u8, pos: usize) -> &'a AtomicU32 {
+    // SAFETY: forwarded; the word is 4-aligned (the mapping is page-aligned), and shared
+    // words are only accessed atomically.
+    unsafe { AtomicU32::from_ptr(data.add(pos).cast()) }
 }
 
 /// The producer's side of a ring: its own tail, and the consumer's head as last seen.
@@ -472,9 +464,9 @@ impl Segment {
         // SAFETY: inside the mapping (checked above).
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(off), bytes.len()) };
     }
-    /// Byte offsets of ring `ring`'s tail, head and data in the segment.
-    pub(crate) fn layout(&self, ring: usize) -> (usize, usize, usize) {
-        (TAIL_OFF[ring], HEAD_OFF[ring], DATA_OFF + ring * self.cap)
+    /// Byte offsets of ring `ring`'s head and data in the segment.
+    pub(crate) fn layout(&self, ring: usize) -> (usize, usize) {
+        (HEAD_OFF[ring], DATA_OFF + ring * self.cap)
     }
 
     /// Ring capacity in bytes.
@@ -531,6 +523,46 @@ mod tests {
     }
 
     #[test]
+    fn a_drained_ring_shows_nothing_old_as_new() {
+        // Many laps of bursts: the ring filled, then drained; every record read once, in
+        // order, and nothing after the last (stale records from earlier laps included).
+        let (seg, _fd) = Segment::create(1 << 12).unwrap();
+        let (mut p, mut c) = (Producer::default(), Consumer::default());
+        let mut next = 0u32;
+        for lap in 0..200u32 {
+            let mut sent = Vec::new();
+            loop {
+                let len = ((lap * 131 + next * 17) % 700) as usize;
+                let tag = next;
+                let pushed = seg
+                    .push(0, &mut p, false, 4, len, 0, |a, b| {
+                        // SAFETY: `push` hands out 4 bytes at `a` and `len` at `b`.
+                        unsafe {
+                            copy(a, tag.to_ne_bytes().as_ptr(), 4);
+                            std::ptr::write_bytes(b, tag as u8, len);
+                        }
+                    })
+                    .unwrap();
+                if !pushed {
+                    break;
+                }
+                sent.push((tag, len));
+                next += 1;
+            }
+            assert!(!sent.is_empty());
+            for (tag, len) in sent {
+                let rec = seg.peek(0, &mut c).unwrap().expect("a record");
+                let mut got = [0u8; 4];
+                // SAFETY: a local buffer of the prefix's length.
+                unsafe { seg.read(0, &rec, false, 0, got.as_mut_ptr(), 4) };
+                assert_eq!((u32::from_ne_bytes(got), rec.len), (tag, len));
+                seg.consume(0, &mut c, &rec);
+            }
+            assert!(seg.peek(0, &mut c).unwrap().is_none(), "lap {lap}");
+        }
+    }
+
+    #[test]
     fn a_full_ring_says_so() {
         let (seg, _fd) = Segment::create(1 << 12).unwrap();
         let mut p = Producer::default();
@@ -544,17 +576,16 @@ mod tests {
     #[test]
     fn hostile_indices_and_headers_are_errors() {
         let (seg, _fd) = Segment::create(1 << 12).unwrap();
-        let (tail, head, data) = seg.layout(0);
+        let (head, data) = seg.layout(0);
         let mut c = Consumer::default();
-        seg.scribble(tail, &(1u64 << 40).to_ne_bytes());
-        assert!(matches!(seg.peek(0, &mut c), Err(RingError::Index { .. })));
-        seg.scribble(tail, &64u64.to_ne_bytes());
         seg.scribble(data, &[0xff; 16]);
         assert!(matches!(seg.peek(0, &mut c), Err(RingError::Garbage(_))));
         seg.scribble(
             data,
             &[1, 0, 0, 0, 0, 0, 0, 0, 16, 0, 0, 0, 0xff, 0xff, 0, 0],
         );
+        assert!(matches!(seg.peek(0, &mut c), Err(RingError::Garbage(_))));
+        seg.scribble(data, &[2, 0, 0, 0]);
         assert!(matches!(seg.peek(0, &mut c), Err(RingError::Garbage(_))));
         let mut p = Producer::default();
         seg.scribble(head, &(1u64 << 50).to_ne_bytes());

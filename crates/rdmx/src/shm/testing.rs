@@ -76,12 +76,12 @@ pub fn scribble_key_length(ctx: &crate::Context, rkey: u32, len: u64) -> bool {
         .is_some_and(|p| p.scribble_len(rkey, len))
 }
 
-/// Writes `bytes` where the next record of the ring `qp` reads would start and moves
-/// that ring's producer index `ahead` bytes past it, ignoring every rule of the ring:
-/// what a peer that is broken, hostile, or killed mid-write leaves there. The QP reads
-/// it on the next poll of its CQs. (The real peer may still write too: call this while
-/// it has nothing to send.)
-pub fn scribble_incoming(qp: &QueuePair, bytes: &[u8], ahead: u64) -> Result<()> {
+/// Writes `bytes` where the next record of the ring `qp` reads would start, its first
+/// four (the record's kind word, which publishes it) last, ignoring every rule of the
+/// ring: what a peer that is broken or hostile leaves there. The QP reads it on the next
+/// poll of its CQs. (The real peer may still write too: call this while it has nothing
+/// to send.)
+pub fn scribble_incoming(qp: &QueuePair, bytes: &[u8]) -> Result<()> {
     let Some(link) = qp.provider_qp().as_any().downcast_ref::<SoftQp<Link>>() else {
         return Err(Error::InvalidArgument("not an shm queue pair"));
     };
@@ -90,12 +90,12 @@ pub fn scribble_incoming(qp: &QueuePair, bytes: &[u8], ahead: u64) -> Result<()>
         return Err(Error::InvalidArgument("the queue pair is not connected"));
     };
     let ring = 1 - conn.side;
-    let (tail_off, _, data) = conn.seg.layout(ring);
+    let (_, data) = conn.seg.layout(ring);
     let head = g.cons.head();
     let pos = (head % conn.seg.cap() as u64) as usize;
     let n = bytes.len().min(conn.seg.cap() - pos);
-    conn.seg.scribble(data + pos, &bytes[..n]);
-    conn.seg
-        .scribble(tail_off, &head.wrapping_add(ahead).to_ne_bytes());
+    let kind = n.min(4);
+    conn.seg.scribble(data + pos + kind, &bytes[kind..n]);
+    conn.seg.scribble(data + pos, &bytes[..kind]);
     Ok(())
 }

@@ -4,6 +4,7 @@
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 use rdmx_core::{Completion, WcStatus};
@@ -14,6 +15,9 @@ use crate::{Error, Result};
 #[derive(Debug)]
 pub(crate) struct CqCore {
     state: Mutex<CqState>,
+    /// Whether `take` has anything to find (completions, or an overrun to report): a poll
+    /// of an empty queue reads this and skips the lock. Changed only under the lock.
+    ready: AtomicBool,
     capacity: usize,
     event: OwnedFd,
 }
@@ -50,6 +54,7 @@ impl CqCore {
                 armed: None,
                 watched: HashMap::new(),
             }),
+            ready: AtomicBool::new(false),
             capacity,
             event,
         })
@@ -65,9 +70,11 @@ impl CqCore {
         let mut st = self.state.lock();
         if st.overrun || st.entries.len() >= self.capacity {
             st.overrun = true;
+            self.ready.store(true, Ordering::Release);
             return false;
         }
         st.entries.push_back(c);
+        self.ready.store(true, Ordering::Release);
         if !st.watched.is_empty() {
             if let Some(w) = st.watched.get_mut(&(c.qp_num, c.wr_id)) {
                 if w.awaited > 0 {
@@ -105,6 +112,9 @@ impl CqCore {
 
     /// Moves up to `out.len()` completions into `out`.
     pub(crate) fn take(&self, out: &mut [Completion]) -> Result<usize> {
+        if !self.ready.load(Ordering::Acquire) {
+            return Ok(0);
+        }
         let mut st = self.state.lock();
         if st.overrun {
             return Err(Error::CqOverrun);
@@ -112,6 +122,9 @@ impl CqCore {
         let n = out.len().min(st.entries.len());
         for (slot, c) in out.iter_mut().zip(st.entries.drain(..n)) {
             *slot = c;
+        }
+        if st.entries.is_empty() {
+            self.ready.store(false, Ordering::Relaxed);
         }
         Ok(n)
     }

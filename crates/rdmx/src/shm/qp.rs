@@ -620,7 +620,9 @@ impl Inner {
                             copy(pay.add(at), src, s.len as usize);
                             at += s.len as usize;
                         }
-                        std::ptr::write_bytes(pay.add(at), 0, usize::from(t.pad));
+                        if t.pad > 0 {
+                            std::ptr::write_bytes(pay.add(at), 0, usize::from(t.pad));
+                        }
                     }
                 },
             )?;

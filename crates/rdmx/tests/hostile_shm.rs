@@ -84,6 +84,16 @@ fn wait(cq: &CompletionQueue, what: &str) -> Completion {
     }
 }
 
+/// Polls `cq` for `how_long` (polls drive progress), failing with `what` if anything
+/// completes.
+fn quiet(cq: &CompletionQueue, how_long: Duration, what: &str) {
+    let start = Instant::now();
+    while start.elapsed() < how_long {
+        assert!(cq.poll_one().unwrap().is_none(), "{what}");
+        std::thread::yield_now();
+    }
+}
+
 /// Puts `bytes` in the victim's incoming ring (their first four, the kind word that
 /// publishes a record, last) while it has a receive posted and a SEND outstanding (the peer has no receive: RNR, retried
 /// forever; the first RNR NAK is read before), then checks
@@ -100,14 +110,11 @@ fn hostile(bytes: &[u8], reason: &str) {
     v.qp.post_send(SendRequest::send(2).sge(LocalSge::new(&closed, 0, 64).unwrap()))
         .unwrap();
     // Let the victim read the first RNR NAK (polls drive progress).
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(100) {
-        assert!(
-            v.cq.poll_one().unwrap().is_none(),
-            "a completion before the scribble"
-        );
-        std::thread::yield_now();
-    }
+    quiet(
+        &v.cq,
+        Duration::from_millis(100),
+        "a completion before the scribble",
+    );
     rdmx::shm::testing::scribble_incoming(&v.qp, bytes).unwrap();
     let mut ids = Vec::new();
     for _ in 0..2 {
@@ -147,14 +154,11 @@ fn a_record_the_peer_did_not_publish_is_not_read() {
     let mut rec = vec![0u8; 4];
     rec.extend_from_slice(&[0xff; 252]);
     rdmx::shm::testing::scribble_incoming(&v.qp, &rec).unwrap();
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(200) {
-        assert!(
-            v.cq.poll_one().unwrap().is_none(),
-            "a completion from nothing"
-        );
-        std::thread::yield_now();
-    }
+    quiet(
+        &v.cq,
+        Duration::from_millis(200),
+        "a completion from nothing",
+    );
     assert_eq!(v.qp.state(), QpState::Rts);
 }
 

@@ -308,18 +308,7 @@ impl BthRepr {
         if tver != 0 {
             return Err(Error::BadVersion(tver));
         }
-        Ok(BthRepr {
-            opcode: packet.opcode()?,
-            solicited: packet.solicited(),
-            migreq: packet.migreq(),
-            pad_count: packet.pad_count(),
-            pkey: packet.pkey(),
-            fecn: packet.fecn(),
-            becn: packet.becn(),
-            dest_qpn: packet.dest_qpn(),
-            ack_req: packet.ack_req(),
-            psn: packet.psn(),
-        })
+        Ok(Self::parse_checked(packet, packet.opcode()?))
     }
 
     /// [`BthRepr::parse`] of a BTH whose length, version and opcode (`op`) the caller has

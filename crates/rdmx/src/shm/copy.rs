@@ -19,6 +19,10 @@ const LOOP_MIN: usize = 1024;
 /// writes concurrently: the bytes copied are then unspecified, nothing else goes wrong
 /// (no reference to either range is formed).
 pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
+    // Callers split copies into pieces, some of them empty: no `memcpy` call for those.
+    if len == 0 {
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if len >= LOOP_MIN && (dst as usize ^ src as usize) & 63 != 0 {
         if std::is_x86_feature_detected!("avx2") {

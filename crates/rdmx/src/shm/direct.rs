@@ -226,9 +226,7 @@ unsafe fn place(dst: *mut u8, src: *const u8, len: usize) {
     // SAFETY: forwarded; the ranges do not overlap, and the three pieces (`bulk` bytes,
     // then up to the last byte, then the last byte) lie inside them.
     unsafe {
-        if bulk > 0 {
-            copy(dst, src, bulk);
-        }
+        copy(dst, src, bulk);
         copy(dst.add(bulk), src.add(bulk), len - 1 - bulk);
         std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
         copy(dst.add(len - 1), src.add(len - 1), 1);

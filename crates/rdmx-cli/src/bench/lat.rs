@@ -183,17 +183,24 @@ pub(crate) fn pong(
     let mut bad = None;
     let mut buf = Vec::new();
     let mut answered = 0u64;
+    // This side's answers not yet completed. A WRITE can land at the peer before its
+    // acknowledgement comes back (the next ping may even overtake it), so an answer
+    // waits for the one before it to complete: one request outstanding, as perftest
+    // keeps, and the send queue never fills.
+    let mut unanswered = 0u32;
+    let mut wc = [EMPTY; 8];
     loop {
         let g = *round;
         let (mut ping, mut done, mut len) = (false, None, size as u32);
         let mut last = [0u8];
         // No stall limit here: the pinging side decides when rounds come.
-        let mut wc = [EMPTY; 8];
         let mut spins = 0u32;
         while !ping && done.is_none() {
             let n = poll(&side.cq, &mut wc)?;
             for c in &wc[..n] {
-                if c.opcode == WcOpcode::Recv {
+                if c.opcode != WcOpcode::Recv {
+                    unanswered = unanswered.saturating_sub(1);
+                } else {
                     let ctl = side.ctl_value(c)?;
                     side.post_recv(0, c.wr_id)?;
                     match ctl {
@@ -232,6 +239,22 @@ pub(crate) fn pong(
                 bad = Some(e);
             }
         }
+        // No ping can come before this answer goes, so only completions of answers
+        // arrive meanwhile.
+        while unanswered > 0 {
+            let n = poll(&side.cq, &mut wc)?;
+            for c in &wc[..n] {
+                if c.opcode == WcOpcode::Recv {
+                    return Err("a message arrived before the answer to the last one".into());
+                }
+                // Earlier sends (control messages) complete here too.
+                unanswered = unanswered.saturating_sub(1);
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 4096 == 0 {
+                abort.check()?;
+            }
+        }
         stamp_source(p, side, size, g)?;
         let req = if write {
             SendRequest::write(g, to)
@@ -239,6 +262,7 @@ pub(crate) fn pong(
             SendRequest::send(g)
         };
         qp.post_send(side.route(0, req.sge(src)))?;
+        unanswered = 1;
         answered += 1;
         *round += 1;
     }

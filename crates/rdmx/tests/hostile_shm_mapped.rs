@@ -3,7 +3,8 @@
 //! peer that dies holding a claim, a peer that tries to map the key table writable, and a
 //! target whose key table lies about a region's length. Each time deregistration returns
 //! within its bound and the memory is then out of the peer's reach, and requests the
-//! checks refuse get the ring path's statuses.
+//! checks refuse get the ring path's statuses, also inside a post list whose requests
+//! share one claim.
 
 #[path = "common/logs.rs"]
 mod logs;
@@ -205,5 +206,87 @@ fn a_key_table_that_lies_about_a_length() {
     let c = wait(&a.cq, "a WRITE beyond the region");
     assert_eq!(c.status, WcStatus::RemAccessErr, "{c:?}");
     assert_eq!(rdmx::shm::executed_at_post(&a.qp), Some(before));
+    drop(mr);
+}
+
+/// The completions of `n` requests, in order.
+fn completions(cq: &CompletionQueue, n: usize) -> Vec<Completion> {
+    (0..n).map(|_| wait(cq, "a request of the list")).collect()
+}
+
+/// A post list's requests to one region claim it once, and each is still checked: those
+/// within the region execute at post, one beyond it gets the target's own refusal, and
+/// the one behind that is flushed with the queue pair.
+#[test]
+fn a_post_list_under_one_claim_checks_every_request() {
+    let (a, b) = pair();
+    let src = a.pd.register(vec![7u8; 4096], Access::LOCAL_WRITE).unwrap();
+    let m = Mapping::shared(LEN).unwrap();
+    let mr = register(&b, &m, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let at = |off: usize| mr.remote().at(off as u64);
+    write_until_mapped(&a, &src, at(LEN - 64));
+    let before = rdmx::shm::executed_at_post(&a.qp).unwrap();
+    let sge = |off, len| LocalSge::new(&src, off, len).unwrap();
+    let list = [
+        SendRequest::write(10, at(0)).sge(sge(0, 100)),
+        SendRequest::write(11, at(1000)).sge(sge(100, 200)),
+        SendRequest::write(12, at(LEN - 32)).sge(sge(0, 64)),
+        SendRequest::write(13, at(2000)).sge(sge(0, 64)),
+    ];
+    a.qp.post_send_list(&list).unwrap();
+    assert_eq!(
+        rdmx::shm::executed_at_post(&a.qp),
+        Some(before + 2),
+        "the requests within the region execute at post, the others take the rings"
+    );
+    let got: Vec<_> = completions(&a.cq, 4)
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (10, WcStatus::Success),
+            (11, WcStatus::Success),
+            (12, WcStatus::RemAccessErr),
+            (13, WcStatus::WrFlushErr),
+        ]
+    );
+    drop(mr);
+    let seen = bytes(&m);
+    assert!(seen[..100].iter().all(|&x| x == 7));
+    assert!(seen[1000..1200].iter().all(|&x| x == 7));
+    assert!(
+        seen[2000..2064].iter().all(|&x| x == 0),
+        "a flushed WRITE landed"
+    );
+    assert!(
+        seen[LEN - 32..].iter().all(|&x| x == 7),
+        "the first WRITE there ran"
+    );
+}
+
+/// A claim held from a WRITE does not let a READ of the same key through when the region
+/// grants no remote reads: the READ gets the target's refusal.
+#[test]
+fn a_held_claim_grants_only_what_the_region_does() {
+    let (a, b) = pair();
+    let src = a.pd.register(vec![5u8; 4096], Access::LOCAL_WRITE).unwrap();
+    let m = Mapping::shared(LEN).unwrap();
+    let mr = register(&b, &m, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let at = mr.remote().at(0);
+    write_until_mapped(&a, &src, at);
+    let before = rdmx::shm::executed_at_post(&a.qp).unwrap();
+    let list = [
+        SendRequest::write(20, at).sge(LocalSge::new(&src, 0, 64).unwrap()),
+        SendRequest::read(21, at).sge(LocalSge::new(&src, 1024, 64).unwrap()),
+    ];
+    a.qp.post_send_list(&list).unwrap();
+    let got: Vec<_> = completions(&a.cq, 2)
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(got, [(20, WcStatus::Success), (21, WcStatus::RemAccessErr)]);
+    assert_eq!(rdmx::shm::executed_at_post(&a.qp), Some(before + 1));
     drop(mr);
 }

@@ -37,6 +37,7 @@ use rdmx_core::rc::DirectRequest;
 use rdmx_core::{SendOp, SendWr};
 
 use super::copy::copy;
+use super::mapped;
 use super::qp::{Inner, ShmQp};
 use crate::provider::MrRef;
 use crate::soft;
@@ -46,7 +47,9 @@ use crate::Result;
 /// engine, whose packets carry it.
 pub(crate) fn post_send(qp: &ShmQp, wr: &SendWr, inline: Option<&[u8]>) -> Result<()> {
     let mut g = qp.inner.lock();
-    let posted = post_one(qp, &mut g, wr, inline);
+    let mut held = None;
+    let posted = post_one(qp, &mut g, wr, inline, &mut held);
+    mapped::release(&g, &mut held);
     qp.pump(&mut g, soft::clock::now());
     posted
 }
@@ -59,12 +62,15 @@ pub(crate) fn post_send_list(
 ) -> std::result::Result<(), (usize, crate::Error)> {
     let mut g = qp.inner.lock();
     let mut posted = Ok(());
+    // The list's requests to one region on the mapped path claim it once.
+    let mut held = None;
     for (i, (wr, inline)) in wrs.enumerate() {
-        if let Err(e) = post_one(qp, &mut g, wr, inline) {
+        if let Err(e) = post_one(qp, &mut g, wr, inline, &mut held) {
             posted = Err((i, e));
             break;
         }
     }
+    mapped::release(&g, &mut held);
     qp.pump(&mut g, soft::clock::now());
     posted
 }
@@ -76,9 +82,10 @@ fn post_one(
     g: &mut MutexGuard<'_, Inner>,
     wr: &SendWr,
     inline: Option<&[u8]>,
+    held: &mut Option<mapped::Held>,
 ) -> Result<()> {
     let peer = candidate(g, wr);
-    let mut executed = qp.driver.execute_at_post && super::mapped::execute(g, wr, inline);
+    let mut executed = qp.driver.execute_at_post && mapped::execute(g, wr, inline, held);
     if let Some(peer) = peer.filter(|p| !executed && !std::ptr::eq(Arc::as_ptr(p), qp)) {
         // Both locks, in address order (no other code holds two queue pairs' locks).
         let target = if Arc::as_ptr(&peer) < (qp as *const ShmQp) {

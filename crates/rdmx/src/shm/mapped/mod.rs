@@ -40,6 +40,13 @@
 //! state) get the responder's own answer, on both sides. Everything read from the shared
 //! memory is checked before use: offsets and lengths from the peer are never trusted.
 //!
+//! Within one post (a post list), the claim outlives the request that made it: the next
+//! request to the same key reads the slot's sequence number and the target word again,
+//! and if neither changed, checks its range and rights against what the first request
+//! read (the region as published, and the target QP's access flags) and copies under
+//! the same claim, with no new claim and no look-up. Anything else ends the claim and
+//! takes the path above. The claim ends before the post returns.
+//!
 //! ## Revocation
 //!
 //! Deregistering a published region first unpublishes it (odd sequence number, slot
@@ -80,7 +87,7 @@ use rdmx_core::{Access, QpType};
 mod peer;
 mod table;
 
-pub(crate) use peer::{execute, PeerView};
+pub(crate) use peer::{execute, release, Held, PeerView};
 pub(crate) use table::{Published, Watch};
 
 const TABLE_MAGIC: u64 = u64::from_be_bytes(*b"RDMXKEYS");

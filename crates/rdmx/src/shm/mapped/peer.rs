@@ -127,9 +127,48 @@ impl PeerView {
     }
 }
 
+/// A claim kept from one request to the next within one post (a post list's requests
+/// to one region claim it once): the slot, the words it was checked against, and what
+/// the slot said of the region.
+#[derive(Debug)]
+pub(crate) struct Held {
+    rkey: u32,
+    idx: usize,
+    seq: u64,
+    target: u64,
+    rights: Access,
+    /// The region's first address and length, as the peer published them.
+    va: u64,
+    len: u64,
+    /// Where the region starts in this process's mapping of its file, and the bytes of
+    /// the file from there on.
+    at: *mut u8,
+    room: u64,
+}
+
+impl Held {
+    /// Where `[va, va + len)` lies in the mapping, if the region covers it with `need`.
+    fn place(&self, va: u64, len: u64, need: Access) -> Option<*mut u8> {
+        let from = va.checked_sub(self.va)?;
+        let end = from.checked_add(len)?;
+        (self.rights.contains(need) && end <= self.len && end <= self.room)
+            .then(|| self.at.wrapping_add(from as usize))
+    }
+}
+
 /// Executes `wr` on the mapped data path if it qualifies and the target accepts it;
 /// returns whether it did (its completion is then queued in the engine).
-pub(crate) fn execute(g: &mut Inner, wr: &SendWr, inline: Option<&[u8]>) -> bool {
+///
+/// The claim made for it stays in `held` for the next request of the same post: a
+/// request to the same key copies under it after reading again the slot's sequence
+/// number and the target word (no new claim, no new look-up). The caller releases it
+/// with [`release`] before it lets go of the queue pair's lock.
+pub(crate) fn execute(
+    g: &mut Inner,
+    wr: &SendWr,
+    inline: Option<&[u8]>,
+    held: &mut Option<Held>,
+) -> bool {
     if !crate::shm::direct::may_run_at_post(g, wr) {
         return false;
     }
@@ -155,7 +194,28 @@ pub(crate) fn execute(g: &mut Inner, wr: &SendWr, inline: Option<&[u8]>) -> bool
     } else {
         Access::REMOTE_WRITE
     };
-    let Some(found) = check(
+    let claim = seg.claim_word(*side);
+    if let Some(h) = held.as_ref().filter(|h| h.rkey == rkey) {
+        // The claim still names the slot: it cannot be reused under the copy. Whatever
+        // changed since it was checked sends the request the long way.
+        let at = h.place(va, u64::from(req.len()), need).filter(|_| {
+            slot_word(&view.table, h.idx, S_SEQ).load(Ordering::Acquire) == h.seq
+                && seg.target_word(1 - side).load(Ordering::Acquire) == h.target
+        });
+        if let Some(at) = at {
+            // SAFETY: `at` lies `req.len()` bytes inside the region the held claim
+            // covers and inside the peer's mapped file (`place` checked both against
+            // what `check` read), which `view` keeps mapped for the call; otherwise as
+            // for a request that claims (below).
+            unsafe { crate::shm::direct::transfer_at(&req, inline, at) };
+            g.engine.direct_complete(req);
+            return true;
+        }
+    }
+    if held.take().is_some() {
+        claim.store(0, Ordering::Release);
+    }
+    let Some((at, found)) = check(
         view,
         seg,
         1 - side,
@@ -169,8 +229,7 @@ pub(crate) fn execute(g: &mut Inner, wr: &SendWr, inline: Option<&[u8]>) -> bool
         return false;
     };
     // Claim the slot, then see that neither it nor the target changed (module docs).
-    let claim = seg.claim_word(*side);
-    claim.store(found.tag, Ordering::SeqCst);
+    claim.store(tag(found.idx, found.seq), Ordering::SeqCst);
     let seq = slot_word(&view.table, found.idx, S_SEQ).load(Ordering::SeqCst);
     let target = seg.target_word(1 - side).load(Ordering::SeqCst);
     if seq != found.seq || target != found.target {
@@ -178,29 +237,30 @@ pub(crate) fn execute(g: &mut Inner, wr: &SendWr, inline: Option<&[u8]>) -> bool
         g.engine.direct_cancel(req);
         return false;
     }
-    // SAFETY: `found.at` lies `req.len()` bytes inside the peer's mapped file (checked
-    // by `check`), which `view` keeps mapped for the call; `req`'s segments were resolved
+    // SAFETY: `at` lies `req.len()` bytes inside the peer's mapped file (checked by
+    // `check`), which `view` keeps mapped for the call; `req`'s segments were resolved
     // by this QP's engine. The file is a mapping of its own, so it never overlaps local
     // memory (it may view the same pages when the peer is this process, which leaves the
     // bytes unspecified, as concurrent access to registered memory does).
-    unsafe { crate::shm::direct::transfer_at(&req, inline, found.at) };
-    claim.store(0, Ordering::Release);
+    unsafe { crate::shm::direct::transfer_at(&req, inline, at) };
+    *held = Some(found);
     g.engine.direct_complete(req);
     true
 }
 
-/// Where a checked request goes: the address in the mapped file, the slot and its
-/// sequence number, the claim's tag, and the target word it was checked against.
-struct Found {
-    at: *mut u8,
-    idx: usize,
-    seq: u64,
-    tag: u64,
-    target: u64,
+/// Ends the claim `held` keeps, if any.
+pub(crate) fn release(g: &Inner, held: &mut Option<Held>) {
+    if held.take().is_some() {
+        if let Some(c) = g.conn.as_ref() {
+            c.seg.claim_word(c.side).store(0, Ordering::Release);
+        }
+    }
 }
 
 /// Checks a request to `[va, va + len)` with `rkey` needing `need`, as the target's
 /// responder would, against the target word of side `peer` and the peer's key table.
+/// Returns where the request goes in the mapped file, and what was checked: the slot,
+/// its sequence number, the target word and the region.
 #[allow(clippy::too_many_arguments)]
 fn check(
     view: &PeerView,
@@ -211,7 +271,7 @@ fn check(
     len: u64,
     need: Access,
     ty: QpType,
-) -> Option<Found> {
+) -> Option<(*mut u8, Held)> {
     let target = seg.target_word(peer).load(Ordering::SeqCst);
     if target != target_word_checked(target, need, ty)? {
         return None;
@@ -234,28 +294,26 @@ fn check(
     if w(S_SEQ).load(Ordering::Relaxed) != seq {
         return None;
     }
-    let rights = Access::from_bits_truncate((key >> 32) as u32);
-    if pd >> 32 != 1
-        || key as u32 != rkey
-        || pd as u32 != (target >> 32) as u32
-        || !rights.contains(need)
-        || va < e_va
-        || va.checked_add(len)? > e_va.checked_add(e_len)?
-    {
+    if pd >> 32 != 1 || key as u32 != rkey || pd as u32 != (target >> 32) as u32 {
         return None;
     }
     let map = view.files.get(&file)?;
-    let start = off.checked_add(va - e_va)?;
-    if start.checked_add(len)? > map.len as u64 {
-        return None;
-    }
-    Some(Found {
-        at: map.base.wrapping_add(start as usize),
+    let room = (map.len as u64).checked_sub(off)?;
+    // What a later request to this key may do: what both the region and the target QP
+    // (its access flags, in the target word) allow.
+    let qp_access = Access::from_bits_truncate(((target >> 8) & 0xff_ffff) as u32);
+    let held = Held {
+        rkey,
         idx,
         seq,
-        tag: tag(idx, seq),
         target,
-    })
+        rights: Access::from_bits_truncate((key >> 32) as u32) & qp_access,
+        va: e_va,
+        len: e_len,
+        at: map.base.wrapping_add(off as usize),
+        room,
+    };
+    Some((held.place(va, len, need)?, held))
 }
 
 /// `target` if it says a QP of type `ty` that accepts requests needing `need`.

@@ -96,6 +96,19 @@ fn write_until_mapped(a: &Side, src: &MemoryRegion, at: RemoteAddr) {
     }
 }
 
+/// A pair on the mapped path with a 4 KiB source of `fill` bytes on the initiator and a
+/// shared mapping of `len` bytes registered for remote writes on the target. (Bound in
+/// this order, the region is dropped before the mapping it covers.)
+fn writable_pair(len: usize, fill: u8) -> (Side, Side, MemoryRegion, Mapping, MemoryRegion) {
+    let (a, b) = pair();
+    let src =
+        a.pd.register(vec![fill; 4096], Access::LOCAL_WRITE)
+            .unwrap();
+    let m = Mapping::shared(len).unwrap();
+    let mr = register(&b, &m, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    (a, b, src, m, mr)
+}
+
 fn bytes(m: &Mapping) -> Vec<u8> {
     // SAFETY: `m` is a live mapping of `m.len()` bytes that no region references any more.
     unsafe { std::slice::from_raw_parts(m.as_ptr(), m.len()) }.to_vec()
@@ -112,10 +125,7 @@ fn the_key_table_cannot_be_mapped_writable() {
 /// its mapping of the file no longer reach the target's memory.
 #[test]
 fn a_stalled_claim_ends_with_the_memory_detached() {
-    let (a, b) = pair();
-    let src = a.pd.register(vec![9u8; 4096], Access::LOCAL_WRITE).unwrap();
-    let m = Mapping::shared(LEN).unwrap();
-    let mr = register(&b, &m, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (a, _b, src, m, mr) = writable_pair(LEN, 9);
     let peer = PeerMapping::of(m.as_ptr()).unwrap();
     let at = mr.remote().at(0);
     write_until_mapped(&a, &src, at);
@@ -150,10 +160,7 @@ fn a_stalled_claim_ends_with_the_memory_detached() {
 /// region is deregistered without detaching the memory.
 #[test]
 fn a_scribbled_claim_word_naming_nothing_is_ignored() {
-    let (a, b) = pair();
-    let src = a.pd.register(vec![9u8; 4096], Access::LOCAL_WRITE).unwrap();
-    let m = Mapping::shared(LEN).unwrap();
-    let mr = register(&b, &m, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (a, _b, src, m, mr) = writable_pair(LEN, 9);
     write_until_mapped(&a, &src, mr.remote().at(0));
     for garbage in [u64::MAX, 1, 0x5a5a_5a5a_5a5a_5a5a] {
         testing::scribble_claim(&a.qp, garbage).unwrap();
@@ -168,10 +175,7 @@ fn a_scribbled_claim_word_naming_nothing_is_ignored() {
 /// A peer that dies holding a claim holds nothing: deregistration does not wait for it.
 #[test]
 fn a_dead_peer_holds_no_claims() {
-    let (a, b) = pair();
-    let src = a.pd.register(vec![9u8; 4096], Access::LOCAL_WRITE).unwrap();
-    let m = Mapping::shared(LEN).unwrap();
-    let mr = register(&b, &m, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (a, _b, src, m, mr) = writable_pair(LEN, 9);
     let at = mr.remote().at(0);
     write_until_mapped(&a, &src, at);
     testing::stall_claim(&a.qp, at.rkey).unwrap();
@@ -189,10 +193,7 @@ fn a_dead_peer_holds_no_claims() {
 /// the target's engine refuses it as it would any out-of-bounds request.
 #[test]
 fn a_key_table_that_lies_about_a_length() {
-    let (a, b) = pair();
-    let src = a.pd.register(vec![9u8; 4096], Access::LOCAL_WRITE).unwrap();
-    let m = Mapping::shared(4096).unwrap();
-    let mr = register(&b, &m, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (a, b, src, _m, mr) = writable_pair(4096, 9);
     let at = mr.remote().at(0);
     write_until_mapped(&a, &src, at);
     assert!(testing::scribble_key_length(&b.ctx, at.rkey, 1 << 40));
@@ -219,10 +220,7 @@ fn completions(cq: &CompletionQueue, n: usize) -> Vec<Completion> {
 /// the one behind that is flushed with the queue pair.
 #[test]
 fn a_post_list_under_one_claim_checks_every_request() {
-    let (a, b) = pair();
-    let src = a.pd.register(vec![7u8; 4096], Access::LOCAL_WRITE).unwrap();
-    let m = Mapping::shared(LEN).unwrap();
-    let mr = register(&b, &m, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (a, _b, src, m, mr) = writable_pair(LEN, 7);
     let at = |off: usize| mr.remote().at(off as u64);
     write_until_mapped(&a, &src, at(LEN - 64));
     let before = rdmx::shm::executed_at_post(&a.qp).unwrap();
@@ -270,10 +268,7 @@ fn a_post_list_under_one_claim_checks_every_request() {
 /// grants no remote reads: the READ gets the target's refusal.
 #[test]
 fn a_held_claim_grants_only_what_the_region_does() {
-    let (a, b) = pair();
-    let src = a.pd.register(vec![5u8; 4096], Access::LOCAL_WRITE).unwrap();
-    let m = Mapping::shared(LEN).unwrap();
-    let mr = register(&b, &m, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (a, _b, src, _m, mr) = writable_pair(LEN, 5);
     let at = mr.remote().at(0);
     write_until_mapped(&a, &src, at);
     let before = rdmx::shm::executed_at_post(&a.qp).unwrap();

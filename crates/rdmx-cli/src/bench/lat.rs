@@ -188,12 +188,12 @@ pub(crate) fn pong(
     // waits for the one before it to complete: one request outstanding, as perftest
     // keeps, and the send queue never fills.
     let mut unanswered = 0u32;
-    let mut wc = [EMPTY; 8];
     loop {
         let g = *round;
         let (mut ping, mut done, mut len) = (false, None, size as u32);
         let mut last = [0u8];
         // No stall limit here: the pinging side decides when rounds come.
+        let mut wc = [EMPTY; 8];
         let mut spins = 0u32;
         while !ping && done.is_none() {
             let n = poll(&side.cq, &mut wc)?;
@@ -241,19 +241,17 @@ pub(crate) fn pong(
         }
         // No ping can come before this answer goes, so only completions of answers
         // arrive meanwhile.
-        while unanswered > 0 {
-            let n = poll(&side.cq, &mut wc)?;
-            for c in &wc[..n] {
-                if c.opcode == WcOpcode::Recv {
-                    return Err("a message arrived before the answer to the last one".into());
+        if unanswered > 0 {
+            spin(side, abort, |wc| {
+                for c in wc {
+                    if c.opcode == WcOpcode::Recv {
+                        return Err("a message arrived before the answer to the last one".into());
+                    }
+                    // Earlier sends (control messages) complete here too.
+                    unanswered = unanswered.saturating_sub(1);
                 }
-                // Earlier sends (control messages) complete here too.
-                unanswered = unanswered.saturating_sub(1);
-            }
-            spins = spins.wrapping_add(1);
-            if spins % 4096 == 0 {
-                abort.check()?;
-            }
+                Ok(unanswered == 0)
+            })?;
         }
         stamp_source(p, side, size, g)?;
         let req = if write {

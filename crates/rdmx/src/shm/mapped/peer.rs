@@ -133,7 +133,6 @@ impl PeerView {
 #[derive(Debug)]
 pub(crate) struct Held {
     rkey: u32,
-    idx: usize,
     seq: u64,
     target: u64,
     rights: Access,
@@ -147,6 +146,11 @@ pub(crate) struct Held {
 }
 
 impl Held {
+    /// The key table slot the claim names.
+    fn idx(&self) -> usize {
+        self.rkey as usize % SLOTS
+    }
+
     /// Where `[va, va + len)` lies in the mapping, if the region covers it with `need`.
     fn place(&self, va: u64, len: u64, need: Access) -> Option<*mut u8> {
         let from = va.checked_sub(self.va)?;
@@ -199,7 +203,7 @@ pub(crate) fn execute(
         // The claim still names the slot: it cannot be reused under the copy. Whatever
         // changed since it was checked sends the request the long way.
         let at = h.place(va, u64::from(req.len()), need).filter(|_| {
-            slot_word(&view.table, h.idx, S_SEQ).load(Ordering::Acquire) == h.seq
+            slot_word(&view.table, h.idx(), S_SEQ).load(Ordering::Acquire) == h.seq
                 && seg.target_word(1 - side).load(Ordering::Acquire) == h.target
         });
         if let Some(at) = at {
@@ -212,9 +216,7 @@ pub(crate) fn execute(
             return true;
         }
     }
-    if held.take().is_some() {
-        claim.store(0, Ordering::Release);
-    }
+    release(g, held);
     let Some((at, found)) = check(
         view,
         seg,
@@ -229,8 +231,8 @@ pub(crate) fn execute(
         return false;
     };
     // Claim the slot, then see that neither it nor the target changed (module docs).
-    claim.store(tag(found.idx, found.seq), Ordering::SeqCst);
-    let seq = slot_word(&view.table, found.idx, S_SEQ).load(Ordering::SeqCst);
+    claim.store(tag(found.idx(), found.seq), Ordering::SeqCst);
+    let seq = slot_word(&view.table, found.idx(), S_SEQ).load(Ordering::SeqCst);
     let target = seg.target_word(1 - side).load(Ordering::SeqCst);
     if seq != found.seq || target != found.target {
         claim.store(0, Ordering::Release);
@@ -304,7 +306,6 @@ fn check(
     let qp_access = Access::from_bits_truncate(((target >> 8) & 0xff_ffff) as u32);
     let held = Held {
         rkey,
-        idx,
         seq,
         target,
         rights: Access::from_bits_truncate((key >> 32) as u32) & qp_access,

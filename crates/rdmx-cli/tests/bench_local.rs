@@ -171,6 +171,38 @@ fn report_gbits_changes_the_columns() {
 }
 
 #[test]
+fn a_warm_up_window_runs_before_the_measured_requests() {
+    // The responder checks every request that reached it: an atomic counter that missed
+    // the warm-up's FETCH_ADDs, or a slot holding a warm-up WRITE, fails the run.
+    for (test, size) in [
+        ("atomic_bw", "8"),
+        ("write_bw", "4096"),
+        ("read_bw", "4096"),
+    ] {
+        let v = json(&[
+            "bench",
+            test,
+            "--provider",
+            "tcp",
+            "-n",
+            "40",
+            "-t",
+            "16",
+            "-s",
+            size,
+            "--perform_warm_up",
+            "--verify",
+            "--json",
+        ]);
+        assert_eq!(v["verify"], true, "{v}");
+        assert_eq!(v["warm_up"], v["tx_depth"], "one window: {v}");
+        let row = &v["results"][0];
+        check_row(test, row, size.parse().unwrap(), &v.to_string());
+        assert_eq!(row["iterations"], 40, "the warm-up is not counted: {v}");
+    }
+}
+
+#[test]
 fn qps_spread_the_run_and_count_iterations_per_qp() {
     for provider in ["loopback", "tcp"] {
         let v = json(&[

@@ -187,6 +187,11 @@ pub(crate) struct Args {
     /// Requests posted per batch (bandwidth tests) [default: 1].
     #[arg(short = 'l', long = "post_list", alias = "post-list")]
     pub(crate) post_list: Option<usize>,
+    /// Before measuring, post one window of requests (-t, or -l with a post list) and
+    /// wait for it, as perftest's option of that name (write, read and atomic bandwidth
+    /// tests): first touches of the buffers and a cold start stay out of the figures.
+    #[arg(long = "perform_warm_up", alias = "perform-warm-up")]
+    pub(crate) perform_warm_up: bool,
     /// Report bandwidth in Gb/s instead of MiB/s.
     #[arg(long = "report_gbits", alias = "report-gbits")]
     pub(crate) report_gbits: bool,
@@ -265,6 +270,10 @@ pub(crate) struct Params {
     /// The connection type (-c).
     #[serde(default)]
     pub(crate) conn: Conn,
+    /// The requester posts one window before it measures (--perform_warm_up); the
+    /// responder need not know.
+    #[serde(skip)]
+    pub(crate) warm_up: bool,
 }
 
 impl Params {
@@ -463,6 +472,13 @@ impl Args {
             )
             .into());
         }
+        if self.perform_warm_up && !(test.is_bw() && test.op() != Op::Send) {
+            return Err(format!(
+                "--perform_warm_up applies to the write, read and atomic bandwidth tests (as \
+                 perftest), not {name}"
+            )
+            .into());
+        }
         if self.perftest {
             self.check_perftest(test, &peer)?;
         }
@@ -486,6 +502,7 @@ impl Args {
                 qp_timeout: self.qp_timeout,
                 rdma_cm: self.rdma_cm,
                 conn,
+                warm_up: self.perform_warm_up,
             },
             providers,
             device: self.ib_dev.clone(),
@@ -518,6 +535,9 @@ impl Args {
         }
         if self.post_list.is_some_and(|l| l > 1) || self.json || self.plot.is_some() {
             return refuse("no -l, --json or --plot");
+        }
+        if self.perform_warm_up {
+            return refuse("no --perform_warm_up");
         }
         if self.provider.len() > 1 {
             return refuse("one provider");
@@ -585,6 +605,9 @@ mod tests {
             &["write_bw", "--server", "localhost"],
             &["write_bw", "--plot", "x.svg"],
             &["write_bw", "--mtu", "1000"],
+            &["send_bw", "--perform_warm_up"],
+            &["read_lat", "--perform_warm_up"],
+            &["write_bw", "--perftest", "--server", "--perform_warm_up"],
             &["write_bw", "--provider", "loopback,tcp", "--server"],
             &["write_bw", "-a", "--plot", "x.svg", "--server"],
             &["nope"],

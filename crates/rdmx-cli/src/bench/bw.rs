@@ -16,8 +16,10 @@ use super::verify::{check_region, stamp_for, Expect};
 
 /// What one size measured.
 pub(crate) struct BwRun {
-    /// Requests completed on each QP.
+    /// Requests completed on each QP while measuring.
     pub(crate) per_qp: Vec<u64>,
+    /// Requests each QP completed before measuring (--perform_warm_up).
+    pub(crate) warm: u64,
     /// From the first post to the last completion.
     pub(crate) elapsed: Duration,
     /// (time since start, requests completed on all QPs) at each poll that reaped
@@ -78,20 +80,22 @@ pub(crate) fn requester(
 
     let mut posted = vec![0u64; q];
     let mut done = vec![0u64; q];
-    let mut target = vec![
-        match p.budget {
-            Budget::Iters(n) => n,
-            Budget::Seconds(_) => u64::MAX,
-        };
-        q
-    ];
+    // With --perform_warm_up, one window per QP first; the measurement starts when it
+    // has completed.
+    let warm = if p.warm_up { window } else { 0 };
+    let measured = match p.budget {
+        Budget::Iters(n) => warm + n,
+        Budget::Seconds(_) => u64::MAX,
+    };
+    let mut warming = warm > 0;
+    let mut target = vec![if warming { warm } else { measured }; q];
     let mut wc = [EMPTY; 64];
     let mut list: Vec<SendRequest<'_>> = Vec::with_capacity(batch as usize);
     let mut marks = vec![(Duration::ZERO, 0u64)];
     let mut total = 0u64;
     let mut idle = 0u32;
-    let start = Instant::now();
-    let deadline = p.time_limit().map(|d| start + d);
+    let mut start = Instant::now();
+    let mut deadline = p.time_limit().filter(|_| !warming).map(|d| start + d);
     let mut last = start;
     loop {
         if deadline.is_some_and(|d| Instant::now() >= d) && target[0] == u64::MAX {
@@ -192,7 +196,16 @@ pub(crate) fn requester(
             }
         }
         if target[0] != u64::MAX && (0..q).all(|i| done[i] >= target[i]) {
-            break;
+            if !warming {
+                break;
+            }
+            warming = false;
+            start = Instant::now();
+            last = start;
+            deadline = p.time_limit().map(|d| start + d);
+            marks = vec![(Duration::ZERO, 0)];
+            total = 0;
+            target.fill(measured);
         }
     }
     if p.verify && op == Op::Read {
@@ -208,7 +221,8 @@ pub(crate) fn requester(
         }
     }
     Ok(BwRun {
-        per_qp: done,
+        per_qp: done.iter().map(|d| d - warm).collect(),
+        warm,
         elapsed: last - start,
         marks,
     })

@@ -607,6 +607,7 @@ mod tests {
             verify: false,
             mtu: None,
             qp_timeout: None,
+            warm_up: false,
             rdma_cm: false,
             conn: Conn::Rc,
         }

@@ -281,6 +281,8 @@ pub(crate) struct RunInfo {
     pub(crate) cq_mod: usize,
     pub(crate) post_list: usize,
     pub(crate) verify: bool,
+    /// Requests per QP completed before measuring (--perform_warm_up), 0 without.
+    pub(crate) warm_up: usize,
     /// "in-process", "HOST:PORT" or "server".
     pub(crate) peer: String,
     /// "local address: ..." and "remote address: ..." lines, per QP.
@@ -377,6 +379,12 @@ impl RunInfo {
                 s.push_str(&format!(" {:<15} : {path}\n", "Data path"));
             }
         }
+        if self.warm_up > 0 {
+            s.push_str(&format!(
+                " {:<15} : {} requests per QP before measuring\n",
+                "Warm up", self.warm_up
+            ));
+        }
         if self.by_default {
             s.push_str(&format!(
                 " {:<15} : the default {}\n",
@@ -410,6 +418,7 @@ impl RunInfo {
             "cq_mod": self.cq_mod,
             "post_list": self.post_list,
             "verify": self.verify,
+            "warm_up": self.warm_up,
             "pinned": self.pinned,
             "shared_memory": self.shared_memory,
             "data_path": self.data_path(),

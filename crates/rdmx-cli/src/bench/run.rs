@@ -238,6 +238,7 @@ fn info(cfg: &Config, side: &Side, mine: &Hello, peer: &Hello, where_: String) -
         cq_mod: side.layout.signal_every,
         post_list: side.layout.batch,
         verify: p.verify,
+        warm_up: if p.warm_up { side.layout.window } else { 0 },
         peer: where_,
         addresses,
         data_path: if kind == rdmx::shm::NAME {
@@ -426,7 +427,9 @@ fn drive(
                 avg_mib: total * size as f64 / MIB / secs,
                 mpps: total / secs / 1e6,
             };
-            (row, run.per_qp)
+            // The responder checks against every request, the warm-up's too.
+            let sent = run.per_qp.iter().map(|n| n + run.warm).collect();
+            (row, sent)
         } else {
             let (rec, issued) = if p.test.is_ping_pong() {
                 lat::ping(p, size, side, remote, &mut round, abort)?

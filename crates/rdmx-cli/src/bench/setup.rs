@@ -625,6 +625,7 @@ mod tests {
             verify,
             mtu: None,
             qp_timeout: None,
+            warm_up: false,
             rdma_cm: false,
             conn: Conn::Rc,
         }

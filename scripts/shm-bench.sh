@@ -12,7 +12,9 @@
 # UCX's put and get at the same sizes, and its 8-byte rate and latencies against UCX's.
 # `copy_mis/copy` is the provider's copy of 64 KiB with source and destination 16 bytes
 # apart against aligned (`rdmx bench reg`), `memcpy_mis/memcpy` the same for glibc's
-# memcpy.
+# memcpy. Bandwidth runs warm up first on both sides: ucx_perftest by its default (a
+# tenth of the iterations, at most 10000, unmeasured), rdmx with --perform_warm_up (one
+# window of 128 requests).
 #
 # Usage: scripts/shm-bench.sh            (ROUNDS=5 by default)
 set -euo pipefail
@@ -40,15 +42,19 @@ print(f[1] if '$1'.endswith('lat') else (float(f[7]) / 1e6 if '$2' == '8' else f
 }
 pick="d['results'][0].get('bw_avg_mib_s') or d['results'][0]['t_typical_us']"
 rate="d['results'][0]['msg_rate_mpps']"
+warm() { # the warm-up option for a bandwidth test (latency tests always warm up)
+    case $1 in *_bw) echo --perform_warm_up ;; esac
+}
 one() { # test size iters [extra...] -> MiB/s or t_typical usec, one process
     local t=$1 s=$2 n=$3; shift 3
-    "$RDMX" bench "$t" --provider shm -s "$s" -n "$n" --json "$@" | j "${J:-$pick}"
+    "$RDMX" bench "$t" --provider shm -s "$s" -n "$n" $(warm "$t") --json "$@" | j "${J:-$pick}"
 }
 two() { # the same across two processes
     local t=$1 s=$2 n=$3; shift 3
     "$RDMX" bench "$t" --provider shm -s "$s" -n "$n" --server --port 5313 "$@" >/dev/null 2>&1 &
     sleep 0.3
-    "$RDMX" bench "$t" --provider shm -s "$s" -n "$n" --port 5313 --json "$@" 127.0.0.1 |
+    "$RDMX" bench "$t" --provider shm -s "$s" -n "$n" --port 5313 $(warm "$t") --json "$@" \
+        127.0.0.1 |
         tee "$out/last.json" | j "${J:-$pick}"
     wait
 }
@@ -61,36 +67,36 @@ memcpy() { # 64 KiB copies (memcpy aligned, memcpy misaligned, rdmx copy aligned
 }
 for r in $(seq "$ROUNDS"); do
     memcpy
-    ucx ucp_put_bw 65536 20000 >>"$out/ucx_put_64k"
-    ucx ucp_put_bw 1048576 2000 >>"$out/ucx_put_1m"
-    ucx ucp_get 65536 20000 >>"$out/ucx_get_64k"
-    ucx ucp_get 1048576 2000 >>"$out/ucx_get_1m"
+    ucx ucp_put_bw 65536 100000 >>"$out/ucx_put_64k"
+    ucx ucp_put_bw 1048576 10000 >>"$out/ucx_put_1m"
+    ucx ucp_get 65536 100000 >>"$out/ucx_get_64k"
+    ucx ucp_get 1048576 10000 >>"$out/ucx_get_1m"
     ucx ucp_put_bw 8 1000000 >>"$out/ucx_put_8"
     ucx ucp_put_lat 8 100000 >>"$out/ucx_put_lat"
     ucx ucp_am_lat 8 100000 >>"$out/ucx_am_lat"
-    two write_bw 65536 20000 >>"$out/write_64k"
+    two write_bw 65536 100000 >>"$out/write_64k"
     j "d['data_path']" <"$out/last.json" >>"$out/path"
-    RDMX_SHM_DATA_PATH=cma two write_bw 65536 20000 >>"$out/write_64k_cma"
+    RDMX_SHM_DATA_PATH=cma two write_bw 65536 100000 >>"$out/write_64k_cma"
     j "d['data_path']" <"$out/last.json" >>"$out/path_cma"
-    RDMX_SHM_DATA_PATH=cma two write_bw 1048576 2000 >>"$out/write_1m_cma"
-    RDMX_SHM_DATA_PATH=cma two read_bw 65536 20000 >>"$out/read_64k_cma"
-    RDMX_SHM_DATA_PATH=mapped two write_bw 65536 20000 >>"$out/write_64k_mapped"
+    RDMX_SHM_DATA_PATH=cma two write_bw 1048576 10000 >>"$out/write_1m_cma"
+    RDMX_SHM_DATA_PATH=cma two read_bw 65536 100000 >>"$out/read_64k_cma"
+    RDMX_SHM_DATA_PATH=mapped two write_bw 65536 100000 >>"$out/write_64k_mapped"
     j "d['data_path']" <"$out/last.json" >>"$out/path_mapped"
-    RDMX_SHM_DATA_PATH=mapped two write_bw 1048576 2000 >>"$out/write_1m_mapped"
-    RDMX_SHM_DATA_PATH=mapped two read_bw 65536 20000 >>"$out/read_64k_mapped"
-    RDMX_SHM_DATA_PATH=mapped two read_bw 1048576 2000 >>"$out/read_1m_mapped"
+    RDMX_SHM_DATA_PATH=mapped two write_bw 1048576 10000 >>"$out/write_1m_mapped"
+    RDMX_SHM_DATA_PATH=mapped two read_bw 65536 100000 >>"$out/read_64k_mapped"
+    RDMX_SHM_DATA_PATH=mapped two read_bw 1048576 10000 >>"$out/read_1m_mapped"
     RDMX_SHM_DATA_PATH=mapped J=$rate two write_bw 8 200000 -l 32 >>"$out/write_8_mapped"
     RDMX_SHM_DATA_PATH=mapped two write_lat 8 20000 >>"$out/write_lat_mapped"
     RDMX_SHM_DATA_PATH=mapped two send_lat 8 20000 >>"$out/send_lat_mapped"
-    two write_bw 1048576 2000 >>"$out/write_1m"
-    two read_bw 65536 20000 >>"$out/read_64k"
+    two write_bw 1048576 10000 >>"$out/write_1m"
+    two read_bw 65536 100000 >>"$out/read_64k"
     J=$rate two write_bw 8 200000 -l 32 >>"$out/write_8"
     two write_lat 8 20000 >>"$out/write_lat"
     two send_lat 8 20000 >>"$out/send_lat"
-    one write_bw 65536 20000 >>"$out/one_write_64k"
+    one write_bw 65536 100000 >>"$out/one_write_64k"
     J="d['data_path']" one write_bw 65536 2000 >>"$out/one_path"
-    RDMX_SHM_DATA_PATH=cma one write_bw 65536 20000 >>"$out/one_write_64k_cma"
-    RDMX_SHM_DATA_PATH=ring one write_bw 65536 20000 >>"$out/one_write_64k_ring"
+    RDMX_SHM_DATA_PATH=cma one write_bw 65536 100000 >>"$out/one_write_64k_cma"
+    RDMX_SHM_DATA_PATH=ring one write_bw 65536 100000 >>"$out/one_write_64k_ring"
     echo "round $r/$ROUNDS done" >&2
 done
 med() { sort -g "$out/$1" | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }

@@ -521,6 +521,14 @@ impl<M: MemAccess> RcQp<M> {
         sent
     }
 
+    /// Whether [`poll_transmit_parts`](Self::poll_transmit_parts) may have work: a packet
+    /// to build, or a finished request to retire. When this is `false` that call would
+    /// return `false` and change nothing, so a transport may skip it, and the clock
+    /// reading it takes, after a request that completed as it was posted.
+    pub fn may_transmit(&self) -> bool {
+        self.cfg.qp_type == QpType::Ud || self.resp.has_output() || self.req.has_work()
+    }
+
     /// The next packet to send to the peer QP into `out` (cleared first), its payload left
     /// in registered memory for the transport to gather; `false` when there is none. See
     /// [`io`] for the contract.

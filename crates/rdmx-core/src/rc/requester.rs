@@ -194,6 +194,12 @@ impl<Mr> Requester<Mr> {
         self.send_off > 0 || self.send_idx < self.started_hw
     }
 
+    /// Whether a request waits to be sent (new, or again after a rewind), or has
+    /// finished and waits to retire.
+    pub(crate) fn has_work(&self) -> bool {
+        self.send_idx < self.sq.len() || self.sq.front().is_some_and(|w| w.done.is_some())
+    }
+
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         match (self.timer, self.rnr_until) {
             (Some(a), Some(b)) => Some(a.min(b)),

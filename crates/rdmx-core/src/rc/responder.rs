@@ -167,6 +167,11 @@ impl<Mr> Responder<Mr> {
     }
 
     /// The next answer into `out` (cleared first); `false` when there is none.
+    /// Whether [`poll_transmit`](Self::poll_transmit) has a packet to give.
+    pub(crate) fn has_output(&self) -> bool {
+        !self.out.is_empty() || self.ack.is_some()
+    }
+
     pub(crate) fn poll_transmit(
         &mut self,
         attrs: &QpAttr,

@@ -167,9 +167,17 @@ impl Endpoint {
                 self.next_burst = Some(now + self.pace);
                 break;
             }
+            // Every step of every scenario checks that `may_transmit` never says no
+            // when there is work.
+            let (may, done) = (self.qp.may_transmit(), self.qp.completions.len());
             let Some(p) = self.qp.poll_transmit(now, &self.mem) else {
+                assert!(
+                    may || self.qp.completions.len() == done,
+                    "may_transmit said no, yet a request retired"
+                );
                 break;
             };
+            assert!(may, "may_transmit said no, yet a packet went out");
             sent += 1;
             any = true;
             link.send(now, p);

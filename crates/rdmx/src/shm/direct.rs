@@ -40,7 +40,6 @@ use super::copy::copy;
 use super::mapped;
 use super::qp::{Inner, ShmQp};
 use crate::provider::MrRef;
-use crate::soft;
 use crate::Result;
 
 /// Posts `wr` on `qp`: executed now when it can be (see the module docs), else to the
@@ -50,7 +49,7 @@ pub(crate) fn post_send(qp: &ShmQp, wr: &SendWr, inline: Option<&[u8]>) -> Resul
     let mut held = None;
     let posted = post_one(qp, &mut g, wr, inline, &mut held);
     mapped::release(&g, &mut held);
-    qp.pump(&mut g, soft::clock::now());
+    qp.pump_posted(&mut g);
     posted
 }
 
@@ -71,7 +70,7 @@ pub(crate) fn post_send_list(
         }
     }
     mapped::release(&g, &mut held);
-    qp.pump(&mut g, soft::clock::now());
+    qp.pump_posted(&mut g);
     posted
 }
 

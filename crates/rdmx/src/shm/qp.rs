@@ -308,7 +308,25 @@ impl ShmQp {
     /// Sends what the engine has, routes its completions and arms its timer. Returns
     /// whether anything was sent or completed.
     pub(crate) fn pump(&self, g: &mut Inner, now: Instant) -> bool {
-        let mut moved = match g.send(now) {
+        self.pump_at(g, Some(now))
+    }
+
+    /// [`pump`](Self::pump) after a post, reading the clock only if the engine may send:
+    /// a request executed at post sends nothing, and on that path a clock reading is a
+    /// tenth of a post.
+    pub(crate) fn pump_posted(&self, g: &mut Inner) -> bool {
+        self.pump_at(g, None)
+    }
+
+    /// [`pump`](Self::pump) at `now`, or with `None` at the clock's time if a packet may go.
+    fn pump_at(&self, g: &mut Inner, now: Option<Instant>) -> bool {
+        let send = match now {
+            Some(now) => g.send(now),
+            // (`send` with nothing held and nothing from the engine sends nothing.)
+            None if g.held || g.engine.may_transmit() => g.send(soft::clock::now()),
+            None => Ok(false),
+        };
+        let mut moved = match send {
             Ok(sent) => sent,
             Err(e) => {
                 g.fail(self.qpn, &e.to_string());

@@ -187,9 +187,9 @@ pub(crate) struct Args {
     /// Requests posted per batch (bandwidth tests) [default: 1].
     #[arg(short = 'l', long = "post_list", alias = "post-list")]
     pub(crate) post_list: Option<usize>,
-    /// Before measuring, post one window of requests (-t, or -l with a post list) and
-    /// wait for it, as perftest's option of that name (write, read and atomic bandwidth
-    /// tests): first touches of the buffers and a cold start stay out of the figures.
+    /// Before measuring, post one window of requests (-t per QP) and wait for it, as
+    /// perftest's option of that name (write, read and atomic bandwidth tests): first
+    /// touches of the buffers and a cold start stay out of the figures.
     #[arg(long = "perform_warm_up", alias = "perform-warm-up")]
     pub(crate) perform_warm_up: bool,
     /// Report bandwidth in Gb/s instead of MiB/s.

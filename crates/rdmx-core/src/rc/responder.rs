@@ -166,12 +166,12 @@ impl<Mr> Responder<Mr> {
         self.filling.take().map(|f| f.wqe)
     }
 
-    /// The next answer into `out` (cleared first); `false` when there is none.
     /// Whether [`poll_transmit`](Self::poll_transmit) has a packet to give.
     pub(crate) fn has_output(&self) -> bool {
         !self.out.is_empty() || self.ack.is_some()
     }
 
+    /// The next answer into `out` (cleared first); `false` when there is none.
     pub(crate) fn poll_transmit(
         &mut self,
         attrs: &QpAttr,

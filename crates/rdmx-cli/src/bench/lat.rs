@@ -188,12 +188,12 @@ pub(crate) fn pong(
     // waits for the one before it to complete: one request outstanding, as perftest
     // keeps, and the send queue never fills.
     let mut unanswered = 0u32;
+    let mut wc = [EMPTY; 8];
     loop {
         let g = *round;
         let (mut ping, mut done, mut len) = (false, None, size as u32);
         let mut last = [0u8];
         // No stall limit here: the pinging side decides when rounds come.
-        let mut wc = [EMPTY; 8];
         let mut spins = 0u32;
         while !ping && done.is_none() {
             let n = poll(&side.cq, &mut wc)?;

@@ -198,7 +198,6 @@ pub(crate) fn execute(
     } else {
         Access::REMOTE_WRITE
     };
-    let claim = seg.claim_word(*side);
     if let Some(h) = held.as_ref().filter(|h| h.rkey == rkey) {
         // The claim still names the slot: it cannot be reused under the copy. Whatever
         // changed since it was checked sends the request the long way.
@@ -231,6 +230,7 @@ pub(crate) fn execute(
         return false;
     };
     // Claim the slot, then see that neither it nor the target changed (module docs).
+    let claim = seg.claim_word(*side);
     claim.store(tag(found.idx(), found.seq), Ordering::SeqCst);
     let seq = slot_word(&view.table, found.idx(), S_SEQ).load(Ordering::SeqCst);
     let target = seg.target_word(1 - side).load(Ordering::SeqCst);

@@ -15,7 +15,9 @@
 //!   the speed of this machine; `memcpy_64k_misaligned_ns` the same with the destination
 //!   16 bytes further (on some CPUs an order of magnitude slower).
 //! - `copy_64k_ns`, `copy_64k_misaligned_ns`: the copy the shm provider moves payloads
-//!   with (`rdmx::shm::copy_slice`), for the same two alignment pairs.
+//!   with (`rdmx::shm::copy_slice`), for the same two alignment pairs;
+//!   `copy_misaligned_with` what it copies differently aligned blocks with on this CPU
+//!   (`rdmx::shm::copy_method`).
 
 use std::hint::black_box;
 use std::sync::Barrier;
@@ -166,6 +168,7 @@ pub(crate) fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         "memcpy_64k_misaligned_ns": round(memcpy_64k_misaligned_ns, 1),
         "copy_64k_ns": round(copy_64k_ns, 1),
         "copy_64k_misaligned_ns": round(copy_64k_misaligned_ns, 1),
+        "copy_misaligned_with": rdmx::shm::copy_method(),
         "hit_vs_register_64k": reg_64k_ns.map(|r| round(r / cache_hit_ns, 1)),
         "cache_monitoring": match monitoring {
             Monitoring::Userfaultfd => "userfaultfd",
@@ -269,6 +272,10 @@ fn print_table(v: &Value) {
             v[key].as_f64().unwrap_or(f64::NAN)
         );
     }
+    println!(
+        "rdmx copy, 16 B apart, runs with: {} (the faster on this CPU)",
+        v["copy_misaligned_with"].as_str().unwrap_or("?")
+    );
     if let Some(r) = v["hit_vs_register_64k"].as_f64() {
         println!("cache hit is {r:.0}x cheaper than register+deregister of 64 KiB");
     }

@@ -120,7 +120,7 @@
 //! eventfd.
 
 mod copy;
-pub use copy::copy_slice;
+pub use copy::{copy_method, copy_slice};
 mod direct;
 mod driver;
 mod mapped;

@@ -5,20 +5,24 @@
 # with rxe), the stock client on rxe0 in VM b against the same server: the anchor. Each
 # session runs ROUNDS rounds of write_bw and write_lat, the sessions alternate SESSIONS
 # times, and the medians of the clients' figures (BW average, t_typical) are printed with
-# their ratios.
+# their ratios. rdmx keeps at most 128 packets unacknowledged (RDMX_UDP_WINDOW), as rxe's own
+# requester does (RXE_MAX_UNACKED_PSNS), so both senders run with the same window (the
+# interop checks keep 32).
 #
 # Usage: scripts/perftest-bench.sh [--release] [--rounds N] [--sessions N] [--iters N]
+#                                  [--window PACKETS]
 #   (builds `rdmx` first: --release for an optimized build, as the figures want)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rounds=3 sessions=2 iters=1000 profile=debug
+rounds=3 sessions=2 iters=1000 profile=debug window=128
 while [ $# -gt 0 ]; do
     case $1 in
     --release) profile=release; shift ;;
     --rounds) rounds=$2; shift 2 ;;
     --sessions) sessions=$2; shift 2 ;;
     --iters) iters=$2; shift 2 ;;
-    *) echo "usage: scripts/perftest-bench.sh [--release] [--rounds N] [--sessions N] [--iters N]" >&2; exit 2 ;;
+    --window) window=$2; shift 2 ;;
+    *) echo "usage: scripts/perftest-bench.sh [--release] [--rounds N] [--sessions N] [--iters N] [--window PACKETS]" >&2; exit 2 ;;
     esac
 done
 flag=()
@@ -37,7 +41,7 @@ client() { # the client command: CMD with \$t and \$port
         rxe-retry 60 $1 -u 18 -n $iters -p \$port \$RXE_PEER | sed \"s/^/RESULT \$t /\"; \
         port=\$((port + 1)); done; done"
 }
-udp="env RDMX_UDP_BIND=\$RXE_IP RDMX_UDP_VERIFY_ICRC=0 RDMX_UDP_WINDOW=32 timeout 300 $rdmx bench \$t --perftest --provider udp"
+udp="env RDMX_UDP_BIND=\$RXE_IP RDMX_UDP_VERIFY_ICRC=0 RDMX_UDP_WINDOW=$window timeout 300 $rdmx bench \$t --perftest --provider udp"
 rxe="timeout 300 ib_\$t -d \$RXE_DEV -x \$RXE_GID_INDEX -F"
 for s in $(seq "$sessions"); do
     echo "== session $s: rdmx (udp, VM b) -> ib_TEST (rxe0, VM a)"

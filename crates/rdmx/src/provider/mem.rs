@@ -9,6 +9,7 @@ use std::sync::Arc;
 use rdmx_core::PdId;
 use rdmx_mem::{Access, Memory, PinGuard};
 
+use super::copy::copy;
 use crate::{Error, Result};
 
 /// The part of a region that outlives deregistration while in use.
@@ -60,7 +61,7 @@ impl MrShared {
         let src = self.bounds(offset, buf.len())?;
         // SAFETY: bounds() keeps [src, src + buf.len()) inside the registered memory, which
         // stays valid while self lives; buf is a distinct Rust allocation.
-        unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) };
+        unsafe { copy(buf.as_mut_ptr(), src, buf.len()) };
         Ok(())
     }
 
@@ -93,7 +94,7 @@ impl MrShared {
         let dst = self.bounds(offset, data.len())?;
         // SAFETY: as in read_at; registered memory is writable through this pointer
         // (Memory::as_raw and register_raw both promise it).
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+        unsafe { copy(dst, data.as_ptr(), data.len()) };
         Ok(())
     }
 }

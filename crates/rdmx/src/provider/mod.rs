@@ -35,6 +35,7 @@ use crate::endpoint::{PeerAddr, QpEndpoint};
 use crate::Result;
 
 pub(crate) mod caps;
+pub(crate) mod copy;
 pub(crate) mod cq;
 pub(crate) mod mem;
 

@@ -36,9 +36,9 @@ use parking_lot::MutexGuard;
 use rdmx_core::rc::DirectRequest;
 use rdmx_core::{SendOp, SendWr};
 
-use super::copy::copy;
 use super::mapped;
 use super::qp::{Inner, ShmQp};
+use crate::provider::copy::copy;
 use crate::provider::MrRef;
 use crate::Result;
 

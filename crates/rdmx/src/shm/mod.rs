@@ -119,8 +119,7 @@
 //! a peer that puts a packet in (or frees room in) a ring whose reader sleeps writes its
 //! eventfd.
 
-mod copy;
-pub use copy::{copy_method, copy_slice};
+pub use crate::provider::copy::{copy_method, copy_slice};
 mod direct;
 mod driver;
 mod mapped;

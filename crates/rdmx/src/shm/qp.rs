@@ -12,10 +12,10 @@ use rdmx_core::{QpAttr, QpAttrMask, QpState};
 
 use std::sync::atomic::Ordering;
 
-use super::copy::copy;
 use super::mapped::{self, PeerView};
 use super::ring::{Consumer, Producer, RingError, Segment};
 use super::{sys, Driver};
+use crate::provider::copy::copy;
 use crate::provider::{CqCore, MrRef};
 use crate::soft::{self, Engine, Keys};
 

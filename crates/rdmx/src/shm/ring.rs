@@ -42,8 +42,8 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
-use super::copy::copy;
 use super::sys;
+use crate::provider::copy::copy;
 
 const MAGIC: u64 = u64::from_be_bytes(*b"RDMXSHM2");
 const SLEEP_OFF: [usize; 2] = [64, 128];

@@ -218,7 +218,7 @@ impl PeerMapping {
             return false;
         }
         // SAFETY: inside the mapping (checked); shared memory, written by copy only.
-        unsafe { crate::shm::copy::copy(self.0.base.add(off), bytes.as_ptr(), bytes.len()) };
+        unsafe { crate::provider::copy::copy(self.0.base.add(off), bytes.as_ptr(), bytes.len()) };
         true
     }
 }

@@ -3,12 +3,13 @@
 //! glibc's `memcpy` copies large blocks with `rep movsb`, which on some CPUs (AMD EPYC
 //! hosts of this project among them) runs an order of magnitude slower when source and
 //! destination sit at different offsets within a cache line; on others (later EPYCs) it
-//! has no such cliff and runs a third faster than any vector loop. A provider copies
-//! between user buffers and its rings at whatever offsets the application chose, so the
-//! first large, differently aligned copy of a process measures both on this CPU and
-//! keeps the faster for every later one ([`copy_method`] says which): `memcpy`, or its
-//! own loop of unaligned vector loads and aligned vector stores. Equally aligned copies
-//! and small ones always go to `memcpy`.
+//! has no such cliff and runs a third faster than any vector loop. Software providers
+//! copy payloads into and out of registered memory (and shm through its rings) at
+//! whatever offsets the application chose, so the first large, differently aligned copy
+//! of a process measures both on this CPU and keeps the faster for every later one
+//! (`rdmx::shm::copy_method` says which): `memcpy`, or its own loop of unaligned vector
+//! loads and aligned vector stores. Equally aligned copies and small ones always go to
+//! `memcpy`.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Instant;
@@ -135,7 +136,7 @@ unsafe fn copy_loop(dst: *mut u8, src: *const u8, len: usize) {
 }
 
 /// Copies `src` into `dst` (the same length) at the same speed whatever the two
-/// slices' offsets within a cache line: the copy the shm provider moves payloads with.
+/// slices' offsets within a cache line: the copy software providers move payloads with.
 ///
 /// # Panics
 ///

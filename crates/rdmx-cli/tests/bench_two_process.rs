@@ -4,15 +4,14 @@
 
 mod common;
 
-use common::{check_row, command, free_port, small_size, Server};
+use common::{check_row, command, small_size, Server};
 
 /// Runs `args` as a server and as a client of it; returns both outputs.
 fn pair(
     server_args: &[&str],
     client_args: &[&str],
 ) -> (std::process::Output, std::process::Output) {
-    let port = free_port();
-    let server = Server::start(server_args, port);
+    let (server, port) = Server::start(server_args);
     let client = command(client_args)
         .args(["127.0.0.1", "-p", &port.to_string()])
         .output()

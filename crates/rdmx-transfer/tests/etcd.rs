@@ -40,40 +40,43 @@ impl Etcd {
             eprintln!("SKIPPED: no `etcd` binary (Debian package etcd-server)");
             return None;
         };
-        let port = || {
-            TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-        };
-        let (client, peer) = (port(), port());
-        let dir = std::env::temp_dir().join(format!(
-            "rdmx-te-etcd-{}-{}",
-            std::process::id(),
-            client.port()
-        ));
-        let child = Command::new(bin)
-            .arg("--name=t")
-            .arg(format!("--data-dir={}", dir.display()))
-            .arg(format!("--listen-client-urls=http://{client}"))
-            .arg(format!("--advertise-client-urls=http://{client}"))
-            .arg(format!("--listen-peer-urls=http://{peer}"))
-            .arg(format!("--initial-advertise-peer-urls=http://{peer}"))
-            .arg(format!("--initial-cluster=t=http://{peer}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start etcd");
-        let e = Etcd { child, dir, client };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while e
-            .http("/health", None)
-            .map_or(true, |r| !r.contains("true"))
-        {
-            assert!(Instant::now() < deadline, "etcd did not come up");
-            std::thread::sleep(Duration::from_millis(100));
+        // etcd cannot listen on a port the kernel picks and report it, so the test picks
+        // them. Below the kernel's ephemeral range a port given back here cannot become
+        // another test's outgoing connection before etcd binds it; if etcd still exits
+        // (another run took it), start again on other ports.
+        for attempt in 0..8 {
+            let (client, peer) = (unused_port(attempt), unused_port(attempt + 100));
+            let dir = std::env::temp_dir().join(format!(
+                "rdmx-te-etcd-{}-{}",
+                std::process::id(),
+                client.port()
+            ));
+            let child = Command::new(&bin)
+                .arg("--name=t")
+                .arg(format!("--data-dir={}", dir.display()))
+                .arg(format!("--listen-client-urls=http://{client}"))
+                .arg(format!("--advertise-client-urls=http://{client}"))
+                .arg(format!("--listen-peer-urls=http://{peer}"))
+                .arg(format!("--initial-advertise-peer-urls=http://{peer}"))
+                .arg(format!("--initial-cluster=t=http://{peer}"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start etcd");
+            let mut e = Etcd { child, dir, client };
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                if e.http("/health", None).is_some_and(|r| r.contains("true")) {
+                    return Some(e);
+                }
+                if e.child.try_wait().ok().flatten().is_some() {
+                    break; // exited: most likely a port was taken
+                }
+                assert!(Instant::now() < deadline, "etcd did not come up");
+                std::thread::sleep(Duration::from_millis(100));
+            }
         }
-        Some(e)
+        panic!("etcd exited at start eight times");
     }
 
     fn url(&self) -> String {
@@ -106,6 +109,30 @@ impl Etcd {
         );
         let r = self.http("/v3/kv/put", Some(&body)).expect("etcd answers");
         assert!(r.contains("200 OK"), "{r}");
+    }
+}
+
+/// A 127.0.0.1 port that is free now and below the kernel's ephemeral range, so nothing
+/// takes it as the local end of an outgoing connection.
+fn unused_port(salt: u32) -> SocketAddr {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768)
+        .clamp(2048, 65535);
+    let span = low - 1024;
+    let mut x = std::process::id()
+        .wrapping_mul(2654435761)
+        .wrapping_add(salt.wrapping_mul(40503))
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+    loop {
+        let port = 1024 + x % span;
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port as u16)) {
+            return l.local_addr().expect("a bound address");
+        }
+        x = x.wrapping_mul(1103515245).wrapping_add(12345);
     }
 }
 

@@ -3,8 +3,12 @@
 
 #![allow(dead_code)] // each test file uses some of these
 
+use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// Every transfer test.
 pub(crate) const TESTS: [&str; 8] = [
@@ -122,34 +126,80 @@ pub(crate) fn free_port() -> u16 {
 }
 
 /// A `rdmx bench ... --server` process, killed if the test ends before it does.
-pub(crate) struct Server(pub(crate) Option<Child>);
+///
+/// It listens on a port the kernel picks (`-p 0`) and the test reads that port from the
+/// line the server prints: a port picked by the test and freed before the server binds it
+/// could meanwhile become another connection's ephemeral port.
+pub(crate) struct Server {
+    child: Option<Child>,
+    stderr: Option<JoinHandle<Vec<u8>>>,
+}
 
 impl Server {
-    /// Starts `rdmx bench args... --server -p port`.
-    pub(crate) fn start(args: &[&str], port: u16) -> Server {
-        let port = port.to_string();
-        let child = command(args)
-            .args(["--server", "-p", &port])
+    /// Starts `rdmx bench args... --server -p 0`; returns it and the port it listens on.
+    pub(crate) fn start(args: &[&str]) -> (Server, u16) {
+        let mut child = command(args)
+            .args(["--server", "-p", "0"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .expect("start the server");
-        Server(Some(child))
+        let pipe = child.stderr.take().expect("the server's stderr");
+        let (tx, rx) = mpsc::channel::<u16>();
+        // Keeps every line for `finish`, and passes on the port once the server names it.
+        let stderr = std::thread::spawn(move || {
+            let mut all = Vec::new();
+            for line in BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                if let Some(addr) = line.split("waiting for a peer on ").nth(1) {
+                    if let Some(port) = addr.rsplit(':').next().and_then(|p| p.trim().parse().ok())
+                    {
+                        let _ = tx.send(port);
+                    }
+                }
+                all.extend_from_slice(line.as_bytes());
+                all.push(b'\n');
+            }
+            all
+        });
+        let mut server = Server {
+            child: Some(child),
+            stderr: Some(stderr),
+        };
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(port) => (server, port),
+            Err(_) => {
+                let out = server.finish_output();
+                panic!(
+                    "the server did not say where it listens: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            }
+        }
     }
 
     /// Waits for the server to exit.
     pub(crate) fn finish(mut self) -> Output {
-        self.0
+        self.finish_output()
+    }
+
+    fn finish_output(&mut self) -> Output {
+        let mut out = self
+            .child
             .take()
             .expect("a running server")
             .wait_with_output()
-            .expect("wait for the server")
+            .expect("wait for the server");
+        if let Some(t) = self.stderr.take() {
+            out.stderr = t.join().unwrap_or_default();
+        }
+        out
     }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
+        if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
         }

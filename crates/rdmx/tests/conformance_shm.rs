@@ -509,6 +509,98 @@ mod execute_at_post {
         assert!(count(&a.qp) >= 200, "the traffic ran at post");
     }
 
+    /// Two contexts, a queue pair of each posting WRITEs to a queue pair of the other at
+    /// once, while both contexts register and deregister memory all along: a copy at post
+    /// holds the initiator's key table and then the target's, and registration waits for
+    /// them, so the two directions must never leave each other, and the writers, waiting
+    /// for good. Every WRITE completes, with its bytes.
+    #[test]
+    fn crossed_posts_and_registrations_never_wait_for_each_other() {
+        let (ca, cb) = (FAST.open(), FAST.open());
+        let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
+        let cq = |c: &Context| c.create_cq(64).unwrap();
+        let (sa, ra, sb, rb) = (cq(&ca), cq(&ca), cq(&cb), cq(&cb));
+        let qp = |pd: &rdmx::ProtectionDomain, s, r| {
+            pd.create_qp_of_type(QpType::Rc, s, r, None, QpCaps::default())
+                .unwrap()
+        };
+        // a1 -> b1 and b2 -> a2, each pair connected both ways.
+        let (a1, b1, b2, a2) = (
+            qp(&pa, &sa, &ra),
+            qp(&pb, &sb, &rb),
+            qp(&pb, &sb, &rb),
+            qp(&pa, &sa, &ra),
+        );
+        let opts = FAST.options();
+        for (x, y) in [(&a1, &b1), (&b2, &a2)] {
+            x.connect(y.endpoint(), &opts).unwrap();
+            y.connect(x.endpoint(), &opts).unwrap();
+            wait_direct(x, y);
+        }
+        let n = 4096;
+        let (src_a, dst_b) = (
+            conformance::register(&pa, n, ALL),
+            conformance::register(&pb, n, ALL),
+        );
+        let (src_b, dst_a) = (
+            conformance::register(&pb, n, ALL),
+            conformance::register(&pa, n, ALL),
+        );
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let finished = std::sync::atomic::AtomicBool::new(false);
+        let before = count(&a1) + count(&b2);
+        std::thread::scope(|s| {
+            // A deadlock would hang the scope: fail the run instead.
+            s.spawn(|| {
+                let deadline = Instant::now() + conformance::DEADLINE * 6;
+                while !finished.load(Ordering::Relaxed) {
+                    if Instant::now() > deadline {
+                        eprintln!("crossed posts and registrations waited for each other for good");
+                        std::process::exit(101);
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            });
+            for pd in [&pa, &pb] {
+                let stop = &stop;
+                s.spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        drop(conformance::register(pd, 4096, ALL));
+                    }
+                });
+            }
+            let posters: Vec<_> = [(&a1, &sa, &src_a, &dst_b), (&b2, &sb, &src_b, &dst_a)]
+                .into_iter()
+                .map(|(qp, cq, src, dst)| {
+                    s.spawn(move || {
+                        for i in 0..20_000u64 {
+                            src.write_at(0, &i.to_le_bytes()).unwrap();
+                            qp.post_send(
+                                SendRequest::write(i, conformance::raddr(dst, 0))
+                                    .sge(conformance::sge(src, 0, n)),
+                            )
+                            .unwrap();
+                            let c = conformance::wait_one(cq, "a crossed WRITE");
+                            assert_eq!((c.wr_id, c.status), (i, WcStatus::Success));
+                            let mut got = [0u8; 8];
+                            dst.read_at(0, &mut got).unwrap();
+                            assert_eq!(u64::from_le_bytes(got), i);
+                        }
+                    })
+                })
+                .collect();
+            for p in posters {
+                p.join().unwrap();
+            }
+            stop.store(true, Ordering::Relaxed);
+            finished.store(true, Ordering::Relaxed);
+        });
+        assert!(
+            count(&a1) + count(&b2) - before >= 6000,
+            "the WRITEs ran at post"
+        );
+    }
+
     /// UC WRITEs run at post too; a UC WRITE with immediate data takes the packets.
     #[test]
     fn uc_writes_run_at_post() {

@@ -14,21 +14,25 @@
 //! A direct request takes no PSN on either side and leaves both engines' sequence state
 //! as it was: the packets that follow it continue where the last ones stopped.
 
-use super::{resolve_sges, CqSide, MemAccess, RcQp, Seg};
+use super::{CqSide, MemAccess, RcQp, Seg};
 use crate::access::Access;
 use crate::mr::KeyUse;
 use crate::qp::{QpState, QpType};
-use crate::wr::{Completion, SendFlags, SendOp, SendWr, WcStatus};
+use crate::wr::{Completion, SendFlags, SendOp, SendWr, WcStatus, INLINE_SGE};
 
 /// An RDMA WRITE or READ validated for execution by the transport: its local memory
 /// (resolved segments, or the inline bytes the caller holds) and its remote target.
+///
+/// It lives only while the transport executes it, so it holds its segments in place
+/// (up to [`INLINE_SGE`]; a request with more takes the packets): building one
+/// allocates nothing.
 #[derive(Debug)]
 pub struct DirectRequest<Mr> {
     wr_id: u64,
     op: SendOp,
     signaled: bool,
     len: u32,
-    segs: Vec<Seg<Mr>>,
+    segs: [Option<Seg<Mr>>; INLINE_SGE],
 }
 
 impl<Mr> DirectRequest<Mr> {
@@ -58,7 +62,9 @@ impl<Mr> DirectRequest<Mr> {
     /// The local memory, in order: region, address, length of each segment. Empty for
     /// an inline WRITE (the bytes are the caller's inline data).
     pub fn local(&self) -> impl Iterator<Item = (&Mr, u64, u32)> {
-        self.segs.iter().map(|s| (&s.mr, s.addr, s.len))
+        self.segs
+            .iter()
+            .map_while(|s| s.as_ref().map(|s| (&s.mr, s.addr, s.len)))
     }
 }
 
@@ -73,12 +79,17 @@ impl<M: MemAccess> RcQp<M> {
     ///
     /// On a UC queue pair the transport must also know that every packet it sent before
     /// has been handled by the peer (UC requests complete when sent).
-    pub fn direct_request(
+    ///
+    /// The local keys are resolved through `mem`, which may be another view of the
+    /// engine's memory than the one it was built with: one that lends its regions for the
+    /// time the transport executes the request (the request's `Mr`), rather than one
+    /// that hands out references keeping them alive beyond it.
+    pub fn direct_request<N: MemAccess>(
         &mut self,
-        mem: &M,
+        mem: &N,
         wr: &SendWr,
         inline: Option<&[u8]>,
-    ) -> Option<DirectRequest<M::Mr>> {
+    ) -> Option<DirectRequest<N::Mr>> {
         let qualifies = matches!(
             (self.cfg.qp_type, wr.op),
             (QpType::Rc, SendOp::Write(_) | SendOp::Read(_)) | (QpType::Uc, SendOp::Write(_))
@@ -87,31 +98,45 @@ impl<M: MemAccess> RcQp<M> {
             || self.sm.state() != QpState::Rts
             || !self.req.sq.is_empty()
             || wr.ud.is_some()
+            || wr.sges.len() > INLINE_SGE
             || wr
                 .check(inline, self.cfg.max_send_sge, self.cfg.max_inline_data)
                 .is_err()
         {
             return None;
         }
-        let (segs, len) = match inline {
-            Some(data) => (self.spare.segs(), data.len() as u64),
+        let mut segs: [Option<Seg<N::Mr>>; INLINE_SGE] = Default::default();
+        let len = match inline {
+            Some(data) => data.len() as u64,
             None => {
                 let need = if wr.op.writes_local() {
                     Access::LOCAL_WRITE
                 } else {
                     Access::empty()
                 };
-                let mut segs = self.spare.segs();
-                if resolve_sges(mem, self.cfg.pd, &wr.sges, need, &mut segs).is_some() {
-                    self.spare.put_segs(segs);
-                    return None;
+                let mut len = 0u64;
+                for (slot, s) in segs.iter_mut().zip(wr.sges.iter()) {
+                    let mr = mem
+                        .resolve(
+                            s.lkey,
+                            KeyUse::Local,
+                            self.cfg.pd,
+                            s.addr,
+                            u64::from(s.len),
+                            need,
+                        )
+                        .ok()?;
+                    *slot = Some(Seg {
+                        mr,
+                        addr: s.addr,
+                        len: s.len,
+                    });
+                    len += u64::from(s.len);
                 }
-                let len = segs.iter().map(|s| u64::from(s.len)).sum();
-                (segs, len)
+                len
             }
         };
         let Ok(len @ 1..) = u32::try_from(len) else {
-            self.spare.put_segs(segs);
             return None;
         };
         Some(DirectRequest {
@@ -128,12 +153,15 @@ impl<M: MemAccess> RcQp<M> {
     /// request's type in RTR, RTS or SQD, whose access flags grant the access, and
     /// whose table has the rkey, in this QP's protection domain, with the access and
     /// covering the range. `None`: the request must take the packets.
-    pub fn direct_target<Mr>(
+    ///
+    /// As for [`direct_request`](Self::direct_request), `mem` may be a view of this
+    /// engine's memory that lends the region for the time of the copy.
+    pub fn direct_target<N: MemAccess, Mr>(
         &self,
-        mem: &M,
+        mem: &N,
         req: &DirectRequest<Mr>,
         peer_type: QpType,
-    ) -> Option<M::Mr> {
+    ) -> Option<N::Mr> {
         if self.cfg.qp_type != peer_type
             || !matches!(self.sm.state(), QpState::Rtr | QpState::Rts | QpState::Sqd)
         {
@@ -176,7 +204,7 @@ impl<M: MemAccess> RcQp<M> {
 
     /// The transport executed `req`: its completion (when signalled) joins the others,
     /// after every earlier one.
-    pub fn direct_complete(&mut self, req: DirectRequest<M::Mr>) {
+    pub fn direct_complete<Mr>(&mut self, req: DirectRequest<Mr>) {
         if req.signaled {
             let c = Completion {
                 wr_id: req.wr_id,
@@ -190,12 +218,11 @@ impl<M: MemAccess> RcQp<M> {
             };
             self.completions.push_back((CqSide::Send, c, false));
         }
-        self.spare.put_segs(req.segs);
     }
 
     /// The transport did not execute `req` (the target refused it): gives its room back.
     /// The caller posts the request as usual.
-    pub fn direct_cancel(&mut self, req: DirectRequest<M::Mr>) {
-        self.spare.put_segs(req.segs);
+    pub fn direct_cancel<Mr>(&mut self, req: DirectRequest<Mr>) {
+        drop(req);
     }
 }

@@ -46,6 +46,13 @@ impl std::fmt::Debug for MrShared {
 }
 
 impl MrShared {
+    /// The address of `len` bytes at virtual address `addr`, if they lie inside the
+    /// region; valid while the region's memory lives (see [`MrRef::raw_range`]).
+    pub(crate) fn raw_range(&self, addr: u64, len: usize) -> Option<*mut u8> {
+        let offset = (addr as usize).checked_sub(self.addr as usize)?;
+        self.bounds(offset, len).ok()
+    }
+
     fn bounds(&self, offset: usize, len: usize) -> Result<*mut u8> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(self.addr.wrapping_add(offset)),
@@ -182,8 +189,7 @@ impl MrRef {
     /// region: for transports that move bytes between a socket and registered memory
     /// with vectored I/O. The pointer is valid while this `MrRef` (or a clone) lives.
     pub(crate) fn raw_range(&self, addr: u64, len: usize) -> Option<*mut u8> {
-        let offset = (addr as usize).checked_sub(self.shared.addr as usize)?;
-        self.shared.bounds(offset, len).ok()
+        self.shared.raw_range(addr, len)
     }
 
     region_getters!();

@@ -10,8 +10,9 @@
 //! lock: the engine checks the target QP's state, its access flags and the rkey (its
 //! protection domain, rights and bounds) exactly as for a request packet
 //! ([`RcQp::direct_target`](rdmx_core::rc::RcQp::direct_target)), then the bytes are
-//! copied and the request completes at once. The copy holds both regions, so memory
-//! deregistered meanwhile is never freed under it.
+//! copied and the request completes at once. Both key tables stay read-locked through
+//! the copy, which lends it the regions without taking a reference on them: neither
+//! region can be deregistered, hence freed, under it.
 //!
 //! What it must not change, it leaves to the packets:
 //!
@@ -28,7 +29,10 @@
 //!
 //! Locks: the initiator takes its own queue pair's lock and the target's in a fixed
 //! order (by address), the only place that holds two queue pairs' locks, so two queue
-//! pairs posting to each other at once never wait on each other for good.
+//! pairs posting to each other at once never wait on each other for good. Under them
+//! it read-locks its own key table, then the target's if that is another
+//! (`Keys::read_nested`, which never queues
+//! behind a waiting writer); nothing that holds a key table's lock takes a queue pair's.
 
 use std::sync::Arc;
 
@@ -39,7 +43,7 @@ use rdmx_core::{SendOp, SendWr};
 use super::mapped;
 use super::qp::{Inner, ShmQp};
 use crate::provider::copy::copy;
-use crate::provider::MrRef;
+use crate::provider::MrShared;
 use crate::Result;
 
 /// Posts `wr` on `qp`: executed now when it can be (see the module docs), else to the
@@ -134,20 +138,31 @@ fn execute(
 ) -> bool {
     let ty = g.engine.config().qp_type;
     let i = &mut *g;
-    let Some(req) = i.engine.direct_request(&i.keys, wr, inline) else {
+    // The local regions are lent by the locked key table until the copy is done.
+    let keys = i.keys.read();
+    let Some(req) = i.engine.direct_request(&keys.view(), wr, inline) else {
         return false;
     };
-    let Some(target_mr) = target.engine.direct_target(&target.keys, &req, ty) else {
+    // The target's table, nested in ours (the same table when both QPs share a device).
+    let theirs = match Arc::ptr_eq(&target.keys, &i.keys) {
+        true => None,
+        false => Some(target.keys.read_nested()),
+    };
+    let their_view = theirs.as_ref().map_or(keys.view(), |t| t.view());
+    let Some(target_mr) = target.engine.direct_target(&their_view, &req, ty) else {
+        drop(theirs);
         drop(target);
         i.engine.direct_cancel(req);
         return false;
     };
     // The target's lock stays held through the copy, as when its engine places a
     // packet: the access happens while the target QP is in the state that allowed it.
-    // SAFETY: the local spans lie in regions the engine resolved (held by `req`), the
-    // remote range in the region the target's engine resolved (held by `target_mr`),
-    // both checked against their bounds; `inline` is the caller's slice.
-    unsafe { transfer(&req, inline, &target_mr) };
+    // SAFETY: the local spans lie in regions the engine resolved, the remote range in
+    // the region the target's engine resolved, both checked against their bounds, and
+    // both lent by key tables that stay read-locked through the copy (`keys`, `theirs`);
+    // `inline` is the caller's slice.
+    unsafe { transfer(&req, inline, target_mr) };
+    drop(theirs);
     drop(target);
     i.engine.direct_complete(req);
     true
@@ -159,9 +174,9 @@ fn execute(
 /// # Safety
 ///
 /// `req`'s segments were resolved by the initiator's engine and `target` by the target's
-/// for `req`'s remote range (so every range is inside its region, which the references
-/// keep alive).
-unsafe fn transfer(req: &DirectRequest<MrRef>, inline: Option<&[u8]>, target: &MrRef) {
+/// for `req`'s remote range (so every range is inside its region), and both regions stay
+/// alive for the call (their key tables stay locked).
+unsafe fn transfer(req: &DirectRequest<&MrShared>, inline: Option<&[u8]>, target: &MrShared) {
     let (va, _) = req.remote();
     let remote = target
         .raw_range(va, req.len() as usize)
@@ -177,10 +192,11 @@ unsafe fn transfer(req: &DirectRequest<MrRef>, inline: Option<&[u8]>, target: &M
 /// # Safety
 ///
 /// `req`'s segments were resolved by the initiator's engine (so each lies inside its
-/// region, which `req` keeps alive); `remote` is valid for `req.len()` bytes of reads
+/// region), whose key table stays locked for the call (so the regions stay alive);
+/// `remote` is valid for `req.len()` bytes of reads
 /// and writes for as long as the call lasts.
 pub(super) unsafe fn transfer_at(
-    req: &DirectRequest<MrRef>,
+    req: &DirectRequest<&MrShared>,
     inline: Option<&[u8]>,
     remote: *mut u8,
 ) {

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use parking_lot::{RwLock, RwLockReadGuard};
 use rdmx_core::rc::MemAccess;
 use rdmx_core::{KeyError, KeyUse, MrTable, PdId};
 use rdmx_mem::Access;
@@ -73,6 +73,20 @@ impl Keys {
         mr.raw_range(addr, len).map(|_| mr)
     }
 
+    /// The table, read-locked until the guard goes: registration and deregistration wait
+    /// for it. Its [`view`](KeysRead::view) lends the regions for that long.
+    pub(crate) fn read(&self) -> KeysRead<'_> {
+        KeysRead(self.table.read())
+    }
+
+    /// [`read`](Self::read) for a thread that holds another table's read lock already
+    /// (the target's table while it holds the initiator's): it does not queue behind a
+    /// waiting writer, so that two threads holding each other's second table while
+    /// writers wait on both can never block each other.
+    pub(crate) fn read_nested(&self) -> KeysRead<'_> {
+        KeysRead(self.table.read_recursive())
+    }
+
     /// Regions registered now.
     pub(crate) fn len(&self) -> usize {
         self.table.read().len()
@@ -113,6 +127,64 @@ impl MemAccess for Keys {
 
     fn fetch_add(&self, mr: &MrRef, addr: u64, add: u64) -> u64 {
         mr.fetch_add_u64(offset(mr, addr), add)
+            .expect("resolved, 8-aligned atomic target")
+    }
+}
+
+/// A key table held read-locked (see [`Keys::read`]).
+pub(crate) struct KeysRead<'a>(RwLockReadGuard<'a, MrTable<Arc<MrShared>>>);
+
+impl KeysRead<'_> {
+    /// The engine's view of the locked table: resolving a key lends the region for as
+    /// long as the table stays locked, with no reference taken on it.
+    pub(crate) fn view(&self) -> KeyView<'_> {
+        KeyView(&self.0)
+    }
+}
+
+/// Registered memory lent by a read-locked key table: for a request the transport
+/// executes while it holds the lock (no region can be deregistered, hence freed, under
+/// it), it saves taking and dropping a reference on each region.
+#[derive(Clone, Copy)]
+pub(crate) struct KeyView<'g>(&'g MrTable<Arc<MrShared>>);
+
+impl<'g> MemAccess for KeyView<'g> {
+    type Mr = &'g MrShared;
+
+    fn resolve(
+        &self,
+        key: u32,
+        key_use: KeyUse,
+        pd: PdId,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<&'g MrShared, KeyError> {
+        let table: &'g MrTable<Arc<MrShared>> = self.0;
+        Ok(&table.check(key, key_use, pd, addr, len, need)?.payload)
+    }
+
+    fn read(&self, mr: &&'g MrShared, addr: u64, out: &mut [u8]) {
+        let res = mr.read_at((addr as usize).wrapping_sub(mr.addr as usize), out);
+        debug_assert!(res.is_ok(), "engine read outside a resolved region");
+    }
+
+    fn write(&self, mr: &&'g MrShared, addr: u64, data: &[u8]) {
+        let res = mr.write_at((addr as usize).wrapping_sub(mr.addr as usize), data);
+        debug_assert!(res.is_ok(), "engine write outside a resolved region");
+    }
+
+    fn compare_swap(&self, mr: &&'g MrShared, addr: u64, compare: u64, swap: u64) -> u64 {
+        mr.compare_swap(
+            (addr as usize).wrapping_sub(mr.addr as usize),
+            compare,
+            swap,
+        )
+        .expect("resolved, 8-aligned atomic target")
+    }
+
+    fn fetch_add(&self, mr: &&'g MrShared, addr: u64, add: u64) -> u64 {
+        mr.fetch_add((addr as usize).wrapping_sub(mr.addr as usize), add)
             .expect("resolved, 8-aligned atomic target")
     }
 }

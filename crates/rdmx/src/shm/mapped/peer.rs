@@ -189,7 +189,9 @@ pub(crate) fn execute(
     if view.files.is_empty() {
         return false;
     }
-    let Some(req) = g.engine.direct_request(&g.keys, wr, inline) else {
+    // The local regions are lent by the locked key table until the copy is done.
+    let keys = g.keys.read();
+    let Some(req) = g.engine.direct_request(&keys.view(), wr, inline) else {
         return false;
     };
     let (va, rkey) = req.remote();

@@ -120,6 +120,7 @@
 //! eventfd.
 
 pub use crate::provider::copy::{copy_method, copy_slice};
+mod desc;
 mod direct;
 mod driver;
 mod mapped;

@@ -220,8 +220,8 @@ impl<M: MemAccess> RcQp<M> {
         }
     }
 
-    /// The transport did not execute `req` (the target refused it): gives its room back.
-    /// The caller posts the request as usual.
+    /// The transport did not execute `req` (the target refused it). The caller posts the
+    /// request as usual.
     pub fn direct_cancel<Mr>(&mut self, req: DirectRequest<Mr>) {
         drop(req);
     }

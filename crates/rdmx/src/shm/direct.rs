@@ -31,8 +31,8 @@
 //! order (by address), the only place that holds two queue pairs' locks, so two queue
 //! pairs posting to each other at once never wait on each other for good. Under them
 //! it read-locks its own key table, then the target's if that is another
-//! (`Keys::read_nested`, which never queues
-//! behind a waiting writer); nothing that holds a key table's lock takes a queue pair's.
+//! (`Keys::read_nested`, which never queues behind a waiting writer); nothing that holds
+//! a key table's lock takes a queue pair's.
 
 use std::sync::Arc;
 

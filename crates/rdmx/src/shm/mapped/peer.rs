@@ -243,7 +243,8 @@ pub(crate) fn execute(
     }
     // SAFETY: `at` lies `req.len()` bytes inside the peer's mapped file (checked by
     // `check`), which `view` keeps mapped for the call; `req`'s segments were resolved
-    // by this QP's engine. The file is a mapping of its own, so it never overlaps local
+    // by this QP's engine in regions `keys` keeps registered (read-locked) for the call.
+    // The file is a mapping of its own, so it never overlaps local
     // memory (it may view the same pages when the peer is this process, which leaves the
     // bytes unspecified, as concurrent access to registered memory does).
     unsafe { crate::shm::direct::transfer_at(&req, inline, at) };

@@ -176,10 +176,17 @@ impl<'a> SendRequest<'a> {
         self.inline = Some(data);
         self
     }
-    /// Replaces the work request id.
-    #[cfg(feature = "tokio")]
-    pub(crate) fn set_wr_id(&mut self, wr_id: u64) {
+    /// Replaces the work request id: for a request (or a list) built once and posted
+    /// again and again, as perftest reuses its work requests.
+    #[inline(always)]
+    pub fn set_wr_id(&mut self, wr_id: u64) {
         self.wr.wr_id = wr_id;
+    }
+    /// Asks for a completion on success, or not (selective signaling), on a request
+    /// built once and posted again.
+    #[inline(always)]
+    pub fn set_signaled(&mut self, signaled: bool) {
+        self.wr.flags.set(SendFlags::SIGNALED, signaled);
     }
     /// The work request.
     pub fn wr(&self) -> &SendWr {
@@ -235,5 +242,23 @@ impl RecvRequest {
     /// The work request.
     pub fn wr(&self) -> &RecvWr {
         &self.wr
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_built_once_takes_new_ids_and_signaling() {
+        let remote = RemoteAddr { addr: 64, rkey: 7 };
+        let mut req = SendRequest::write(1, remote).unsignaled().fence();
+        req.set_wr_id(42);
+        req.set_signaled(true);
+        assert_eq!(req.wr().wr_id, 42);
+        assert_eq!(req.wr().flags, SendFlags::SIGNALED | SendFlags::FENCE);
+        req.set_signaled(false);
+        assert_eq!(req.wr().flags, SendFlags::FENCE);
+        assert_eq!(req.wr().op, SendOp::Write(remote));
     }
 }

@@ -91,6 +91,25 @@ pub(crate) fn requester(
     let mut target = vec![if warming { warm } else { measured }; q];
     let mut wc = [EMPTY; 64];
     let mut list: Vec<SendRequest<'_>> = Vec::with_capacity(batch as usize);
+    // The request of QP `i` for `slot`, signaled.
+    let request = |i: usize, slot: usize, seq: u64| {
+        let req = match op {
+            Op::Write => SendRequest::write(seq, remote[i].at(peer.dst(slot))),
+            Op::Read => SendRequest::read(seq, remote[i].at(peer.src(slot))),
+            Op::Send => SendRequest::send(seq),
+            Op::Atomic => SendRequest::fetch_add(seq, remote[i].at(peer.dst(0)), 1),
+        };
+        side.route(i, req.sge(sges[i][slot]))
+    };
+    // With one slot and nothing stamped, every request of a QP is the same but for its
+    // id and signaling: each QP's list is built once and reused, as perftest builds its
+    // work requests once.
+    let mut reuse: Vec<Vec<SendRequest<'_>>> = match slots == 1 && !p.verify {
+        true => (0..q)
+            .map(|i| (0..batch).map(|_| request(i, 0, 0)).collect())
+            .collect(),
+        false => Vec::new(),
+    };
     let mut marks = vec![(Duration::ZERO, 0u64)];
     let mut total = 0u64;
     let mut idle = 0u32;
@@ -110,42 +129,43 @@ pub(crate) fn requester(
                 if window - (posted[i] - done[i]) < n {
                     break;
                 }
-                list.clear();
-                for k in 0..n {
-                    let seq = posted[i] + k;
-                    let slot = (seq % slots as u64) as usize;
-                    let mr = &side.mrs[i];
-                    let req = match op {
-                        Op::Write => {
-                            if p.verify {
-                                let s = stamp_for(seq, size).to_le_bytes();
-                                mr.write_at(l.src(slot), &s[..stamp_len])?;
-                            }
-                            SendRequest::write(seq, remote[i].at(peer.dst(slot)))
+                let end = target[i];
+                let signaled = |seq: u64| (seq + 1) % cq_mod == 0 || seq + 1 == end;
+                let list = match reuse.get_mut(i) {
+                    // Built once: only the ids and the signaling change.
+                    Some(list) => {
+                        for (k, req) in list[..n as usize].iter_mut().enumerate() {
+                            let seq = posted[i] + k as u64;
+                            req.set_wr_id(seq);
+                            req.set_signaled(signaled(seq));
                         }
-                        Op::Read => {
-                            if p.verify {
-                                mr.write_at(l.dst(slot), &poison[slot])?;
-                            }
-                            SendRequest::read(seq, remote[i].at(peer.src(slot)))
-                        }
-                        Op::Send => {
-                            if p.verify {
-                                let s = stamp_for(seq, size).to_le_bytes();
-                                mr.write_at(l.src(slot), &s[..stamp_len])?;
-                            }
-                            SendRequest::send(seq)
-                        }
-                        Op::Atomic => SendRequest::fetch_add(seq, remote[i].at(peer.dst(0)), 1),
-                    };
-                    let mut req = req.sge(sges[i][slot]);
-                    if (seq + 1) % cq_mod != 0 && seq + 1 != target[i] {
-                        req = req.unsignaled();
+                        &list[..n as usize]
                     }
-                    list.push(side.route(i, req));
-                }
+                    None => {
+                        list.clear();
+                        for k in 0..n {
+                            let seq = posted[i] + k;
+                            let slot = (seq % slots as u64) as usize;
+                            if p.verify {
+                                let mr = &side.mrs[i];
+                                match op {
+                                    Op::Write | Op::Send => {
+                                        let s = stamp_for(seq, size).to_le_bytes();
+                                        mr.write_at(l.src(slot), &s[..stamp_len])?;
+                                    }
+                                    Op::Read => mr.write_at(l.dst(slot), &poison[slot])?,
+                                    Op::Atomic => {}
+                                }
+                            }
+                            let mut req = request(i, slot, seq);
+                            req.set_signaled(signaled(seq));
+                            list.push(req);
+                        }
+                        &list[..]
+                    }
+                };
                 // One list per batch, as perftest's post list: one ibv_post_send call.
-                match side.qps[i].post_send_list(&list) {
+                match side.qps[i].post_send_list(list) {
                     Ok(()) => posted[i] += n,
                     // Slots of unsignaled requests free up with the next signaled
                     // completion: poll and come back.

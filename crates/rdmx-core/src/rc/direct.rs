@@ -14,7 +14,7 @@
 //! A direct request takes no PSN on either side and leaves both engines' sequence state
 //! as it was: the packets that follow it continue where the last ones stopped.
 
-use super::{CqSide, MemAccess, RcQp, Seg};
+use super::{resolve_sge, CqSide, MemAccess, RcQp, Seg};
 use crate::access::Access;
 use crate::mr::KeyUse;
 use crate::qp::{QpState, QpType};
@@ -116,21 +116,7 @@ impl<M: MemAccess> RcQp<M> {
                 };
                 let mut len = 0u64;
                 for (slot, s) in segs.iter_mut().zip(wr.sges.iter()) {
-                    let mr = mem
-                        .resolve(
-                            s.lkey,
-                            KeyUse::Local,
-                            self.cfg.pd,
-                            s.addr,
-                            u64::from(s.len),
-                            need,
-                        )
-                        .ok()?;
-                    *slot = Some(Seg {
-                        mr,
-                        addr: s.addr,
-                        len: s.len,
-                    });
+                    *slot = Some(resolve_sge(mem, self.cfg.pd, s, need)?);
                     len += u64::from(s.len);
                 }
                 len
@@ -218,11 +204,5 @@ impl<M: MemAccess> RcQp<M> {
             };
             self.completions.push_back((CqSide::Send, c, false));
         }
-    }
-
-    /// The transport did not execute `req` (the target refused it). The caller posts the
-    /// request as usual.
-    pub fn direct_cancel<Mr>(&mut self, req: DirectRequest<Mr>) {
-        drop(req);
     }
 }

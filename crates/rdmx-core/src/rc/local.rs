@@ -107,19 +107,33 @@ pub(crate) fn resolve_sges<M: MemAccess>(
 ) -> Option<WcStatus> {
     segs.clear();
     for s in sges {
-        match mem.resolve(s.lkey, KeyUse::Local, pd, s.addr, u64::from(s.len), need) {
-            Ok(mr) => segs.push(Seg {
-                mr,
-                addr: s.addr,
-                len: s.len,
-            }),
-            Err(_) => {
+        match resolve_sge(mem, pd, s, need) {
+            Some(seg) => segs.push(seg),
+            None => {
                 segs.clear();
                 return Some(WcStatus::LocProtErr);
             }
         }
     }
     None
+}
+
+/// One local element as a segment, if its key grants a QP in `pd` the access `need` to
+/// the element's bytes.
+pub(crate) fn resolve_sge<M: MemAccess>(
+    mem: &M,
+    pd: PdId,
+    s: &crate::wr::Sge,
+    need: Access,
+) -> Option<Seg<M::Mr>> {
+    let mr = mem
+        .resolve(s.lkey, KeyUse::Local, pd, s.addr, u64::from(s.len), need)
+        .ok()?;
+    Some(Seg {
+        mr,
+        addr: s.addr,
+        len: s.len,
+    })
 }
 
 /// Calls `f(segment, address, range)` for each piece of bytes `[off, off + len)` of the

@@ -51,7 +51,7 @@ use std::time::{Duration, Instant};
 
 pub use direct::DirectRequest;
 pub use io::{Placement, Span, Transmit};
-pub(crate) use local::{for_each_span, resolve_sges, Local, Seg, Spare};
+pub(crate) use local::{for_each_span, resolve_sge, resolve_sges, Local, Seg, Spare};
 pub use mem::MemAccess;
 pub use srq::Srq;
 pub use unreliable::DatagramInfo;

@@ -150,9 +150,6 @@ fn execute(
     };
     let their_view = theirs.as_ref().map_or(keys.view(), |t| t.view());
     let Some(target_mr) = target.engine.direct_target(&their_view, &req, ty) else {
-        drop(theirs);
-        drop(target);
-        i.engine.direct_cancel(req);
         return false;
     };
     // The target's lock stays held through the copy, as when its engine places a

@@ -228,7 +228,6 @@ pub(crate) fn execute(
         need,
         ty,
     ) else {
-        g.engine.direct_cancel(req);
         return false;
     };
     // Claim the slot, then see that neither it nor the target changed (module docs).
@@ -238,7 +237,6 @@ pub(crate) fn execute(
     let target = seg.target_word(1 - side).load(Ordering::SeqCst);
     if seq != found.seq || target != found.target {
         claim.store(0, Ordering::Release);
-        g.engine.direct_cancel(req);
         return false;
     }
     // SAFETY: `at` lies `req.len()` bytes inside the peer's mapped file (checked by

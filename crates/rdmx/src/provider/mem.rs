@@ -192,5 +192,10 @@ impl MrRef {
         self.shared.raw_range(addr, len)
     }
 
+    /// The region itself.
+    pub(crate) fn shared(&self) -> &MrShared {
+        &self.shared
+    }
+
     region_getters!();
 }

@@ -111,23 +111,19 @@ impl MemAccess for Keys {
     }
 
     fn read(&self, mr: &MrRef, addr: u64, out: &mut [u8]) {
-        let res = mr.read_at(offset(mr, addr), out);
-        debug_assert!(res.is_ok(), "engine read outside a resolved region");
+        engine_read(mr.shared(), addr, out);
     }
 
     fn write(&self, mr: &MrRef, addr: u64, data: &[u8]) {
-        let res = mr.write_at(offset(mr, addr), data);
-        debug_assert!(res.is_ok(), "engine write outside a resolved region");
+        engine_write(mr.shared(), addr, data);
     }
 
     fn compare_swap(&self, mr: &MrRef, addr: u64, compare: u64, swap: u64) -> u64 {
-        mr.compare_swap_u64(offset(mr, addr), compare, swap)
-            .expect("resolved, 8-aligned atomic target")
+        engine_compare_swap(mr.shared(), addr, compare, swap)
     }
 
     fn fetch_add(&self, mr: &MrRef, addr: u64, add: u64) -> u64 {
-        mr.fetch_add_u64(offset(mr, addr), add)
-            .expect("resolved, 8-aligned atomic target")
+        engine_fetch_add(mr.shared(), addr, add)
     }
 }
 
@@ -165,32 +161,46 @@ impl<'g> MemAccess for KeyView<'g> {
     }
 
     fn read(&self, mr: &&'g MrShared, addr: u64, out: &mut [u8]) {
-        let res = mr.read_at((addr as usize).wrapping_sub(mr.addr as usize), out);
-        debug_assert!(res.is_ok(), "engine read outside a resolved region");
+        engine_read(mr, addr, out);
     }
 
     fn write(&self, mr: &&'g MrShared, addr: u64, data: &[u8]) {
-        let res = mr.write_at((addr as usize).wrapping_sub(mr.addr as usize), data);
-        debug_assert!(res.is_ok(), "engine write outside a resolved region");
+        engine_write(mr, addr, data);
     }
 
     fn compare_swap(&self, mr: &&'g MrShared, addr: u64, compare: u64, swap: u64) -> u64 {
-        mr.compare_swap(
-            (addr as usize).wrapping_sub(mr.addr as usize),
-            compare,
-            swap,
-        )
-        .expect("resolved, 8-aligned atomic target")
+        engine_compare_swap(mr, addr, compare, swap)
     }
 
     fn fetch_add(&self, mr: &&'g MrShared, addr: u64, add: u64) -> u64 {
-        mr.fetch_add((addr as usize).wrapping_sub(mr.addr as usize), add)
-            .expect("resolved, 8-aligned atomic target")
+        engine_fetch_add(mr, addr, add)
     }
+}
+
+// The engine's accesses to a region it resolved, through either view of the table.
+
+fn engine_read(mr: &MrShared, addr: u64, out: &mut [u8]) {
+    let res = mr.read_at(offset(mr, addr), out);
+    debug_assert!(res.is_ok(), "engine read outside a resolved region");
+}
+
+fn engine_write(mr: &MrShared, addr: u64, data: &[u8]) {
+    let res = mr.write_at(offset(mr, addr), data);
+    debug_assert!(res.is_ok(), "engine write outside a resolved region");
+}
+
+fn engine_compare_swap(mr: &MrShared, addr: u64, compare: u64, swap: u64) -> u64 {
+    mr.compare_swap(offset(mr, addr), compare, swap)
+        .expect("resolved, 8-aligned atomic target")
+}
+
+fn engine_fetch_add(mr: &MrShared, addr: u64, add: u64) -> u64 {
+    mr.fetch_add(offset(mr, addr), add)
+        .expect("resolved, 8-aligned atomic target")
 }
 
 /// Offset of `addr` in a region it was resolved in (bounds were checked by `resolve`;
 /// an address below the region becomes a huge offset that the accessors refuse).
-fn offset(mr: &MrRef, addr: u64) -> usize {
-    (addr as usize).wrapping_sub(mr.addr())
+fn offset(mr: &MrShared, addr: u64) -> usize {
+    (addr as usize).wrapping_sub(mr.addr as usize)
 }

@@ -560,6 +560,11 @@ impl<M: MemAccess> RcQp<M> {
         self.completions.pop_front()
     }
 
+    /// Whether [`poll_completion`](Self::poll_completion) has a completion to give.
+    pub fn has_completions(&self) -> bool {
+        !self.completions.is_empty()
+    }
+
     /// Requests posted but not yet completed, on the send and receive queues.
     pub fn outstanding(&self) -> (usize, usize) {
         (self.req.sq.len(), self.rq.len())

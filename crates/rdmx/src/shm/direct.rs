@@ -53,8 +53,11 @@ pub(crate) fn post_send(qp: &ShmQp, wr: &SendWr, inline: Option<&[u8]>) -> Resul
     let mut held = None;
     let posted = post_one(qp, &mut g, wr, inline, &mut held);
     mapped::release(&g, &mut held);
-    qp.pump_posted(&mut g);
-    posted
+    match posted {
+        Ok(Path::AtPost) => qp.settle_executed(&mut g),
+        _ => _ = qp.pump_posted(&mut g),
+    }
+    posted.map(|_| ())
 }
 
 /// Posts a list as [`post_send`] posts each request, under one lock and with one progress
@@ -67,15 +70,32 @@ pub(crate) fn post_send_list(
     let mut posted = Ok(());
     // The list's requests to one region on the mapped path claim it once.
     let mut held = None;
+    let mut all_at_post = true;
     for (i, (wr, inline)) in wrs.enumerate() {
-        if let Err(e) = post_one(qp, &mut g, wr, inline, &mut held) {
-            posted = Err((i, e));
-            break;
+        match post_one(qp, &mut g, wr, inline, &mut held) {
+            Ok(Path::AtPost) => {}
+            Ok(Path::Engine) => all_at_post = false,
+            Err(e) => {
+                posted = Err((i, e));
+                all_at_post = false;
+                break;
+            }
         }
     }
     mapped::release(&g, &mut held);
-    qp.pump_posted(&mut g);
+    match all_at_post {
+        true => qp.settle_executed(&mut g),
+        false => _ = qp.pump_posted(&mut g),
+    }
     posted
+}
+
+/// Where a posted request went.
+enum Path {
+    /// Executed at post: complete, its completion (if signaled) queued in the engine.
+    AtPost,
+    /// To the engine, whose packets carry it.
+    Engine,
 }
 
 /// Executes `wr` at post if it can, else hands it to the engine; the caller makes
@@ -86,7 +106,7 @@ fn post_one(
     wr: &SendWr,
     inline: Option<&[u8]>,
     held: &mut Option<mapped::Held>,
-) -> Result<()> {
+) -> Result<Path> {
     let peer = candidate(g, wr);
     let mut executed = qp.driver.execute_at_post && mapped::execute(g, wr, inline, held);
     if let Some(peer) = peer.filter(|p| !executed && !std::ptr::eq(Arc::as_ptr(p), qp)) {
@@ -102,11 +122,11 @@ fn post_one(
     }
     if executed {
         g.executed_at_post += 1;
-        Ok(())
+        Ok(Path::AtPost)
     } else {
         let i = &mut **g;
         i.engine.post_send_ref(&i.keys, wr, inline)?;
-        Ok(())
+        Ok(Path::Engine)
     }
 }
 

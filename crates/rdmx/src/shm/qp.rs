@@ -316,6 +316,16 @@ impl ShmQp {
         self.pump_at(g, None)
     }
 
+    /// What follows a post whose every request was executed at post: their completions
+    /// (the signaled ones) go to the CQ. Nothing else can have changed: such a request
+    /// gives the engine nothing to send, and changes neither its state (the target word)
+    /// nor its timers.
+    pub(crate) fn settle_executed(&self, g: &mut Inner) {
+        if g.engine.has_completions() {
+            soft::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
+        }
+    }
+
     /// [`pump`](Self::pump) at `now`, or with `None` at the clock's time if a packet may go.
     fn pump_at(&self, g: &mut Inner, now: Option<Instant>) -> bool {
         let send = match now {

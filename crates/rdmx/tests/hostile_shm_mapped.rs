@@ -4,7 +4,7 @@
 //! target whose key table lies about a region's length. Each time deregistration returns
 //! within its bound and the memory is then out of the peer's reach, and requests the
 //! checks refuse get the ring path's statuses, also inside a post list whose requests
-//! share one claim.
+//! share one claim, and after what a queue pair kept of a key from an earlier post.
 
 #[path = "common/logs.rs"]
 mod logs;
@@ -284,4 +284,50 @@ fn a_held_claim_grants_only_what_the_region_does() {
     assert_eq!(got, [(20, WcStatus::Success), (21, WcStatus::RemAccessErr)]);
     assert_eq!(rdmx::shm::executed_at_post(&a.qp), Some(before + 1));
     drop(mr);
+}
+
+/// The initiator keeps what it looked up of a key from one post to the next; the
+/// region's deregistration voids it: a later WRITE with the old rkey gets the target's
+/// refusal, and nothing lands in the memory the region covered.
+#[test]
+fn a_kept_lookup_does_not_outlive_its_region() {
+    let (a, _b, src, m, mr) = writable_pair(LEN, 3);
+    let at = |off: u64| mr.remote().at(off);
+    write_until_mapped(&a, &src, at(0));
+    // The next post finds the key as the last one left it.
+    write_until_mapped(&a, &src, at(64));
+    let stale = at(4096);
+    drop(mr);
+    let before = rdmx::shm::executed_at_post(&a.qp).unwrap();
+    a.qp.post_send(SendRequest::write(30, stale).sge(LocalSge::new(&src, 0, 64).unwrap()))
+        .unwrap();
+    let c = wait(&a.cq, "a WRITE with a deregistered rkey");
+    assert_eq!((c.wr_id, c.status), (30, WcStatus::RemAccessErr));
+    assert_eq!(rdmx::shm::executed_at_post(&a.qp), Some(before));
+    assert!(
+        bytes(&m)[4096..4096 + 64].iter().all(|&x| x == 0),
+        "a WRITE with a deregistered rkey landed"
+    );
+}
+
+/// What was kept of a key from a WRITE grants a later post only what the region does:
+/// a READ of a region without remote reads, and a WRITE past its end, get the target's
+/// refusal.
+#[test]
+fn a_kept_lookup_grants_only_what_the_region_does() {
+    for (what, late) in [("READ", true), ("WRITE past the end", false)] {
+        let (a, _b, src, _m, mr) = writable_pair(LEN, 9);
+        write_until_mapped(&a, &src, mr.remote().at(0));
+        let before = rdmx::shm::executed_at_post(&a.qp).unwrap();
+        let req = match late {
+            true => SendRequest::read(40, mr.remote().at(0)),
+            false => SendRequest::write(40, mr.remote().at(LEN as u64 - 32)),
+        };
+        a.qp.post_send(req.sge(LocalSge::new(&src, 1024, 64).unwrap()))
+            .unwrap();
+        let c = wait(&a.cq, what);
+        assert_eq!((c.wr_id, c.status), (40, WcStatus::RemAccessErr), "{what}");
+        assert_eq!(rdmx::shm::executed_at_post(&a.qp), Some(before), "{what}");
+        drop(mr);
+    }
 }

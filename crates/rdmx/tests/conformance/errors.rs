@@ -639,9 +639,33 @@ pub(crate) fn error_flushes_outstanding(p: &Provider) {
 }
 
 /// Keys of deregistered regions: a stale rkey → RemAccessErr (and no live region of the
-/// responder changes); a stale lkey in a send request → LocProtErr; a stale lkey in a
-/// receive → LocProtErr at the receiver and RemOpErr at the requester.
+/// responder changes), also right after the same QP used it successfully (a transport
+/// that remembers what it looked up must look again); a stale lkey in a send request →
+/// LocProtErr; a stale lkey in a receive → LocProtErr at the receiver and RemOpErr at
+/// the requester.
 pub(crate) fn deregistered_keys(p: &Provider) {
+    for op in [Write, Read] {
+        let pair = p.pair();
+        let used = register_page(&pair.b.pd, 4096, ALL);
+        fill(&used, 11);
+        let local = register_page(&pair.a.pd, 4096, LOCAL);
+        fill(&local, 12);
+        let remote = raddr(&used, 64);
+        let what = format!("{}: {op:?} with an rkey used, then deregistered", p.name);
+        for id in 1..=3 {
+            pair.a
+                .qp
+                .post_send(request(op, id, &local, remote, 64, 0))
+                .unwrap_or_else(|e| panic!("{what}: post_send: {e}"));
+            let c = wait_one(&pair.a.scq, &what);
+            check_status(&c, id, WcStatus::Success, pair.a.qp.qp_num(), &what);
+        }
+        let live = register_page(&pair.b.pd, 4096, ALL);
+        fill(&live, 13);
+        used.deregister();
+        expect_refused(&pair, op, &live, remote, 64, WcStatus::RemAccessErr, &what);
+    }
+
     for op in ALL_OPS {
         let pair = p.pair();
         let dead = register_page(&pair.b.pd, 4096, ALL);

@@ -47,6 +47,15 @@
 //! the same claim, with no new claim and no look-up. Anything else ends the claim and
 //! takes the path above. The claim ends before the post returns.
 //!
+//! From one post to the next, the initiator keeps what it read of the last key it
+//! looked up (the slot's sequence number, the target word, the region, where it lies in
+//! the mapped file). A request to that key that the kept region covers with the rights
+//! it needs claims the slot as above, and copies if the sequence number and the target
+//! word read after the claim are still the kept ones: the slot cannot have been
+//! rewritten since, so it still says what was read. Otherwise the kept look-up is
+//! dropped and the request takes the packets. Any message on the socket (a file handed
+//! over or forgotten) drops it too, since it points into a file.
+//!
 //! ## Revocation
 //!
 //! Deregistering a published region first unpublishes it (odd sequence number, slot

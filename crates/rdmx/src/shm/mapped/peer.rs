@@ -21,6 +21,10 @@ use crate::shm::sys;
 pub(crate) struct PeerView {
     table: Map,
     files: HashMap<u64, Map, IdState>,
+    /// The last key a request checked, as it was checked: a later request to it reads
+    /// the slot's sequence number and the target word again after its claim instead of
+    /// looking the key up. Cleared whenever the files change (it points into one).
+    last: Option<Held>,
 }
 
 /// Hashes the peer's file ids for the lookup every mapped request makes: one multiply,
@@ -86,6 +90,7 @@ impl PeerView {
         Ok(PeerView {
             table,
             files: HashMap::default(),
+            last: None,
         })
     }
 
@@ -102,6 +107,8 @@ impl PeerView {
                 Err(e) => return Err(e),
             };
             let id = u64::from_ne_bytes(msg[8..16].try_into().expect("8 bytes"));
+            // The look-up kept may point into the file this message replaces or forgets.
+            self.last = None;
             let mut fds = fds.into_iter();
             match (&msg[..8], fds.next(), fds.next()) {
                 (m, Some(fd), None) if m == FILE_MAGIC => {
@@ -130,7 +137,7 @@ impl PeerView {
 /// A claim kept from one request to the next within one post (a post list's requests
 /// to one region claim it once): the slot, the words it was checked against, and what
 /// the slot said of the region.
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Held {
     rkey: u32,
     seq: u64,
@@ -144,6 +151,11 @@ pub(crate) struct Held {
     at: *mut u8,
     room: u64,
 }
+
+// SAFETY: `at` is an address in one of the peer's files as the `PeerView` that keeps
+// the look-up maps it (or, for a claim, as the connection's view does); it is a plain
+// address into shared memory, dereferenced only by the copy, under the QP's lock.
+unsafe impl Send for Held {}
 
 impl Held {
     /// The key table slot the claim names.
@@ -182,10 +194,11 @@ pub(crate) fn execute(
         side,
         mapped: Some(view),
         ..
-    }) = g.conn.as_ref()
+    }) = g.conn.as_mut()
     else {
         return false;
     };
+    let side = *side;
     if view.files.is_empty() {
         return false;
     }
@@ -217,30 +230,33 @@ pub(crate) fn execute(
             return true;
         }
     }
-    release(g, held);
-    let Some((at, found)) = check(
-        view,
-        seg,
-        1 - side,
-        va,
-        rkey,
-        u64::from(req.len()),
-        need,
-        ty,
-    ) else {
+    if held.take().is_some() {
+        seg.claim_word(side).store(0, Ordering::Release);
+    }
+    // The key as an earlier request checked it, if it covers this one; else looked up.
+    let len = u64::from(req.len());
+    let kept = view.last.filter(|h| h.rkey == rkey);
+    let Some((at, found)) = kept
+        .and_then(|h| Some((h.place(va, len, need)?, h)))
+        .or_else(|| check(view, seg, 1 - side, va, rkey, len, need, ty))
+    else {
         return false;
     };
-    // Claim the slot, then see that neither it nor the target changed (module docs).
-    let claim = seg.claim_word(*side);
+    view.last = Some(found);
+    // Claim the slot, then see that neither it nor the target changed since it was
+    // checked (module docs).
+    let claim = seg.claim_word(side);
     claim.store(tag(found.idx(), found.seq), Ordering::SeqCst);
     let seq = slot_word(&view.table, found.idx(), S_SEQ).load(Ordering::SeqCst);
     let target = seg.target_word(1 - side).load(Ordering::SeqCst);
     if seq != found.seq || target != found.target {
         claim.store(0, Ordering::Release);
+        view.last = None;
         return false;
     }
     // SAFETY: `at` lies `req.len()` bytes inside the peer's mapped file (checked by
-    // `check`), which `view` keeps mapped for the call; `req`'s segments were resolved
+    // `check`, now or for an earlier post: the look-up `view` kept is dropped whenever
+    // its files change), which `view` keeps mapped for the call; `req`'s segments were resolved
     // by this QP's engine in regions `keys` keeps registered (read-locked) for the call.
     // The file is a mapping of its own, so it never overlaps local
     // memory (it may view the same pages when the peer is this process, which leaves the

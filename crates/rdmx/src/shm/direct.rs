@@ -50,9 +50,9 @@ use crate::Result;
 /// engine, whose packets carry it.
 pub(crate) fn post_send(qp: &ShmQp, wr: &SendWr, inline: Option<&[u8]>) -> Result<()> {
     let mut g = qp.inner.lock();
-    let mut held = None;
-    let posted = post_one(qp, &mut g, wr, inline, &mut held);
-    mapped::release(&g, &mut held);
+    let mut claimed = false;
+    let posted = post_one(qp, &mut g, wr, inline, &mut claimed);
+    mapped::release(&g, &mut claimed);
     match posted {
         Ok(Path::AtPost) => qp.settle_executed(&mut g),
         _ => _ = qp.pump_posted(&mut g),
@@ -69,10 +69,10 @@ pub(crate) fn post_send_list(
     let mut g = qp.inner.lock();
     let mut posted = Ok(());
     // The list's requests to one region on the mapped path claim it once.
-    let mut held = None;
+    let mut claimed = false;
     let mut all_at_post = true;
     for (i, (wr, inline)) in wrs.enumerate() {
-        match post_one(qp, &mut g, wr, inline, &mut held) {
+        match post_one(qp, &mut g, wr, inline, &mut claimed) {
             Ok(Path::AtPost) => {}
             Ok(Path::Engine) => all_at_post = false,
             Err(e) => {
@@ -82,7 +82,7 @@ pub(crate) fn post_send_list(
             }
         }
     }
-    mapped::release(&g, &mut held);
+    mapped::release(&g, &mut claimed);
     match all_at_post {
         true => qp.settle_executed(&mut g),
         false => _ = qp.pump_posted(&mut g),
@@ -105,11 +105,14 @@ fn post_one(
     g: &mut MutexGuard<'_, Inner>,
     wr: &SendWr,
     inline: Option<&[u8]>,
-    held: &mut Option<mapped::Held>,
+    claimed: &mut bool,
 ) -> Result<Path> {
-    let peer = candidate(g, wr);
-    let mut executed = qp.driver.execute_at_post && mapped::execute(g, wr, inline, held);
-    if let Some(peer) = peer.filter(|p| !executed && !std::ptr::eq(Arc::as_ptr(p), qp)) {
+    let mut executed = qp.driver.execute_at_post && mapped::execute(g, wr, inline, claimed);
+    let peer = match executed {
+        true => None,
+        false => candidate(g, wr),
+    };
+    if let Some(peer) = peer.filter(|p| !std::ptr::eq(Arc::as_ptr(p), qp)) {
         // Both locks, in address order (no other code holds two queue pairs' locks).
         let target = if Arc::as_ptr(&peer) < (qp as *const ShmQp) {
             MutexGuard::unlocked(g, || peer.inner.lock())

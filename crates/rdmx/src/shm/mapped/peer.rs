@@ -134,9 +134,9 @@ impl PeerView {
     }
 }
 
-/// A claim kept from one request to the next within one post (a post list's requests
-/// to one region claim it once): the slot, the words it was checked against, and what
-/// the slot said of the region.
+/// A key as a request checked it, kept for the next (the claim of a post list's
+/// requests to one region is made once, and a later post skips the look-up): the slot,
+/// the words it was checked against, and what the slot said of the region.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Held {
     rkey: u32,
@@ -175,15 +175,16 @@ impl Held {
 /// Executes `wr` on the mapped data path if it qualifies and the target accepts it;
 /// returns whether it did (its completion is then queued in the engine).
 ///
-/// The claim made for it stays in `held` for the next request of the same post: a
-/// request to the same key copies under it after reading again the slot's sequence
-/// number and the target word (no new claim, no new look-up). The caller releases it
-/// with [`release`] before it lets go of the queue pair's lock.
+/// The claim made for it stays for the next request of the same post (`claimed` says
+/// so; it names the key the connection's view kept): a request to the same key copies
+/// under it after reading again the slot's sequence number and the target word (no new
+/// claim, no new look-up). The caller releases it with [`release`] before it lets go of
+/// the queue pair's lock.
 pub(crate) fn execute(
     g: &mut Inner,
     wr: &SendWr,
     inline: Option<&[u8]>,
-    held: &mut Option<Held>,
+    claimed: &mut bool,
 ) -> bool {
     if !crate::shm::direct::may_run_at_post(g, wr) {
         return false;
@@ -208,41 +209,46 @@ pub(crate) fn execute(
         return false;
     };
     let (va, rkey) = req.remote();
+    let len = u64::from(req.len());
     let need = if req.is_read() {
         Access::REMOTE_READ
     } else {
         Access::REMOTE_WRITE
     };
-    if let Some(h) = held.as_ref().filter(|h| h.rkey == rkey) {
-        // The claim still names the slot: it cannot be reused under the copy. Whatever
-        // changed since it was checked sends the request the long way.
-        let at = h.place(va, u64::from(req.len()), need).filter(|_| {
-            slot_word(&view.table, h.idx(), S_SEQ).load(Ordering::Acquire) == h.seq
-                && seg.target_word(1 - side).load(Ordering::Acquire) == h.target
+    // The key as an earlier request checked it.
+    let kept = view.last.filter(|h| h.rkey == rkey);
+    if *claimed {
+        // The claim still names the kept key's slot: it cannot be reused under the
+        // copy. Whatever changed since it was checked sends the request the long way.
+        let at = kept.and_then(|h| {
+            h.place(va, len, need).filter(|_| {
+                slot_word(&view.table, h.idx(), S_SEQ).load(Ordering::Acquire) == h.seq
+                    && seg.target_word(1 - side).load(Ordering::Acquire) == h.target
+            })
         });
         if let Some(at) = at {
-            // SAFETY: `at` lies `req.len()` bytes inside the region the held claim
-            // covers and inside the peer's mapped file (`place` checked both against
-            // what `check` read), which `view` keeps mapped for the call; otherwise as
-            // for a request that claims (below).
+            // SAFETY: `at` lies `req.len()` bytes inside the region the claim covers
+            // and inside the peer's mapped file (`place` checked both against what
+            // `check` read), which `view` keeps mapped for the call; otherwise as for a
+            // request that claims (below).
             unsafe { crate::shm::direct::transfer_at(&req, inline, at) };
             g.engine.direct_complete(req);
             return true;
         }
-    }
-    if held.take().is_some() {
+        *claimed = false;
         seg.claim_word(side).store(0, Ordering::Release);
     }
-    // The key as an earlier request checked it, if it covers this one; else looked up.
-    let len = u64::from(req.len());
-    let kept = view.last.filter(|h| h.rkey == rkey);
-    let Some((at, found)) = kept
-        .and_then(|h| Some((h.place(va, len, need)?, h)))
-        .or_else(|| check(view, seg, 1 - side, va, rkey, len, need, ty))
-    else {
-        return false;
+    // The kept look-up if it covers this request, else a new one.
+    let (at, found) = match kept.and_then(|h| Some((h.place(va, len, need)?, h))) {
+        Some(hit) => hit,
+        None => {
+            let Some(hit) = check(view, seg, 1 - side, va, rkey, len, need, ty) else {
+                return false;
+            };
+            view.last = Some(hit.1);
+            hit
+        }
     };
-    view.last = Some(found);
     // Claim the slot, then see that neither it nor the target changed since it was
     // checked (module docs).
     let claim = seg.claim_word(side);
@@ -256,20 +262,20 @@ pub(crate) fn execute(
     }
     // SAFETY: `at` lies `req.len()` bytes inside the peer's mapped file (checked by
     // `check`, now or for an earlier post: the look-up `view` kept is dropped whenever
-    // its files change), which `view` keeps mapped for the call; `req`'s segments were resolved
-    // by this QP's engine in regions `keys` keeps registered (read-locked) for the call.
-    // The file is a mapping of its own, so it never overlaps local
-    // memory (it may view the same pages when the peer is this process, which leaves the
-    // bytes unspecified, as concurrent access to registered memory does).
+    // its files change), which `view` keeps mapped for the call; `req`'s segments were
+    // resolved by this QP's engine in regions `keys` keeps registered (read-locked) for
+    // the call. The file is a mapping of its own, so it never overlaps local memory (it
+    // may view the same pages when the peer is this process, which leaves the bytes
+    // unspecified, as concurrent access to registered memory does).
     unsafe { crate::shm::direct::transfer_at(&req, inline, at) };
-    *held = Some(found);
+    *claimed = true;
     g.engine.direct_complete(req);
     true
 }
 
-/// Ends the claim `held` keeps, if any.
-pub(crate) fn release(g: &Inner, held: &mut Option<Held>) {
-    if held.take().is_some() {
+/// Ends the claim of the post, if it made one.
+pub(crate) fn release(g: &Inner, claimed: &mut bool) {
+    if std::mem::take(claimed) {
         if let Some(c) = g.conn.as_ref() {
             c.seg.claim_word(c.side).store(0, Ordering::Release);
         }

@@ -18,7 +18,7 @@ use super::{resolve_sge, CqSide, MemAccess, RcQp, Seg};
 use crate::access::Access;
 use crate::mr::KeyUse;
 use crate::qp::{QpState, QpType};
-use crate::wr::{Completion, SendFlags, SendOp, SendWr, WcStatus, INLINE_SGE};
+use crate::wr::{Completion, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, INLINE_SGE};
 
 /// An RDMA WRITE or READ validated for execution by the transport: its local memory
 /// (resolved segments, or the inline bytes the caller holds) and its remote target.
@@ -29,7 +29,9 @@ use crate::wr::{Completion, SendFlags, SendOp, SendWr, WcStatus, INLINE_SGE};
 #[derive(Debug)]
 pub struct DirectRequest<Mr> {
     wr_id: u64,
-    op: SendOp,
+    /// The remote address and rkey.
+    remote: (u64, u32),
+    read: bool,
     signaled: bool,
     len: u32,
     segs: [Option<Seg<Mr>>; INLINE_SGE],
@@ -38,15 +40,12 @@ pub struct DirectRequest<Mr> {
 impl<Mr> DirectRequest<Mr> {
     /// Whether it is a READ (the bytes go from the target to the local segments).
     pub fn is_read(&self) -> bool {
-        matches!(self.op, SendOp::Read(_))
+        self.read
     }
 
     /// The remote address and rkey.
     pub fn remote(&self) -> (u64, u32) {
-        match self.op {
-            SendOp::Write(r) | SendOp::Read(r) => (r.addr, r.rkey),
-            _ => unreachable!("direct requests are WRITEs and READs"),
-        }
+        self.remote
     }
 
     /// Bytes moved.
@@ -90,11 +89,11 @@ impl<M: MemAccess> RcQp<M> {
         wr: &SendWr,
         inline: Option<&[u8]>,
     ) -> Option<DirectRequest<N::Mr>> {
-        let qualifies = matches!(
-            (self.cfg.qp_type, wr.op),
-            (QpType::Rc, SendOp::Write(_) | SendOp::Read(_)) | (QpType::Uc, SendOp::Write(_))
-        );
-        if !qualifies
+        let remote = match (self.cfg.qp_type, wr.op) {
+            (QpType::Rc, SendOp::Write(r) | SendOp::Read(r)) | (QpType::Uc, SendOp::Write(r)) => r,
+            _ => return None,
+        };
+        if self.sm.state() != QpState::Rts
             || self.sm.state() != QpState::Rts
             || !self.req.sq.is_empty()
             || wr.ud.is_some()
@@ -127,7 +126,8 @@ impl<M: MemAccess> RcQp<M> {
         };
         Some(DirectRequest {
             wr_id: wr.wr_id,
-            op: wr.op,
+            remote: (remote.addr, remote.rkey),
+            read: matches!(wr.op, SendOp::Read(_)),
             signaled: wr.flags.contains(SendFlags::SIGNALED),
             len,
             segs,
@@ -195,7 +195,10 @@ impl<M: MemAccess> RcQp<M> {
             let c = Completion {
                 wr_id: req.wr_id,
                 status: WcStatus::Success,
-                opcode: req.op.wc_opcode(),
+                opcode: match req.read {
+                    true => WcOpcode::RdmaRead,
+                    false => WcOpcode::RdmaWrite,
+                },
                 byte_len: req.len,
                 imm_data: None,
                 qp_num: self.cfg.qpn,

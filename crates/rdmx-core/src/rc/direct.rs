@@ -94,7 +94,6 @@ impl<M: MemAccess> RcQp<M> {
             _ => return None,
         };
         if self.sm.state() != QpState::Rts
-            || self.sm.state() != QpState::Rts
             || !self.req.sq.is_empty()
             || wr.ud.is_some()
             || wr.sges.len() > INLINE_SGE

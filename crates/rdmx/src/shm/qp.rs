@@ -317,12 +317,16 @@ impl ShmQp {
     }
 
     /// What follows a post whose every request was executed at post: their completions
-    /// (the signaled ones) go to the CQ. Nothing else can have changed: such a request
-    /// gives the engine nothing to send, and changes neither its state (the target word)
-    /// nor its timers.
+    /// (the signaled ones) go to the CQ. Nothing else changed: such a request gives the
+    /// engine nothing to send, and changes neither its state (the target word) nor its
+    /// timers. Unless the CQ had no room for a completion, which moves the QP to ERR: a
+    /// whole progress step then follows.
     pub(crate) fn settle_executed(&self, g: &mut Inner) {
         if g.engine.has_completions() {
             soft::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
+            if g.engine.state() != QpState::Rts {
+                self.pump_posted(g);
+            }
         }
     }
 

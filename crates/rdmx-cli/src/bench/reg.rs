@@ -17,7 +17,8 @@
 //! - `copy_64k_ns`, `copy_64k_misaligned_ns`: the copy the shm provider moves payloads
 //!   with (`rdmx::shm::copy_slice`), for the same two alignment pairs;
 //!   `copy_misaligned_with` what it copies differently aligned blocks with on this CPU
-//!   (`rdmx::shm::copy_method`).
+//!   (`rdmx::shm::copy_method`), `copy_large_with` what it copies large blocks that
+//!   `rep movsb` takes at full speed with (`rdmx::shm::large_copy_method`).
 
 use std::hint::black_box;
 use std::sync::Barrier;
@@ -169,6 +170,7 @@ pub(crate) fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         "copy_64k_ns": round(copy_64k_ns, 1),
         "copy_64k_misaligned_ns": round(copy_64k_misaligned_ns, 1),
         "copy_misaligned_with": rdmx::shm::copy_method(),
+        "copy_large_with": rdmx::shm::large_copy_method(),
         "hit_vs_register_64k": reg_64k_ns.map(|r| round(r / cache_hit_ns, 1)),
         "cache_monitoring": match monitoring {
             Monitoring::Userfaultfd => "userfaultfd",
@@ -275,6 +277,10 @@ fn print_table(v: &Value) {
     println!(
         "rdmx copy, 16 B apart, runs with: {} (the faster on this CPU)",
         v["copy_misaligned_with"].as_str().unwrap_or("?")
+    );
+    println!(
+        "rdmx copy, large blocks, runs with: {} (the faster on this CPU)",
+        v["copy_large_with"].as_str().unwrap_or("?")
     );
     if let Some(r) = v["hit_vs_register_64k"].as_f64() {
         println!("cache hit is {r:.0}x cheaper than register+deregister of 64 KiB");

@@ -119,7 +119,7 @@
 //! a peer that puts a packet in (or frees room in) a ring whose reader sleeps writes its
 //! eventfd.
 
-pub use crate::provider::copy::{copy_method, copy_slice};
+pub use crate::provider::copy::{copy_method, copy_slice, large_copy_method};
 mod desc;
 mod direct;
 mod driver;

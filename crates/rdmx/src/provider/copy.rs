@@ -20,7 +20,7 @@
 //! copies always go to `memcpy`.
 
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Copies below this many bytes go to `memcpy` whatever their alignment.
 const LOOP_MIN: usize = 1024;
@@ -81,60 +81,81 @@ pub fn large_copy_method() -> &'static str {
 
 /// [`MEMCPY`] or [`REP_MOVSB`], measured on first use.
 fn large() -> u8 {
-    match LARGE.load(Ordering::Relaxed) {
+    measured(&LARGE, measure_large)
+}
+
+/// The method `cell` holds, or what `measure` says if it holds none yet (0).
+fn measured(cell: &AtomicU8, measure: fn() -> u8) -> u8 {
+    match cell.load(Ordering::Relaxed) {
         0 => {
-            let m = measure_large();
-            // As in `misaligned`: any thread's answer is a correct copy.
-            LARGE.store(m, Ordering::Relaxed);
+            let m = measure();
+            // Threads that measured at once may store different answers; each is a
+            // correct copy, and the last store stays.
+            cell.store(m, Ordering::Relaxed);
             m
         }
         m => m,
     }
 }
 
-/// Times `memcpy` and `rep movsb` on 1 MiB between page-aligned buffers (the source 64
-/// bytes into its page, clear of 4 KiB aliasing), the best of several interleaved
-/// rounds each, and returns `rep movsb` if it was at least as fast; `memcpy` where the
-/// CPU lacks ERMS.
+/// Times `memcpy` and `rep movsb` on 1 MiB between equally aligned buffers, and returns
+/// `rep movsb` if it was at least as fast; `memcpy` where the CPU lacks ERMS.
 fn measure_large() -> u8 {
     #[cfg(target_arch = "x86_64")]
-    {
-        if !std::is_x86_feature_detected!("ermsb") {
-            return MEMCPY;
-        }
-        const LEN: usize = 1 << 20;
-        let src_buf = vec![1u8; LEN + 8192];
-        let mut dst_buf = vec![0u8; LEN + 8192];
-        let src = src_buf[src_buf.as_ptr().align_offset(4096) + 64..].as_ptr();
-        let d_off = dst_buf.as_ptr().align_offset(4096) + 128;
-        let dst = dst_buf[d_off..].as_mut_ptr();
-        let time = |rep: bool| {
-            let t = Instant::now();
-            for _ in 0..2 {
-                // SAFETY: `LEN` bytes from each offset lie inside their vectors (each
-                // has 8 KiB to spare and the offsets are below 4,224), which do not
-                // overlap; the CPU has ERMS (checked above).
-                unsafe {
-                    if rep {
-                        rep_movsb(dst, src, LEN);
-                    } else {
-                        std::ptr::copy_nonoverlapping(src, dst, LEN);
-                    }
-                }
-                std::hint::black_box(dst);
-            }
-            t.elapsed()
-        };
-        let (mut by_memcpy, mut by_rep) = (time(false), time(true));
-        for _ in 0..3 {
-            by_memcpy = by_memcpy.min(time(false));
-            by_rep = by_rep.min(time(true));
-        }
+    if std::is_x86_feature_detected!("ermsb") {
+        let (by_memcpy, by_rep) = race(1 << 20, 0, memcpy, rep_movsb);
         if by_rep <= by_memcpy {
             return REP_MOVSB;
         }
     }
     MEMCPY
+}
+
+/// `memcpy`, as a function like the others.
+///
+/// # Safety
+///
+/// As [`copy`].
+unsafe fn memcpy(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: forwarded.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+}
+
+/// Times two copies of `len` bytes, the destination `delta` bytes further along a cache
+/// line than the source, the best of six interleaved rounds each. The source sits 64
+/// bytes into its page and the destination 64 + `delta` further into its own, so neither
+/// copy stalls on stores the CPU mistakes for the loads' (4 KiB aliasing).
+///
+/// Both functions must copy as [`copy`] does (and be callable on this CPU).
+fn race(
+    len: usize,
+    delta: usize,
+    first: unsafe fn(*mut u8, *const u8, usize),
+    second: unsafe fn(*mut u8, *const u8, usize),
+) -> (Duration, Duration) {
+    debug_assert!(delta < 64);
+    let src_buf = vec![1u8; len + 8192];
+    let mut dst_buf = vec![0u8; len + 8192];
+    let src = src_buf[src_buf.as_ptr().align_offset(4096) + 64..].as_ptr();
+    let d_off = dst_buf.as_ptr().align_offset(4096) + 128 + delta;
+    let dst = dst_buf[d_off..].as_mut_ptr();
+    let time = |f: unsafe fn(*mut u8, *const u8, usize)| {
+        let t = Instant::now();
+        for _ in 0..2 {
+            // SAFETY: `len` bytes from each offset lie inside their vectors (each has
+            // 8 KiB to spare and the offsets are below 4,288), which do not overlap; `f`
+            // copies as `copy` does (this function's contract).
+            unsafe { f(dst, src, len) };
+            std::hint::black_box(dst);
+        }
+        t.elapsed()
+    };
+    let (mut a, mut b) = (time(first), time(second));
+    for _ in 0..5 {
+        a = a.min(time(first));
+        b = b.min(time(second));
+    }
+    (a, b)
 }
 
 /// `rep movsb`: the CPU's string copy.
@@ -176,54 +197,17 @@ pub fn copy_method() -> &'static str {
 
 /// [`MEMCPY`] or [`LOOP`], measured on first use.
 fn misaligned() -> u8 {
-    match MISALIGNED.load(Ordering::Relaxed) {
-        0 => {
-            let m = measure();
-            // Threads that measured at once may store different answers; each is a
-            // correct copy, and the last store stays.
-            MISALIGNED.store(m, Ordering::Relaxed);
-            m
-        }
-        m => m,
-    }
+    measured(&MISALIGNED, measure)
 }
 
 /// Times `memcpy` and the loop on 64 KiB whose destination lies 16 bytes further along a
 /// cache line than its source (where `rep movsb` falls off its cliff on the CPUs that
-/// have one), the best of several interleaved rounds each, and returns the faster. The
-/// source sits 48 bytes further into its page than the destination, so neither copy
-/// stalls on stores the CPU mistakes for the loads' (4 KiB aliasing).
+/// have one), and returns the faster.
 fn measure() -> u8 {
     if cfg!(not(target_arch = "x86_64")) {
         return MEMCPY;
     }
-    const LEN: usize = 64 << 10;
-    let src_buf = vec![1u8; LEN + 8192];
-    let mut dst_buf = vec![0u8; LEN + 8192];
-    let src = src_buf[src_buf.as_ptr().align_offset(4096) + 64..].as_ptr();
-    let d_off = dst_buf.as_ptr().align_offset(4096) + 16;
-    let dst = dst_buf[d_off..].as_mut_ptr();
-    let time = |with_loop: bool| {
-        let t = Instant::now();
-        for _ in 0..2 {
-            // SAFETY: `LEN` bytes from each offset lie inside their vectors (each has
-            // 8 KiB to spare and the offsets are below 4,160), which do not overlap.
-            unsafe {
-                if with_loop {
-                    copy_loop(dst, src, LEN);
-                } else {
-                    std::ptr::copy_nonoverlapping(src, dst, LEN);
-                }
-            }
-            std::hint::black_box(dst);
-        }
-        t.elapsed()
-    };
-    let (mut by_memcpy, mut by_loop) = (time(false), time(true));
-    for _ in 0..5 {
-        by_memcpy = by_memcpy.min(time(false));
-        by_loop = by_loop.min(time(true));
-    }
+    let (by_memcpy, by_loop) = race(64 << 10, 16, memcpy, copy_loop);
     if by_loop < by_memcpy {
         LOOP
     } else {

@@ -153,8 +153,8 @@ pub(crate) struct Held {
 }
 
 // SAFETY: `at` is an address in one of the peer's files as the `PeerView` that keeps
-// the look-up maps it (or, for a claim, as the connection's view does); it is a plain
-// address into shared memory, dereferenced only by the copy, under the QP's lock.
+// the look-up maps it (the view drops the look-up whenever its files change); it is a
+// plain address into shared memory, dereferenced only by the copy, under the QP's lock.
 unsafe impl Send for Held {}
 
 impl Held {

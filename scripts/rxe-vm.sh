@@ -455,13 +455,17 @@ rxe_prepare() { # RUNDIR ROLE IP PEER CMDTEXT [NO_RXE]
 rxe_qemu_args() { # RUNDIR PIDFILE NETDEV MAC
     local cache i
     cache=$(rxe_cache_dir)
-    # tsc=reliable: under TCG the clocksource watchdog sometimes finds the TSC skewed and
-    # marks it unstable; the kernel then patches its sched_clock static key on a running
-    # SMP guest, and multi-threaded TCG can catch a vCPU on the half-patched int3 (an
-    # "Oops: int3" in sched_clock_cpu, then a panic).
+    # thread=single: the guest kernel patches its code on the fly (static keys: the
+    # network stack's first flow hash, the clocksource), with an int3 over the first byte
+    # while it writes the rest; multi-threaded TCG can run a vCPU through a stale copy
+    # of the half-patched code after the patch is done, which ends in an "Oops: int3"
+    # and a panic (seen in sched_clock_cpu and in __skb_get_hash_net under rxe). One
+    # host thread for both vCPUs sees every write at once. tsc=reliable: under TCG the
+    # clocksource watchdog sometimes finds the TSC skewed and marks it unstable, which
+    # patches the sched_clock static key.
     # shellcheck disable=SC2054 # the commas are qemu's
     local args=(timeout --foreground -k 10 "$RXE_OPT_TIMEOUT"
-        qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 2 -m 2048 -nographic -no-reboot
+        qemu-system-x86_64 -accel tcg,thread=single -cpu max -smp 2 -m 2048 -nographic -no-reboot
         -kernel "$cache/vmlinuz" -initrd "$cache/initrd"
         -append "console=ttyS0 boot=rxe9p init=/rxe/init net.ifnames=0 quiet panic=-1 tsc=reliable${RXE_VM_KERNEL_ARGS:+ $RXE_VM_KERNEL_ARGS}"
         -virtfs "local,path=$cache/rootfs,mount_tag=rootfs,security_model=none,readonly=on"

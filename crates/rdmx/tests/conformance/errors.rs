@@ -99,12 +99,18 @@ fn expect_refused(
         .unwrap_or_else(|e| panic!("{what}: post_send: {e}"));
     let c = wait_one(&pair.a.scq, &what);
     let unacked = match op {
-        Write | WriteWithImm => [WcStatus::Success, WcStatus::WrFlushErr].contains(&c.status),
-        _ => c.status == WcStatus::WrFlushErr,
+        Write | WriteWithImm => [
+            WcStatus::Success,
+            WcStatus::WrFlushErr,
+            WcStatus::LocQpOpErr,
+        ]
+        .contains(&c.status),
+        _ => [WcStatus::WrFlushErr, WcStatus::LocQpOpErr].contains(&c.status),
     };
     if unacked && !caps.remote_error_completions {
-        // iWARP: the responder's refusal ends the connection instead (a WRITE completed
-        // once sent, a READ is flushed).
+        // iWARP: the responder's refusal ends the connection instead. A WRITE completes
+        // once sent; a request still being sent when the connection ends completes
+        // LOC_QP_OP_ERR (siw), one not yet started is flushed.
         assert_eq!(
             (c.wr_id, c.qp_num),
             (1, pair.a.qp.qp_num()),

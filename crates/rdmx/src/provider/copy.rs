@@ -162,7 +162,8 @@ fn race(
 ///
 /// # Safety
 ///
-/// As [`copy`]; only ever called where [`measure_large`] chose it, on x86_64.
+/// As [`copy`]. Every x86_64 CPU runs it; ERMS only makes it fast, so [`copy`] takes it
+/// only where [`measure_large`] chose it.
 unsafe fn rep_movsb(dst: *mut u8, src: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: copies `len` bytes from `src` to `dst` (forwarded contract), forwards

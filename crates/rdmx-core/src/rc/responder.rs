@@ -6,7 +6,8 @@
 //! answered with response packets, an atomic is executed once on an 8-aligned address.
 //! A duplicate (an older PSN) is re-acknowledged; a duplicate READ is executed again; a
 //! duplicate atomic gets its saved answer, never a second execution. A PSN from the future
-//! gets one PSN-sequence NAK until the expected packet arrives. ACKs are coalesced: one
+//! gets one PSN-sequence NAK until the expected packet arrives, and none after an RNR NAK
+//! (the requester comes back to the RNR-NAKed PSN by itself). ACKs are coalesced: one
 //! ACK answers every packet received since the last one. Each AETH carries the number of
 //! receives posted, as end-to-end credits.
 
@@ -132,7 +133,8 @@ pub(crate) struct Responder<Mr> {
     msn: u32,
     filling: Option<Filling<Mr>>,
     placing: Option<Placing<Mr>>,
-    /// A sequence NAK was sent for the current `epsn`.
+    /// A sequence NAK or an RNR NAK was sent for the current `epsn`: later PSNs are
+    /// dropped without another NAK until `epsn` arrives.
     nak_sent: bool,
     /// PSN to acknowledge, coalesced, with the MSN as of that PSN (later requests may
     /// have moved `msn` on before the ACK is built).
@@ -373,6 +375,18 @@ fn refuse<M: MemAccess>(qp: &mut RcQp<M>, attrs: &QpAttr, psn: u32, nak: NakCode
     qp.enter_error();
 }
 
+/// Answers the request at `psn` with an RNR NAK: no receive is posted for it. The
+/// requester goes back to `psn` after its RNR wait, so the packets it sent behind it are
+/// dropped without a sequence NAK. Such a NAK would reach the requester after the RNR
+/// NAK, possibly after it had sent `psn` again and the responder had executed what
+/// follows, and send it back over those requests a second time.
+fn rnr_nak<M: MemAccess>(qp: &mut RcQp<M>, attrs: &QpAttr, psn: u32) {
+    let credits = qp.credits();
+    qp.resp
+        .nak(attrs, credits, psn, codec::rnr_nak(attrs.min_rnr_timer));
+    qp.resp.nak_sent = true;
+}
+
 fn accept<M: MemAccess>(qp: &mut RcQp<M>, hdr: &RcRepr<'_>) {
     let (op, psn) = (hdr.bth.opcode, hdr.bth.psn);
     qp.resp.epsn = psn_add(psn, 1);
@@ -419,13 +433,7 @@ fn send<M: MemAccess>(
             return;
         }
         let Some(wqe) = take_recv(qp, &mut srq) else {
-            let credits = qp.credits();
-            qp.resp.nak(
-                attrs,
-                credits,
-                hdr.bth.psn,
-                codec::rnr_nak(attrs.min_rnr_timer),
-            );
+            rnr_nak(qp, attrs, hdr.bth.psn);
             return;
         };
         qp.resp.filling = Some(Filling { wqe, off: 0 });
@@ -497,13 +505,7 @@ fn write<M: MemAccess>(
     if hdr.bth.opcode.has_immdt() && !receive_ready {
         // The data may already be in place; the requester resends the message after the
         // RNR wait and it is placed again.
-        let credits = qp.credits();
-        qp.resp.nak(
-            attrs,
-            credits,
-            hdr.bth.psn,
-            codec::rnr_nak(attrs.min_rnr_timer),
-        );
+        rnr_nak(qp, attrs, hdr.bth.psn);
         return;
     }
     if let Some(mr) = &p.mr {

@@ -15,6 +15,7 @@ mod flood;
 mod link;
 mod mem;
 mod recovery;
+mod rewind;
 mod semantics;
 mod util;
 

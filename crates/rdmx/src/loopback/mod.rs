@@ -83,6 +83,7 @@ impl From<Options> for ProviderConfig {
                 Some(s) => s,
                 None => soft::seed()?,
             };
+            crate::provider::copy::calibrate();
             Ok(Arc::new(Device::new(seed, faults)) as Arc<dyn provider::Device>)
         })
     }

@@ -5,19 +5,22 @@
 //! destination sit at different offsets within a cache line; on others (later EPYCs) it
 //! has no such cliff and runs a third faster than any vector loop. Software providers
 //! copy payloads into and out of registered memory (and shm through its rings) at
-//! whatever offsets the application chose, so the first large, differently aligned copy
-//! of a process measures both on this CPU and keeps the faster for every later one
+//! whatever offsets the application chose, so the process measures both on this CPU
+//! and keeps the faster for every later differently aligned copy
 //! (`rdmx::shm::copy_method` says which): `memcpy`, or its own loop of unaligned vector
 //! loads and aligned vector stores.
 //!
 //! Large copies that `rep movsb` takes at full speed (equally aligned ones, and all of
 //! them where it has no cliff) go to it directly on x86_64 CPUs that have it (ERMS)
-//! when the process measured it at least as fast as `memcpy` on 1 MiB (on its first
-//! copy of 4 KiB or more; `rdmx::shm::large_copy_method` says which). glibc's `memcpy`
-//! leaves `rep movsb` for a vector loop from the size of the core's L2 cache up, which
-//! copied 1 MiB 15% slower where measured (2 vCPU AMD EPYC, 1 MiB of L2 per core); below
-//! that it uses `rep movsb` itself, after a few dozen instructions of dispatch. Small
-//! copies always go to `memcpy`.
+//! when the process measured it at least as fast as `memcpy` on 1 MiB
+//! (`rdmx::shm::large_copy_method` says which). glibc's `memcpy` leaves `rep movsb` for
+//! a vector loop from the size of the core's L2 cache up, which copied 1 MiB 15% slower
+//! where measured (2 vCPU AMD EPYC, 1 MiB of L2 per core); below that it uses `rep
+//! movsb` itself, after a few dozen instructions of dispatch. Small copies always go to
+//! `memcpy`.
+//!
+//! Both measurements take about a millisecond, once per process: when its first
+//! software device opens ([`calibrate`]), or else on the first copy that needs them.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
@@ -67,6 +70,21 @@ pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
     }
     // SAFETY: forwarded.
     unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+}
+
+/// Measures now, once per process, what [`copy`] would otherwise measure on its first
+/// large copies (about a millisecond): software providers call it when a device opens,
+/// so that the measurement is not charged to the first requests an application (or a
+/// benchmark) times.
+pub(crate) fn calibrate() {
+    large();
+    misaligned();
+}
+
+/// Whether both methods are measured (nothing is measured to say so).
+#[cfg(feature = "testing")]
+pub(crate) fn calibrated() -> bool {
+    LARGE.load(Ordering::Relaxed) != 0 && MISALIGNED.load(Ordering::Relaxed) != 0
 }
 
 /// How this process copies large blocks that `rep movsb` takes at full speed:

@@ -347,6 +347,7 @@ impl Device {
                 "shm ring_bytes must be a power of two from 64 KiB to 1 GiB",
             ));
         }
+        crate::provider::copy::calibrate();
         let seed = soft::seed()?;
         let keys = Arc::new(Keys::new(seed));
         let driver = Driver::start(seed, opts)?;

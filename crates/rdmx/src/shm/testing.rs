@@ -99,3 +99,9 @@ pub fn scribble_incoming(qp: &QueuePair, bytes: &[u8]) -> Result<()> {
     conn.seg.scribble(data + pos, &bytes[..kind]);
     Ok(())
 }
+
+/// Whether this process has measured both copy methods ([`super::copy_method`] and
+/// [`super::large_copy_method`]), without measuring them.
+pub fn copy_calibrated() -> bool {
+    crate::provider::copy::calibrated()
+}

@@ -134,6 +134,7 @@ struct Device {
 
 impl Device {
     fn open(opts: &Options) -> Result<Device> {
+        crate::provider::copy::calibrate();
         let seed = soft::seed()?;
         let bind = opts
             .bind

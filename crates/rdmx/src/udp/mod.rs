@@ -381,6 +381,7 @@ impl Device {
         };
         ud::prepare(&sock)?;
         let ipv4 = sock.local_addr().is_ok_and(|a| a.is_ipv4());
+        crate::provider::copy::calibrate();
         let seed = soft::seed()?;
         let driver = Driver::start(Start {
             sock,

@@ -2,7 +2,7 @@
 //! ordered link (as TCP is): a NAK that no longer describes the responder must not send
 //! the requester back over requests the responder has executed. (Before the responder
 //! stopped sending a sequence NAK behind an RNR NAK, the random test below also ended
-//! in `RETRY_EXC_ERR` on a reliable link, where timeouts resend nothing: 15 of 1,000
+//! in `RETRY_EXC_ERR` on a reliable link, where timeouts resend nothing: 5 of 1,000
 //! seeds, as the tcp scale test did once in 25 runs at 2,000 queue pairs.)
 
 use std::cell::Cell;

@@ -47,9 +47,19 @@ impl CompletionQueue {
     }
 
     /// Moves up to `out.len()` completions into `out` (`ibv_poll_cq`); returns how many.
+    ///
+    /// Completions already queued are taken first, and the provider makes progress (on
+    /// the software providers, a round of their driver) only when they do not fill
+    /// `out`: an application that takes its completions one at a time from a busy queue
+    /// then pays one round per batch of completions, not one per completion.
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
-        self.parts.imp.progress(&self.parts.core)?;
-        self.parts.core.take(out)
+        let core = &self.parts.core;
+        let n = core.take(out)?;
+        if n == out.len() {
+            return Ok(n);
+        }
+        self.parts.imp.progress(core)?;
+        Ok(n + core.take(&mut out[n..])?)
     }
 
     /// Polls one completion.

@@ -187,8 +187,9 @@ pub(crate) struct QpInit<'a> {
 
 /// The provider half of a completion queue.
 pub(crate) trait Cq: Send + Sync + fmt::Debug + Any {
-    /// Called by every poll before completions are taken: move the provider's completions
-    /// into `core`, or make progress where polling is what makes it.
+    /// Called by a poll that did not fill its output from what `core` already held, before
+    /// it takes more: move the provider's completions into `core`, or make progress
+    /// where polling is what makes it.
     fn progress(&self, core: &CqCore) -> Result<()>;
     /// Arms notification.
     fn req_notify(&self, core: &CqCore, solicited_only: bool) {

@@ -482,7 +482,7 @@ impl SoftDevice for Device {
     }
 }
 
-/// An shm CQ: every poll runs the driver once.
+/// An shm CQ: a poll runs the driver once (when what is queued does not fill it).
 #[derive(Debug)]
 struct Cq {
     driver: Arc<Driver>,

@@ -14,13 +14,14 @@
 //!
 //! ## Progress
 //!
-//! By default whoever polls makes progress: every poll of one of the context's CQs runs
-//! the driver once without waiting (reading a few QPs' streams directly, without
-//! `epoll_wait`), and a progress thread takes over only while nobody polls, so one-sided
-//! operations complete while the target application does nothing. While an application
-//! polled within the last millisecond the thread sleeps, away from the driver and the
-//! cores: on two cores a thread woken by every packet, competing with an application that
-//! spins on its CQ, costs a ping-pong a hundredfold. A poll that finds the thread asleep
+//! By default whoever polls makes progress: a poll of one of the context's CQs that does
+//! not find all it asks for already queued runs the driver once without waiting
+//! (reading a few QPs' streams directly, without `epoll_wait`), and a progress thread
+//! takes over only while nobody polls, so one-sided operations complete while the
+//! target application does nothing. While an application polled within the last
+//! millisecond the thread sleeps, away from the driver and the cores: on two cores a
+//! thread woken by every packet, competing with an application that spins on its CQ,
+//! costs a ping-pong a hundredfold. A poll that finds the thread asleep
 //! in `epoll_wait` (holding the driver) wakes it, once, so that it hands over; a thread
 //! about to sleep in [`CompletionQueue::wait`](crate::CompletionQueue::wait) says it no
 //! longer polls, and the progress thread resumes at once. In busy-poll mode
@@ -198,7 +199,7 @@ impl SoftDevice for Device {
     }
 }
 
-/// A tcp CQ: every poll runs the driver (see the module's "Progress").
+/// A tcp CQ: polls run the driver (see the module's "Progress").
 #[derive(Debug)]
 struct Cq {
     driver: Arc<Driver>,

@@ -472,7 +472,7 @@ impl SoftDevice for Device {
     }
 }
 
-/// A udp CQ: every poll reads the socket (see the module's "Batching and progress").
+/// A udp CQ: polls read the socket (see the module's "Batching and progress").
 #[derive(Debug)]
 struct Cq {
     driver: Arc<Driver>,

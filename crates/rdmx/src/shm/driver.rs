@@ -308,14 +308,21 @@ impl Driver {
                 }
                 let _guard = d.running.lock();
                 d.handle_events(&events);
+                now = Instant::now();
+                // Woken by a peer, a socket or a timer: spin again after this work. A
+                // wait that merely timed out goes back to sleep after the next round
+                // (unless that round finds work), so an idle context costs no CPU.
+                if !events.is_empty() {
+                    last_work = now;
+                }
             } else {
                 d.sleeping.store(false, Ordering::SeqCst);
                 for q in &active {
                     q.inner.lock().set_asleep(false);
                 }
+                now = Instant::now();
+                last_work = now;
             }
-            now = Instant::now();
-            last_work = now;
         }
     }
 
@@ -337,6 +344,7 @@ impl Driver {
         moved | self.fire_timers(now)
     }
 
+    /// Runs the QP timers due at `now`. Returns whether any found work.
     pub(super) fn fire_timers(&self, now: Instant) -> bool {
         let mut fired = false;
         loop {
@@ -351,11 +359,10 @@ impl Driver {
                     _ => break,
                 }
             };
-            fired = true;
             let qp = self.qps.lock().get(token).and_then(Weak::upgrade);
             if let Some(qp) = qp {
                 let mut g = qp.inner.lock();
-                qp.timeout(&mut g, now);
+                fired |= qp.timeout(&mut g, now);
             }
         }
         fired

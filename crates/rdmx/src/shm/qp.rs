@@ -294,13 +294,16 @@ impl ShmQp {
         }
     }
 
-    /// A timer may be due.
-    pub(crate) fn timeout(&self, g: &mut Inner, now: Instant) {
+    /// A timer may be due. Returns whether it was (the engine's deadline had come) or
+    /// anything moved: a timer the engine no longer needs (its request was acknowledged
+    /// meanwhile) is no work.
+    pub(crate) fn timeout(&self, g: &mut Inner, now: Instant) -> bool {
         g.timer = None;
-        if g.engine.poll_timeout().is_some_and(|t| t <= now) {
+        let due = g.engine.poll_timeout().is_some_and(|t| t <= now);
+        if due {
             g.engine.handle_timeout(now);
         }
-        self.pump(g, now);
+        self.pump(g, now) || due
     }
 
     /// Sends what the engine has, routes its completions and arms its timer. Returns

@@ -100,6 +100,14 @@ pub fn scribble_incoming(qp: &QueuePair, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// How many progress rounds the driver of context `ctx` has run so far (its progress
+/// thread's and polling applications' together, wrapping); `None` for a context of
+/// another provider.
+pub fn progress_rounds(ctx: &crate::Context) -> Option<u32> {
+    let d = ctx.device().as_any().downcast_ref::<super::Device>()?;
+    Some(d.driver.rounds.load(std::sync::atomic::Ordering::Relaxed))
+}
+
 /// Whether this process has measured both copy methods ([`super::copy_method`] and
 /// [`super::large_copy_method`]), without measuring them.
 pub fn copy_calibrated() -> bool {

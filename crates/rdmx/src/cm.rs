@@ -35,6 +35,7 @@
 use std::borrow::Borrow;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use crate::endpoint::{ConnectOptions, PeerAddr, QpEndpoint};
@@ -121,10 +122,15 @@ impl Listener {
             match self.inner.accept() {
                 Ok((s, _)) => break s,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
                         return Err(Error::Timeout("no peer connected"));
                     }
-                    std::thread::sleep(Duration::from_millis(1));
+                    // Asleep until a peer connects (the listener is readable) or the
+                    // deadline. The listener stays non-blocking: another thread's accept
+                    // may take the connection first, and this one then waits again.
+                    crate::cq::wait_readable(self.inner.as_fd(), left)
+                        .map_err(|e| Error::Io("poll", e))?;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(Error::Io("accept", e)),

@@ -151,21 +151,33 @@ impl CompletionQueue {
                 self.parts.imp.idle();
             }
             let wait = slice.map_or(left, |s| s.min(left));
-            let ms = i32::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
-            let mut pfd = libc::pollfd {
-                fd: self.fd().as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: `pfd` is one valid pollfd for the duration of the call.
-            if unsafe { libc::poll(&mut pfd, 1, ms) } < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(Error::Io("poll", e));
-                }
-            }
+            wait_readable(self.fd(), wait).map_err(|e| Error::Io("poll", e))?;
             if slice.is_some() {
                 self.parts.imp.progress(&self.parts.core)?;
+            }
+        }
+    }
+}
+
+/// Waits until `fd` is readable (or hung up) or `timeout` has passed, rounded up to a
+/// millisecond; returns whether it is. A wait a signal interrupted returns `Ok(false)`,
+/// as one that timed out: callers loop on their own deadline.
+pub(crate) fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> std::io::Result<bool> {
+    let ms = i32::try_from(timeout.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `pfd` is one valid pollfd for the duration of the call.
+    match unsafe { libc::poll(&mut pfd, 1, ms) } {
+        n if n > 0 => Ok(true),
+        0 => Ok(false),
+        _ => {
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                std::io::ErrorKind::Interrupted => Ok(false),
+                _ => Err(e),
             }
         }
     }

@@ -14,6 +14,10 @@
 //!   kernel's per-thread CPU clock: a thread that sleeps between wake-ups costs a few
 //!   milliseconds in the second at most (more on a host whose hypervisor takes the CPU
 //!   away from it), one that polls without sleeping, hundreds.
+//!
+//! And a connection manager's listener waiting for a peer sleeps in the kernel until one
+//! connects or its deadline passes: the waiting thread's voluntary context switches are
+//! counted (one per sleep).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -173,7 +177,7 @@ fn idle_cost(open: Open) -> Quiet {
 }
 
 /// One test for every provider, one after the other: the process's provider threads are
-/// all measured at once, so no other test may run beside it in this binary.
+/// all measured at once, so no other test in this binary may open a context.
 #[test]
 fn idle_contexts_cost_no_cpu() {
     let providers: [(&str, Open); 4] = [
@@ -216,4 +220,31 @@ fn idle_contexts_cost_no_cpu() {
         failed.is_empty(),
         "provider threads ran while idle: {failed:?}"
     );
+}
+
+/// How often the calling thread has slept so far (its voluntary context switches).
+fn own_sleeps() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/status")
+        .expect("/proc/thread-self/status")
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("voluntary_ctxt_switches")
+}
+
+#[test]
+fn a_listener_waiting_for_a_peer_sleeps_until_its_deadline() {
+    let listener = rdmx::cm::Listener::bind("127.0.0.1:0").unwrap();
+    let wait = Duration::from_millis(500);
+    let (before, start) = (own_sleeps(), Instant::now());
+    let got = listener.accept(&[], &ConnectOptions::default(), &[], wait);
+    let (slept, took) = (own_sleeps() - before, start.elapsed());
+    assert!(
+        matches!(got, Err(rdmx::Error::Timeout(_))),
+        "no peer, so a timeout: {got:?}"
+    );
+    assert!(took >= wait, "returned after {took:?}, before its deadline");
+    // One sleep in poll(2), a few more for a signal or the scheduler; a thread that looks
+    // every millisecond sleeps some 500 times.
+    assert!(slept < 50, "slept {slept} times in {took:?} of waiting");
 }

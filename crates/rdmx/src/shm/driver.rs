@@ -309,9 +309,10 @@ impl Driver {
                 let _guard = d.running.lock();
                 d.handle_events(&events);
                 now = Instant::now();
-                // Woken by a peer, a socket or a timer: spin again after this work. A
-                // wait that merely timed out goes back to sleep after the next round
-                // (unless that round finds work), so an idle context costs no CPU.
+                // Woken by an event (a peer, a socket, a timer scheduled meanwhile):
+                // spin again after this work. A wait that merely timed out goes back to
+                // sleep after the next batch of rounds, unless they find work (a timer
+                // that was due among it), so an idle context costs no CPU.
                 if !events.is_empty() {
                     last_work = now;
                 }

@@ -302,26 +302,21 @@ impl Driver {
                 drop(guard);
                 events.clear();
                 d.epoll.wait(Some(wait), &mut events);
-                d.sleeping.store(false, Ordering::SeqCst);
-                for q in &active {
-                    q.inner.lock().set_asleep(false);
-                }
+            }
+            d.sleeping.store(false, Ordering::SeqCst);
+            for q in &active {
+                q.inner.lock().set_asleep(false);
+            }
+            if !ready {
                 let _guard = d.running.lock();
                 d.handle_events(&events);
-                now = Instant::now();
-                // Woken by an event (a peer, a socket, a timer scheduled meanwhile):
-                // spin again after this work. A wait that merely timed out goes back to
-                // sleep after the next batch of rounds, unless they find work (a timer
-                // that was due among it), so an idle context costs no CPU.
-                if !events.is_empty() {
-                    last_work = now;
-                }
-            } else {
-                d.sleeping.store(false, Ordering::SeqCst);
-                for q in &active {
-                    q.inner.lock().set_asleep(false);
-                }
-                now = Instant::now();
+            }
+            now = Instant::now();
+            // Work waiting, or a wake-up by an event (a peer, a socket, a timer scheduled
+            // meanwhile): spin again after it. A wait that merely timed out goes back to
+            // sleep after the next batch of rounds, unless they find work (a timer that
+            // was due among it), so an idle context costs no CPU.
+            if ready || !events.is_empty() {
                 last_work = now;
             }
         }

@@ -66,17 +66,21 @@ fn provider_threads_cpu() -> Vec<(String, i32, Duration, u64)> {
             continue;
         }
         let cpu = Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32);
-        let wakes = std::fs::read_to_string(entry.path().join("status"))
+        let sleeps = std::fs::read_to_string(entry.path().join("status"))
             .ok()
-            .and_then(|st| {
-                st.lines()
-                    .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
-                    .and_then(|n| n.trim().parse::<u64>().ok())
-            })
+            .and_then(|st| sleeps_in(&st))
             .unwrap_or(0);
-        out.push((name, tid, cpu, wakes));
+        out.push((name, tid, cpu, sleeps));
     }
     out
+}
+
+/// The voluntary context switches (sleeps) a thread's `/proc/.../status` names.
+fn sleeps_in(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|n| n.trim().parse().ok())
 }
 
 /// A udp context on a loopback address of its own.
@@ -224,12 +228,9 @@ fn idle_contexts_cost_no_cpu() {
 
 /// How often the calling thread has slept so far (its voluntary context switches).
 fn own_sleeps() -> u64 {
-    std::fs::read_to_string("/proc/thread-self/status")
-        .expect("/proc/thread-self/status")
-        .lines()
-        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
-        .and_then(|n| n.trim().parse().ok())
-        .expect("voluntary_ctxt_switches")
+    let status =
+        std::fs::read_to_string("/proc/thread-self/status").expect("/proc/thread-self/status");
+    sleeps_in(&status).expect("voluntary_ctxt_switches")
 }
 
 #[test]

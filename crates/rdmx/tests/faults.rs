@@ -11,6 +11,8 @@
 //! error status (RETRY_EXC_ERR, then WR_FLUSH_ERR) within the retry budget, and dropping
 //! the queue pair and region afterwards releases the memory.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use rdmx::loopback::faults::{FaultStats, Faults, PPM};
@@ -62,7 +64,7 @@ fn side(faults: Option<Faults>) -> Side {
         )
         .expect("create a QP");
     let mr = pd
-        .register(Mapping::new(REGION).expect("map"), Access::ALL)
+        .register(Mapping::shared(REGION).expect("map"), Access::ALL)
         .expect("register");
     Side { ctx, cq, qp, mr }
 }
@@ -264,23 +266,6 @@ fn every_fault_at_once() {
     assert!(sum(a) + sum(b) > 0, "{a:?} {b:?}");
 }
 
-/// Whether any mapping of this process overlaps `[addr, addr + len)`.
-fn mapped(addr: usize, len: usize) -> bool {
-    let maps = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
-    maps.lines().any(|l| {
-        let Some((range, _)) = l.split_once(' ') else {
-            return false;
-        };
-        let Some((a, b)) = range.split_once('-') else {
-            return false;
-        };
-        match (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
-            (Ok(a), Ok(b)) => a < addr + len && b > addr,
-            _ => false,
-        }
-    })
-}
-
 /// A link that loses every packet A sends: requests fail, none hangs, nothing leaks.
 fn total_loss(a_faults: Faults, b_faults: Option<Faults>) {
     let (a, b) = pair(Some(a_faults), b_faults);
@@ -322,13 +307,17 @@ fn total_loss(a_faults: Faults, b_faults: Option<Faults>) {
         );
     }
     // Dropping the QP and the region unmaps A's memory: no request still holds it.
-    let (addr, len) = (a.mr.addr(), a.mr.len());
-    assert!(mapped(addr, len));
+    // Regions are memfd-backed so that the file, not the address (which another test
+    // thread may map again at once), shows whether A's memory is still mapped.
+    let file = common::mapped_file(a.mr.addr()).expect("A's region is a mapped memfd");
     let Side { ctx, cq, qp, mr } = a;
     drop(qp);
     drop(mr);
     assert_eq!(ctx.registered_regions(), 0, "a registration leaked");
-    assert!(!mapped(addr, len), "A's registered memory is still mapped");
+    assert!(
+        !common::file_is_mapped(&file),
+        "A's registered memory is still mapped"
+    );
     drop(cq);
 }
 

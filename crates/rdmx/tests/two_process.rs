@@ -11,6 +11,8 @@
 //!   the kill with an error, and the QP and region, once dropped, leave no registration
 //!   and no mapping behind.
 
+mod common;
+
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -360,21 +362,6 @@ fn killed_peer_fails_every_outstanding_request_on(provider: &str) {
     assert!(killed.elapsed() < TIMEOUT);
 }
 
-/// Whether any mapping of this process overlaps `[addr, addr + len)`.
-fn mapped(addr: usize, len: usize) -> bool {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-    maps.lines().any(|l| {
-        let range = l.split(' ').next().unwrap_or("");
-        let Some((a, b)) = range.split_once('-') else {
-            return false;
-        };
-        match (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
-            (Ok(a), Ok(b)) => a < addr + len && b > addr,
-            _ => false,
-        }
-    })
-}
-
 #[test]
 fn peer_killed_mid_stream_fails_the_rest_and_leaks_nothing() {
     peer_killed_mid_stream_fails_the_rest_and_leaks_nothing_on("tcp");
@@ -403,7 +390,7 @@ fn peer_killed_mid_stream_fails_the_rest_and_leaks_nothing_on(provider: &str) {
         qp,
     } = side(provider);
     let local = pd
-        .register(rdmx::Mapping::new(REGION).unwrap(), Access::ALL)
+        .register(rdmx::Mapping::shared(REGION).unwrap(), Access::ALL)
         .unwrap();
     let theirs = listener
         .accept(
@@ -460,11 +447,15 @@ fn peer_killed_mid_stream_fails_the_rest_and_leaks_nothing_on(provider: &str) {
     );
     assert!(killed.elapsed() < TIMEOUT);
     assert_eq!(qp.state(), rdmx::QpState::Err);
-    let (addr, len) = (local.addr(), local.len());
-    assert!(mapped(addr, len));
+    // The region is memfd-backed so that its file, not its address (which another test
+    // thread may map again at once), shows whether it is still mapped.
+    let file = common::mapped_file(local.addr()).expect("the region is a mapped memfd");
     drop(qp);
     drop(local);
     assert_eq!(ctx.registered_regions(), 0, "a registration leaked");
-    assert!(!mapped(addr, len), "the registered memory is still mapped");
+    assert!(
+        !common::file_is_mapped(&file),
+        "the registered memory is still mapped"
+    );
     drop(cq);
 }

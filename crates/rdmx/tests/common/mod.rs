@@ -27,3 +27,45 @@ pub fn locked_in(start: usize, end: usize) -> usize {
     }
     total
 }
+
+/// A mapped file as /proc/self/maps names it: `(device, inode)`.
+pub type MappedFile = (String, u64);
+
+/// The file behind the mapping of this process that covers `addr`, as `(device, inode)`
+/// from /proc/self/maps; `None` when the address is not mapped or the mapping is
+/// anonymous (inode 0).
+///
+/// A test that checks memory was unmapped must not look at the address alone: another
+/// thread of the test binary may map something new at the same address the moment it is
+/// free. A memfd-backed mapping ([`rdmx::Mapping::shared`]) has an inode no other
+/// mapping shares, so its absence is certain.
+pub fn mapped_file(addr: usize) -> Option<MappedFile> {
+    maps()
+        .into_iter()
+        .find_map(|(a, b, file)| (a <= addr && addr < b).then_some(file).flatten())
+}
+
+/// Whether any mapping of this process is of `file`, as [`mapped_file`] returns it.
+pub fn file_is_mapped(file: &MappedFile) -> bool {
+    maps().into_iter().any(|(_, _, f)| f.as_ref() == Some(file))
+}
+
+/// Every mapping of this process: start, end and, for a file, `(device, inode)`.
+fn maps() -> Vec<(usize, usize, Option<MappedFile>)> {
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
+    maps.lines()
+        .filter_map(|line| {
+            // start-end perms offset dev inode [path]
+            let mut f = line.split_ascii_whitespace();
+            let (a, b) = f.next()?.split_once('-')?;
+            let (a, b) = (
+                usize::from_str_radix(a, 16).ok()?,
+                usize::from_str_radix(b, 16).ok()?,
+            );
+            let (_perms, _offset) = (f.next()?, f.next()?);
+            let dev = f.next()?.to_string();
+            let inode: u64 = f.next()?.parse().ok()?;
+            Some((a, b, (inode != 0).then_some((dev, inode))))
+        })
+        .collect()
+}

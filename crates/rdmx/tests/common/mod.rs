@@ -1,27 +1,27 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code, unreachable_pub)]
 
-/// Bytes the kernel reports locked (`Locked:` in /proc/self/smaps) for mappings that
-/// intersect `[start, end)`. mlock splits mappings at the locked boundary, so this is
-/// exactly the locked part of the range.
+/// Bytes of `[start, end)` that lie in mappings the kernel holds locked (`lo` among the
+/// `VmFlags:` of /proc/self/smaps). mlock splits mappings at the locked boundary; the
+/// count is clipped to the range all the same, because the kernel merges a locked
+/// mapping with an adjacent one locked by another test thread.
 pub fn locked_in(start: usize, end: usize) -> usize {
     let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
     let mut total = 0;
-    let mut hit = false;
+    let mut overlap = 0;
     for line in smaps.lines() {
         if let Some((range, _)) = line.split_once(' ') {
             if let Some((a, b)) = range.split_once('-') {
                 if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
                 {
-                    hit = a < end && b > start;
+                    overlap = b.min(end).saturating_sub(a.max(start));
                     continue;
                 }
             }
         }
-        if hit {
-            if let Some(rest) = line.strip_prefix("Locked:") {
-                let kib: usize = rest.trim().trim_end_matches("kB").trim().parse().unwrap();
-                total += kib * 1024;
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            if flags.split_ascii_whitespace().any(|f| f == "lo") {
+                total += overlap;
             }
         }
     }

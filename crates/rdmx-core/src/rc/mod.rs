@@ -189,6 +189,16 @@ impl<M: MemAccess> RcQp<M> {
         }
     }
 
+    /// Destroys the queue pair's work (`ibv_destroy_qp`): every request, receive and
+    /// packet it holds, in flight or queued, goes without a completion, and with them
+    /// every reference to registered memory; completions not yet polled go too. The
+    /// engine is left as new, in RESET. A provider calls it when the QP's handle goes, so
+    /// that the memory a region owned is released when both are dropped, whichever
+    /// thread still looks at the engine.
+    pub fn destroy(&mut self) {
+        *self = RcQp::new(self.cfg, self.limits);
+    }
+
     /// This QP's number.
     pub fn qpn(&self) -> u32 {
         self.cfg.qpn

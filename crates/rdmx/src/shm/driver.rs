@@ -206,8 +206,14 @@ impl Driver {
         self.qps.lock().try_remove(qp.token);
         self.by_qpn.lock().remove(&qp.qpn);
         self.pending.remove(qp.qpn);
-        // Closes the connection (the peer sees its socket end).
-        let conn = qp.inner.lock().conn.take();
+        // Lets go of the application's memory now (a round, or a post of a peer QP in
+        // this process, may hold the QP a moment longer), and closes the connection (the
+        // peer sees its socket end).
+        let conn = {
+            let mut g = qp.inner.lock();
+            g.release();
+            g.conn.take()
+        };
         if let Some(c) = conn {
             self.epoll.remove(c.sock.as_raw_fd());
         }

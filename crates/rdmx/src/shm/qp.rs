@@ -367,6 +367,20 @@ impl ShmQp {
 }
 
 impl Inner {
+    /// The QP's handle went (`ibv_destroy_qp`): drops everything the QP holds of
+    /// registered memory — its requests and receives, the packet being sent, the regions
+    /// a copy reads — so that none of it outlives the handle, even while a round (or a
+    /// post of a peer QP in this process) still holds the QP. The caller closes the
+    /// connection.
+    pub(crate) fn release(&mut self) {
+        self.scratch = Transmit::default();
+        self.held = false;
+        self.place.clear();
+        self.sources.clear();
+        self.srq = None;
+        self.engine.destroy();
+    }
+
     /// Whether the QP has a connection.
     pub(crate) fn attached(&self) -> bool {
         self.conn.is_some()

@@ -214,7 +214,13 @@ impl Port {
         let qp = qps.remove(&qpn);
         self.count.store(qps.len(), Ordering::Relaxed);
         drop(qps);
-        drop(qp);
+        // The QP lets go of the application's memory now (a datagram being handled may
+        // hold it a moment longer).
+        if let Some(qp) = qp {
+            let mut g = qp.inner.lock();
+            g.srq = None;
+            g.engine.destroy();
+        }
     }
 
     /// Sends datagram `bytes` to the context `dgid` names, or queues it while that

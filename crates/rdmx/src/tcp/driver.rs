@@ -213,10 +213,13 @@ impl Driver {
         qp
     }
 
+    /// The QP's handle went: the driver forgets it, and it lets go of the application's
+    /// memory now (an event being handled may hold the QP a moment longer).
     pub(crate) fn remove_qp(&self, qp: &TcpQp) {
         self.qps.lock().try_remove(qp.token);
         self.by_qpn.lock().remove(&qp.qpn);
         self.pending.remove(qp.qpn);
+        qp.inner.lock().release();
     }
 
     pub(super) fn register(&self, s: &mut mio::net::TcpStream, token: usize) -> io::Result<()> {

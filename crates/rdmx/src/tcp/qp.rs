@@ -317,6 +317,20 @@ impl TcpQp {
 }
 
 impl Inner {
+    /// The QP's handle went (`ibv_destroy_qp`): closes the connection and drops
+    /// everything the QP holds of registered memory — its requests and receives, frames
+    /// half sent or half received — so that none of it outlives the handle, even while
+    /// the driver still holds the QP for an event it is handling.
+    pub(crate) fn release(&mut self) {
+        self.sock = None;
+        self.tx = TxQueue::default();
+        self.rx = Rx::new(0);
+        self.place.clear();
+        self.scratch = Transmit::default();
+        self.srq = None;
+        self.engine.destroy();
+    }
+
     /// The stream failed: close it and move the QP to ERR, so every outstanding request
     /// completes with an error status.
     pub(crate) fn fail(&mut self, qpn: u32, why: &StreamError) {

@@ -183,9 +183,13 @@ impl Driver {
         self.qps.write().insert(qp.qpn, qp);
     }
 
+    /// The QP's handle went: the driver forgets it, and it lets go of the application's
+    /// memory now (a datagram or timer being handled may hold the QP a moment longer).
     pub(crate) fn remove_qp(&self, qpn: u32) {
         let qp = self.qps.write().remove(&qpn);
-        drop(qp);
+        if let Some(qp) = qp {
+            qp.release();
+        }
     }
 
     fn ns(&self, t: Instant) -> u64 {

@@ -80,6 +80,19 @@ impl UdpQp {
         }
     }
 
+    /// The QP's handle went (`ibv_destroy_qp`): drops everything the QP holds of
+    /// registered memory — its requests and receives, packets built and not sent — so
+    /// that none of it outlives the handle, even while the driver still holds the QP for
+    /// a datagram or timer it is handling.
+    pub(crate) fn release(&self) {
+        let mut g = self.inner.lock();
+        g.tx.clear();
+        g.spare.clear();
+        g.scratch = Transmit::default();
+        g.srq = None;
+        g.engine.destroy();
+    }
+
     /// Runs `f` on the engine, then sends what it produced and routes completions.
     pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> T {
         let mut g = self.inner.lock();

@@ -14,7 +14,6 @@
 
 mod common;
 
-use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use rdmx::{Access, ConnectOptions, Context, LocalSge, Mapping, QpCaps, RemoteAddr, SendRequest};
@@ -26,17 +25,8 @@ const MSG: usize = 8 << 10;
 /// some queued, when the queue pair goes.
 const WRITES: u64 = 48;
 
-/// A udp context on a loopback address of its own.
 fn open_udp() -> rdmx::Result<Context> {
-    let mut last = None;
-    for k in 0..64u8 {
-        let addr = SocketAddr::from((Ipv4Addr::new(127, 0, 10, 1 + k), rdmx::udp::ROCE_PORT));
-        match Context::open(rdmx::udp::Options::default().bind(addr)) {
-            Ok(c) => return Ok(c),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.expect("tried"))
+    common::open_udp(10)
 }
 
 fn destroy_with_requests_in_flight(open: fn() -> rdmx::Result<Context>) {

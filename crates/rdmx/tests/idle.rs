@@ -19,7 +19,8 @@
 //! connects or its deadline passes: the waiting thread's voluntary context switches are
 //! counted (one per sleep).
 
-use std::net::{Ipv4Addr, SocketAddr};
+mod common;
+
 use std::time::{Duration, Instant};
 
 use rdmx::{
@@ -83,17 +84,8 @@ fn sleeps_in(status: &str) -> Option<u64> {
         .and_then(|n| n.trim().parse().ok())
 }
 
-/// A udp context on a loopback address of its own.
 fn open_udp() -> rdmx::Result<Context> {
-    let mut last = None;
-    for k in 0..64u8 {
-        let addr = SocketAddr::from((Ipv4Addr::new(127, 0, 9, 1 + k), rdmx::udp::ROCE_PORT));
-        match Context::open(rdmx::udp::Options::default().bind(addr)) {
-            Ok(c) => return Ok(c),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.expect("tried"))
+    common::open_udp(9)
 }
 
 fn poll_ok(cq: &CompletionQueue, what: &str) {

@@ -69,3 +69,18 @@ fn maps() -> Vec<(usize, usize, Option<MappedFile>)> {
         })
         .collect()
 }
+
+/// A udp context bound to the RoCEv2 port on an address of its own in `127.0.<net>.0/24`
+/// (a test binary takes a `net` of its own): the first of 64 that is free.
+pub fn open_udp(net: u8) -> rdmx::Result<rdmx::Context> {
+    let mut last = None;
+    for k in 0..64u8 {
+        let ip = std::net::Ipv4Addr::new(127, 0, net, 1 + k);
+        let addr = std::net::SocketAddr::from((ip, rdmx::udp::ROCE_PORT));
+        match rdmx::Context::open(rdmx::udp::Options::default().bind(addr)) {
+            Ok(c) => return Ok(c),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.expect("tried"))
+}

@@ -859,3 +859,39 @@ fn a_send_window_holds_packets_until_acknowledgements_arrive() {
     // Acknowledgements are asked for every quarter window, inside the message too.
     assert!(sent[..63].iter().filter(|x| x.ack_req).count() >= 64 / 2 - 1);
 }
+
+// ---------------------------------------------------------------------------------------
+// Destroying a queue pair
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn destroy_drops_every_request_and_receive_without_completions() {
+    let mut p = Pair::new();
+    let buf = p.a.mem.register(4096, ALL);
+    let remote = p.b.mem.register(4096, ALL);
+    p.a.recv(50, vec![buf.sge(3000, 100)]).unwrap();
+    // Nothing reaches the peer: the requests stay in flight, one is being retried.
+    p.ab.down = true;
+    p.a.post(wr(1, SendOp::Send, vec![buf.sge(0, 600)]))
+        .unwrap();
+    p.a.post(wr(
+        2,
+        SendOp::Write(remote.remote(0)),
+        vec![buf.sge(0, 100)],
+    ))
+    .unwrap();
+    p.drive_for(Duration::from_millis(1));
+    assert_eq!(p.a.qp.outstanding(), (2, 1));
+    p.a.qp.destroy();
+    assert_eq!(p.a.qp.state(), QpState::Reset);
+    assert_eq!(p.a.qp.outstanding(), (0, 0));
+    assert!(p.a.qp.poll_completion().is_none());
+    assert_eq!(p.a.qp.poll_timeout(), None);
+    let now = std::time::Instant::now();
+    assert!(p.a.qp.poll_transmit(now, &p.a.mem).is_none());
+    // Driven on, with the link back, it sends nothing and completes nothing.
+    p.ab.down = false;
+    p.drive();
+    assert!(p.a.sends().is_empty() && p.a.recvs().is_empty());
+    assert!(p.quiet());
+}

@@ -18,6 +18,24 @@ fn ack_timeout(p: &Pair) -> Duration {
 // Retry exhaustion
 // ---------------------------------------------------------------------------------------
 
+/// Takes A's link to B down, then posts on A a receive (id 50), a SEND (1) and a WRITE
+/// (2) to B; returns A's region and B's.
+fn receive_send_and_write_on_a_dead_link(p: &mut Pair) -> (Region, Region) {
+    let buf = p.a.mem.register(4096, ALL);
+    let remote = p.b.mem.register(4096, ALL);
+    p.a.recv(50, vec![buf.sge(3000, 100)]).unwrap();
+    p.ab.down = true;
+    p.a.post(wr(1, SendOp::Send, vec![buf.sge(0, 600)]))
+        .unwrap();
+    p.a.post(wr(
+        2,
+        SendOp::Write(remote.remote(0)),
+        vec![buf.sge(0, 100)],
+    ))
+    .unwrap();
+    (buf, remote)
+}
+
 #[test]
 fn link_down_gives_retry_exc_err_after_retry_cnt_retries_then_flush() {
     for retry_cnt in [0u8, 1, 3, 7] {
@@ -26,18 +44,7 @@ fn link_down_gives_retry_exc_err_after_retry_cnt_retries_then_flush() {
             ..PairConfig::default()
         });
         let t = ack_timeout(&p);
-        let buf = p.a.mem.register(4096, ALL);
-        let remote = p.b.mem.register(4096, ALL);
-        p.a.recv(50, vec![buf.sge(3000, 100)]).unwrap();
-        p.ab.down = true;
-        p.a.post(wr(1, SendOp::Send, vec![buf.sge(0, 600)]))
-            .unwrap();
-        p.a.post(wr(
-            2,
-            SendOp::Write(remote.remote(0)),
-            vec![buf.sge(0, 100)],
-        ))
-        .unwrap();
+        let (buf, remote) = receive_send_and_write_on_a_dead_link(&mut p);
         p.a.post(wr(
             3,
             SendOp::Read(remote.remote(0)),
@@ -867,19 +874,8 @@ fn a_send_window_holds_packets_until_acknowledgements_arrive() {
 #[test]
 fn destroy_drops_every_request_and_receive_without_completions() {
     let mut p = Pair::new();
-    let buf = p.a.mem.register(4096, ALL);
-    let remote = p.b.mem.register(4096, ALL);
-    p.a.recv(50, vec![buf.sge(3000, 100)]).unwrap();
-    // Nothing reaches the peer: the requests stay in flight, one is being retried.
-    p.ab.down = true;
-    p.a.post(wr(1, SendOp::Send, vec![buf.sge(0, 600)]))
-        .unwrap();
-    p.a.post(wr(
-        2,
-        SendOp::Write(remote.remote(0)),
-        vec![buf.sge(0, 100)],
-    ))
-    .unwrap();
+    // Nothing reaches the peer: the requests stay in flight, being retried.
+    receive_send_and_write_on_a_dead_link(&mut p);
     p.drive_for(Duration::from_millis(1));
     assert_eq!(p.a.qp.outstanding(), (2, 1));
     p.a.qp.destroy();

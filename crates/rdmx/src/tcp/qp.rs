@@ -322,13 +322,18 @@ impl Inner {
     /// half sent or half received — so that none of it outlives the handle, even while
     /// the driver still holds the QP for an event it is handling.
     pub(crate) fn release(&mut self) {
-        self.sock = None;
-        self.tx = TxQueue::default();
-        self.rx = Rx::new(0);
+        self.close();
         self.place.clear();
         self.scratch = Transmit::default();
         self.srq = None;
         self.engine.destroy();
+    }
+
+    /// Closes the stream, dropping the frames queued for it and the one half received.
+    fn close(&mut self) {
+        self.sock = None;
+        self.tx.clear();
+        self.rx = Rx::new(0);
     }
 
     /// The stream failed: close it and move the QP to ERR, so every outstanding request
@@ -338,9 +343,7 @@ impl Inner {
             StreamError::Closed => tracing::debug!(qpn, "connection closed: {why}"),
             _ => tracing::warn!(qpn, "closing the connection: {why}"),
         }
-        self.sock = None;
-        self.tx.clear();
-        self.rx = Rx::new(0);
+        self.close();
         if self.engine.state() != QpState::Err && self.engine.state() != QpState::Reset {
             let attr = QpAttr {
                 qp_state: QpState::Err,

@@ -87,7 +87,6 @@ impl UdpQp {
     pub(crate) fn release(&self) {
         let mut g = self.inner.lock();
         g.tx.clear();
-        g.spare.clear();
         g.scratch = Transmit::default();
         g.srq = None;
         g.engine.destroy();

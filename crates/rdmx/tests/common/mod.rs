@@ -10,14 +10,9 @@ pub fn locked_in(start: usize, end: usize) -> usize {
     let mut total = 0;
     let mut overlap = 0;
     for line in smaps.lines() {
-        if let Some((range, _)) = line.split_once(' ') {
-            if let Some((a, b)) = range.split_once('-') {
-                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
-                {
-                    overlap = b.min(end).saturating_sub(a.max(start));
-                    continue;
-                }
-            }
+        if let Some((a, b)) = line.split_once(' ').and_then(|(r, _)| range(r)) {
+            overlap = b.min(end).saturating_sub(a.max(start));
+            continue;
         }
         if let Some(flags) = line.strip_prefix("VmFlags:") {
             if flags.split_ascii_whitespace().any(|f| f == "lo") {
@@ -57,17 +52,22 @@ fn maps() -> Vec<(usize, usize, Option<MappedFile>)> {
         .filter_map(|line| {
             // start-end perms offset dev inode [path]
             let mut f = line.split_ascii_whitespace();
-            let (a, b) = f.next()?.split_once('-')?;
-            let (a, b) = (
-                usize::from_str_radix(a, 16).ok()?,
-                usize::from_str_radix(b, 16).ok()?,
-            );
+            let (a, b) = range(f.next()?)?;
             let (_perms, _offset) = (f.next()?, f.next()?);
             let dev = f.next()?.to_string();
             let inode: u64 = f.next()?.parse().ok()?;
             Some((a, b, (inode != 0).then_some((dev, inode))))
         })
         .collect()
+}
+
+/// A mapping's `start-end` (hexadecimal) as /proc/self/maps and smaps give it.
+fn range(field: &str) -> Option<(usize, usize)> {
+    let (a, b) = field.split_once('-')?;
+    Some((
+        usize::from_str_radix(a, 16).ok()?,
+        usize::from_str_radix(b, 16).ok()?,
+    ))
 }
 
 /// A udp context bound to the RoCEv2 port on an address of its own in `127.0.<net>.0/24`

@@ -201,7 +201,11 @@ impl Driver {
         qp
     }
 
-    pub(super) fn remove_qp(&self, qp: &ShmQp) {
+    ///
+    /// Returns once the peer no longer copies out of this QP's memory (its copies of
+    /// payloads named by descriptor records: `cma`, `direct`), or after [`DRAIN_BOUND`]
+    /// with a warning and false if it still does (a peer stopped mid-copy).
+    pub(super) fn remove_qp(&self, qp: &ShmQp) -> bool {
         self.active.write().retain(|q| q.token != qp.token);
         self.qps.lock().try_remove(qp.token);
         self.by_qpn.lock().remove(&qp.qpn);
@@ -214,9 +218,19 @@ impl Driver {
             g.release();
             g.conn.take()
         };
-        if let Some(c) = conn {
-            self.epoll.remove(c.sock.as_raw_fd());
+        let Some(c) = conn else {
+            return true;
+        };
+        self.epoll.remove(c.sock.as_raw_fd());
+        let quiet = let_go(&c);
+        if !quiet {
+            tracing::warn!(
+                qpn = qp.qpn,
+                "shm: the peer still copies out of a destroyed queue pair's memory after \
+                 {DRAIN_BOUND:?}"
+            );
         }
+        quiet
     }
 
     /// `qp` has its connection: rounds read it from now on.
@@ -443,5 +457,32 @@ impl Driver {
     /// An application stops polling: the progress thread resumes at once.
     pub(super) fn idle(&self) {
         self.handover.idle();
+    }
+}
+
+/// Tells the peer of connection `c` that this side's queue pair is gone, then waits, for
+/// at most [`DRAIN_BOUND`], until the peer copies nothing out of this side's memory (it
+/// may be amid a copy it began before). A peer that closed its socket copies nothing.
+/// Returns whether it let go.
+fn let_go(c: &Conn) -> bool {
+    if !c.seg.leave(c.side) {
+        return true;
+    }
+    let deadline = Instant::now() + DRAIN_BOUND;
+    let mut spins = 0u32;
+    loop {
+        if !c.seg.copying(1 - c.side) || c.peer_gone.load(Ordering::SeqCst) || sys::hung_up(&c.sock)
+        {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        spins += 1;
+        if spins < 1000 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
     }
 }

@@ -70,6 +70,14 @@
 //!   2.9 GB/s on cma against 1.9 on the ring, 1 MiB WRITEs 4.9 against 1.8. It also
 //!   spares the sender's CPU and caches.
 //!
+//! On `cma` and `direct`, a side copies out of its peer's memory only between raising its
+//! copying flag in the segment and lowering it, and only while the peer has not said it
+//! is gone. Destroying a queue pair says so, then waits until the peer copies nothing
+//! out of its memory (for [`DRAIN_BOUND`] at most, then warns), so the memory of its
+//! requests in flight may be used again when the drop returns: a descriptor the peer had
+//! not taken yet fails the peer's queue pair instead of delivering the bytes of the
+//! memory's next use.
+//!
 //! The kernel lets a process read another's memory only with ptrace permission: the
 //! same user and `kernel.yama.ptrace_scope` 0, or more (`PR_SET_PTRACER`, privileges).
 //! At connection setup each side names a word of its memory, and the other tries to read

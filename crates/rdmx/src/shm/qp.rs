@@ -545,20 +545,31 @@ impl Inner {
                 }
             }
             if !self.pieces.is_empty() {
-                // SAFETY: every piece's local range is registered memory the engine
-                // resolved for this packet, kept alive by the placements' MrRefs, and
-                // not in the segment; `cut` made the pieces inside the spans.
-                let pulled = unsafe {
-                    match &conn.direct {
-                        Some(keys) => direct_copy(
-                            keys,
-                            &self.spans,
-                            &self.span_keys,
-                            &self.pieces,
-                            &mut self.sources,
-                        ),
-                        None => sys::pull(conn.peer_pid, &self.pieces),
-                    }
+                // The peer's queue pair may go meanwhile, and its memory be used again:
+                // the handshake makes it wait for this copy, or this copy not happen.
+                let pulled = if seg.copy_begin(conn.side) {
+                    // SAFETY: every piece's local range is registered memory the engine
+                    // resolved for this packet, kept alive by the placements' MrRefs,
+                    // and not in the segment; `cut` made the pieces inside the spans.
+                    let pulled = unsafe {
+                        match &conn.direct {
+                            Some(keys) => direct_copy(
+                                keys,
+                                &self.spans,
+                                &self.span_keys,
+                                &self.pieces,
+                                &mut self.sources,
+                            ),
+                            None => sys::pull(conn.peer_pid, &self.pieces),
+                        }
+                    };
+                    seg.copy_done(conn.side);
+                    pulled
+                } else {
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::NotConnected,
+                        "the peer's queue pair is gone",
+                    ))
                 };
                 self.pieces.clear();
                 if let Err(e) = pulled {

@@ -9,6 +9,8 @@
 //! 640   ring 1: head                               (side 1 → side 0)
 //! 768   side 0 as a target   832   side 1 as a target   (the `mapped` data path:
 //! 1024  side 0's claim       1088  side 1's claim        see `mapped`)
+//! 1152  side 0 copying       1216  side 1 copying      (it copies payload out of its
+//! 1280  side 0 gone          1344  side 1 gone          peer's memory; its QP is gone)
 //! 4096  ring 0 data, then ring 1 data              (capacity bytes each)
 //! ```
 //!
@@ -56,6 +58,8 @@ const KIND_DESC: u32 = 3;
 const PULLS_OFF: [usize; 2] = [192, 196];
 const TARGET_OFF: [usize; 2] = [768, 832];
 const CLAIM_OFF: [usize; 2] = [1024, 1088];
+const COPYING_OFF: [usize; 2] = [1152, 1216];
+const GONE_OFF: [usize; 2] = [1280, 1344];
 /// Payloads at least this long are placed at their source's offset in a cache line.
 const ALIGN_MIN: usize = 256;
 /// Most bytes of a record's prefix (the packet's headers, and inline payload).
@@ -223,6 +227,40 @@ impl Segment {
     /// Whether side `side` said it reads descriptor records.
     pub(crate) fn pulls(&self, side: usize) -> bool {
         self.atomic32(PULLS_OFF[side]).load(Ordering::Acquire) == 1
+    }
+
+    /// Side `side` starts copying a payload out of its peer's memory (a descriptor
+    /// record's): returns false, and copies nothing, if the peer's queue pair is gone.
+    ///
+    /// With [`leave`](Self::leave) it makes a handshake: the flag and the peer's `gone`
+    /// word are each stored, then the other's read, sequentially consistent, so either
+    /// the copier sees the peer gone, or the peer sees the copy and waits for it to end
+    /// ([`copy_done`](Self::copy_done)) before its memory may be used again.
+    pub(crate) fn copy_begin(&self, side: usize) -> bool {
+        self.atomic32(COPYING_OFF[side]).store(1, Ordering::SeqCst);
+        if self.atomic32(GONE_OFF[1 - side]).load(Ordering::SeqCst) != 0 {
+            self.copy_done(side);
+            return false;
+        }
+        true
+    }
+
+    /// Side `side`'s copy out of its peer's memory is over.
+    pub(crate) fn copy_done(&self, side: usize) {
+        self.atomic32(COPYING_OFF[side]).store(0, Ordering::Release);
+    }
+
+    /// Side `side`'s queue pair goes: its peer copies nothing more out of its memory.
+    /// Returns whether the peer is copying now (it may still read this side's memory
+    /// until [`copying`](Self::copying) says otherwise).
+    pub(crate) fn leave(&self, side: usize) -> bool {
+        self.atomic32(GONE_OFF[side]).store(1, Ordering::SeqCst);
+        self.copying(1 - side)
+    }
+
+    /// Whether side `side` copies out of its peer's memory now.
+    pub(crate) fn copying(&self, side: usize) -> bool {
+        self.atomic32(COPYING_OFF[side]).load(Ordering::SeqCst) != 0
     }
 
     /// The word in which side `side` says what its queue pair accepts as the target of
@@ -509,6 +547,23 @@ mod tests {
         }
         assert_eq!((&a[..], &b[..]), (prefix, body));
         seg.consume(0, c, &rec);
+    }
+
+    #[test]
+    fn a_side_that_left_is_copied_from_no_more() {
+        let (seg, _fd) = Segment::create(1 << 14).unwrap();
+        // A copy that began first: the side leaving sees it, and waits for its end.
+        assert!(seg.copy_begin(1));
+        assert!(seg.leave(0), "the copy in progress is seen");
+        assert!(seg.copying(1));
+        seg.copy_done(1);
+        assert!(!seg.copying(1));
+        // After the leave: no copy begins.
+        assert!(!seg.copy_begin(1));
+        assert!(!seg.copying(1), "a refused copy leaves no flag");
+        // The other direction is untouched.
+        assert!(seg.copy_begin(0));
+        seg.copy_done(0);
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! Test tools: the rings as a broken or hostile peer could write them, and the shared
-//! words of the `mapped` data path.
+//! Test tools: the rings as a broken or hostile peer could write them, the shared words
+//! of the `mapped` data path, and a peer stalled mid-copy.
 
 use super::Link;
 use crate::soft::SoftQp;
@@ -32,6 +32,24 @@ pub fn stall_claim(qp: &QueuePair, rkey: u32) -> Result<()> {
         c.seg
             .claim_word(c.side)
             .store(tag, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    })
+}
+
+/// Raises `qp`'s copying flag, as a queue pair does while it copies a payload out of
+/// its peer's memory (a descriptor record's), and leaves it raised: what a peer stopped
+/// mid-copy leaves in the segment. [`end_copy`] lowers it.
+pub fn stall_copy(qp: &QueuePair) -> Result<()> {
+    with_conn(qp, |c| match c.seg.copy_begin(c.side) {
+        true => Ok(()),
+        false => Err(Error::InvalidArgument("the peer's queue pair is gone")),
+    })
+}
+
+/// Lowers `qp`'s copying flag: the copy [`stall_copy`] began is over.
+pub fn end_copy(qp: &QueuePair) -> Result<()> {
+    with_conn(qp, |c| {
+        c.seg.copy_done(c.side);
         Ok(())
     })
 }

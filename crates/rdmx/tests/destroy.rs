@@ -11,9 +11,17 @@
 //! narrow. A progress thread that holds the queue pair while it handles an
 //! acknowledgement would otherwise drop the queue pair, and with it the requests' hold on
 //! the memory, on its own thread a moment later.
+//!
+//! The owned buffers of requests in flight come back to their pool when their queue pair
+//! goes (round after round, a pool with room for one round's never runs out). On shm, a
+//! peer that copies a payload out of the queue pair's memory (a descriptor's, on the
+//! `cma` and `direct` data paths) holds the destruction until the copy is over, and one
+//! stopped mid-copy holds it for `DRAIN_BOUND` at most; the buffers it may still read are
+//! then never used again.
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rdmx::{Access, ConnectOptions, Context, LocalSge, Mapping, QpCaps, RemoteAddr, SendRequest};
@@ -103,4 +111,171 @@ fn destroying_a_queue_pair_releases_its_memory_at_once_shm() {
 #[test]
 fn destroying_a_queue_pair_releases_its_memory_at_once_udp() {
     destroy_with_requests_in_flight(open_udp);
+}
+
+/// Buffers per slab of the pools below, and slabs a pool may register: one round's
+/// buffers fit, a second round's would not if the first's were never given back.
+const POOL_BUFS: usize = 16;
+const BUF: usize = 4096;
+const RECVS: u64 = 8;
+const SENDS: u64 = 4;
+
+fn pool(pd: &rdmx::ProtectionDomain) -> rdmx::BufferPool {
+    rdmx::BufferPool::new(
+        pd.clone(),
+        rdmx::PoolConfig::default()
+            .with_classes([BUF])
+            .with_slab_bytes(POOL_BUFS * BUF)
+            .with_max_bytes(Some(POOL_BUFS * BUF))
+            .with_access(Access::LOCAL_WRITE),
+    )
+    .unwrap()
+}
+
+/// Connected queue pairs on contexts of their own (A's in `pd`, the pool's), and A's
+/// owned buffers in flight: receives nothing will match, and SENDs B has no receive for
+/// (retried after each RNR NAK without end).
+fn pair_with_owned_buffers_in_flight(
+    pd: &rdmx::ProtectionDomain,
+    cb: &Context,
+    pool: &rdmx::BufferPool,
+) -> (rdmx::QueuePair, rdmx::QueuePair, rdmx::CompletionQueue) {
+    let ca = pd.context();
+    let (qa, qb) = (ca.create_cq(64).unwrap(), cb.create_cq(64).unwrap());
+    let a = pd.create_qp(&qa, &qa, QpCaps::default()).unwrap();
+    let b = cb
+        .alloc_pd()
+        .create_qp(&qb, &qb, QpCaps::default())
+        .unwrap();
+    let opts = ConnectOptions::default();
+    a.connect(b.endpoint(), &opts).unwrap();
+    b.connect(a.endpoint(), &opts).unwrap();
+    for id in 0..RECVS {
+        a.post_recv_buf(id, pool.get(BUF).unwrap())
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    for id in 0..SENDS {
+        a.post_send_buf(SendRequest::send(RECVS + id), pool.get(BUF).unwrap())
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    (a, b, qa)
+}
+
+/// Destroying a queue pair gives back the owned buffers of its requests in flight (the
+/// provider can no longer reach them): round after round, the pool never runs out.
+fn owned_buffers_in_flight_come_back(open: fn() -> rdmx::Result<Context>) {
+    let (ca, cb) = (open().unwrap(), open().unwrap());
+    let pa = ca.alloc_pd();
+    let pool = pool(&pa);
+    for round in 0..4 {
+        let (a, b, _cq) = pair_with_owned_buffers_in_flight(&pa, &cb, &pool);
+        drop(a);
+        drop(b);
+        assert_eq!(
+            pool.stats().exhausted,
+            0,
+            "round {round}: the buffers in flight on the last queue pair did not come back"
+        );
+    }
+}
+
+#[test]
+fn owned_buffers_in_flight_come_back_when_their_queue_pair_goes_loopback() {
+    owned_buffers_in_flight_come_back(Context::open_default);
+}
+
+#[test]
+fn owned_buffers_in_flight_come_back_when_their_queue_pair_goes_tcp() {
+    owned_buffers_in_flight_come_back(|| Context::open_provider("tcp"));
+}
+
+#[test]
+fn owned_buffers_in_flight_come_back_when_their_queue_pair_goes_shm() {
+    owned_buffers_in_flight_come_back(|| Context::open_provider("shm"));
+}
+
+#[test]
+fn owned_buffers_in_flight_come_back_when_their_queue_pair_goes_udp() {
+    owned_buffers_in_flight_come_back(open_udp);
+}
+
+/// Makes `qp` (shm) look stopped mid-copy out of the memory of `peer`, once both have
+/// their connection (it comes moments after the move to RTR).
+fn stall_copy_when_connected(qp: &rdmx::QueuePair, peer: &rdmx::QueuePair) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rdmx::shm::data_path(qp).is_none() || rdmx::shm::data_path(peer).is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the shm queue pair never connected"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    rdmx::shm::testing::stall_copy(qp).unwrap();
+}
+
+/// shm: a peer that copies a payload out of a queue pair's memory (a descriptor's) when
+/// the queue pair is destroyed holds the destruction until the copy is over, so that the
+/// memory is not used again under it; then the owned buffers come back.
+#[test]
+fn an_shm_queue_pair_goes_only_once_its_peer_stopped_copying_from_it() {
+    let open = || Context::open_provider("shm").unwrap();
+    let (ca, cb) = (open(), open());
+    let pa = ca.alloc_pd();
+    let pool = pool(&pa);
+    let (a, b, _cq) = pair_with_owned_buffers_in_flight(&pa, &cb, &pool);
+    stall_copy_when_connected(&b, &a);
+    let ended = AtomicBool::new(false);
+    let ender = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(100));
+            ended.store(true, Ordering::SeqCst);
+            rdmx::shm::testing::end_copy(&b).unwrap();
+        });
+        drop(a);
+        ended.load(Ordering::SeqCst)
+    });
+    assert!(
+        ender,
+        "the queue pair went while its peer still copied from it"
+    );
+    // The next round's buffers fit: this round's came back.
+    let (a, b2, _cq2) = pair_with_owned_buffers_in_flight(&pa, &cb, &pool);
+    assert_eq!(
+        pool.stats().exhausted,
+        0,
+        "the buffers in flight did not come back"
+    );
+    drop((a, b, b2));
+}
+
+/// shm: a peer stopped mid-copy does not hold a destruction for longer than
+/// `DRAIN_BOUND`; the owned buffers it may still read are never used again (leaked).
+#[test]
+fn an_shm_peer_stopped_mid_copy_holds_a_destruction_for_a_bounded_time() {
+    let open = || Context::open_provider("shm").unwrap();
+    let (ca, cb) = (open(), open());
+    let pa = ca.alloc_pd();
+    let pool = pool(&pa);
+    let (a, b, _cq) = pair_with_owned_buffers_in_flight(&pa, &cb, &pool);
+    stall_copy_when_connected(&b, &a);
+    let t = Instant::now();
+    drop(a);
+    assert!(
+        t.elapsed() >= rdmx::shm::DRAIN_BOUND,
+        "the queue pair went before the bound while its peer still copied from it"
+    );
+    // This round's buffers were kept from reuse: the pool has too few for another.
+    let got: Vec<_> = (0..RECVS + SENDS)
+        .map_while(|_| pool.get(BUF).ok())
+        .collect();
+    assert!(
+        got.len() < (RECVS + SENDS) as usize,
+        "buffers a stalled peer may still read were given back ({} of {}; {:?})",
+        got.len(),
+        RECVS + SENDS,
+        pool.stats()
+    );
+    drop(b);
 }

@@ -292,6 +292,14 @@ pub(crate) trait Qp: Send + Sync + fmt::Debug + Any {
     ///
     /// As [`post_send`](Self::post_send).
     unsafe fn post_recv(&self, wr: &RecvWr) -> Result<()>;
+    /// The queue pair is being destroyed (`ibv_destroy_qp`): nothing is called on it
+    /// after this but its drop. Returns false if the provider may still read or write
+    /// memory of requests that were in flight even once the queue pair is dropped (a
+    /// peer process that did not let go of it in time); true by default, for providers
+    /// whose drop returns with nothing held.
+    fn quiesce(&self) -> bool {
+        true
+    }
     /// As `Any`, for the provider's own downcasts (the verbs provider's).
     #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     fn as_any(&self) -> &dyn Any;

@@ -26,7 +26,8 @@ pub use request::{LocalSge, RecvRequest, SendRequest};
 /// with errors).
 #[derive(Debug)]
 pub struct QueuePair {
-    // Field order is drop order: the provider's QP goes first.
+    // Field order is drop order: the provider's QP goes first, and the owned buffers of
+    // requests still in flight last, once nothing can reach them.
     imp: Box<dyn provider::Qp>,
     pd: ProtectionDomain,
     qp_type: QpType,
@@ -36,7 +37,41 @@ pub struct QueuePair {
     recv_cq: Arc<CqCore>,
     caps: QpCaps,
     /// Owned buffers of requests in flight.
-    parked: Parking,
+    parked: InFlight,
+}
+
+/// The owned buffers of a queue pair's requests in flight. When the queue pair is
+/// destroyed they are settled after the provider's queue pair has gone: a buffer whose
+/// completion waits in its CQ is dropped with the completion; one whose request was still
+/// in flight is dropped too (the provider no longer reaches it), unless the provider said
+/// it still might (`keep`): that one is leaked, never reused.
+#[derive(Debug)]
+struct InFlight {
+    bufs: Parking,
+    qpn: u32,
+    send_cq: Arc<CqCore>,
+    recv_cq: Arc<CqCore>,
+    keep: bool,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let qpn = self.qpn;
+        for (wr_id, side, buf) in self.bufs.drain() {
+            let cq = match side {
+                Side::Send => &self.send_cq,
+                Side::Recv => &self.recv_cq,
+            };
+            if cq.take_watched(qpn, wr_id) {
+                continue;
+            }
+            cq.unwatch(qpn, wr_id);
+            if self.keep {
+                tracing::warn!(qpn, wr_id, "leaking a buffer a peer may still read");
+                std::mem::forget(buf);
+            }
+        }
+    }
 }
 
 impl ProtectionDomain {
@@ -117,7 +152,6 @@ impl ProtectionDomain {
             secret,
         })?;
         Ok(QueuePair {
-            imp,
             pd: self.clone(),
             qp_type,
             psn,
@@ -125,7 +159,14 @@ impl ProtectionDomain {
             send_cq: send_cq.core().clone(),
             recv_cq: recv_cq.core().clone(),
             caps,
-            parked: Parking::with_capacity(caps.max_send_wr + caps.max_recv_wr),
+            parked: InFlight {
+                bufs: Parking::with_capacity(caps.max_send_wr + caps.max_recv_wr),
+                qpn: imp.qp_num(),
+                send_cq: send_cq.core().clone(),
+                recv_cq: recv_cq.core().clone(),
+                keep: false,
+            },
+            imp,
         })
     }
 }
@@ -541,7 +582,7 @@ impl QueuePair {
         buf: B,
         post: impl FnOnce(&dyn provider::Qp) -> Result<()>,
     ) -> std::result::Result<(), (Error, B)> {
-        if self.parked.holds(wr_id, side) {
+        if self.parked.bufs.holds(wr_id, side) {
             return Err((
                 Error::InvalidArgument("an owned-buffer request with this wr_id is in flight"),
                 buf,
@@ -552,7 +593,7 @@ impl QueuePair {
         cq.watch(self.qp_num(), wr_id);
         match post(self.imp.as_ref()) {
             Ok(()) => {
-                self.parked.park(wr_id, side, buf.park());
+                self.parked.bufs.park(wr_id, side, buf.park());
                 Ok(())
             }
             Err(e) => {
@@ -579,13 +620,13 @@ impl QueuePair {
     /// [`take_buf`](Self::take_buf) for a request whose queue the caller knows (the
     /// opcode of an error completion need not say it).
     pub(crate) fn take_buf_on<B: OwnedBuf>(&self, side: Side, wr_id: u64) -> Option<B> {
-        if !self.parked.holds(wr_id, side) {
+        if !self.parked.bufs.holds(wr_id, side) {
             return None;
         }
         if !self.cq_of(side).take_watched(self.qp_num(), wr_id) {
             return None;
         }
-        let buf = self.parked.take::<B>(wr_id, side);
+        let buf = self.parked.bufs.take::<B>(wr_id, side);
         if buf.is_none() {
             // Another buffer type: watch again so that a take with the right type works.
             self.cq_of(side).rewatch_seen(self.qp_num(), wr_id);
@@ -596,18 +637,8 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        let qpn = self.qp_num();
-        for (wr_id, side, buf) in self.parked.drain() {
-            let cq = self.cq_of(side);
-            if cq.take_watched(qpn, wr_id) {
-                drop(buf);
-            } else {
-                // Still in flight: a provider may write it until the QP is gone (a
-                // progress thread may hold it a moment longer), so it is never reused.
-                cq.unwatch(qpn, wr_id);
-                tracing::debug!(qpn, wr_id, "leaking a buffer in flight on a destroyed QP");
-                std::mem::forget(buf);
-            }
-        }
+        // The fields go next, the provider's QP first; then the owned buffers in flight
+        // (`InFlight`).
+        self.parked.keep = !self.imp.quiesce();
     }
 }

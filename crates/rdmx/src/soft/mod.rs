@@ -351,6 +351,10 @@ pub(crate) trait Transport: Send + Sync + std::fmt::Debug + 'static {
     fn multicast(&self, _gid: [u8; 16], _attach: bool) -> Result<()> {
         Err(crate::Error::Unsupported("this provider has no multicast"))
     }
+    /// The queue pair is being destroyed ([`provider::Qp::quiesce`]).
+    fn quiesce(&self) -> bool {
+        true
+    }
 }
 
 /// A software queue pair: the RC engine over transport `T`.
@@ -386,6 +390,9 @@ impl<T: Transport> provider::Qp for SoftQp<T> {
     }
     fn bind_peer(&self, peer: &QpEndpoint, timeout: Duration) -> Result<()> {
         self.transport.bind_peer(peer, timeout)
+    }
+    fn quiesce(&self) -> bool {
+        self.transport.quiesce()
     }
     unsafe fn post_send(&self, wr: &SendWr, inline: Option<&[u8]>) -> Result<()> {
         self.transport.post_send(wr, inline)

@@ -201,10 +201,11 @@ impl Driver {
         qp
     }
 
-    ///
-    /// Returns once the peer no longer copies out of this QP's memory (its copies of
-    /// payloads named by descriptor records: `cma`, `direct`), or after [`DRAIN_BOUND`]
-    /// with a warning and false if it still does (a peer stopped mid-copy).
+    /// The handle of `qp` went (or is going): forgets it, releases what it holds of
+    /// registered memory, and closes its connection. Returns once the peer no longer
+    /// copies out of this QP's memory (its copies of payloads named by descriptor records:
+    /// `cma`, `direct`), or after [`DRAIN_BOUND`] with a warning and false if it still
+    /// does (a peer stopped mid-copy). A second call finds nothing to do.
     pub(super) fn remove_qp(&self, qp: &ShmQp) -> bool {
         self.active.write().retain(|q| q.token != qp.token);
         self.qps.lock().try_remove(qp.token);

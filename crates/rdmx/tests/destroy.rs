@@ -93,25 +93,40 @@ fn destroy_with_requests_in_flight(open: fn() -> rdmx::Result<Context>) {
     }
 }
 
-#[test]
-fn destroying_a_queue_pair_releases_its_memory_at_once_loopback() {
-    destroy_with_requests_in_flight(Context::open_default);
+/// One test per software provider (loopback, tcp, shm, udp), each calling `$run` with
+/// the provider's opener, in a module named `$name`.
+macro_rules! on_every_provider {
+    ($name:ident, $run:ident) => {
+        mod $name {
+            use super::*;
+
+            #[test]
+            fn loopback() {
+                $run(Context::open_default);
+            }
+
+            #[test]
+            fn tcp() {
+                $run(|| Context::open_provider("tcp"));
+            }
+
+            #[test]
+            fn shm() {
+                $run(|| Context::open_provider("shm"));
+            }
+
+            #[test]
+            fn udp() {
+                $run(open_udp);
+            }
+        }
+    };
 }
 
-#[test]
-fn destroying_a_queue_pair_releases_its_memory_at_once_tcp() {
-    destroy_with_requests_in_flight(|| Context::open_provider("tcp"));
-}
-
-#[test]
-fn destroying_a_queue_pair_releases_its_memory_at_once_shm() {
-    destroy_with_requests_in_flight(|| Context::open_provider("shm"));
-}
-
-#[test]
-fn destroying_a_queue_pair_releases_its_memory_at_once_udp() {
-    destroy_with_requests_in_flight(open_udp);
-}
+on_every_provider!(
+    destroying_a_queue_pair_releases_its_memory_at_once,
+    destroy_with_requests_in_flight
+);
 
 /// Buffers per slab of the pools below, and slabs a pool may register: one round's
 /// buffers fit, a second round's would not if the first's were never given back.
@@ -181,25 +196,10 @@ fn owned_buffers_in_flight_come_back(open: fn() -> rdmx::Result<Context>) {
     }
 }
 
-#[test]
-fn owned_buffers_in_flight_come_back_when_their_queue_pair_goes_loopback() {
-    owned_buffers_in_flight_come_back(Context::open_default);
-}
-
-#[test]
-fn owned_buffers_in_flight_come_back_when_their_queue_pair_goes_tcp() {
-    owned_buffers_in_flight_come_back(|| Context::open_provider("tcp"));
-}
-
-#[test]
-fn owned_buffers_in_flight_come_back_when_their_queue_pair_goes_shm() {
-    owned_buffers_in_flight_come_back(|| Context::open_provider("shm"));
-}
-
-#[test]
-fn owned_buffers_in_flight_come_back_when_their_queue_pair_goes_udp() {
-    owned_buffers_in_flight_come_back(open_udp);
-}
+on_every_provider!(
+    owned_buffers_in_flight_come_back_when_their_queue_pair_goes,
+    owned_buffers_in_flight_come_back
+);
 
 /// Makes `qp` (shm) look stopped mid-copy out of the memory of `peer`, once both have
 /// their connection (it comes moments after the move to RTR).
@@ -215,17 +215,47 @@ fn stall_copy_when_connected(qp: &rdmx::QueuePair, peer: &rdmx::QueuePair) {
     rdmx::shm::testing::stall_copy(qp).unwrap();
 }
 
-/// shm: a peer that copies a payload out of a queue pair's memory (a descriptor's) when
-/// the queue pair is destroyed holds the destruction until the copy is over, so that the
-/// memory is not used again under it; then the owned buffers come back.
-#[test]
-fn an_shm_queue_pair_goes_only_once_its_peer_stopped_copying_from_it() {
+/// shm queue pairs: A (its owned buffers in flight, from `pool`) and B, stopped mid-copy
+/// out of A's memory.
+struct Stalled {
+    b: rdmx::QueuePair,
+    a: rdmx::QueuePair,
+    _cq: rdmx::CompletionQueue,
+    pool: rdmx::BufferPool,
+    pa: rdmx::ProtectionDomain,
+    cb: Context,
+}
+
+fn stalled() -> Stalled {
     let open = || Context::open_provider("shm").unwrap();
     let (ca, cb) = (open(), open());
     let pa = ca.alloc_pd();
     let pool = pool(&pa);
     let (a, b, _cq) = pair_with_owned_buffers_in_flight(&pa, &cb, &pool);
     stall_copy_when_connected(&b, &a);
+    Stalled {
+        b,
+        a,
+        _cq,
+        pool,
+        pa,
+        cb,
+    }
+}
+
+/// shm: a peer that copies a payload out of a queue pair's memory (a descriptor's) when
+/// the queue pair is destroyed holds the destruction until the copy is over, so that the
+/// memory is not used again under it; then the owned buffers come back.
+#[test]
+fn an_shm_queue_pair_goes_only_once_its_peer_stopped_copying_from_it() {
+    let Stalled {
+        b,
+        a,
+        _cq,
+        pool,
+        pa,
+        cb,
+    } = stalled();
     let ended = AtomicBool::new(false);
     let ender = std::thread::scope(|s| {
         s.spawn(|| {
@@ -254,12 +284,14 @@ fn an_shm_queue_pair_goes_only_once_its_peer_stopped_copying_from_it() {
 /// `DRAIN_BOUND`; the owned buffers it may still read are never used again (leaked).
 #[test]
 fn an_shm_peer_stopped_mid_copy_holds_a_destruction_for_a_bounded_time() {
-    let open = || Context::open_provider("shm").unwrap();
-    let (ca, cb) = (open(), open());
-    let pa = ca.alloc_pd();
-    let pool = pool(&pa);
-    let (a, b, _cq) = pair_with_owned_buffers_in_flight(&pa, &cb, &pool);
-    stall_copy_when_connected(&b, &a);
+    let Stalled {
+        b,
+        a,
+        _cq,
+        pool,
+        pa: _pa,
+        cb: _cb,
+    } = stalled();
     let t = Instant::now();
     drop(a);
     assert!(

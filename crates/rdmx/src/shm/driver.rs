@@ -469,21 +469,7 @@ fn let_go(c: &Conn) -> bool {
     if !c.seg.leave(c.side) {
         return true;
     }
-    let deadline = Instant::now() + DRAIN_BOUND;
-    let mut spins = 0u32;
-    loop {
-        if !c.seg.copying(1 - c.side) || c.peer_gone.load(Ordering::SeqCst) || sys::hung_up(&c.sock)
-        {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        spins += 1;
-        if spins < 1000 {
-            std::hint::spin_loop();
-        } else {
-            std::thread::sleep(Duration::from_micros(50));
-        }
-    }
+    wait_bounded(DRAIN_BOUND, || {
+        !c.seg.copying(1 - c.side) || c.peer_gone.load(Ordering::SeqCst) || sys::hung_up(&c.sock)
+    })
 }

@@ -312,6 +312,27 @@ pub(crate) const ENTRY: provider::Entry = provider::Entry {
 /// The path MTU shm connections use unless told otherwise.
 const ACTIVE_MTU: u32 = 1 << 16;
 
+/// Waits until `done` says so, for at most `bound`: spinning at first, then checking
+/// every 50 µs. Returns whether `done` said so in time.
+fn wait_bounded(bound: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + bound;
+    let mut spins = 0u32;
+    loop {
+        if done() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        spins += 1;
+        if spins < 1000 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
 fn max_mtu(ring_bytes: usize) -> u32 {
     (ring_bytes / 4).min(1 << 20) as u32
 }

@@ -6,7 +6,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use rdmx_core::Access;
@@ -261,9 +261,7 @@ pub(crate) struct Watch {
 /// Waits until no watched connection claims `tag`, for at most `bound`; forgets
 /// connections that are gone and claim nothing. Returns whether the claims went.
 fn drain(watch: &Mutex<Vec<Watch>>, tag: u64, bound: Duration) -> bool {
-    let deadline = Instant::now() + bound;
-    let mut spins = 0u32;
-    loop {
+    crate::shm::wait_bounded(bound, || {
         let mut busy = false;
         watch.lock().retain(|w| {
             let claim = w.seg.claim_word(w.peer).load(Ordering::SeqCst);
@@ -279,19 +277,8 @@ fn drain(watch: &Mutex<Vec<Watch>>, tag: u64, bound: Duration) -> bool {
             }
             sock.is_some() || claim != 0
         });
-        if !busy {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        spins += 1;
-        if spins < 1000 {
-            std::hint::spin_loop();
-        } else {
-            std::thread::sleep(Duration::from_micros(50));
-        }
-    }
+        !busy
+    })
 }
 
 #[cfg(feature = "testing")]

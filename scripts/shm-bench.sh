@@ -2,8 +2,10 @@
 # The shm provider against its anchors, in one run on one machine: UCX's shared-memory
 # transports (`UCX_TLS=sm ucx_perftest`, two processes) and memcpy of 64 KiB between
 # equally aligned buffers (`rdmx bench reg`). rdmx runs in two processes (--server and a
-# client) and in one. Each figure is the median of ROUNDS interleaved runs; the last line
-# gives the ratios. rdmx runs on its default data paths (between processes the ring, in
+# client) and in one. Each figure is the median of ROUNDS interleaved runs; the last lines
+# give the ratios, each the median over the rounds of that round's ratio, in which the
+# anchor ran just before the rdmx figures compared with it (a machine whose speed drifts
+# moves both). rdmx runs on its default data paths (between processes the ring, in
 # one process direct, as the runs report them); the `_cma` figures ask for the cma path
 # (RDMX_SHM_DATA_PATH=cma: payloads of 16 KiB or more pulled with process_vm_readv), and
 # `one_write_64k_ring` for the ring in one process; the `_mapped` figures ask for the
@@ -66,33 +68,35 @@ memcpy() { # 64 KiB copies (memcpy aligned, memcpy misaligned, rdmx copy aligned
     done
 }
 for r in $(seq "$ROUNDS"); do
-    memcpy
+    # Each UCX anchor runs just before the rdmx figures compared with it, so that a ratio
+    # compares runs minutes apart at most, not a round apart.
     ucx ucp_put_bw 65536 100000 >>"$out/ucx_put_64k"
-    ucx ucp_put_bw 1048576 10000 >>"$out/ucx_put_1m"
-    ucx ucp_get 65536 100000 >>"$out/ucx_get_64k"
-    ucx ucp_get 1048576 10000 >>"$out/ucx_get_1m"
-    ucx ucp_put_bw 8 1000000 >>"$out/ucx_put_8"
-    ucx ucp_put_lat 8 100000 >>"$out/ucx_put_lat"
-    ucx ucp_am_lat 8 100000 >>"$out/ucx_am_lat"
+    RDMX_SHM_DATA_PATH=mapped two write_bw 65536 100000 >>"$out/write_64k_mapped"
+    j "d['data_path']" <"$out/last.json" >>"$out/path_mapped"
     two write_bw 65536 100000 >>"$out/write_64k"
     j "d['data_path']" <"$out/last.json" >>"$out/path"
     RDMX_SHM_DATA_PATH=cma two write_bw 65536 100000 >>"$out/write_64k_cma"
     j "d['data_path']" <"$out/last.json" >>"$out/path_cma"
-    RDMX_SHM_DATA_PATH=cma two write_bw 1048576 10000 >>"$out/write_1m_cma"
-    RDMX_SHM_DATA_PATH=cma two read_bw 65536 100000 >>"$out/read_64k_cma"
-    RDMX_SHM_DATA_PATH=mapped two write_bw 65536 100000 >>"$out/write_64k_mapped"
-    j "d['data_path']" <"$out/last.json" >>"$out/path_mapped"
+    ucx ucp_put_bw 1048576 10000 >>"$out/ucx_put_1m"
     RDMX_SHM_DATA_PATH=mapped two write_bw 1048576 10000 >>"$out/write_1m_mapped"
-    RDMX_SHM_DATA_PATH=mapped two read_bw 65536 100000 >>"$out/read_64k_mapped"
-    RDMX_SHM_DATA_PATH=mapped two read_bw 1048576 10000 >>"$out/read_1m_mapped"
-    RDMX_SHM_DATA_PATH=mapped J=$rate two write_bw 8 200000 -l 32 >>"$out/write_8_mapped"
-    RDMX_SHM_DATA_PATH=mapped two write_lat 8 20000 >>"$out/write_lat_mapped"
-    RDMX_SHM_DATA_PATH=mapped two send_lat 8 20000 >>"$out/send_lat_mapped"
     two write_bw 1048576 10000 >>"$out/write_1m"
+    RDMX_SHM_DATA_PATH=cma two write_bw 1048576 10000 >>"$out/write_1m_cma"
+    ucx ucp_get 65536 100000 >>"$out/ucx_get_64k"
+    RDMX_SHM_DATA_PATH=mapped two read_bw 65536 100000 >>"$out/read_64k_mapped"
     two read_bw 65536 100000 >>"$out/read_64k"
+    RDMX_SHM_DATA_PATH=cma two read_bw 65536 100000 >>"$out/read_64k_cma"
+    ucx ucp_get 1048576 10000 >>"$out/ucx_get_1m"
+    RDMX_SHM_DATA_PATH=mapped two read_bw 1048576 10000 >>"$out/read_1m_mapped"
+    ucx ucp_put_bw 8 1000000 >>"$out/ucx_put_8"
+    RDMX_SHM_DATA_PATH=mapped J=$rate two write_bw 8 200000 -l 32 >>"$out/write_8_mapped"
     J=$rate two write_bw 8 200000 -l 32 >>"$out/write_8"
+    ucx ucp_put_lat 8 100000 >>"$out/ucx_put_lat"
+    RDMX_SHM_DATA_PATH=mapped two write_lat 8 20000 >>"$out/write_lat_mapped"
     two write_lat 8 20000 >>"$out/write_lat"
+    ucx ucp_am_lat 8 100000 >>"$out/ucx_am_lat"
+    RDMX_SHM_DATA_PATH=mapped two send_lat 8 20000 >>"$out/send_lat_mapped"
     two send_lat 8 20000 >>"$out/send_lat"
+    memcpy
     one write_bw 65536 100000 >>"$out/one_write_64k"
     J="d['data_path']" one write_bw 65536 2000 >>"$out/one_path"
     RDMX_SHM_DATA_PATH=cma one write_bw 65536 100000 >>"$out/one_write_64k_cma"
@@ -108,33 +112,46 @@ figs=(memcpy_64k ucx_put_64k ucx_put_1m ucx_get_64k ucx_put_8 ucx_put_lat ucx_am
     write_8_mapped write_lat_mapped send_lat_mapped)
 printf '%-14s %10s   (median of %s; MiB/s, M msg/s for 8 B bandwidth, latency in usec)\n' \
     figure value "$ROUNDS"
-args=()
 for f in "${figs[@]}"; do
     printf '%-14s %10.3f\n' "$f" "$(med "$f")"
-    args+=("$(med "$f")")
 done
 path=$(sort -u "$out/path" | paste -sd/)
 path_cma=$(sort -u "$out/path_cma" | paste -sd/)
 one_path=$(sort -u "$out/one_path" | paste -sd/)
 path_mapped=$(sort -u "$out/path_mapped" | paste -sd/)
-python3 - "$path" "$path_cma" "$one_path" "$path_mapped" "${args[@]}" <<'PY'
-import sys
-path, path_cma, one_path, path_mapped = sys.argv[1:5]
-(mc, up64, up1m, ug64, up8, upl, aml, w64, w1m, r64, w8, wl, sl, o64,
- w64c, w1mc, r64c, o64c, o64r, mcm, cp, cpm,
- ug1m, w64m, w1mm, r64m, r1mm, w8m, wlm, slm) = map(float, sys.argv[5:])
-print(f"ratio write_bw_64k/ucx_put_bw={w64/up64:.2f} write_bw_1m/ucx_put_bw={w1m/up1m:.2f} "
-      f"read_bw_64k/ucx_get={r64/ug64:.2f} write_bw_8/ucx_put_bw_8={w8/up8:.2f} "
-      f"write_lat/ucx_put_lat={wl/upl:.2f} send_lat/ucx_am_lat={sl/aml:.2f} "
-      f"(data path: {path}); one_process_write_bw_64k/memcpy_aligned={o64/mc:.2f} "
+python3 - "$out" "$path" "$path_cma" "$one_path" "$path_mapped" <<'PY'
+import statistics, sys
+out, path, path_cma, one_path, path_mapped = sys.argv[1:6]
+def vals(name):
+    return [float(x) for x in open(f"{out}/{name}").read().split()]
+def r(a, b):
+    """The median over rounds of figure a over anchor b, each round's pair."""
+    return statistics.median(x / y for x, y in zip(vals(a), vals(b)))
+print(f"ratio write_bw_64k/ucx_put_bw={r('write_64k', 'ucx_put_64k'):.2f} "
+      f"write_bw_1m/ucx_put_bw={r('write_1m', 'ucx_put_1m'):.2f} "
+      f"read_bw_64k/ucx_get={r('read_64k', 'ucx_get_64k'):.2f} "
+      f"write_bw_8/ucx_put_bw_8={r('write_8', 'ucx_put_8'):.2f} "
+      f"write_lat/ucx_put_lat={r('write_lat', 'ucx_put_lat'):.2f} "
+      f"send_lat/ucx_am_lat={r('send_lat', 'ucx_am_lat'):.2f} "
+      f"(data path: {path}); "
+      f"one_process_write_bw_64k/memcpy_aligned={r('one_write_64k', 'memcpy_64k'):.2f} "
       f"(data path: {one_path}); "
-      f"asking for cma (data path: {path_cma}): write_bw_64k/ucx_put_bw={w64c/up64:.2f} "
-      f"write_bw_1m/ucx_put_bw={w1mc/up1m:.2f} read_bw_64k/ucx_get={r64c/ug64:.2f} "
-      f"one_process_write_bw_64k/memcpy_aligned={o64c/mc:.2f}; "
-      f"one process on the ring: write_bw_64k/memcpy_aligned={o64r/mc:.2f}; "
-      f"copy_mis/copy={cpm/cp:.2f} copy/memcpy={cp/mc:.2f} memcpy_mis/memcpy={mcm/mc:.2f}")
-print(f"ratio mapped (data path: {path_mapped}): write_bw_64k/ucx_put_bw={w64m/up64:.2f} "
-      f"write_bw_1m/ucx_put_bw={w1mm/up1m:.2f} read_bw_64k/ucx_get={r64m/ug64:.2f} "
-      f"read_bw_1m/ucx_get={r1mm/ug1m:.2f} write_bw_8/ucx_put_bw_8={w8m/up8:.2f} "
-      f"write_lat/ucx_put_lat={wlm/upl:.2f} send_lat/ucx_am_lat={slm/aml:.2f}")
+      f"asking for cma (data path: {path_cma}): "
+      f"write_bw_64k/ucx_put_bw={r('write_64k_cma', 'ucx_put_64k'):.2f} "
+      f"write_bw_1m/ucx_put_bw={r('write_1m_cma', 'ucx_put_1m'):.2f} "
+      f"read_bw_64k/ucx_get={r('read_64k_cma', 'ucx_get_64k'):.2f} "
+      f"one_process_write_bw_64k/memcpy_aligned={r('one_write_64k_cma', 'memcpy_64k'):.2f}; "
+      f"one process on the ring: "
+      f"write_bw_64k/memcpy_aligned={r('one_write_64k_ring', 'memcpy_64k'):.2f}; "
+      f"copy_mis/copy={r('copy_64k_misaligned', 'copy_64k'):.2f} "
+      f"copy/memcpy={r('copy_64k', 'memcpy_64k'):.2f} "
+      f"memcpy_mis/memcpy={r('memcpy_64k_misaligned', 'memcpy_64k'):.2f}")
+print(f"ratio mapped (data path: {path_mapped}): "
+      f"write_bw_64k/ucx_put_bw={r('write_64k_mapped', 'ucx_put_64k'):.2f} "
+      f"write_bw_1m/ucx_put_bw={r('write_1m_mapped', 'ucx_put_1m'):.2f} "
+      f"read_bw_64k/ucx_get={r('read_64k_mapped', 'ucx_get_64k'):.2f} "
+      f"read_bw_1m/ucx_get={r('read_1m_mapped', 'ucx_get_1m'):.2f} "
+      f"write_bw_8/ucx_put_bw_8={r('write_8_mapped', 'ucx_put_8'):.2f} "
+      f"write_lat/ucx_put_lat={r('write_lat_mapped', 'ucx_put_lat'):.2f} "
+      f"send_lat/ucx_am_lat={r('send_lat_mapped', 'ucx_am_lat'):.2f}")
 PY

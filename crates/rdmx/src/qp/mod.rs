@@ -33,14 +33,13 @@ pub struct QueuePair {
     qp_type: QpType,
     psn: u32,
     secret: u64,
-    send_cq: Arc<CqCore>,
-    recv_cq: Arc<CqCore>,
     caps: QpCaps,
-    /// Owned buffers of requests in flight.
+    /// The CQs, and the owned buffers of requests in flight.
     parked: InFlight,
 }
 
-/// The owned buffers of a queue pair's requests in flight. When the queue pair is
+/// The owned buffers of a queue pair's requests in flight, and the CQs their completions
+/// go to (the queue pair's own, which it reaches through here). When the queue pair is
 /// destroyed they are settled after the provider's queue pair has gone: a buffer whose
 /// completion waits in its CQ is dropped with the completion; one whose request was still
 /// in flight is dropped too (the provider no longer reaches it), unless the provider said
@@ -54,14 +53,21 @@ struct InFlight {
     keep: bool,
 }
 
+impl InFlight {
+    /// The CQ of the send (`Side::Send`) or receive queue.
+    fn cq(&self, side: Side) -> &Arc<CqCore> {
+        match side {
+            Side::Send => &self.send_cq,
+            Side::Recv => &self.recv_cq,
+        }
+    }
+}
+
 impl Drop for InFlight {
     fn drop(&mut self) {
         let qpn = self.qpn;
         for (wr_id, side, buf) in self.bufs.drain() {
-            let cq = match side {
-                Side::Send => &self.send_cq,
-                Side::Recv => &self.recv_cq,
-            };
+            let cq = self.cq(side);
             if cq.take_watched(qpn, wr_id) {
                 continue;
             }
@@ -156,8 +162,6 @@ impl ProtectionDomain {
             qp_type,
             psn,
             secret,
-            send_cq: send_cq.core().clone(),
-            recv_cq: recv_cq.core().clone(),
             caps,
             parked: InFlight {
                 bufs: Parking::with_capacity(caps.max_send_wr + caps.max_recv_wr),
@@ -255,13 +259,7 @@ impl QueuePair {
     /// Whether its send (`Side::Send`) or receive queue completes to `cq`.
     #[cfg(feature = "tokio")]
     pub(crate) fn completes_to(&self, side: Side, cq: &Arc<CqCore>) -> bool {
-        Arc::ptr_eq(
-            match side {
-                Side::Send => &self.send_cq,
-                Side::Recv => &self.recv_cq,
-            },
-            cq,
-        )
+        Arc::ptr_eq(self.parked.cq(side), cq)
     }
 
     /// The protection domain.
@@ -604,10 +602,7 @@ impl QueuePair {
     }
 
     fn cq_of(&self, side: Side) -> &CqCore {
-        match side {
-            Side::Send => &self.send_cq,
-            Side::Recv => &self.recv_cq,
-        }
+        self.parked.cq(side)
     }
 
     /// The buffer of the owned-buffer request `c` completed, once `c` has been polled from

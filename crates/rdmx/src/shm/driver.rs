@@ -205,7 +205,8 @@ impl Driver {
     /// registered memory, and closes its connection. Returns once the peer no longer
     /// copies out of this QP's memory (its copies of payloads named by descriptor records:
     /// `cma`, `direct`), or after [`DRAIN_BOUND`] with a warning and false if it still
-    /// does (a peer stopped mid-copy). A second call finds nothing to do.
+    /// does (a peer stopped mid-copy). A second call has nothing left to release or wait
+    /// for.
     pub(super) fn remove_qp(&self, qp: &ShmQp) -> bool {
         self.active.write().retain(|q| q.token != qp.token);
         self.qps.lock().try_remove(qp.token);

@@ -261,6 +261,11 @@ unsafe fn place(dst: *mut u8, src: *const u8, len: usize) {
         unsafe { move_bytes(dst, src, len) };
         return;
     }
+    if len <= SMALL {
+        // SAFETY: forwarded; the ranges do not overlap and hold 2 to SMALL bytes.
+        unsafe { place_small(dst, src, len) };
+        return;
+    }
     // The bulk ends at the destination's last cache-line boundary before the last byte:
     // `memcpy` (`rep movsb`) of `len - 1` bytes, ending mid-line, ran slower on 64 KiB
     // than the whole lines.
@@ -272,6 +277,49 @@ unsafe fn place(dst: *mut u8, src: *const u8, len: usize) {
         copy(dst.add(bulk), src.add(bulk), len - 1 - bulk);
         std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
         copy(dst.add(len - 1), src.add(len - 1), 1);
+    }
+}
+
+/// WRITEs up to this many bytes are placed by [`place_small`].
+const SMALL: usize = 16;
+
+/// [`place`] for 2 to [`SMALL`] bytes, inline: all but the last byte by two loads and
+/// two stores of the widest word that fits (overlapping in the middle), then the last
+/// byte. Through `memcpy` (a call per piece), an 8-byte WRITE on the mapped path took 706
+/// instructions from post to return; this way, 606.
+///
+/// # Safety
+///
+/// As [`move_bytes`], the ranges not overlapping, and `2 <= len <= SMALL`.
+unsafe fn place_small(dst: *mut u8, src: *const u8, len: usize) {
+    use std::ptr::{read_unaligned as get, write_unaligned as put};
+    debug_assert!((2..=SMALL).contains(&len));
+    let m = len - 1;
+    // SAFETY: every access lies inside the first `m` bytes of both ranges (`w <= m`, so
+    // `m - w` plus `w` is at most `m`), or is the last byte; unaligned accesses of raw
+    // pointers, forming no reference.
+    unsafe {
+        let (s, d) = (src, dst);
+        match m {
+            8.. => {
+                let (a, b) = (get(s.cast::<u64>()), get(s.add(m - 8).cast::<u64>()));
+                put(d.cast::<u64>(), a);
+                put(d.add(m - 8).cast::<u64>(), b);
+            }
+            4..=7 => {
+                let (a, b) = (get(s.cast::<u32>()), get(s.add(m - 4).cast::<u32>()));
+                put(d.cast::<u32>(), a);
+                put(d.add(m - 4).cast::<u32>(), b);
+            }
+            2..=3 => {
+                let (a, b) = (get(s.cast::<u16>()), get(s.add(m - 2).cast::<u16>()));
+                put(d.cast::<u16>(), a);
+                put(d.add(m - 2).cast::<u16>(), b);
+            }
+            _ => put(d, get(s)),
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+        put(d.add(m), get(s.add(m)));
     }
 }
 
@@ -290,5 +338,28 @@ unsafe fn move_bytes(dst: *mut u8, src: *const u8, len: usize) {
     } else {
         // SAFETY: forwarded; the ranges do not overlap.
         unsafe { copy(dst, src, len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::place;
+
+    #[test]
+    fn writes_of_every_small_length_land_whole_and_nothing_beside() {
+        let src: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
+        for len in 0..=40 {
+            for off in 0..9 {
+                let mut dst = vec![0xeeu8; 64];
+                // SAFETY: both ranges lie inside their vectors, which do not overlap.
+                unsafe { place(dst.as_mut_ptr().add(off), src.as_ptr().add(3), len) };
+                assert_eq!(&dst[off..off + len], &src[3..3 + len], "len {len} at {off}");
+                assert!(dst[..off].iter().all(|&b| b == 0xee), "len {len} at {off}");
+                assert!(
+                    dst[off + len..].iter().all(|&b| b == 0xee),
+                    "len {len} at {off}"
+                );
+            }
+        }
     }
 }

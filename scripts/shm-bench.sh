@@ -14,7 +14,9 @@
 # UCX's put and get at the same sizes, and its 8-byte rate and latencies against UCX's.
 # `copy_mis/copy` is the provider's copy of 64 KiB with source and destination 16 bytes
 # apart against aligned (`rdmx bench reg`), `memcpy_mis/memcpy` the same for glibc's
-# memcpy. Bandwidth runs warm up first on both sides: ucx_perftest by its default (a
+# memcpy. `line_one_way` (`rdmx bench reg`) is the time a cache line takes from one core
+# to the other on this machine in that round, in usec: the floor of any half round trip
+# between two processes; the last line gives each latency in units of it. Bandwidth runs warm up first on both sides: ucx_perftest by its default (a
 # tenth of the iterations, at most 10000, unmeasured), rdmx with --perform_warm_up (one
 # window of 128 requests).
 #
@@ -61,11 +63,13 @@ two() { # the same across two processes
     wait
 }
 memcpy() { # 64 KiB copies (memcpy aligned, memcpy misaligned, rdmx copy aligned and
-    # misaligned), MiB/s each, into four files
+    # misaligned), MiB/s each, into four files; and the cache line's trip between cores
     "$RDMX" bench reg --runs 3 --json >"$out/reg.json"
     for k in memcpy_64k memcpy_64k_misaligned copy_64k copy_64k_misaligned; do
         j "65536 / d['${k}_ns'] * 1e9 / 1048576" <"$out/reg.json" >>"$out/$k"
     done
+    # The latency anchor: a cache line from one core to the other, in usec.
+    j "d['line_one_way_ns'] / 1000" <"$out/reg.json" >>"$out/line_one_way"
 }
 for r in $(seq "$ROUNDS"); do
     # Each UCX anchor runs just before the rdmx figures compared with it, so that a ratio
@@ -109,7 +113,7 @@ figs=(memcpy_64k ucx_put_64k ucx_put_1m ucx_get_64k ucx_put_8 ucx_put_lat ucx_am
     write_64k_cma write_1m_cma read_64k_cma one_write_64k_cma one_write_64k_ring
     memcpy_64k_misaligned copy_64k copy_64k_misaligned
     ucx_get_1m write_64k_mapped write_1m_mapped read_64k_mapped read_1m_mapped
-    write_8_mapped write_lat_mapped send_lat_mapped)
+    write_8_mapped write_lat_mapped send_lat_mapped line_one_way)
 printf '%-14s %10s   (median of %s; MiB/s, M msg/s for 8 B bandwidth, latency in usec)\n' \
     figure value "$ROUNDS"
 for f in "${figs[@]}"; do
@@ -154,4 +158,10 @@ print(f"ratio mapped (data path: {path_mapped}): "
       f"write_bw_8/ucx_put_bw_8={r('write_8_mapped', 'ucx_put_8'):.2f} "
       f"write_lat/ucx_put_lat={r('write_lat_mapped', 'ucx_put_lat'):.2f} "
       f"send_lat/ucx_am_lat={r('send_lat_mapped', 'ucx_am_lat'):.2f}")
+print(f"latency anchor (a cache line from core to core, {statistics.median(vals('line_one_way')) * 1000:.0f} ns): "
+      f"ucx_put_lat/line={r('ucx_put_lat', 'line_one_way'):.1f} "
+      f"write_lat_mapped/line={r('write_lat_mapped', 'line_one_way'):.1f} "
+      f"ucx_am_lat/line={r('ucx_am_lat', 'line_one_way'):.1f} "
+      f"send_lat/line={r('send_lat', 'line_one_way'):.1f} "
+      f"send_lat_mapped/line={r('send_lat_mapped', 'line_one_way'):.1f}")
 PY

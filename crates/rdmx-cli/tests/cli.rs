@@ -101,6 +101,7 @@ fn bench_reg_json_has_the_documented_keys() {
         "memcpy_64k_misaligned_ns",
         "copy_64k_ns",
         "copy_64k_misaligned_ns",
+        "line_one_way_ns",
     ] {
         assert!(
             v[key].as_f64().is_some_and(|t| t > 0.0),

@@ -19,8 +19,14 @@
 //!   `copy_misaligned_with` what it copies differently aligned blocks with on this CPU
 //!   (`rdmx::shm::copy_method`), `copy_large_with` what it copies large blocks that
 //!   `rep movsb` takes at full speed with (`rdmx::shm::large_copy_method`).
+//! - `line_one_way_ns`: half the round trip of a cache line between two threads spinning
+//!   on two cores (each stores a counter the other waits for): the time a store takes
+//!   to reach the other core, on this machine now, measured as an anchor for the
+//!   latency tests. A half round trip between processes (`write_lat`, `send_lat`) moves
+//!   at least one line from one core to the other, so it cannot beat this.
 
 use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::Instant;
 
@@ -158,6 +164,8 @@ pub(crate) fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         }
     });
 
+    let line_one_way_ns = median_ns_per_iter(runs, 200_000, line_round_trips) / 2.0;
+
     let reg_64k_ns = register_us["65536"].as_f64().map(|us| us * 1000.0);
     let out = json!({
         "register_us": register_us,
@@ -171,6 +179,7 @@ pub(crate) fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         "copy_64k_misaligned_ns": round(copy_64k_misaligned_ns, 1),
         "copy_misaligned_with": rdmx::shm::copy_method(),
         "copy_large_with": rdmx::shm::large_copy_method(),
+        "line_one_way_ns": round(line_one_way_ns, 1),
         "hit_vs_register_64k": reg_64k_ns.map(|r| round(r / cache_hit_ns, 1)),
         "cache_monitoring": match monitoring {
             Monitoring::Userfaultfd => "userfaultfd",
@@ -190,6 +199,39 @@ pub(crate) fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         print_table(&out);
     }
     Ok(())
+}
+
+/// `n` round trips of a cache line between this thread and another: this one stores
+/// the round's number in one line and waits until the other stores it back in a second
+/// line (each line crosses once per round trip). Spins without `pause`, as a poller
+/// waiting for a message does. A wait that spins far longer than a crossing takes
+/// yields: on a machine whose other cores are busy, the two threads may share one, and
+/// each round trip then takes a switch between them rather than a time slice.
+fn line_round_trips(n: u64) {
+    #[repr(align(128))]
+    struct Line(AtomicU64);
+    fn wait(line: &Line, i: u64) {
+        let mut spins = 0u32;
+        while line.0.load(Ordering::Acquire) != i {
+            spins = spins.wrapping_add(1);
+            if spins % (1 << 14) == 0 {
+                std::thread::yield_now();
+            }
+        }
+    }
+    let (ping, pong) = (Line(AtomicU64::new(0)), Line(AtomicU64::new(0)));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 1..=n {
+                wait(&ping, i);
+                pong.0.store(i, Ordering::Release);
+            }
+        });
+        for i in 1..=n {
+            ping.0.store(i, Ordering::Release);
+            wait(&pong, i);
+        }
+    });
 }
 
 /// Median per-operation time of two threads each running `iters` get+put at once.
@@ -281,6 +323,11 @@ fn print_table(v: &Value) {
     println!(
         "rdmx copy, large blocks, runs with: {} (the faster on this CPU)",
         v["copy_large_with"].as_str().unwrap_or("?")
+    );
+    println!(
+        "{:<36} {:>11.1} ns",
+        "anchor: cache line, core to core",
+        v["line_one_way_ns"].as_f64().unwrap_or(f64::NAN)
     );
     if let Some(r) = v["hit_vs_register_64k"].as_f64() {
         println!("cache hit is {r:.0}x cheaper than register+deregister of 64 KiB");

@@ -16,9 +16,9 @@
 # apart against aligned (`rdmx bench reg`), `memcpy_mis/memcpy` the same for glibc's
 # memcpy. `line_one_way` (`rdmx bench reg`) is the time a cache line takes from one core
 # to the other on this machine in that round, in usec: the floor of any half round trip
-# between two processes; the last line gives each latency in units of it. Bandwidth runs warm up first on both sides: ucx_perftest by its default (a
-# tenth of the iterations, at most 10000, unmeasured), rdmx with --perform_warm_up (one
-# window of 128 requests).
+# between two processes; the last line gives each latency in units of it. Bandwidth runs
+# warm up first on both sides: ucx_perftest by its default (a tenth of the iterations, at
+# most 10000, unmeasured), rdmx with --perform_warm_up (one window of 128 requests).
 #
 # Usage: scripts/shm-bench.sh            (ROUNDS=5 by default)
 set -euo pipefail

@@ -310,6 +310,7 @@ fn print_table(v: &Value) {
         ("memcpy 64 KiB, 16 B apart", "memcpy_64k_misaligned_ns"),
         ("rdmx copy 64 KiB", "copy_64k_ns"),
         ("rdmx copy 64 KiB, 16 B apart", "copy_64k_misaligned_ns"),
+        ("anchor: cache line, core to core", "line_one_way_ns"),
     ] {
         println!(
             "{what:<36} {:>11.1} ns",
@@ -323,11 +324,6 @@ fn print_table(v: &Value) {
     println!(
         "rdmx copy, large blocks, runs with: {} (the faster on this CPU)",
         v["copy_large_with"].as_str().unwrap_or("?")
-    );
-    println!(
-        "{:<36} {:>11.1} ns",
-        "anchor: cache line, core to core",
-        v["line_one_way_ns"].as_f64().unwrap_or(f64::NAN)
     );
     if let Some(r) = v["hit_vs_register_64k"].as_f64() {
         println!("cache hit is {r:.0}x cheaper than register+deregister of 64 KiB");

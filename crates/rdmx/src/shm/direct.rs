@@ -292,34 +292,37 @@ const SMALL: usize = 16;
 ///
 /// As [`move_bytes`], the ranges not overlapping, and `2 <= len <= SMALL`.
 unsafe fn place_small(dst: *mut u8, src: *const u8, len: usize) {
-    use std::ptr::{read_unaligned as get, write_unaligned as put};
+    /// The first `m` bytes by two loads and two stores of a `T`, the second ending on
+    /// byte `m` (`size_of::<T>() <= m`).
+    ///
+    /// # Safety
+    ///
+    /// As [`place_small`]'s, for the first `m` bytes.
+    unsafe fn pair<T>(d: *mut u8, s: *const u8, m: usize) {
+        use std::ptr::{read_unaligned as get, write_unaligned as put};
+        let w = std::mem::size_of::<T>();
+        debug_assert!(w <= m);
+        // SAFETY: both accesses lie inside the first `m` bytes of both ranges (`w <= m`);
+        // unaligned accesses of raw pointers, forming no reference.
+        unsafe {
+            let (a, b) = (get(s.cast::<T>()), get(s.add(m - w).cast::<T>()));
+            put(d.cast::<T>(), a);
+            put(d.add(m - w).cast::<T>(), b);
+        }
+    }
     debug_assert!((2..=SMALL).contains(&len));
     let m = len - 1;
-    // SAFETY: every access lies inside the first `m` bytes of both ranges (`w <= m`, so
-    // `m - w` plus `w` is at most `m`), or is the last byte; unaligned accesses of raw
-    // pointers, forming no reference.
+    // SAFETY: the first `m` bytes (each arm's word fits in them), then the last byte,
+    // inside both ranges (the contract).
     unsafe {
-        let (s, d) = (src, dst);
         match m {
-            8.. => {
-                let (a, b) = (get(s.cast::<u64>()), get(s.add(m - 8).cast::<u64>()));
-                put(d.cast::<u64>(), a);
-                put(d.add(m - 8).cast::<u64>(), b);
-            }
-            4..=7 => {
-                let (a, b) = (get(s.cast::<u32>()), get(s.add(m - 4).cast::<u32>()));
-                put(d.cast::<u32>(), a);
-                put(d.add(m - 4).cast::<u32>(), b);
-            }
-            2..=3 => {
-                let (a, b) = (get(s.cast::<u16>()), get(s.add(m - 2).cast::<u16>()));
-                put(d.cast::<u16>(), a);
-                put(d.add(m - 2).cast::<u16>(), b);
-            }
-            _ => put(d, get(s)),
+            8.. => pair::<u64>(dst, src, m),
+            4..=7 => pair::<u32>(dst, src, m),
+            2..=3 => pair::<u16>(dst, src, m),
+            _ => *dst = *src,
         }
         std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
-        put(d.add(m), get(s.add(m)));
+        *dst.add(m) = *src.add(m);
     }
 }
 

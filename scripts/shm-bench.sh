@@ -4,9 +4,10 @@
 # equally aligned buffers (`rdmx bench reg`). rdmx runs in two processes (--server and a
 # client) and in one. Each figure is the median of ROUNDS interleaved runs; the last lines
 # give the ratios, each the median over the rounds of that round's ratio, in which the
-# anchor ran just before the rdmx figures compared with it (a machine whose speed drifts
-# moves both). rdmx runs on its default data paths (between processes the ring, in
-# one process direct, as the runs report them); the `_cma` figures ask for the cma path
+# anchor ran right before or right after the rdmx figures compared with it, by turns (a
+# machine whose speed drifts moves both, and neither always runs first). rdmx runs on
+# its default data paths (between processes the ring, in one process direct, as the
+# runs report them); the `_cma` figures ask for the cma path
 # (RDMX_SHM_DATA_PATH=cma: payloads of 16 KiB or more pulled with process_vm_readv), and
 # `one_write_64k_ring` for the ring in one process; the `_mapped` figures ask for the
 # mapped path (RDMX_SHM_DATA_PATH=mapped: the bench's regions are memfd-backed, the
@@ -20,10 +21,11 @@
 # warm up first on both sides: ucx_perftest by its default (a tenth of the iterations, at
 # most 10000, unmeasured), rdmx with --perform_warm_up (one window of 128 requests).
 #
-# Usage: scripts/shm-bench.sh            (ROUNDS=5 by default)
+# Usage: scripts/shm-bench.sh            (ROUNDS=6 by default: as many rounds with the
+# anchors first as with them last)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=${ROUNDS:-5}
+ROUNDS=${ROUNDS:-6}
 if ! command -v ucx_perftest >/dev/null; then
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
     $SUDO apt-get install -y -qq ucx-utils >/dev/null
@@ -71,40 +73,65 @@ memcpy() { # 64 KiB copies (memcpy aligned, memcpy misaligned, rdmx copy aligned
     # The latency anchor: a cache line from one core to the other, in usec.
     j "d['line_one_way_ns'] / 1000" <"$out/reg.json" >>"$out/line_one_way"
 }
-for r in $(seq "$ROUNDS"); do
-    # Each UCX anchor runs just before the rdmx figures compared with it, so that a ratio
-    # compares runs minutes apart at most, not a round apart.
-    ucx ucp_put_bw 65536 100000 >>"$out/ucx_put_64k"
+# Each anchor and the rdmx figures compared with it run one after the other, so that a
+# ratio compares runs seconds apart, not a round apart; the anchor runs first in odd
+# rounds and last in even ones, so that neither side is always the one that runs first.
+put_64k() { ucx ucp_put_bw 65536 100000 >>"$out/ucx_put_64k"; }
+write_64k() {
     RDMX_SHM_DATA_PATH=mapped two write_bw 65536 100000 >>"$out/write_64k_mapped"
     j "d['data_path']" <"$out/last.json" >>"$out/path_mapped"
     two write_bw 65536 100000 >>"$out/write_64k"
     j "d['data_path']" <"$out/last.json" >>"$out/path"
     RDMX_SHM_DATA_PATH=cma two write_bw 65536 100000 >>"$out/write_64k_cma"
     j "d['data_path']" <"$out/last.json" >>"$out/path_cma"
-    ucx ucp_put_bw 1048576 10000 >>"$out/ucx_put_1m"
+}
+put_1m() { ucx ucp_put_bw 1048576 10000 >>"$out/ucx_put_1m"; }
+write_1m() {
     RDMX_SHM_DATA_PATH=mapped two write_bw 1048576 10000 >>"$out/write_1m_mapped"
     two write_bw 1048576 10000 >>"$out/write_1m"
     RDMX_SHM_DATA_PATH=cma two write_bw 1048576 10000 >>"$out/write_1m_cma"
-    ucx ucp_get 65536 100000 >>"$out/ucx_get_64k"
+}
+get_64k() { ucx ucp_get 65536 100000 >>"$out/ucx_get_64k"; }
+read_64k() {
     RDMX_SHM_DATA_PATH=mapped two read_bw 65536 100000 >>"$out/read_64k_mapped"
     two read_bw 65536 100000 >>"$out/read_64k"
     RDMX_SHM_DATA_PATH=cma two read_bw 65536 100000 >>"$out/read_64k_cma"
-    ucx ucp_get 1048576 10000 >>"$out/ucx_get_1m"
-    RDMX_SHM_DATA_PATH=mapped two read_bw 1048576 10000 >>"$out/read_1m_mapped"
-    ucx ucp_put_bw 8 1000000 >>"$out/ucx_put_8"
+}
+get_1m() { ucx ucp_get 1048576 10000 >>"$out/ucx_get_1m"; }
+read_1m() { RDMX_SHM_DATA_PATH=mapped two read_bw 1048576 10000 >>"$out/read_1m_mapped"; }
+put_8() { ucx ucp_put_bw 8 1000000 >>"$out/ucx_put_8"; }
+write_8() {
     RDMX_SHM_DATA_PATH=mapped J=$rate two write_bw 8 200000 -l 32 >>"$out/write_8_mapped"
     J=$rate two write_bw 8 200000 -l 32 >>"$out/write_8"
-    ucx ucp_put_lat 8 100000 >>"$out/ucx_put_lat"
+}
+put_lat() { ucx ucp_put_lat 8 100000 >>"$out/ucx_put_lat"; }
+write_lat() {
     RDMX_SHM_DATA_PATH=mapped two write_lat 8 20000 >>"$out/write_lat_mapped"
     two write_lat 8 20000 >>"$out/write_lat"
-    ucx ucp_am_lat 8 100000 >>"$out/ucx_am_lat"
+}
+am_lat() { ucx ucp_am_lat 8 100000 >>"$out/ucx_am_lat"; }
+send_lat() {
     RDMX_SHM_DATA_PATH=mapped two send_lat 8 20000 >>"$out/send_lat_mapped"
     two send_lat 8 20000 >>"$out/send_lat"
-    memcpy
+}
+one_process() {
     one write_bw 65536 100000 >>"$out/one_write_64k"
     J="d['data_path']" one write_bw 65536 2000 >>"$out/one_path"
     RDMX_SHM_DATA_PATH=cma one write_bw 65536 100000 >>"$out/one_write_64k_cma"
     RDMX_SHM_DATA_PATH=ring one write_bw 65536 100000 >>"$out/one_write_64k_ring"
+}
+pair() { # anchor figures: in round $r
+    if ((r % 2)); then "$1"; "$2"; else "$2"; "$1"; fi
+}
+for r in $(seq "$ROUNDS"); do
+    pair put_64k write_64k
+    pair put_1m write_1m
+    pair get_64k read_64k
+    pair get_1m read_1m
+    pair put_8 write_8
+    pair put_lat write_lat
+    pair am_lat send_lat
+    pair memcpy one_process
     echo "round $r/$ROUNDS done" >&2
 done
 med() { sort -g "$out/$1" | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }

@@ -394,3 +394,55 @@ fn a_descriptor_to_a_side_that_keeps_to_the_ring() {
     open.read_at(0, &mut got).unwrap();
     assert!(got.iter().all(|&b| b == 0), "the open region changed");
 }
+
+#[test]
+fn rings_too_small_for_the_path_mtu() {
+    // The side that connects makes the rings, of its own size. A peer whose rings are
+    // smaller than the other side's path MTU needs (64 KiB rings, 64 KiB packets; a record
+    // may take half a ring) connects: that side's QP fails with a logged reason instead of
+    // sending records that do not fit, and its requests complete with an error.
+    let _ = logs::logs();
+    let opts = |ring| rdmx::shm::Options::default().ring_bytes(ring).direct(false);
+    let big = side_with(opts(4 << 20));
+    let be = big.qp.endpoint();
+    // The side with the smaller (QP number, PSN) connects and makes the rings.
+    let small = (0..1000)
+        .map(|_| side_with(opts(64 << 10)))
+        .find(|s| {
+            let se = s.qp.endpoint();
+            (se.qp_num, se.psn) < (be.qp_num, be.psn)
+        })
+        .expect("a small side that connects rather than waits");
+    let mtu = rdmx::Mtu::from_bytes(64 << 10);
+    big.qp
+        .connect(small.qp.endpoint(), &ConnectOptions::default().mtu(mtu))
+        .unwrap();
+    small
+        .qp
+        .connect(big.qp.endpoint(), &ConnectOptions::default())
+        .unwrap();
+    let src = big
+        .pd
+        .register(vec![7u8; 64 << 10], Access::LOCAL_WRITE)
+        .unwrap();
+    let inbox = small
+        .pd
+        .register(vec![0u8; 64 << 10], Access::LOCAL_WRITE)
+        .unwrap();
+    small
+        .qp
+        .post_recv(RecvRequest::new(1).sge(LocalSge::new(&inbox, 0, 64 << 10).unwrap()))
+        .unwrap();
+    // The big side's QP fails when the connection arrives; the SEND may be posted before
+    // or after that, and completes with an error either way.
+    let _ = big
+        .qp
+        .post_send(SendRequest::send(2).sge(LocalSge::new(&src, 0, 64 << 10).unwrap()));
+    let c = wait(&big.cq, "the SEND to fail");
+    assert_ne!(c.status, WcStatus::Success, "{c:?}");
+    assert_eq!(big.qp.state(), QpState::Err);
+    wait_logged("WARN", &["rings are too small for this QP's path MTU"]);
+    let mut got = vec![1u8; 64 << 10];
+    inbox.read_at(0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 0), "the receive buffer changed");
+}

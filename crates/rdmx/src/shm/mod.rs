@@ -333,6 +333,10 @@ fn wait_bounded(bound: Duration, mut done: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// The smallest rings a context makes ([`Options::ring_bytes`]).
+const MIN_RING: usize = 64 << 10;
+
+/// The largest path MTU rings of `ring_bytes` carry (a record may take half a ring).
 fn max_mtu(ring_bytes: usize) -> u32 {
     (ring_bytes / 4).min(1 << 20) as u32
 }
@@ -371,7 +375,7 @@ struct Device {
 impl Device {
     fn open(opts: &Options) -> Result<Device> {
         let ring_bytes = opts.ring_bytes;
-        if !ring_bytes.is_power_of_two() || !(64 << 10..=1 << 30).contains(&ring_bytes) {
+        if !ring_bytes.is_power_of_two() || !(MIN_RING..=1 << 30).contains(&ring_bytes) {
             return Err(Error::InvalidArgument(
                 "shm ring_bytes must be a power of two from 64 KiB to 1 GiB",
             ));

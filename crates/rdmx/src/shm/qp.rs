@@ -220,6 +220,19 @@ impl ShmQp {
 
     /// Gives the QP its connection.
     pub(crate) fn attach(&self, g: &mut Inner, conn: Conn) {
+        // The side that connects makes the rings, of its own size: this side's packets,
+        // up to its path MTU, must fit them.
+        let mtu = g.engine.attrs().path_mtu.bytes();
+        if mtu > super::max_mtu(conn.seg.cap()) {
+            tracing::warn!(
+                qpn = self.qpn,
+                ring_bytes = conn.seg.cap(),
+                mtu,
+                "the peer's rings are too small for this QP's path MTU; the QP fails"
+            );
+            g.fail(self.qpn, "the peer's rings are too small for the path MTU");
+            return;
+        }
         if let Err(e) = self
             .driver
             .epoll

@@ -75,6 +75,9 @@ pub(crate) enum RingError {
     /// Copying a descriptor's bytes out of the peer failed (the error): it named memory
     /// it does not have, or it exited.
     Pull(String),
+    /// A record of this many bytes, which this side would send, does not fit the rings:
+    /// they are smaller than the queue pair's path MTU needs.
+    TooLarge(usize),
 }
 
 impl std::fmt::Display for RingError {
@@ -88,6 +91,11 @@ impl std::fmt::Display for RingError {
                 f,
                 "copying a payload out of the peer's memory failed ({e}): the peer \
                  exited, or its descriptor names memory it does not have"
+            ),
+            RingError::TooLarge(n) => write!(
+                f,
+                "a record of {n} bytes does not fit the rings (each record may take at \
+                 most half a ring)"
             ),
         }
     }
@@ -158,6 +166,11 @@ impl Segment {
             return Err(bad("a segment that is not an rdmx ring pair"));
         }
         Ok(seg)
+    }
+
+    /// Ring capacity in bytes.
+    pub(crate) fn cap(&self) -> usize {
+        self.cap
     }
 
     fn map(fd: &OwnedFd, cap: usize) -> std::io::Result<Segment> {
@@ -294,10 +307,10 @@ impl Segment {
         let cap = self.cap;
         let base = REC_HDR + prefix_len;
         let worst = round16(base + 63 + payload_len);
-        assert!(
-            worst <= cap / 2 && prefix_len <= MAX_PREFIX,
-            "record too large for the ring"
-        );
+        // The peer made the rings: records sized by this side's path MTU may not fit them.
+        if worst > cap / 2 || prefix_len > MAX_PREFIX {
+            return Err(RingError::TooLarge(worst));
+        }
         // `cap` is a power of two (checked where the segment is made or opened): a mask, not
         // a division.
         let at = (p.tail & (cap as u64 - 1)) as usize;
@@ -506,11 +519,6 @@ impl Segment {
     pub(crate) fn layout(&self, ring: usize) -> (usize, usize) {
         (HEAD_OFF[ring], DATA_OFF + ring * self.cap)
     }
-
-    /// Ring capacity in bytes.
-    pub(crate) fn cap(&self) -> usize {
-        self.cap
-    }
 }
 
 #[cfg(test)]
@@ -626,6 +634,16 @@ mod tests {
             n += 1;
         }
         assert!(n >= 2);
+    }
+
+    #[test]
+    fn a_record_larger_than_half_a_ring_is_an_error() {
+        let (seg, _fd) = Segment::create(1 << 12).unwrap();
+        let mut p = Producer::default();
+        let got = seg.push(0, &mut p, false, 12, 2048, 0, |_, _| panic!("written"));
+        assert!(matches!(got, Err(RingError::TooLarge(n)) if n > 2048), "{got:?}");
+        // Nothing was written: a record that fits still goes.
+        assert!(seg.push(0, &mut p, false, 12, 1000, 0, |_, _| {}).unwrap());
     }
 
     #[test]

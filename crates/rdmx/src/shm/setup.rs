@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use super::qp::{Conn, ShmQp};
 use super::ring::Segment;
-use super::{hs_token, local_peer, mapped, socket_name, sys, Driver, HANDSHAKE_TIMEOUT};
+use super::{hs_token, local_peer, mapped, socket_name, sys, Driver, HANDSHAKE_TIMEOUT, MIN_RING};
 use crate::{Error, Result};
 
 const HELLO_MAGIC: &[u8; 8] = b"RDMXSHM3";
@@ -246,7 +246,10 @@ impl Driver {
         let (Some(memfd), Some(peer_event)) = (fds.next(), fds.next()) else {
             return Err("the hello lacks its descriptors".into());
         };
-        let cap = usize::try_from(cap).map_err(|_| "a ring size out of range".to_string())?;
+        let cap = usize::try_from(cap)
+            .ok()
+            .filter(|&c| c >= MIN_RING)
+            .ok_or_else(|| format!("a ring size out of range ({cap} bytes)"))?;
         let seg = Segment::open(&memfd, cap).map_err(|e| format!("the segment: {e}"))?;
         drop(memfd);
         let peer_probe = u64::from_be_bytes(hello[32..40].try_into().expect("8 bytes"));

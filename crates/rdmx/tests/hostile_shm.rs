@@ -446,3 +446,70 @@ fn rings_too_small_for_the_path_mtu() {
     inbox.read_at(0, &mut got).unwrap();
     assert!(got.iter().all(|&b| b == 0), "the receive buffer changed");
 }
+
+#[test]
+fn a_queue_pair_whose_peer_went_connects_again() {
+    // The peer exits (its QP and context go): the victim's QP fails; moved to RESET, it
+    // connects to a new peer, and the new connection's rings carry its packets from
+    // their start.
+    let (v, peer) = pair();
+    let inbox = v.pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
+    let src = v.pd.register(vec![3u8; 64], Access::LOCAL_WRITE).unwrap();
+    // Some traffic first, so that the old rings' positions are not at their start.
+    for i in 0..3 {
+        v.qp.post_send(SendRequest::send(i).sge(LocalSge::new(&src, 0, 64).unwrap()))
+            .unwrap();
+        let their = peer
+            .pd
+            .register(vec![0u8; 64], Access::LOCAL_WRITE)
+            .unwrap();
+        peer.qp
+            .post_recv(RecvRequest::new(i).sge(LocalSge::new(&their, 0, 64).unwrap()))
+            .unwrap();
+        assert_eq!(wait(&v.cq, "a SEND").status, WcStatus::Success);
+        assert_eq!(wait(&peer.cq, "a receive").status, WcStatus::Success);
+    }
+    drop(peer);
+    let start = Instant::now();
+    while v.qp.state() != QpState::Err {
+        assert!(start.elapsed() < DEADLINE, "the QP did not fail");
+        let _ = v.cq.poll_one().unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let reset = rdmx::QpAttr {
+        qp_state: QpState::Reset,
+        ..rdmx::QpAttr::default()
+    };
+    v.qp.modify(&reset, rdmx::QpAttrMask::STATE).unwrap();
+    let (v, peer) = connect(v, side(false));
+    let their = peer
+        .pd
+        .register(vec![0u8; 64], Access::LOCAL_WRITE)
+        .unwrap();
+    peer.qp
+        .post_recv(RecvRequest::new(7).sge(LocalSge::new(&their, 0, 64).unwrap()))
+        .unwrap();
+    v.qp.post_recv(RecvRequest::new(8).sge(LocalSge::new(&inbox, 0, 64).unwrap()))
+        .unwrap();
+    v.qp.post_send(SendRequest::send(9).sge(LocalSge::new(&src, 0, 64).unwrap()))
+        .unwrap();
+    let c = wait(&v.cq, "the SEND on the new connection");
+    assert_eq!((c.status, c.wr_id), (WcStatus::Success, 9), "{c:?}");
+    let c = wait(&peer.cq, "the receive on the new connection");
+    assert_eq!((c.status, c.wr_id), (WcStatus::Success, 7), "{c:?}");
+    let mut got = [0u8; 64];
+    their.read_at(0, &mut got).unwrap();
+    assert_eq!(got, [3u8; 64]);
+    // And the other way.
+    let back = peer
+        .pd
+        .register(vec![4u8; 64], Access::LOCAL_WRITE)
+        .unwrap();
+    peer.qp
+        .post_send(SendRequest::send(10).sge(LocalSge::new(&back, 0, 64).unwrap()))
+        .unwrap();
+    let c = wait(&v.cq, "the receive from the new peer");
+    assert_eq!((c.status, c.wr_id), (WcStatus::Success, 8), "{c:?}");
+    inbox.read_at(0, &mut got).unwrap();
+    assert_eq!(got, [4u8; 64]);
+}

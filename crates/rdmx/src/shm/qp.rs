@@ -247,6 +247,13 @@ impl ShmQp {
         }
         g.conn = Some(conn);
         g.expect_peer = None;
+        // A new segment (a QP may connect again after RESET): its rings start empty, the
+        // peer has not said it pulls, and its target word is 0 until the next progress
+        // step writes it.
+        g.prod = Producer::default();
+        g.cons = Consumer::default();
+        g.peer_pulls = false;
+        g.target_word = 0;
         self.driver.activate(self);
         if let (Some(c), Some(p)) = (g.conn.as_ref(), self.driver.published.as_ref()) {
             if c.mapped.is_some() {

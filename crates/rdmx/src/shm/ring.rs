@@ -641,7 +641,10 @@ mod tests {
         let (seg, _fd) = Segment::create(1 << 12).unwrap();
         let mut p = Producer::default();
         let got = seg.push(0, &mut p, false, 12, 2048, 0, |_, _| panic!("written"));
-        assert!(matches!(got, Err(RingError::TooLarge(n)) if n > 2048), "{got:?}");
+        assert!(
+            matches!(got, Err(RingError::TooLarge(n)) if n > 2048),
+            "{got:?}"
+        );
         // Nothing was written: a record that fits still goes.
         assert!(seg.push(0, &mut p, false, 12, 1000, 0, |_, _| {}).unwrap());
     }

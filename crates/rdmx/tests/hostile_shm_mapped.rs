@@ -15,7 +15,8 @@ use rdmx::shm::testing::{self, PeerMapping};
 use rdmx::shm::DRAIN_BOUND;
 use rdmx::{
     Access, Completion, CompletionQueue, ConnectOptions, Context, LocalSge, Mapping, MemoryRegion,
-    Pinning, ProtectionDomain, QpCaps, QueuePair, RemoteAddr, SendRequest, WcStatus,
+    Pinning, ProtectionDomain, QpAttr, QpAttrMask, QpCaps, QpState, QueuePair, RecvRequest,
+    RemoteAddr, SendRequest, WcStatus,
 };
 
 use logs::wait_logged;
@@ -142,7 +143,9 @@ fn a_stalled_claim_ends_with_the_memory_detached() {
     assert!(!m.is_shared(), "the memory was not detached");
     let before = bytes(&m);
     assert_eq!(&before[..64], &[9u8; 64], "the mapped WRITE landed");
-    assert!(peer.write(0, &[0xee; 4096]));
+    // SAFETY: the peer's mapping now views pages this process no longer uses (the test
+    // checks just that), and nothing else of the test touches it meanwhile.
+    assert!(unsafe { peer.write(0, &[0xee; 4096]) });
     assert_eq!(
         bytes(&m),
         before,
@@ -330,4 +333,87 @@ fn a_kept_lookup_grants_only_what_the_region_does() {
         assert_eq!(rdmx::shm::executed_at_post(&a.qp), Some(before), "{what}");
         drop(mr);
     }
+}
+
+/// Connections that come and go on a context whose published regions stay registered
+/// are not watched for ever: each watched one keeps its segment mapped.
+#[test]
+fn connections_that_went_are_not_watched() {
+    let target = side();
+    let m = Mapping::shared(LEN).unwrap();
+    let _mr = register(&target, &m, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    for _ in 0..6 {
+        let a = side();
+        let qp = target
+            .pd
+            .create_qp(&target.cq, &target.cq, QpCaps::default())
+            .unwrap();
+        let (ea, eb) = (a.qp.endpoint(), qp.endpoint());
+        a.qp.connect(eb, &ConnectOptions::default()).unwrap();
+        qp.connect(ea, &ConnectOptions::default()).unwrap();
+        let start = Instant::now();
+        while rdmx::shm::data_path(&qp).is_none() {
+            assert!(start.elapsed() < DEADLINE, "the shm connection never came");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(rdmx::shm::data_path(&qp), Some("mapped"));
+        drop(qp);
+        drop(a);
+    }
+    // The connection made last may still be watched; those before it went.
+    let n = testing::watched_connections(&target.ctx).unwrap();
+    assert!(n <= 1, "{n} connections watched");
+}
+
+/// A target queue pair whose initiator went (its QP failed) and that connects again, to
+/// a new initiator, says on its new connection that it accepts requests: the new initiator's WRITEs run on the mapped
+/// path as the first one's did.
+#[test]
+fn a_target_that_connects_again_accepts_mapped_requests() {
+    let (a, b, src, _m, mr) = writable_pair(LEN, 9);
+    let at = mr.remote().at(0);
+    write_until_mapped(&a, &src, at);
+    // The initiator goes: the target's QP fails when it sees the connection end.
+    drop(a);
+    let start = Instant::now();
+    while b.qp.state() != QpState::Err {
+        assert!(start.elapsed() < DEADLINE, "the target's QP did not fail");
+        let _ = b.cq.poll_one().unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let reset = QpAttr {
+        qp_state: QpState::Reset,
+        ..QpAttr::default()
+    };
+    b.qp.modify(&reset, QpAttrMask::STATE).unwrap();
+    let a2 = side();
+    let src2 = a2
+        .pd
+        .register(vec![9u8; 4096], Access::LOCAL_WRITE)
+        .unwrap();
+    let (ea, eb) = (a2.qp.endpoint(), b.qp.endpoint());
+    a2.qp.connect(eb, &ConnectOptions::default()).unwrap();
+    b.qp.connect(ea, &ConnectOptions::default()).unwrap();
+    let start = Instant::now();
+    while rdmx::shm::data_path(&a2.qp).is_none() || rdmx::shm::data_path(&b.qp).is_none() {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the new shm connection never came: {:?} {:?}",
+            rdmx::shm::data_path(&a2.qp),
+            rdmx::shm::data_path(&b.qp)
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    write_until_mapped(&a2, &src2, at);
+    // And the rings carry the new connection's packets.
+    let inbox = b.pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
+    b.qp.post_recv(RecvRequest::new(5).sge(LocalSge::new(&inbox, 0, 64).unwrap()))
+        .unwrap();
+    a2.qp
+        .post_send(SendRequest::send(6).sge(LocalSge::new(&src2, 0, 64).unwrap()))
+        .unwrap();
+    let c = wait(&a2.cq, "the SEND");
+    assert_eq!(c.status, WcStatus::Success, "{c:?}");
+    let c = wait(&b.cq, "the receive");
+    assert_eq!((c.status, c.wr_id), (WcStatus::Success, 5), "{c:?}");
 }

@@ -257,12 +257,15 @@ impl ShmQp {
         self.driver.activate(self);
         if let (Some(c), Some(p)) = (g.conn.as_ref(), self.driver.published.as_ref()) {
             if c.mapped.is_some() {
-                self.driver.watch.lock().push(mapped::Watch {
+                let mut watch = self.driver.watch.lock();
+                mapped::prune(&mut watch);
+                watch.push(mapped::Watch {
                     seg: c.seg.clone(),
                     sock: Arc::downgrade(&c.sock),
                     peer: 1 - c.side,
                     peer_gone: c.peer_gone.clone(),
                 });
+                drop(watch);
                 p.offer_all(&c.sock);
             }
         }

@@ -82,6 +82,14 @@ pub fn key_table_writable(ctx: &crate::Context) -> Option<bool> {
     Some(d.driver.published.as_ref()?.writable())
 }
 
+/// How many connections context `ctx` watches for claims on its published keys (each
+/// keeps its segment mapped); `None` for a context that does not run the mapped path.
+pub fn watched_connections(ctx: &crate::Context) -> Option<usize> {
+    let d = ctx.device().as_any().downcast_ref::<super::Device>()?;
+    d.driver.published.as_ref()?;
+    Some(d.driver.watch.lock().len())
+}
+
 /// Sets the length word of key `rkey`'s slot in the key table of context `ctx` to
 /// `len`, as a lying target would publish it. Returns whether the key was published.
 pub fn scribble_key_length(ctx: &crate::Context, rkey: u32, len: u64) -> bool {

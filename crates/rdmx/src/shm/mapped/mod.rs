@@ -97,7 +97,7 @@ mod peer;
 mod table;
 
 pub(crate) use peer::{execute, release, PeerView};
-pub(crate) use table::{Published, Watch};
+pub(crate) use table::{prune, Published, Watch};
 
 const TABLE_MAGIC: u64 = u64::from_be_bytes(*b"RDMXKEYS");
 /// Slots of a key table.
@@ -219,14 +219,21 @@ impl PeerMapping {
     }
 
     /// Writes `bytes` at byte `off` of the file; false if that lies outside it.
-    pub fn write(&self, off: usize, bytes: &[u8]) -> bool {
+    ///
+    /// # Safety
+    ///
+    /// Nothing of this process may access those bytes of the file while it writes them
+    /// (through a mapping of its own, or references into one): the call plays a peer
+    /// process, whose writes this process's code cannot see coming.
+    pub unsafe fn write(&self, off: usize, bytes: &[u8]) -> bool {
         if off
             .checked_add(bytes.len())
             .map_or(true, |e| e > self.0.len)
         {
             return false;
         }
-        // SAFETY: inside the mapping (checked); shared memory, written by copy only.
+        // SAFETY: inside the mapping (checked); shared memory, written by copy only, which
+        // nothing else accesses meanwhile (the caller's contract).
         unsafe { crate::provider::copy::copy(self.0.base.add(off), bytes.as_ptr(), bytes.len()) };
         true
     }

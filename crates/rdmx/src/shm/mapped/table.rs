@@ -258,14 +258,40 @@ pub(crate) struct Watch {
     pub(crate) peer_gone: Arc<std::sync::atomic::AtomicBool>,
 }
 
+impl Watch {
+    /// The peer's claim word, and the connection's socket if it is still there. The
+    /// socket is looked at first: a connection that went zeroed its target word before
+    /// its socket went (`Conn::drop`), so a peer that claimed in time to copy shows its
+    /// claim here, and one that claims later sees the zero and backs off.
+    fn claim(&self) -> (u64, Option<Arc<UnixStream>>) {
+        let sock = self.sock.upgrade();
+        if sock.is_none() {
+            // The failed upgrade read the socket's last release: the fence makes what
+            // the connection did before it (the zeroed target word) happen before the
+            // load below.
+            fence(Ordering::SeqCst);
+        }
+        (self.seg.claim_word(self.peer).load(Ordering::SeqCst), sock)
+    }
+}
+
+/// Forgets the watched connections that went and claim nothing (each keeps its segment
+/// mapped): called as connections come, so that a context whose published regions are
+/// never deregistered does not keep every connection it ever had.
+pub(crate) fn prune(watch: &mut Vec<Watch>) {
+    watch.retain(|w| {
+        let (claim, sock) = w.claim();
+        sock.is_some() || claim != 0
+    });
+}
+
 /// Waits until no watched connection claims `tag`, for at most `bound`; forgets
 /// connections that are gone and claim nothing. Returns whether the claims went.
 fn drain(watch: &Mutex<Vec<Watch>>, tag: u64, bound: Duration) -> bool {
     crate::shm::wait_bounded(bound, || {
         let mut busy = false;
         watch.lock().retain(|w| {
-            let claim = w.seg.claim_word(w.peer).load(Ordering::SeqCst);
-            let sock = w.sock.upgrade();
+            let (claim, sock) = w.claim();
             if claim == tag {
                 // A peer that closed its socket holds no claims.
                 if w.peer_gone.load(Ordering::SeqCst)

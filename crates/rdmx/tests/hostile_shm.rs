@@ -417,10 +417,11 @@ fn rings_too_small_for_the_path_mtu() {
     big.qp
         .connect(small.qp.endpoint(), &ConnectOptions::default().mtu(mtu))
         .unwrap();
-    small
+    // (The small side sees its connection end as soon as the big side fails: it may
+    // have failed before it reached RTS, which connect then reports.)
+    let _ = small
         .qp
-        .connect(big.qp.endpoint(), &ConnectOptions::default())
-        .unwrap();
+        .connect(big.qp.endpoint(), &ConnectOptions::default());
     let src = big
         .pd
         .register(vec![7u8; 64 << 10], Access::LOCAL_WRITE)
@@ -512,4 +513,61 @@ fn a_queue_pair_whose_peer_went_connects_again() {
     assert_eq!((c.status, c.wr_id), (WcStatus::Success, 8), "{c:?}");
     inbox.read_at(0, &mut got).unwrap();
     assert_eq!(got, [4u8; 64]);
+}
+
+/// What a peer writes on the connection's socket: a wake-up is harmless; anything else
+/// (a message that is not rdmx's, a short one) fails the victim's QP with a logged reason
+/// and its requests with an error.
+#[test]
+fn garbage_on_the_connection_socket() {
+    for (bytes, reason) in [
+        (&b"HELLO THERE, THIS IS NOT RDMX!!"[..24], "not rdmx's"),
+        (&b"x"[..], "a short message"),
+    ] {
+        let (v, peer) = pair();
+        let inbox = v.pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
+        v.qp.post_recv(RecvRequest::new(1).sge(LocalSge::new(&inbox, 0, 64).unwrap()))
+            .unwrap();
+        // A wake-up changes nothing.
+        let mut wake = [0u8; 24];
+        wake[..8].copy_from_slice(b"RDMXWAKE");
+        rdmx::shm::testing::send_on_socket(&peer.qp, &wake).unwrap();
+        quiet(
+            &v.cq,
+            Duration::from_millis(50),
+            "a completion after a wake-up",
+        );
+        assert_eq!(v.qp.state(), QpState::Rts);
+        rdmx::shm::testing::send_on_socket(&peer.qp, bytes).unwrap();
+        let c = wait(&v.cq, "the receive to fail");
+        assert_ne!(c.status, WcStatus::Success, "{c:?}");
+        assert_eq!(c.wr_id, 1);
+        assert_eq!(v.qp.state(), QpState::Err);
+        wait_logged("WARN", &["closing the shared-memory connection", reason]);
+    }
+}
+
+/// A side whose driver sleeps (its application does not poll, nothing arrived for a
+/// while) is woken by a message on the connection's socket when a packet comes for it,
+/// and the packet is taken.
+#[test]
+fn a_sleeping_side_is_woken_through_its_socket() {
+    let (a, b) = pair();
+    let inbox = b.pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
+    let src = a.pd.register(vec![5u8; 64], Access::LOCAL_WRITE).unwrap();
+    b.qp.post_recv(RecvRequest::new(1).sge(LocalSge::new(&inbox, 0, 64).unwrap()))
+        .unwrap();
+    // Nothing to do for a while: both drivers go to sleep.
+    std::thread::sleep(Duration::from_millis(300));
+    let before = rdmx::shm::testing::wakes_read(&b._ctx).unwrap();
+    a.qp.post_send(SendRequest::send(2).sge(LocalSge::new(&src, 0, 64).unwrap()))
+        .unwrap();
+    let c = wait(&a.cq, "the SEND");
+    assert_eq!(c.status, WcStatus::Success, "{c:?}");
+    assert!(
+        rdmx::shm::testing::wakes_read(&b._ctx).unwrap() > before,
+        "the receiving side was not woken through its socket"
+    );
+    let c = wait(&b.cq, "the receive");
+    assert_eq!((c.status, c.wr_id), (WcStatus::Success, 1), "{c:?}");
 }

@@ -68,6 +68,8 @@ pub(crate) struct Driver {
     /// The progress thread sleeps in `epoll_wait`.
     pub(super) sleeping: AtomicBool,
     pub(super) rounds: AtomicU32,
+    /// Wake-ups read from connections' sockets (a peer woke this side's driver).
+    pub(super) wakes: AtomicU32,
     /// Who runs rounds: polling applications or the progress thread.
     pub(super) handover: Handover,
     pub(super) stop: AtomicBool,
@@ -147,6 +149,7 @@ impl Driver {
             running: Mutex::new(()),
             sleeping: AtomicBool::new(false),
             rounds: AtomicU32::new(0),
+            wakes: AtomicU32::new(0),
             handover: Handover::new(),
             stop: AtomicBool::new(false),
             // QP numbers 0 and 1 are special in InfiniBand.
@@ -404,19 +407,21 @@ impl Driver {
                         let mut g = qp.inner.lock();
                         let hung_up = g.conn.as_ref().is_some_and(|c| sys::hung_up(&c.sock));
                         let mut gone = hung_up;
-                        if let Some(Conn {
-                            sock,
-                            mapped: Some(view),
-                            ..
-                        }) = g.conn.as_mut()
-                        {
-                            // Files the peer hands over, or takes back (`mapped`).
-                            if let Err(e) = view.receive(sock) {
-                                if !gone {
-                                    tracing::warn!(qpn = qp.qpn, "shm mapped: {e}");
+                        // Wake-ups, and files the peer hands over or takes back (`mapped`).
+                        match g.conn.as_mut().map(Conn::read_messages) {
+                            Some(Ok(wakes)) => {
+                                self.wakes.fetch_add(wakes, Ordering::Relaxed);
+                            }
+                            Some(Err(e)) => {
+                                if !gone && e.kind() != std::io::ErrorKind::UnexpectedEof {
+                                    tracing::warn!(
+                                        qpn = qp.qpn,
+                                        "closing the shared-memory connection: {e}"
+                                    );
                                 }
                                 gone = true;
                             }
+                            None => {}
                         }
                         if gone {
                             if let Some(c) = g.conn.as_ref().filter(|_| hung_up) {

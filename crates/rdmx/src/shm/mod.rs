@@ -93,12 +93,17 @@
 //! the smaller (QP number, PSN) connects to the other's socket, checks with
 //! `SO_PEERCRED` that the listener runs as the same user (or one in
 //! [`Options::allowed_uids`]), and sends a hello (both QP
-//! numbers, the secret of the QP it wants, the ring size) with the segment's memfd and
-//! its context's wake-up eventfd. The listening side checks the peer's user, the secret
-//! and the segment (size, seals), answers with its own eventfd, and closes its copy of
-//! the memfd; a connection that fails any check is closed and logged. The socket stays
-//! open: its end tells either side that the other has gone (exited, or was killed), and
-//! the queue pair then goes to the error state with its requests flushed.
+//! numbers, the secret of the QP it wants, the ring size) with the segment's memfd. The
+//! listening side checks the peer's user, the secret and the segment (size, seals, rings
+//! of at least 64 KiB; rings too small for its path MTU fail the QP), answers, and
+//! closes its copy of the memfd; a connection that fails any check is closed and logged.
+//! The socket stays open: its end tells either side that the other has gone (exited, or
+//! was killed), and the queue pair then goes to the error state with its requests
+//! flushed. It carries the wake-ups (below) and, on the `mapped` path, files; anything
+//! else a peer writes there fails the queue pair. Neither side ever writes to a
+//! descriptor the other holds: one a peer shares can be made to block (its mode belongs
+//! to the peer too, and an eventfd or pipe it fills blocks a writer), while a send on
+//! one's own socket end with `MSG_DONTWAIT` never waits.
 //!
 //! ## UD
 //!
@@ -124,8 +129,8 @@
 //! connected QP's incoming ring once. A progress thread takes over while nobody polls, so
 //! one-sided operations complete while the target application does nothing: it spins
 //! while there is work, then sleeps in `epoll_wait` after raising a flag in every segment;
-//! a peer that puts a packet in (or frees room in) a ring whose reader sleeps writes its
-//! eventfd.
+//! a peer that puts a packet in (or frees room in) a ring whose reader sleeps sends a
+//! wake-up on the connection's socket, which that reader's epoll watches.
 
 pub use crate::provider::copy::{copy_method, copy_slice, large_copy_method};
 mod desc;

@@ -1,7 +1,7 @@
 //! A queue pair of the shm provider: the RC engine and its connection, a ring in each
 //! direction of a shared segment.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -31,15 +31,16 @@ pub(crate) const PULL_MIN: usize = 16 << 10;
 /// costs less than a second copy through the ring from a few KiB up.
 pub(crate) const DIRECT_MIN: usize = 4 << 10;
 
-/// A connection: the segment, which side of it this QP is, the socket that tells when
-/// the peer goes away, and the peer's wake-up eventfd.
+/// A connection: the segment, which side of it this QP is, and the socket that tells
+/// when the peer goes away and carries wake-ups.
 #[derive(Debug)]
 pub(crate) struct Conn {
     pub(crate) seg: Arc<Segment>,
     /// 0: the side that created the segment; this side sends on ring `side`.
     pub(crate) side: usize,
+    /// The connection's socket: the peer's end tells of its exit (end of stream), and
+    /// carries wake-ups and (on the `mapped` path) files; see [`Conn::read_messages`].
     pub(crate) sock: Arc<UnixStream>,
-    pub(crate) peer_event: OwnedFd,
     /// The peer process (as the kernel names it, `SO_PEERCRED`).
     pub(crate) peer_pid: i32,
     /// This side reads descriptor records: it can copy out of the peer's memory.
@@ -66,7 +67,53 @@ impl Drop for Conn {
     }
 }
 
+/// A wake-up on a connection's socket: the side that sleeps waits on its sockets (and
+/// nothing of the peer's: a descriptor the peer shares could be made to block).
+const WAKE_MAGIC: &[u8; 8] = b"RDMXWAKE";
+
+/// Most messages read from a connection's socket in one go: a peer that keeps sending
+/// does not keep the driver reading.
+const MSGS_PER_READ: usize = 64;
+
 impl Conn {
+    /// Wakes the peer, which sleeps: one message on the socket, never waiting (a peer
+    /// that leaves its socket full has messages to wake it already).
+    fn wake_peer(&self) {
+        let mut msg = [0u8; mapped::MSG_LEN];
+        msg[..8].copy_from_slice(WAKE_MAGIC);
+        let _ = sys::send_nowait(&self.sock, &msg);
+    }
+
+    /// Reads the messages waiting on the connection's socket: wake-ups (returns how many),
+    /// and on the `mapped` path files handed over or taken back. Anything else, a short
+    /// message included, is an error that ends the connection
+    /// ([`std::io::ErrorKind::UnexpectedEof`]: the peer closed its end).
+    pub(crate) fn read_messages(&mut self) -> std::io::Result<u32> {
+        let mut wakes = 0;
+        for _ in 0..MSGS_PER_READ {
+            let mut msg = [0u8; mapped::MSG_LEN];
+            let fds = match sys::recv_with_fds(&self.sock, &mut msg) {
+                Ok(fds) => fds,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(wakes),
+                Err(e) => return Err(e),
+            };
+            if &msg[..8] == WAKE_MAGIC && msg[8..].iter().all(|&b| b == 0) && fds.is_empty() {
+                wakes += 1;
+                continue;
+            }
+            match self.mapped.as_mut() {
+                Some(view) => view.handle(&msg, fds)?,
+                None => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "a message on the connection's socket that is not rdmx's",
+                    ))
+                }
+            }
+        }
+        Ok(wakes)
+    }
+
     /// How payloads move on this connection: `cma` when both sides copy large payloads
     /// straight out of the other's memory, `ring` when neither does, `cma+ring` when only
     /// one side can.
@@ -458,7 +505,7 @@ impl Inner {
         self.wake_due = false;
         if let Some(c) = self.conn.as_ref() {
             if c.seg.take_asleep(1 - c.side) {
-                sys::signal(c.peer_event.as_raw_fd());
+                c.wake_peer();
             }
         }
     }

@@ -1,5 +1,7 @@
-//! Connection setup: the hello on a new connection's socket, with the segment's memfd,
-//! the eventfds and (on the `mapped` data path) the key tables, and its checks.
+//! Connection setup: the hello on a new connection's socket, with the segment's memfd
+//! and (on the `mapped` data path) the key tables, and its checks. After it, the socket
+//! carries wake-ups and files (see `Conn::read_messages`); no descriptor either side
+//! writes to is shared (a peer could make it block).
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
@@ -12,9 +14,9 @@ use super::ring::Segment;
 use super::{hs_token, local_peer, mapped, socket_name, sys, Driver, HANDSHAKE_TIMEOUT, MIN_RING};
 use crate::{Error, Result};
 
-const HELLO_MAGIC: &[u8; 8] = b"RDMXSHM3";
+const HELLO_MAGIC: &[u8; 8] = b"RDMXSHM4";
 const HELLO_LEN: usize = 44;
-const REPLY_MAGIC: &[u8; 8] = b"RDMXSHOK";
+const REPLY_MAGIC: &[u8; 8] = b"RDMXSHK4";
 const REPLY_LEN: usize = 16;
 
 impl Driver {
@@ -59,7 +61,7 @@ impl Driver {
         hello[24..32].copy_from_slice(&(ring_bytes as u64).to_be_bytes());
         hello[32..40].copy_from_slice(&self.probe_addr().to_be_bytes());
         hello[40..44].copy_from_slice(&self.id.to_be_bytes());
-        let mut fds = vec![memfd.as_raw_fd(), self.event.as_raw_fd()];
+        let mut fds = vec![memfd.as_raw_fd()];
         fds.extend(self.published.as_ref().map(|p| p.fd().as_raw_fd()));
         sys::send_with_fds(&s, &hello, &fds).map_err(|e| Error::Io("send the shm hello", e))?;
         let mut reply = [0u8; REPLY_LEN];
@@ -71,10 +73,10 @@ impl Driver {
         })?;
         // The peer has its copy: ours goes (a memfd has no name to unlink).
         drop(memfd);
-        let mut fds = fds.into_iter();
-        let (true, Some(peer_event)) = (&reply[..8] == REPLY_MAGIC, fds.next()) else {
+        if &reply[..8] != REPLY_MAGIC {
             return Err(Error::Protocol("the shm peer's answer is not rdmx's"));
-        };
+        }
+        let mut fds = fds.into_iter();
         let mapped = self.peer_view(qp.qpn, fds.next());
         let peer_probe = u64::from_be_bytes(reply[8..16].try_into().expect("8 bytes"));
         let (direct, peer_qp) = local_peer(self.direct, peer_pid, peer.dev, peer.qpn);
@@ -91,7 +93,6 @@ impl Driver {
                 seg: Arc::new(seg),
                 side: 0,
                 sock: Arc::new(s),
-                peer_event,
                 peer_pid,
                 pulls,
                 direct,
@@ -243,8 +244,8 @@ impl Driver {
             ));
         }
         let mut fds = fds.into_iter();
-        let (Some(memfd), Some(peer_event)) = (fds.next(), fds.next()) else {
-            return Err("the hello lacks its descriptors".into());
+        let Some(memfd) = fds.next() else {
+            return Err("the hello lacks the segment".into());
         };
         let cap = usize::try_from(cap)
             .ok()
@@ -262,14 +263,12 @@ impl Driver {
         let mut reply = [0u8; REPLY_LEN];
         reply[..8].copy_from_slice(REPLY_MAGIC);
         reply[8..16].copy_from_slice(&self.probe_addr().to_be_bytes());
-        let mut out = vec![self.event.as_raw_fd()];
-        out.extend(self.published.as_ref().map(|p| p.fd().as_raw_fd()));
+        let out: Vec<_> = self.published.iter().map(|p| p.fd().as_raw_fd()).collect();
         sys::send_with_fds(&s, &reply, &out).map_err(|e| format!("answer: {e}"))?;
         let conn = Conn {
             seg: Arc::new(seg),
             side: 1,
             sock: Arc::new(s),
-            peer_event,
             peer_pid: pid,
             pulls,
             direct,

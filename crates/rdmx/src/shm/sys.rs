@@ -313,6 +313,32 @@ pub(crate) fn send_with_fds(s: &UnixStream, bytes: &[u8], fds: &[RawFd]) -> io::
     }
 }
 
+/// Sends `bytes` on `s` without waiting: fails (`WouldBlock`) rather than wait for room,
+/// whatever the socket's mode.
+pub(crate) fn send_nowait(s: &UnixStream, bytes: &[u8]) -> io::Result<()> {
+    loop {
+        // SAFETY: send reads `bytes.len()` bytes from `bytes` for the call.
+        let n = unsafe {
+            libc::send(
+                s.as_raw_fd(),
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n >= 0 {
+            return match n as usize == bytes.len() {
+                true => Ok(()),
+                false => Err(io::Error::new(io::ErrorKind::WriteZero, "short send")),
+            };
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// Receives one message of exactly `buf.len()` bytes and the descriptors it carries (at
 /// most [`MAX_FDS`]; more, or a short message, is an error — the descriptors are closed).
 pub(crate) fn recv_with_fds(s: &UnixStream, buf: &mut [u8]) -> io::Result<Vec<OwnedFd>> {
@@ -362,10 +388,16 @@ pub(crate) fn recv_with_fds(s: &UnixStream, buf: &mut [u8]) -> io::Result<Vec<Ow
             "too many descriptors",
         ));
     }
-    if n != buf.len() {
+    if n == 0 {
         return Err(io::Error::new(
             io::ErrorKind::UnexpectedEof,
-            "short or missing message",
+            "end of stream",
+        ));
+    }
+    if n != buf.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a short message",
         ));
     }
     Ok(fds)

@@ -36,6 +36,17 @@ pub fn stall_claim(qp: &QueuePair, rkey: u32) -> Result<()> {
     })
 }
 
+/// Sends `bytes` on the socket of `qp`'s connection, as a peer could write anything
+/// there: its peer reads them.
+pub fn send_on_socket(qp: &QueuePair, bytes: &[u8]) -> Result<()> {
+    with_conn(qp, |c| {
+        use std::io::Write;
+        (&*c.sock)
+            .write_all(bytes)
+            .map_err(|e| Error::Io("write the connection's socket", e))
+    })
+}
+
 /// Raises `qp`'s copying flag, as a queue pair does while it copies a payload out of
 /// its peer's memory (a descriptor record's), and leaves it raised: what a peer stopped
 /// mid-copy leaves in the segment. [`end_copy`] lowers it.
@@ -132,6 +143,13 @@ pub fn scribble_incoming(qp: &QueuePair, bytes: &[u8]) -> Result<()> {
 pub fn progress_rounds(ctx: &crate::Context) -> Option<u32> {
     let d = ctx.device().as_any().downcast_ref::<super::Device>()?;
     Some(d.driver.rounds.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// How many wake-ups context `ctx`'s driver read from its connections' sockets (a peer
+/// found it asleep and woke it).
+pub fn wakes_read(ctx: &crate::Context) -> Option<u32> {
+    let d = ctx.device().as_any().downcast_ref::<super::Device>()?;
+    Some(d.driver.wakes.load(std::sync::atomic::Ordering::Relaxed))
 }
 
 /// Whether this process has measured both copy methods ([`super::copy_method`] and

@@ -108,11 +108,13 @@ const TABLE_HDR: usize = 64;
 const TABLE_LEN: usize = TABLE_HDR + SLOTS * SLOT;
 /// How long deregistration waits for a peer's claim to go before it detaches the memory.
 pub const DRAIN_BOUND: Duration = Duration::from_secs(1);
-/// A message on a connection's socket: a file to map (with its descriptor)...
+/// A message on a connection's socket (each is [`MSG_LEN`] bytes): a file to map (with
+/// its descriptor)...
 const FILE_MAGIC: &[u8; 8] = b"RDMXMFD1";
 /// ... or one to unmap: magic, file id, length (bytes).
 const FORGET_MAGIC: &[u8; 8] = b"RDMXMFD0";
-const MSG_LEN: usize = 24;
+/// Bytes of every message on a connection's socket after the hello.
+pub(crate) const MSG_LEN: usize = 24;
 /// Most files a peer may hand over on one connection (each is a mapping of this
 /// process); more ends the connection.
 const MAX_FILES: usize = 4096;

@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixStream;
 use std::sync::atomic::{fence, Ordering};
 
 use rdmx_core::{Access, QpType, SendWr};
@@ -94,43 +93,40 @@ impl PeerView {
         })
     }
 
-    /// Reads the messages waiting on the connection's socket. An error (a message that
-    /// is not rdmx's, a file that cannot be mapped, the socket's end) ends the
-    /// connection.
-    pub(crate) fn receive(&mut self, sock: &UnixStream) -> std::io::Result<()> {
+    /// Handles a message of the peer's on the connection's socket that is not a wake-up:
+    /// a file handed over (`fd`) or taken back. An error (a message that is not rdmx's, a
+    /// file that cannot be mapped) ends the connection.
+    pub(crate) fn handle(&mut self, msg: &[u8; MSG_LEN], fds: Vec<OwnedFd>) -> std::io::Result<()> {
         let bad = |why| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
-        loop {
-            let mut msg = [0u8; MSG_LEN];
-            let fds = match sys::recv_with_fds(sock, &mut msg) {
-                Ok(fds) => fds,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) => return Err(e),
-            };
-            let id = u64::from_ne_bytes(msg[8..16].try_into().expect("8 bytes"));
-            // The look-up kept may point into the file this message replaces or forgets.
-            self.last = None;
-            let mut fds = fds.into_iter();
-            match (&msg[..8], fds.next(), fds.next()) {
-                (m, Some(fd), None) if m == FILE_MAGIC => {
-                    if !sys::sealed(&fd) {
-                        return Err(bad("a file whose size is not sealed"));
-                    }
-                    if self.files.len() >= MAX_FILES && !self.files.contains_key(&id) {
-                        return Err(bad("more files than a connection maps"));
-                    }
-                    let len = sys::file_size(&fd)?;
-                    let len = usize::try_from(len)
-                        .ok()
-                        .filter(|&n| n > 0 && n <= isize::MAX as usize)
-                        .ok_or_else(|| bad("a file of a bad size"))?;
-                    self.files.insert(id, Map::new(&fd, len, true)?);
+        let id = u64::from_ne_bytes(msg[8..16].try_into().expect("8 bytes"));
+        // The look-up kept may point into the file this message replaces or forgets.
+        self.last = None;
+        let mut fds = fds.into_iter();
+        match (&msg[..8], fds.next(), fds.next()) {
+            (m, Some(fd), None) if m == FILE_MAGIC => {
+                if !sys::sealed(&fd) {
+                    return Err(bad("a file whose size is not sealed"));
                 }
-                (m, None, None) if m == FORGET_MAGIC => {
-                    self.files.remove(&id);
+                if self.files.len() >= MAX_FILES && !self.files.contains_key(&id) {
+                    return Err(bad("more files than a connection maps"));
                 }
-                _ => return Err(bad("a message that is not rdmx's")),
+                let len = sys::file_size(&fd)?;
+                let len = usize::try_from(len)
+                    .ok()
+                    .filter(|&n| n > 0 && n <= isize::MAX as usize)
+                    .ok_or_else(|| bad("a file of a bad size"))?;
+                self.files.insert(id, Map::new(&fd, len, true)?);
+            }
+            (m, None, None) if m == FORGET_MAGIC => {
+                self.files.remove(&id);
+            }
+            _ => {
+                return Err(bad(
+                    "a message on the connection's socket that is not rdmx's",
+                ))
             }
         }
+        Ok(())
     }
 }
 

@@ -3,6 +3,9 @@
 //! under another user (nobody, uid 65534), which needs root; without root it says so and
 //! checks only that its own user is admitted.
 
+#[path = "common/logs.rs"]
+mod logs;
+
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
@@ -14,6 +17,8 @@ use rdmx::{
 };
 
 const CHILD_ENV: &str = "RDMX_TEST_SHM_USERS_CHILD";
+/// The child connects to the listener this many times and sends nothing.
+const STRANGER_ENV: &str = "RDMX_TEST_SHM_USERS_STRANGER";
 /// The user the peer allows besides its own.
 const ALLOW_ENV: &str = "RDMX_TEST_SHM_USERS_ALLOW";
 const NOBODY: u32 = 65534;
@@ -160,11 +165,126 @@ fn euid() -> u32 {
     line.split_whitespace().nth(2).unwrap().parse().unwrap()
 }
 
+/// The stranger: reads the test's endpoint, connects to its listener `n` times without
+/// a word, prints `done`, and waits for its stdin to close.
+fn stranger(n: usize) {
+    let mut input = BufReader::new(std::io::stdin());
+    let mut line = String::new();
+    input.read_line(&mut line).unwrap();
+    let e = from_line(&line, &side(rdmx::shm::Options::default()).qp.endpoint());
+    let held: Vec<_> = (0..n)
+        .filter_map(|_| rdmx::shm::testing::connect_listener(&e).ok())
+        .collect();
+    println!("done {}", held.len());
+    std::io::stdout().flush().unwrap();
+    line.clear();
+    let _ = input.read_line(&mut line);
+}
+
 #[test]
 fn child_entry() {
-    if std::env::var_os(CHILD_ENV).is_some() {
+    if let Some(n) = std::env::var(STRANGER_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        stranger(n);
+    } else if std::env::var_os(CHILD_ENV).is_some() {
         child();
     }
+}
+
+/// Until `f` holds, for at most a few seconds.
+fn eventually(what: &str, f: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A process of another user connects to the listener 200 times and sends nothing:
+/// each connection is closed when accepted (none waits for a hello), and the listener
+/// still admits this user's peer.
+#[test]
+fn strangers_are_closed_when_accepted() {
+    if euid() != 0 {
+        eprintln!("not root: cannot run a peer as another user");
+        return;
+    }
+    let _ = logs::logs();
+    let s = side(rdmx::shm::Options::default());
+    let exe = std::env::current_exe().unwrap();
+    let mut peer = Command::new(exe)
+        .env(STRANGER_ENV, "200")
+        .arg("--exact")
+        .arg("child_entry")
+        .arg("--nocapture")
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn the stranger");
+    let mut out = BufReader::new(peer.stdout.take().unwrap());
+    let mut stdin = peer.stdin.take().unwrap();
+    writeln!(stdin, "{}", to_line(&s.qp.endpoint())).unwrap();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the stranger exited");
+        if line.starts_with("done") {
+            break;
+        }
+    }
+    logs::wait_logged(
+        "WARN",
+        &["refusing an shm connection from a process of another user"],
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(rdmx::shm::testing::handshakes_waiting(&s._ctx), Some(0));
+    drop(stdin);
+    let _ = peer.wait();
+    assert!(write_to_peer_as(euid(), rdmx::shm::Options::default()));
+}
+
+/// Connections of this user that send no hello: at most 64 wait at once (each new one
+/// closes the one that waited longest), and a peer that sends its hello still connects.
+#[test]
+fn connections_without_a_hello_are_bounded() {
+    let _ = logs::logs();
+    let a = side(rdmx::shm::Options::default());
+    let b = side(rdmx::shm::Options::default());
+    let idle: Vec<_> = (0..100)
+        .map(|_| rdmx::shm::testing::connect_listener(&b.qp.endpoint()).unwrap())
+        .collect();
+    eventually("the listener took the connections", || {
+        rdmx::shm::testing::handshakes_waiting(&b._ctx) == Some(64)
+    });
+    logs::wait_logged("WARN", &["closing an shm connection that sent no hello"]);
+    let (ea, eb) = (a.qp.endpoint(), b.qp.endpoint());
+    a.qp.connect(eb, &ConnectOptions::default()).unwrap();
+    b.qp.connect(ea, &ConnectOptions::default()).unwrap();
+    let dst =
+        b.pd.register(vec![0u8; 4096], Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    let src = a.pd.register(vec![7u8; 4096], Access::LOCAL_WRITE).unwrap();
+    a.qp.post_send(
+        SendRequest::write(
+            1,
+            RemoteAddr {
+                addr: dst.addr() as u64,
+                rkey: dst.rkey(),
+            },
+        )
+        .sge(LocalSge::new(&src, 0, 4096).unwrap()),
+    )
+    .unwrap();
+    eventually("the WRITE to complete", || {
+        a.cq.poll_one()
+            .unwrap()
+            .is_some_and(|c| c.status == WcStatus::Success)
+    });
+    drop(idle);
 }
 
 #[test]

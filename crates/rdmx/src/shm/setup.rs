@@ -18,6 +18,8 @@ const HELLO_MAGIC: &[u8; 8] = b"RDMXSHM4";
 const HELLO_LEN: usize = 44;
 const REPLY_MAGIC: &[u8; 8] = b"RDMXSHK4";
 const REPLY_LEN: usize = 16;
+/// Most connections that wait for their hello at once.
+const MAX_HANDSHAKES: usize = 64;
 
 impl Driver {
     /// Establishes the connection of `qp`, which just entered RTR: with a peer bound and
@@ -173,11 +175,44 @@ impl Driver {
         Ok(())
     }
 
+    /// Takes the connections waiting on the listener. Any process may connect to a socket
+    /// in the abstract namespace: one of a user this context does not admit is closed at
+    /// once, and at most [`MAX_HANDSHAKES`] connections wait for their hello (a new one
+    /// closes the one that waited longest), so that no peer can take all of this
+    /// process's descriptors.
     pub(super) fn accept(&self) {
         loop {
             match self.listener.accept() {
                 Ok((s, _)) => {
+                    match sys::peer_cred(&s) {
+                        Ok((uid, _)) if self.allows(uid) => {}
+                        Ok((uid, pid)) => {
+                            tracing::warn!(
+                                uid,
+                                pid,
+                                "refusing an shm connection from a process of another user \
+                                 (not in allowed_uids)"
+                            );
+                            continue;
+                        }
+                        Err(e) => {
+                            tracing::warn!("refusing an shm connection: SO_PEERCRED: {e}");
+                            continue;
+                        }
+                    }
                     let mut hs = self.handshakes.lock();
+                    if hs.len() >= MAX_HANDSHAKES {
+                        // The one that waited longest goes: a peer that connects and sends
+                        // its hello at once gets through, whoever else keeps connecting.
+                        if let Some(k) = hs.iter().min_by_key(|(_, h)| h.1).map(|(k, _)| k) {
+                            let (old, _) = hs.remove(k);
+                            self.epoll.remove(old.as_raw_fd());
+                            tracing::warn!(
+                                "closing an shm connection that sent no hello: \
+                                 {MAX_HANDSHAKES} connections wait for theirs"
+                            );
+                        }
+                    }
                     let entry = hs.vacant_entry();
                     if s.set_nonblocking(true).is_ok()
                         && self.epoll.add(s.as_raw_fd(), hs_token(entry.key())).is_ok()

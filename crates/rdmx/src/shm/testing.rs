@@ -145,6 +145,24 @@ pub fn progress_rounds(ctx: &crate::Context) -> Option<u32> {
     Some(d.driver.rounds.load(std::sync::atomic::Ordering::Relaxed))
 }
 
+/// How many connections to context `ctx`'s listener wait for their hello.
+pub fn handshakes_waiting(ctx: &crate::Context) -> Option<usize> {
+    let d = ctx.device().as_any().downcast_ref::<super::Device>()?;
+    Some(d.driver.handshakes.lock().len())
+}
+
+/// Connects to the listener of the context `peer` names, as any local process can, and
+/// sends nothing.
+pub fn connect_listener(peer: &crate::QpEndpoint) -> Result<std::os::unix::net::UnixStream> {
+    use std::os::linux::net::SocketAddrExt;
+    let crate::PeerAddr::Unix { pid, id } = peer.addr else {
+        return Err(Error::InvalidArgument("not an shm endpoint"));
+    };
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(super::socket_name(pid, id))
+        .map_err(|e| Error::Io("socket name", e))?;
+    std::os::unix::net::UnixStream::connect_addr(&addr).map_err(|e| Error::Io("connect", e))
+}
+
 /// How many wake-ups context `ctx`'s driver read from its connections' sockets (a peer
 /// found it asleep and woke it).
 pub fn wakes_read(ctx: &crate::Context) -> Option<u32> {

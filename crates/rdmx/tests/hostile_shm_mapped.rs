@@ -417,3 +417,33 @@ fn a_target_that_connects_again_accepts_mapped_requests() {
     let c = wait(&b.cq, "the receive");
     assert_eq!((c.status, c.wr_id), (WcStatus::Success, 5), "{c:?}");
 }
+
+/// A post list to one key claims it once, and again after every 64 MiB it copied under
+/// one claim: a long list never holds a claim long enough to look stalled to a
+/// deregistration that waits for it.
+#[test]
+fn a_long_post_list_claims_again() {
+    const BIG: usize = 32 << 20;
+    let (a, b) = pair();
+    let src = a.pd.register(vec![3u8; BIG], Access::LOCAL_WRITE).unwrap();
+    let m = Mapping::shared(BIG).unwrap();
+    let mr = register(&b, &m, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let at = mr.remote().at(0);
+    write_until_mapped(&a, &src, at);
+    let sge = LocalSge::new(&src, 0, BIG).unwrap();
+    let list: Vec<_> = (0..3)
+        .map(|i| SendRequest::write(20 + i, at).sge(sge))
+        .collect();
+    let (claims, ran) = (
+        testing::claims_made(&a.qp).unwrap(),
+        rdmx::shm::executed_at_post(&a.qp).unwrap(),
+    );
+    a.qp.post_send_list(&list).unwrap();
+    assert_eq!(rdmx::shm::executed_at_post(&a.qp), Some(ran + 3));
+    // 32 MiB, then 64 under the first claim; the third request makes a second.
+    assert_eq!(testing::claims_made(&a.qp).unwrap(), claims + 2);
+    let got = completions(&a.cq, 3);
+    assert!(got.iter().all(|c| c.status == WcStatus::Success), "{got:?}");
+    drop(mr);
+    assert!(bytes(&m).iter().all(|&x| x == 3));
+}

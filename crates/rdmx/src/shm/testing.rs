@@ -47,6 +47,18 @@ pub fn send_on_socket(qp: &QueuePair, bytes: &[u8]) -> Result<()> {
     })
 }
 
+/// How many claims `qp` made on its peer's keys so far (the `mapped` path).
+pub fn claims_made(qp: &QueuePair) -> Result<u64> {
+    with_conn(qp, |c| {
+        c.mapped
+            .as_ref()
+            .map(|v| v.claims())
+            .ok_or(Error::InvalidArgument(
+                "the queue pair does not run the mapped data path",
+            ))
+    })
+}
+
 /// Raises `qp`'s copying flag, as a queue pair does while it copies a payload out of
 /// its peer's memory (a descriptor record's), and leaves it raised: what a peer stopped
 /// mid-copy leaves in the segment. [`end_copy`] lowers it.

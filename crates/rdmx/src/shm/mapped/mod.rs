@@ -119,9 +119,12 @@ pub(crate) const MSG_LEN: usize = 24;
 /// process); more ends the connection.
 const MAX_FILES: usize = 4096;
 /// Peer files up to this size are populated when mapped (no page faults in the first
-/// copies); larger ones fault their pages in as copies reach them, so that a peer cannot
-/// make this process allocate a huge file's pages.
+/// copies), up to [`POPULATE_BUDGET`] bytes of them per connection; others fault their
+/// pages in as copies reach them, so that a peer cannot make this process allocate a
+/// huge file's pages, nor many files'.
 const POPULATE_MAX: usize = 256 << 20;
+/// Bytes of a connection's peer files populated when mapped, at most.
+const POPULATE_BUDGET: usize = 1 << 30;
 /// Sequence numbers in a claim: the low 40 bits (the slot index is above them).
 const SEQ_MASK: u64 = (1 << 40) - 1;
 
@@ -149,14 +152,19 @@ unsafe impl Sync for Map {}
 
 impl Map {
     fn new(fd: &OwnedFd, len: usize, writable: bool) -> std::io::Result<Map> {
-        // Writable mappings are the peer's files: populated now if not too large.
-        let (prot, flags) = match writable {
-            true if len <= POPULATE_MAX => (
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-            ),
-            true => (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED),
-            false => (libc::PROT_READ, libc::MAP_SHARED),
+        Map::with(fd, len, writable, false)
+    }
+
+    /// A shared mapping of `len` bytes of the file, writable or not, its pages faulted in
+    /// now or not.
+    fn with(fd: &OwnedFd, len: usize, writable: bool, populate: bool) -> std::io::Result<Map> {
+        let prot = match writable {
+            true => libc::PROT_READ | libc::PROT_WRITE,
+            false => libc::PROT_READ,
+        };
+        let flags = match populate {
+            true => libc::MAP_SHARED | libc::MAP_POPULATE,
+            false => libc::MAP_SHARED,
         };
         // SAFETY: a shared mapping of a file at an address of the kernel's choosing.
         let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd.as_raw_fd(), 0) };

@@ -8,8 +8,8 @@ use std::sync::atomic::{fence, Ordering};
 use rdmx_core::{Access, QpType, SendWr};
 
 use super::{
-    slot_word, tag, Map, FILE_MAGIC, FORGET_MAGIC, MAX_FILES, MSG_LEN, SLOTS, S_FILE, S_KEY, S_LEN,
-    S_OFF, S_PD, S_SEQ, S_VA, TABLE_LEN, TABLE_MAGIC,
+    slot_word, tag, Map, FILE_MAGIC, FORGET_MAGIC, MAX_FILES, MSG_LEN, POPULATE_BUDGET,
+    POPULATE_MAX, SLOTS, S_FILE, S_KEY, S_LEN, S_OFF, S_PD, S_SEQ, S_VA, TABLE_LEN, TABLE_MAGIC,
 };
 use crate::shm::qp::{Conn, Inner};
 use crate::shm::ring::Segment;
@@ -24,7 +24,20 @@ pub(crate) struct PeerView {
     /// the slot's sequence number and the target word again after its claim instead of
     /// looking the key up. Cleared whenever the files change (it points into one).
     last: Option<Held>,
+    /// Bytes copied under the claim of the post now running.
+    under_claim: u64,
+    /// Claims made so far.
+    claims: u64,
+    /// Bytes of the peer's files populated when mapped, and how many may be (see
+    /// [`POPULATE_BUDGET`]).
+    populated: usize,
+    populate_budget: usize,
 }
+
+/// Most bytes a post list copies under one claim: past them the claim is made again
+/// (after reading the slot again), so that a long list never holds one for long enough
+/// to look stalled to a deregistration waiting for it ([`super::DRAIN_BOUND`]).
+const CLAIM_BYTES: u64 = 64 << 20;
 
 /// Hashes the peer's file ids for the lookup every mapped request makes: one multiply,
 /// keyed per process so that a peer cannot pick ids that collide (SipHash, the default,
@@ -90,6 +103,10 @@ impl PeerView {
             table,
             files: HashMap::default(),
             last: None,
+            under_claim: 0,
+            claims: 0,
+            populated: 0,
+            populate_budget: POPULATE_BUDGET,
         })
     }
 
@@ -115,7 +132,10 @@ impl PeerView {
                     .ok()
                     .filter(|&n| n > 0 && n <= isize::MAX as usize)
                     .ok_or_else(|| bad("a file of a bad size"))?;
-                self.files.insert(id, Map::new(&fd, len, true)?);
+                let populate = len <= POPULATE_MAX
+                    && self.populated.saturating_add(len) <= self.populate_budget;
+                self.populated += if populate { len } else { 0 };
+                self.files.insert(id, Map::with(&fd, len, true, populate)?);
             }
             (m, None, None) if m == FORGET_MAGIC => {
                 self.files.remove(&id);
@@ -215,8 +235,10 @@ pub(crate) fn execute(
     let kept = view.last.filter(|h| h.rkey == rkey);
     if *claimed {
         // The claim still names the kept key's slot: it cannot be reused under the
-        // copy. Whatever changed since it was checked sends the request the long way.
-        let at = kept.and_then(|h| {
+        // copy. Whatever changed since it was checked, or enough copied under it, sends
+        // the request the long way (a new claim).
+        let fits = view.under_claim.saturating_add(len) <= CLAIM_BYTES;
+        let at = kept.filter(|_| fits).and_then(|h| {
             h.place(va, len, need).filter(|_| {
                 slot_word(&view.table, h.idx(), S_SEQ).load(Ordering::Acquire) == h.seq
                     && seg.target_word(1 - side).load(Ordering::Acquire) == h.target
@@ -228,6 +250,7 @@ pub(crate) fn execute(
             // `check` read), which `view` keeps mapped for the call; otherwise as for a
             // request that claims (below).
             unsafe { crate::shm::direct::transfer_at(&req, inline, at) };
+            view.under_claim += len;
             g.engine.direct_complete(req);
             return true;
         }
@@ -265,6 +288,8 @@ pub(crate) fn execute(
     // unspecified, as concurrent access to registered memory does).
     unsafe { crate::shm::direct::transfer_at(&req, inline, at) };
     *claimed = true;
+    view.under_claim = len;
+    view.claims += 1;
     g.engine.direct_complete(req);
     true
 }
@@ -349,11 +374,54 @@ pub(super) fn target_word_checked(target: u64, need: Access, ty: QpType) -> Opti
 
 #[cfg(feature = "testing")]
 impl PeerView {
+    /// Claims made on this connection so far.
+    pub(crate) fn claims(&self) -> u64 {
+        self.claims
+    }
+
     /// The tag a claim on `rkey` carries now, if the peer publishes it.
     pub(crate) fn tag_of(&self, rkey: u32) -> Option<u64> {
         let idx = rkey as usize % SLOTS;
         let seq = slot_word(&self.table, idx, S_SEQ).load(Ordering::SeqCst);
         let key = slot_word(&self.table, idx, S_KEY).load(Ordering::SeqCst);
         (seq & 1 == 0 && key as u32 == rkey).then(|| tag(idx, seq))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file message for file `id`.
+    fn file_msg(id: u64) -> [u8; MSG_LEN] {
+        let mut msg = [0u8; MSG_LEN];
+        msg[..8].copy_from_slice(FILE_MAGIC);
+        msg[8..16].copy_from_slice(&id.to_ne_bytes());
+        msg
+    }
+
+    #[test]
+    fn populated_files_stay_within_the_budget() {
+        let table = super::super::Published::new().unwrap();
+        let mut v = PeerView::open(table.fd()).unwrap();
+        v.populate_budget = 3 << 20;
+        for id in 0..5 {
+            let fd = sys::memfd(1 << 20).unwrap();
+            v.handle(&file_msg(id), vec![fd]).unwrap();
+        }
+        assert_eq!(v.files.len(), 5, "every file is mapped");
+        assert_eq!(v.populated, 3 << 20, "only the budget's worth is populated");
+    }
+
+    #[test]
+    fn a_message_that_is_not_rdmx_s_is_an_error() {
+        let table = super::super::Published::new().unwrap();
+        let mut v = PeerView::open(table.fd()).unwrap();
+        let mut msg = file_msg(1);
+        msg[..8].copy_from_slice(b"NOTRDMX!");
+        assert!(v.handle(&msg, Vec::new()).is_err());
+        // A file message without its file.
+        assert!(v.handle(&file_msg(1), Vec::new()).is_err());
+        assert!(v.files.is_empty());
     }
 }

@@ -193,7 +193,9 @@ impl crate::shm::Driver {
     }
 
     /// `mr` is being deregistered: unpublished, and once no peer copies through its key
-    /// (or [`DRAIN_BOUND`] has passed and its mapping was detached), returns.
+    /// (or [`DRAIN_BOUND`] has passed and its mapping was detached), returns. Where the
+    /// mapping cannot be detached, it waits for the claim to go however long that takes:
+    /// the memory must not return to its owner while a peer may still write it.
     pub(crate) fn unpublish(&self, mr: &MrShared) {
         let Some(p) = self.published.as_ref() else {
             return;
@@ -212,10 +214,21 @@ impl crate::shm::Driver {
                         forget_file = Some(w.file);
                     }
                 }
-                Err(e) => tracing::error!(
-                    rkey = mr.rkey,
-                    "shm mapped: detaching the memory failed ({e})"
-                ),
+                Err(e) => {
+                    // The memory cannot be taken back: it is not given back either, until
+                    // the claim goes (or its connection does).
+                    tracing::error!(
+                        rkey = mr.rkey,
+                        "shm mapped: detaching the memory failed ({e}); waiting for the \
+                         peer's claim to go"
+                    );
+                    while !drain(&self.watch, w.tag, DRAIN_BOUND) {
+                        tracing::error!(
+                            rkey = mr.rkey,
+                            "shm mapped: a peer still claims a key being deregistered"
+                        );
+                    }
+                }
             }
         }
         if let Some(id) = forget_file {

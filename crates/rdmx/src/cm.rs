@@ -140,7 +140,7 @@ impl Listener {
             .set_nonblocking(false)
             .map_err(|e| Error::Io("O_NONBLOCK", e))?;
         let deadline = match self.exchange_timeout {
-            Some(t) => Instant::now() + t,
+            Some(t) => deadline.min(Instant::now() + t),
             None => deadline,
         };
         exchange(stream, qps, opts, private, deadline, &mut connected)
@@ -206,8 +206,6 @@ pub(crate) fn exchange(
         return Err(Error::Timeout("connection setup"));
     }
     let io = |e| Error::Io("the connection-setup exchange", e);
-    s.set_read_timeout(Some(left)).map_err(io)?;
-    s.set_write_timeout(Some(left)).map_err(io)?;
     s.set_nodelay(true).map_err(io)?;
     let peer_ip = s.peer_addr().map_err(io)?.ip();
 
@@ -219,10 +217,10 @@ pub(crate) fn exchange(
         msg.extend_from_slice(&qp.borrow().endpoint().to_bytes());
     }
     msg.extend_from_slice(private);
-    s.write_all(&msg).map_err(io)?;
+    write_by(&mut s, &msg, deadline).map_err(io)?;
 
     let mut head = [0u8; 16];
-    s.read_exact(&mut head).map_err(io)?;
+    read_by(&mut s, &mut head, deadline).map_err(io)?;
     if &head[..8] != MAGIC {
         return Err(Error::Protocol(
             "the peer is not an rdmx connection manager",
@@ -239,7 +237,7 @@ pub(crate) fn exchange(
         return Err(Error::Protocol("the peer sent too much private data"));
     }
     let mut body = vec![0u8; n * EP_LEN + plen];
-    s.read_exact(&mut body).map_err(io)?;
+    read_by(&mut s, &mut body, deadline).map_err(io)?;
     // Every endpoint parsed before the first queue pair is connected: a malformed one
     // leaves them all as they were.
     let mut eps = Vec::with_capacity(n);
@@ -252,17 +250,67 @@ pub(crate) fn exchange(
         }
         eps.push(ep);
     }
+    // Connecting a QP may dial the address the peer gave: within the deadline too.
+    let left = deadline.saturating_duration_since(Instant::now());
+    let opts = &ConnectOptions {
+        connect_timeout: opts.connect_timeout.min(left),
+        ..*opts
+    };
     for (qp, ep) in qps.iter().zip(eps) {
         qp.borrow().connect(ep, opts)?;
     }
     connected()?;
     // Both sides have connected their QPs before either returns, so the first request
     // finds its peer in RTR.
-    s.write_all(b"R").map_err(io)?;
+    write_by(&mut s, b"R", deadline).map_err(io)?;
     let mut ready = [0u8; 1];
-    s.read_exact(&mut ready).map_err(io)?;
+    read_by(&mut s, &mut ready, deadline).map_err(io)?;
     if ready != *b"R" {
         return Err(Error::Protocol("the peer did not confirm the connection"));
     }
     Ok(body.split_off(n * EP_LEN))
+}
+
+/// Reads exactly `buf.len()` bytes by `deadline`. The socket's timeout bounds one read
+/// only: it is set to what is left before each, so that a peer that sends a byte at a
+/// time cannot stretch the exchange past its deadline.
+fn read_by(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> std::io::Result<()> {
+    let mut at = 0;
+    while at < buf.len() {
+        s.set_read_timeout(Some(left_until(deadline)?))?;
+        match s.read(&mut buf[at..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => at += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Writes all of `buf` by `deadline` (as [`read_by`] reads).
+fn write_by(s: &mut TcpStream, buf: &[u8], deadline: Instant) -> std::io::Result<()> {
+    let mut at = 0;
+    while at < buf.len() {
+        s.set_write_timeout(Some(left_until(deadline)?))?;
+        match s.write(&buf[at..]) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => at += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The time left until `deadline`; an error once it has passed.
+fn left_until(deadline: Instant) -> std::io::Result<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the connection-setup deadline passed",
+        ));
+    }
+    Ok(left)
 }

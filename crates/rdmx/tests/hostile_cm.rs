@@ -188,3 +188,23 @@ fn cm_peer_that_stalls() {
         "connection-setup exchange",
     );
 }
+
+#[test]
+fn cm_peer_that_trickles() {
+    // One byte every 400 ms: each read waits less than the accept's 3 s, but the whole
+    // exchange is bounded by it (sent whole, the attack would take 40 s, past the
+    // test's deadline).
+    cm_attack(
+        |s| {
+            let mut h = cm_head(1, 1024);
+            h.extend_from_slice(&[0u8; 84]);
+            for b in h {
+                if s.write_all(&[b]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(400));
+            }
+        },
+        "connection-setup exchange",
+    );
+}

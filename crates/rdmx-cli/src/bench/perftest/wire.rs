@@ -183,6 +183,8 @@ pub(crate) struct BwReport {
 pub(crate) struct Comm {
     stream: TcpStream,
     client: bool,
+    /// How long one message may take to arrive, from when it is awaited.
+    timeout: Duration,
 }
 
 impl Comm {
@@ -195,17 +197,44 @@ impl Comm {
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(timeout))?;
         stream.set_write_timeout(Some(timeout))?;
-        Ok(Comm { stream, client })
+        Ok(Comm {
+            stream,
+            client,
+            timeout,
+        })
     }
 
-    /// How long a read may wait (a peer that stops answering fails the run after it).
-    pub(crate) fn set_timeout(&self, timeout: Duration) -> Result<(), BoxError> {
-        self.stream.set_read_timeout(Some(timeout))?;
+    /// How long a message may take to arrive (a peer that stops answering fails the run
+    /// after it).
+    pub(crate) fn set_timeout(&mut self, timeout: Duration) -> Result<(), BoxError> {
+        self.timeout = timeout;
+        Ok(())
+    }
+
+    /// Reads `buf.len()` bytes within the timeout. The socket's own timeout bounds one
+    /// read only: it is set to what is left before each, so that a peer that sends a
+    /// byte at a time cannot stretch the wait.
+    fn read_within(&mut self, buf: &mut [u8]) -> std::io::Result<()> {
+        let deadline = std::time::Instant::now() + self.timeout;
+        let mut at = 0;
+        while at < buf.len() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(std::io::ErrorKind::TimedOut.into());
+            }
+            self.stream.set_read_timeout(Some(left))?;
+            match self.stream.read(&mut buf[at..]) {
+                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => at += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
         Ok(())
     }
 
     fn read(&mut self, buf: &mut [u8], what: &str) -> Result<(), BoxError> {
-        self.stream.read_exact(buf).map_err(|e| -> BoxError {
+        self.read_within(buf).map_err(|e| -> BoxError {
             match e.kind() {
                 std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset => {
                     format!("the peer closed the connection instead of sending its {what}").into()
@@ -431,6 +460,33 @@ mod tests {
             (v.as_str(), mtu, k, r),
             ("6.24", rdmx::Mtu::Mtu1024, mine, rep)
         );
+    }
+
+    #[test]
+    fn a_peer_that_trickles_is_out_of_time() {
+        // A version message a byte every 60 ms: each byte comes well within the timeout
+        // of 300 ms, the whole message (16 bytes, about a second) does not.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let peer = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            for &b in version_msg().iter() {
+                if s.write_all(&[b]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(60));
+            }
+        });
+        let mut c = Comm::new(
+            TcpStream::connect(addr).unwrap(),
+            false,
+            Duration::from_millis(300),
+        )
+        .unwrap();
+        let err = c.versions().unwrap_err().to_string();
+        assert!(err.contains("in time"), "{err}");
+        drop(c);
+        peer.join().unwrap();
     }
 
     #[test]

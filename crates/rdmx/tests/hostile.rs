@@ -800,3 +800,18 @@ fn connection_flood_keeps_memory_bounded() {
     );
     srv.check_healthy();
 }
+
+#[test]
+fn connections_that_say_nothing_are_bounded() {
+    // 100 connections that send nothing: at most 64 wait for their hello, each new one
+    // closing the one that waited longest, so the first ones are closed at once rather
+    // than after the hello timeout; connections made now still work.
+    let mut srv = Server::new();
+    let mut silent: Vec<TcpStream> = (0..100).map(|_| srv.connect_raw()).collect();
+    for s in silent.iter_mut().take(30) {
+        assert!(wait_closed(s).is_empty(), "the server sent something");
+    }
+    wait_logged("WARN", &["closing a connection that sent no hello"]);
+    srv.check_healthy();
+    drop(silent);
+}

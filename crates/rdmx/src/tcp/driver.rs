@@ -26,6 +26,10 @@ pub(super) const DIRECT_QPS: usize = 4;
 pub(super) const EPOLL_EVERY: u32 = 16;
 /// Handshakes older than this are dropped.
 pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most connections that wait for their hello at once: a new one beyond them closes the
+/// one that waited longest, so that connections that say nothing cannot take all of the
+/// process's descriptors, and a peer that sends its hello at once still gets through.
+const MAX_HANDSHAKES: usize = 64;
 /// The hello a dialing QP sends: magic, the QP it wants, the QP it is, and the secret of
 /// the QP it wants.
 pub(super) const HELLO_MAGIC: &[u8; 8] = b"RDMXTCP2";
@@ -66,6 +70,8 @@ pub(crate) struct Driver {
     pub(super) paying: Mutex<Vec<usize>>,
     /// Rounds with direct reads ([`Driver::direct`]).
     pub(super) rounds: AtomicU32,
+    /// An accept failed: the listener is tried again at the next round.
+    accept_again: AtomicBool,
     /// Who runs the driver: polling applications or the progress thread.
     pub(super) handover: Handover,
     /// The progress thread sleeps in `epoll_wait`, holding `poll`, and nobody woke it yet.
@@ -117,6 +123,7 @@ impl Driver {
             owed: Mutex::new(Vec::new()),
             paying: Mutex::new(Vec::new()),
             rounds: AtomicU32::new(0),
+            accept_again: AtomicBool::new(false),
             handover: Handover::new(),
             in_epoll: AtomicBool::new(false),
             app_round: AtomicBool::new(false),
@@ -440,6 +447,9 @@ impl Driver {
     }
 
     pub(super) fn fire_timers(&self) {
+        if self.accept_again.swap(false, Ordering::Relaxed) {
+            self.accept();
+        }
         let now = Instant::now();
         loop {
             let token = {
@@ -481,6 +491,16 @@ impl Driver {
                 Ok((mut stream, _)) => {
                     let _ = stream.set_nodelay(true);
                     let mut hs = self.handshakes.lock();
+                    if hs.len() >= MAX_HANDSHAKES {
+                        if let Some(k) = hs.iter().min_by_key(|(_, h)| h.since).map(|(k, _)| k) {
+                            let mut old = hs.remove(k);
+                            let _ = self.registry.deregister(&mut old.stream);
+                            tracing::warn!(
+                                "closing a connection that sent no hello: {MAX_HANDSHAKES} \
+                                 connections wait for theirs"
+                            );
+                        }
+                    }
                     let entry = hs.vacant_entry();
                     if self
                         .registry
@@ -498,7 +518,11 @@ impl Driver {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
+                    // (Out of descriptors, say.) The listener's readiness is reported
+                    // once per new connection: the ones queued now are taken at the next
+                    // round rather than when another one comes.
                     tracing::warn!("accept failed: {e}");
+                    self.accept_again.store(true, Ordering::Relaxed);
                     return;
                 }
             }

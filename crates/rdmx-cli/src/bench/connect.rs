@@ -73,7 +73,7 @@ impl Region {
     /// The remote address `offset` bytes in.
     pub(crate) fn at(&self, offset: usize) -> RemoteAddr {
         RemoteAddr {
-            addr: self.addr + offset as u64,
+            addr: self.addr.wrapping_add(offset as u64),
             rkey: self.rkey,
         }
     }

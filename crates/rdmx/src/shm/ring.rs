@@ -114,7 +114,8 @@ pub(crate) struct Segment {
 }
 
 // SAFETY: the mapping is process memory shared with a peer; the segment hands out no
-// references into it, only copies and atomics, so any thread may use it.
+// references into it but to atomics (`&AtomicU64`, `&AtomicU32`), and otherwise copies,
+// so any thread may use it.
 unsafe impl Send for Segment {}
 // SAFETY: as above.
 unsafe impl Sync for Segment {}

@@ -18,8 +18,9 @@ const HELLO_MAGIC: &[u8; 8] = b"RDMXSHM4";
 const HELLO_LEN: usize = 44;
 const REPLY_MAGIC: &[u8; 8] = b"RDMXSHK4";
 const REPLY_LEN: usize = 16;
-/// Most connections that wait for their hello at once.
-const MAX_HANDSHAKES: usize = 64;
+/// Most connections that wait for their hello at once (beyond them, the hellos that came
+/// are taken, then the one that waited longest is closed).
+const MAX_HANDSHAKES: usize = 256;
 
 impl Driver {
     /// Establishes the connection of `qp`, which just entered RTR: with a peer bound and
@@ -177,9 +178,9 @@ impl Driver {
 
     /// Takes the connections waiting on the listener. Any process may connect to a socket
     /// in the abstract namespace: one of a user this context does not admit is closed at
-    /// once, and at most [`MAX_HANDSHAKES`] connections wait for their hello (a new one
-    /// closes the one that waited longest), so that no peer can take all of this
-    /// process's descriptors.
+    /// once, and at most [`MAX_HANDSHAKES`] connections wait for their hello (beyond them,
+    /// the hellos that came are taken, then a new one closes the one that waited longest),
+    /// so that no peer can take all of this process's descriptors.
     pub(super) fn accept(&self) {
         loop {
             match self.listener.accept() {
@@ -198,6 +199,15 @@ impl Driver {
                         Err(e) => {
                             tracing::warn!("refusing an shm connection: SO_PEERCRED: {e}");
                             continue;
+                        }
+                    }
+                    if self.handshakes.lock().len() >= MAX_HANDSHAKES {
+                        // Hellos that came meanwhile (a burst of connections is accepted
+                        // before any is read) are taken first.
+                        let waiting: Vec<usize> =
+                            self.handshakes.lock().iter().map(|(k, _)| k).collect();
+                        for k in waiting {
+                            self.handshake(k);
                         }
                     }
                     let mut hs = self.handshakes.lock();

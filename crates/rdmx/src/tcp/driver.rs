@@ -26,10 +26,11 @@ pub(super) const DIRECT_QPS: usize = 4;
 pub(super) const EPOLL_EVERY: u32 = 16;
 /// Handshakes older than this are dropped.
 pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Most connections that wait for their hello at once: a new one beyond them closes the
-/// one that waited longest, so that connections that say nothing cannot take all of the
-/// process's descriptors, and a peer that sends its hello at once still gets through.
-const MAX_HANDSHAKES: usize = 64;
+/// Most connections that wait for their hello at once: beyond them, the hellos that came
+/// are taken, and then a new connection closes the one that waited longest, so that
+/// connections that say nothing cannot take all of the process's descriptors, and a peer
+/// that sends its hello at once still gets through.
+const MAX_HANDSHAKES: usize = 256;
 /// The hello a dialing QP sends: magic, the QP it wants, the QP it is, and the secret of
 /// the QP it wants.
 pub(super) const HELLO_MAGIC: &[u8; 8] = b"RDMXTCP2";
@@ -452,13 +453,12 @@ impl Driver {
         }
         let now = Instant::now();
         loop {
-            let token = {
+            let (at, token) = {
                 let mut t = self.timers.lock();
                 match t.peek() {
-                    Some(Reverse((at, token))) if *at <= now => {
-                        let token = *token;
+                    Some(&Reverse((at, token))) if at <= now => {
                         t.pop();
-                        token
+                        (at, token)
                     }
                     _ => break,
                 }
@@ -466,7 +466,7 @@ impl Driver {
             let qp = self.qps.lock().get(token).and_then(Weak::upgrade);
             if let Some(qp) = qp {
                 let mut g = qp.inner.lock();
-                qp.timeout(&mut g, now);
+                qp.timeout(&mut g, at, now);
             }
         }
         // Handshakes that never finished.
@@ -490,6 +490,15 @@ impl Driver {
             match self.listener.accept() {
                 Ok((mut stream, _)) => {
                     let _ = stream.set_nodelay(true);
+                    if self.handshakes.lock().len() >= MAX_HANDSHAKES {
+                        // Hellos that came meanwhile (a burst of connections is accepted
+                        // before any is read) are taken first.
+                        let waiting: Vec<usize> =
+                            self.handshakes.lock().iter().map(|(k, _)| k).collect();
+                        for k in waiting {
+                            self.handshake(k);
+                        }
+                    }
                     let mut hs = self.handshakes.lock();
                     if hs.len() >= MAX_HANDSHAKES {
                         if let Some(k) = hs.iter().min_by_key(|(_, h)| h.since).map(|(k, _)| k) {

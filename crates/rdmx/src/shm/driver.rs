@@ -369,13 +369,12 @@ impl Driver {
     pub(super) fn fire_timers(&self, now: Instant) -> bool {
         let mut fired = false;
         loop {
-            let token = {
+            let (at, token) = {
                 let mut t = self.timers.lock();
                 match t.peek() {
-                    Some(Reverse((at, token))) if *at <= now => {
-                        let token = *token;
+                    Some(&Reverse((at, token))) if at <= now => {
                         t.pop();
-                        token
+                        (at, token)
                     }
                     _ => break,
                 }
@@ -383,7 +382,7 @@ impl Driver {
             let qp = self.qps.lock().get(token).and_then(Weak::upgrade);
             if let Some(qp) = qp {
                 let mut g = qp.inner.lock();
-                fired |= qp.timeout(&mut g, now);
+                fired |= qp.timeout(&mut g, at, now);
             }
         }
         fired

@@ -185,8 +185,8 @@ pub(crate) struct Inner {
     pub(crate) peer: Option<Peer>,
     pub(crate) my_psn: u32,
     pub(crate) connect_timeout: Duration,
-    /// The earliest deadline handed to the driver and not yet fired.
-    timer: Option<Instant>,
+    /// The deadlines of this QP's entries in the driver's timer heap (see `soft::Armed`).
+    timer: soft::Armed,
     /// Requests executed at post time (the `direct` and `mapped` data paths' shortcut).
     pub(crate) executed_at_post: u64,
     /// The target word last written to the segment (`mapped`).
@@ -238,7 +238,7 @@ impl ShmQp {
                 peer: None,
                 my_psn: 0,
                 connect_timeout: Duration::from_secs(10),
-                timer: None,
+                timer: soft::Armed::default(),
                 executed_at_post: 0,
                 target_word: 0,
                 lazy_wake: false,
@@ -372,11 +372,11 @@ impl ShmQp {
         }
     }
 
-    /// A timer may be due. Returns whether it was (the engine's deadline had come) or
-    /// anything moved: a timer the engine no longer needs (its request was acknowledged
-    /// meanwhile) is no work.
-    pub(crate) fn timeout(&self, g: &mut Inner, now: Instant) -> bool {
-        g.timer = None;
+    /// The timer set for `at` fired. Returns whether it was due (the engine's deadline
+    /// had come) or anything moved: a timer the engine no longer needs (its request was
+    /// acknowledged meanwhile, or its deadline moved) is no work.
+    pub(crate) fn timeout(&self, g: &mut Inner, at: Instant, now: Instant) -> bool {
+        g.timer.fired(at);
         let due = g.engine.poll_timeout().is_some_and(|t| t <= now);
         if due {
             g.engine.handle_timeout(now);
@@ -435,8 +435,7 @@ impl ShmQp {
             }
         }
         if let Some(t) = g.engine.poll_timeout() {
-            if g.timer.map_or(true, |held| t < held) {
-                g.timer = Some(t);
+            if g.timer.arm(t) {
                 self.driver.schedule(t, self.token);
             }
         }

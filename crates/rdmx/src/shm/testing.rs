@@ -175,6 +175,12 @@ pub fn connect_listener(peer: &crate::QpEndpoint) -> Result<std::os::unix::net::
     std::os::unix::net::UnixStream::connect_addr(&addr).map_err(|e| Error::Io("connect", e))
 }
 
+/// Timers context `ctx`'s driver holds (each a QP's deadline, due or stale).
+pub fn pending_timers(ctx: &crate::Context) -> Option<usize> {
+    let d = ctx.device().as_any().downcast_ref::<super::Device>()?;
+    Some(d.driver.timers.lock().len())
+}
+
 /// How many wake-ups context `ctx`'s driver read from its connections' sockets (a peer
 /// found it asleep and woke it).
 pub fn wakes_read(ctx: &crate::Context) -> Option<u32> {

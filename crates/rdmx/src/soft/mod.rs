@@ -5,6 +5,7 @@
 //! progress is made, and where the peer is. The providers with a progress thread (tcp,
 //! shm, udp) share it with polling applications through a [`Handover`].
 
+mod armed;
 pub(crate) mod clock;
 pub(crate) mod handover;
 mod mem;
@@ -21,6 +22,7 @@ use rdmx_core::{
 };
 use rdmx_mem::Access;
 
+pub(crate) use armed::Armed;
 pub(crate) use handover::Handover;
 pub(crate) use mem::Keys;
 pub(crate) use waiting::Waiting;

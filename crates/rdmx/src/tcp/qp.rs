@@ -53,8 +53,8 @@ pub(crate) struct Inner {
     writable: bool,
     /// Transmission deferred to the driver's next busy-poll round ([`TcpQp::readable`]).
     owed: bool,
-    /// The earliest deadline handed to the driver and not yet fired.
-    timer: Option<Instant>,
+    /// The deadlines of this QP's entries in the driver's timer heap (see `soft::Armed`).
+    timer: soft::Armed,
 }
 
 impl TcpQp {
@@ -91,7 +91,7 @@ impl TcpQp {
                 connect_timeout: std::time::Duration::from_secs(10),
                 writable: false,
                 owed: false,
-                timer: None,
+                timer: soft::Armed::default(),
             }),
         }
     }
@@ -235,9 +235,9 @@ impl TcpQp {
         self.pump(g, Instant::now());
     }
 
-    /// A timer may be due.
-    pub(crate) fn timeout(&self, g: &mut Inner, now: Instant) {
-        g.timer = None;
+    /// The timer set for `at` fired: the engine's deadline may have come.
+    pub(crate) fn timeout(&self, g: &mut Inner, at: Instant, now: Instant) {
+        g.timer.fired(at);
         if g.engine.poll_timeout().is_some_and(|t| t <= now) {
             g.engine.handle_timeout(now);
         }
@@ -304,12 +304,11 @@ impl TcpQp {
             }
         }
         soft::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
-        // Only a deadline earlier than the one the driver holds is handed over: a later one
-        // (the ACK timer restarted by a send) is found when the earlier fires, so the
+        // Only a deadline that no entry the driver holds fires by is handed over: a later
+        // one (the ACK timer restarted by a send) is found when an earlier fires, so the
         // driver's heap holds about one entry per QP rather than one per request.
         if let Some(t) = g.engine.poll_timeout() {
-            if g.timer.map_or(true, |held| t < held) {
-                g.timer = Some(t);
+            if g.timer.arm(t) {
                 self.driver.schedule(t, self.token);
             }
         }

@@ -78,7 +78,7 @@ pub(crate) struct Driver {
     pub(crate) gso: bool,
     qps: RwLock<HashMap<u32, Arc<UdpQp>>>,
     rx: Mutex<RxBatch>,
-    timers: Mutex<BinaryHeap<Reverse<(Instant, u32)>>>,
+    pub(super) timers: Mutex<BinaryHeap<Reverse<(Instant, u32)>>>,
     /// Datagrams held back by fault injection: when each is due, and where it goes.
     delayed: Mutex<Vec<(Instant, SocketAddr, Vec<u8>)>>,
     pub(crate) stats: Stats,
@@ -463,13 +463,12 @@ impl Driver {
     fn fire_timers(&self) {
         let now = Instant::now();
         loop {
-            let qpn = {
+            let (at, qpn) = {
                 let mut t = self.timers.lock();
                 match t.peek() {
-                    Some(Reverse((at, qpn))) if *at <= now => {
-                        let qpn = *qpn;
+                    Some(&Reverse((at, qpn))) if at <= now => {
                         t.pop();
-                        qpn
+                        (at, qpn)
                     }
                     _ => break,
                 }
@@ -481,7 +480,7 @@ impl Driver {
             let qp = self.qps.read().get(&qpn).cloned();
             if let Some(qp) = qp {
                 let mut g = qp.inner.lock();
-                qp.timeout(&mut g, now);
+                qp.timeout(&mut g, at, now);
             }
         }
     }

@@ -350,6 +350,14 @@ fn device(ctx: &crate::Context) -> Option<&Device> {
     ctx.device().as_any().downcast_ref::<Device>()
 }
 
+/// Timers context `ctx`'s driver holds (each a QP's deadline, due or stale); `None` for a
+/// context of another provider. For tests.
+#[cfg(feature = "testing")]
+pub fn pending_timers(ctx: &crate::Context) -> Option<usize> {
+    let d = ctx.device().as_any().downcast_ref::<Device>()?;
+    Some(d.driver.timers.lock().len())
+}
+
 /// A udp device: a key table and a driver.
 #[derive(Debug)]
 struct Device {

@@ -36,14 +36,17 @@ pub(crate) struct Inner {
     /// Where the peer QP is: the only source its packets are taken from, and where this
     /// QP's packets go.
     pub(crate) peer: Option<SocketAddr>,
+    /// The peer is a RoCE port named by its GID (verbs: Linux rxe, an adapter), which
+    /// sends from a source port of its choosing: only its address is compared.
+    pub(crate) any_port: bool,
     /// Packets built and not yet sent.
     tx: Vec<Packet>,
     /// Sent packets, their buffers kept for reuse (holding no registered memory).
     spare: Vec<Packet>,
     /// What the engine fills with the next packet.
     scratch: Transmit<MrRef>,
-    /// The earliest deadline handed to the driver and not yet fired.
-    pub(crate) timer: Option<Instant>,
+    /// The deadlines of this QP's entries in the driver's timer heap (see `soft::Armed`).
+    pub(crate) timer: soft::Armed,
     /// With fault injection: the QP's generator and a datagram held back.
     #[cfg(feature = "testing")]
     pub(crate) faults: Option<(crate::loopback::faults::Rng, Option<Vec<u8>>)>,
@@ -69,10 +72,11 @@ impl UdpQp {
                 recv_cq: cqs.1,
                 srq,
                 peer: None,
+                any_port: false,
                 tx: Vec::with_capacity(BATCH),
                 spare: Vec::new(),
                 scratch: Transmit::default(),
-                timer: None,
+                timer: soft::Armed::default(),
                 #[cfg(feature = "testing")]
                 faults,
             }),
@@ -109,9 +113,9 @@ impl UdpQp {
         engine.handle_packet_srq(now, &**keys, srq.as_deref_mut(), packet);
     }
 
-    /// A timer may be due.
-    pub(crate) fn timeout(&self, g: &mut Inner, now: Instant) {
-        g.timer = None;
+    /// The timer set for `at` fired: the engine's deadline may have come.
+    pub(crate) fn timeout(&self, g: &mut Inner, at: Instant, now: Instant) {
+        g.timer.fired(at);
         if g.engine.poll_timeout().is_some_and(|t| t <= now) {
             g.engine.handle_timeout(now);
         }
@@ -169,11 +173,10 @@ impl UdpQp {
             }
         }
         soft::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
-        // Only a deadline earlier than the one the driver holds is handed over; a later
-        // one is found when the earlier fires.
+        // Only a deadline that no entry the driver holds fires by is handed over; a later
+        // one is found when an earlier fires.
         if let Some(t) = g.engine.poll_timeout() {
-            if g.timer.map_or(true, |held| t < held) {
-                g.timer = Some(t);
+            if g.timer.arm(t) {
                 self.driver.schedule(t, self.qpn);
             }
         }

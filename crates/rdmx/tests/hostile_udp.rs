@@ -353,3 +353,28 @@ fn a_flood_is_dropped_with_bounded_memory_while_the_pair_keeps_working() {
     assert_eq!(now[..4096], before_mem[..4096], "the flood placed data");
     assert_eq!(now[12288..], before_mem[12288..], "the flood placed data");
 }
+
+#[test]
+fn an_rdmx_peer_on_the_roce_port_is_matched_by_its_port_too() {
+    // Both sides on port 4791, as rdmx contexts bind by default. A process on A's
+    // address but another port sends B a WRITE with a correct ICRC at B's expected PSN:
+    // A is an rdmx peer (named by address and port), which sends from its socket's port
+    // only, so the datagram is not A's. (Only a RoCE port named by its GID, such as rxe,
+    // may send from any port of its address.)
+    let a = side("127.1.0.21:4791");
+    let b = side("127.1.0.22:4791");
+    a.qp.connect(b.qp.endpoint(), &opts()).expect("connect A");
+    b.qp.connect(a.qp.endpoint(), &opts()).expect("connect B");
+    write_works(&a, &b, 7);
+    let before_mem = image(&b.mr);
+    let spoof = UdpSocket::bind("127.1.0.21:0").expect("bind");
+    let me = spoof.local_addr().expect("addr");
+    let s0 = stats(&b.ctx).expect("udp");
+    let p = write_packet(b.qp.qp_num(), b.qp.attrs().rq_psn, &b);
+    spoof.send_to(&sealed(me, b.addr, p), b.addr).expect("send");
+    let s1 = received(&b, s0, 1);
+    assert_eq!(s1.wrong_source - s0.wrong_source, 1, "{s1:?}");
+    assert_eq!(s1.delivered, s0.delivered, "{s1:?}");
+    assert_eq!(image(&b.mr), before_mem, "B's memory changed");
+    write_works(&a, &b, 9);
+}

@@ -19,6 +19,10 @@ use crate::soft::Handover;
 use crate::{Error, Result};
 
 /// Timer key of delayed datagrams (fault injection); QP numbers have 24 bits.
+/// Most batches of datagrams one progress step reads: a flood that keeps the socket full
+/// must not keep the step from answering what it took (ACKs, READ responses) and from
+/// firing timers.
+const BATCHES_PER_RECEIVE: usize = 16;
 const DELAYED: u32 = u32::MAX;
 
 /// Counters of what arrived and what was dropped.
@@ -269,14 +273,16 @@ impl Driver {
         }
     }
 
-    /// Reads every waiting datagram and hands each to its QP.
+    /// Reads the waiting datagrams, at most [`BATCHES_PER_RECEIVE`] batches of them, and
+    /// hands each to its QP, then lets the QPs that took one answer. The socket is
+    /// watched level-triggered: what is left is read at the next step, after the timers.
     fn receive(&self) {
         let Some(mut rx) = self.rx.try_lock() else {
             return;
         };
         let fd = self.sock.as_raw_fd();
         let mut touched: Vec<Arc<UdpQp>> = Vec::new();
-        loop {
+        for _ in 0..BATCHES_PER_RECEIVE {
             let n = rx.recv(fd, self.batch);
             let now = Instant::now();
             for i in 0..n {
@@ -444,9 +450,9 @@ impl Driver {
             super::ud::receive(g, from, self.local, packet);
             return true;
         }
-        let from_peer = g.peer.is_some_and(|p| {
-            p.ip() == from.ip() && (p.port() == from.port() || p.port() == icrc::ROCE_PORT)
-        });
+        let from_peer = g
+            .peer
+            .is_some_and(|p| p.ip() == from.ip() && (p.port() == from.port() || g.any_port));
         if !from_peer {
             self.stats.add(WRONG_SOURCE, 1);
             return false;

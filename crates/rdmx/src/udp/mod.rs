@@ -16,15 +16,18 @@
 //! exact address and port of the peer that QP was connected to (not for a UD QP, which has
 //! no peer: any source, its Q_Key checked by the engine); and find the QP in RTR, RTS or
 //! SQD. Anything
-//! else is dropped and counted ([`stats`]). A peer on port 4791 is a RoCE port, which
-//! may send from any source port (Linux rxe picks one per QP): only its address is
-//! compared. Everything no state is kept for strangers, so a flood
+//! else is dropped and counted ([`stats`]). A peer named by its GID is a RoCE port (verbs:
+//! Linux rxe, an adapter), which may send from any source port (rxe picks one per QP):
+//! only its address is compared. An rdmx peer, named by its address and port, sends from
+//! its socket's port, which must match. No state is kept for strangers, so a flood
 //! costs only the time to look at it. The engine then checks PSNs, keys and bounds as on
 //! every provider.
 //!
 //! RoCEv2 has no field for the endpoint's connection secret: a queue pair is protected by
-//! the peer address it was bound to (spoofing a source address takes a privileged sender
-//! on the path) and by its random first PSN, as an RDMA adapter's would be.
+//! the peer address and port it was bound to and by its random first PSN, as an RDMA
+//! adapter's would be. A process on the peer's host can send from the peer's address, and
+//! with a RoCE peer (any source port) from any port of it; a privileged one can send from
+//! the peer's very port, as it can to an adapter.
 //!
 //! ## Reliability and pacing
 //!
@@ -539,7 +542,10 @@ impl Transport for Link {
                 "a udp peer must be of the context's address family",
             ));
         }
-        self.qp.inner.lock().peer = Some(addr);
+        let mut g = self.qp.inner.lock();
+        g.peer = Some(addr);
+        g.any_port = matches!(peer.addr, PeerAddr::Gid(_));
+        drop(g);
         Ok(())
     }
     fn multicast(&self, gid: [u8; 16], attach: bool) -> Result<()> {

@@ -53,5 +53,5 @@ pub use qp::{
 };
 pub use wr::{
     AddressVector, Completion, PostError, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge,
-    SgeList, SgeListFull, UdDest, WcOpcode, WcStatus, GRH_LEN, MULTICAST_QPN,
+    SgeList, SgeListFull, UdDest, WcOpcode, WcStatus, GRH_LEN, MAX_MESSAGE, MULTICAST_QPN,
 };

@@ -382,11 +382,17 @@ pub struct RecvWr {
     pub sges: SgeList,
 }
 
+/// The longest message, in bytes: 2^31, InfiniBand's `max_msg_sz`. Its packets span at
+/// most half the PSN space at the smallest MTU (256 bytes: 2^23 packets), which the
+/// PSN arithmetic needs.
+pub const MAX_MESSAGE: u64 = 1 << 31;
+
 impl SendWr {
     /// The post-time checks every provider makes on a send request, whatever its queue
-    /// holds: at most `max_sge` elements, an atomic's remote address 8-byte aligned, and
-    /// `inline` bytes only with [`SendFlags::INLINE`] on a SEND or WRITE, at most
-    /// `max_inline` of them. A request that fails gives the error and is not queued.
+    /// holds: at most `max_sge` elements, at most [`MAX_MESSAGE`] bytes, an atomic's remote
+    /// address 8-byte aligned, and `inline` bytes only with [`SendFlags::INLINE`] on a SEND
+    /// or WRITE, at most `max_inline` of them. A request that fails gives the error and is
+    /// not queued.
     pub fn check(
         &self,
         inline: Option<&[u8]>,
@@ -398,6 +404,11 @@ impl SendWr {
                 count: self.sges.len(),
                 max: max_sge,
             });
+        }
+        if self.sges.total_len() > MAX_MESSAGE {
+            return Err(PostError::Invalid(
+                "a message longer than 2^31 bytes, the longest RDMA message",
+            ));
         }
         if let SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } = self.op {
             if remote.addr % 8 != 0 {
@@ -643,6 +654,35 @@ mod tests {
     fn sge_list_push_past_the_end_panics() {
         let mut list = SgeList::try_from([sge(1); MAX_SGE]).unwrap();
         list.push(sge(2));
+    }
+
+    #[test]
+    fn a_message_longer_than_2_to_the_31_is_refused_at_post() {
+        let wr = |lens: &[u32]| {
+            let mut sges = SgeList::new();
+            for &len in lens {
+                sges.push(Sge {
+                    addr: 0x1000,
+                    len,
+                    lkey: 1,
+                });
+            }
+            SendWr {
+                wr_id: 1,
+                op: SendOp::Read(RemoteAddr { addr: 0, rkey: 1 }),
+                sges,
+                flags: SendFlags::SIGNALED,
+                ud: None,
+            }
+        };
+        assert!(wr(&[1 << 31]).check(None, 4, 0).is_ok());
+        assert!(wr(&[1 << 30, 1 << 30]).check(None, 4, 0).is_ok());
+        for lens in [&[(1 << 31) + 1][..], &[1 << 31, 1], &[u32::MAX, u32::MAX]] {
+            assert!(
+                matches!(wr(lens).check(None, 4, 0), Err(PostError::Invalid(_))),
+                "{lens:?}"
+            );
+        }
     }
 
     #[test]

@@ -666,6 +666,11 @@ fn reth_target<M: MemAccess>(
         refuse(qp, attrs, hdr.bth.psn, NakCode::InvalidRequest);
         return Err(());
     };
+    if u64::from(len) > crate::wr::MAX_MESSAGE {
+        // No requester sends one: a READ of it would span more than half the PSN space.
+        refuse(qp, attrs, hdr.bth.psn, NakCode::InvalidRequest);
+        return Err(());
+    }
     let mr = remote_target(qp, mem, attrs, hdr.bth.psn, (rkey, va, len), need)?;
     Ok((va, len, mr))
 }

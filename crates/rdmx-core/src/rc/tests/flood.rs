@@ -194,3 +194,36 @@ fn misaligned_atomics_from_a_peer_are_invalid_requests() {
         );
     }
 }
+
+#[test]
+fn requests_longer_than_the_longest_message_are_invalid() {
+    // A READ or WRITE whose RETH claims more than 2^31 bytes (a READ of 2^32 - 1 at an
+    // MTU of 256 would span the whole PSN space): a NAK (Invalid Request), nothing read
+    // or written, the expected PSN unchanged.
+    for op in [Opcode::RdmaReadRequest, Opcode::RdmaWriteFirst] {
+        let mut p = Pair::new();
+        let region = p.b.mem.register(64, ALL);
+        p.b.hold = true;
+        let e = p.cfg.sq_psn_a;
+        let big = packet(op, e, |h| {
+            h.reth = Some(RethRepr {
+                va: region.addr,
+                rkey: region.rkey,
+                dma_len: u32::MAX,
+            })
+        });
+        p.b.qp.handle_packet(p.now, &p.b.mem, &big);
+        let answers = drain(&mut p);
+        assert_eq!(answers.len(), 1, "{op:?}: one answer");
+        let nak = rdmx_wire::RcRepr::parse_bytes(&answers[0]).expect("parses");
+        assert_eq!(nak.bth.psn, e);
+        assert!(
+            matches!(
+                nak.aeth.map(|a| a.syndrome),
+                Some(rdmx_wire::Syndrome::Nak(rdmx_wire::NakCode::InvalidRequest))
+            ),
+            "{op:?}: {nak}"
+        );
+        assert_eq!(p.b.mem.bytes(region.addr, 64), vec![0; 64], "{op:?}");
+    }
+}

@@ -109,12 +109,17 @@ fn hostile(bytes: &[u8], reason: &str) {
         .unwrap();
     v.qp.post_send(SendRequest::send(2).sge(LocalSge::new(&closed, 0, 64).unwrap()))
         .unwrap();
-    // Let the victim read the first RNR NAK (polls drive progress).
-    quiet(
-        &v.cq,
-        Duration::from_millis(100),
-        "a completion before the scribble",
-    );
+    // Let the victim read the first RNR NAK (polls drive progress): then the peer writes
+    // nothing for 655 ms, and the scribble is the next record the victim reads.
+    let start = Instant::now();
+    while rdmx::shm::testing::incoming_read(&v.qp).unwrap() == 0 {
+        assert!(
+            v.cq.poll_one().unwrap().is_none(),
+            "a completion before the scribble"
+        );
+        assert!(start.elapsed() < DEADLINE, "no RNR NAK came");
+        std::thread::yield_now();
+    }
     rdmx::shm::testing::scribble_incoming(&v.qp, bytes).unwrap();
     let mut ids = Vec::new();
     for _ in 0..2 {
@@ -148,6 +153,8 @@ fn a_record_the_peer_did_not_publish_is_not_read() {
     // A peer that wrote a record (here one no producer writes) but not its kind word:
     // the victim reads nothing, and its QP stays usable.
     let (v, _peer) = pair();
+    // (The side that waits gets its connection a moment after `pair` returns.)
+    data_path(&v.qp);
     let inbox = v.pd.register(vec![0u8; 4096], Access::LOCAL_WRITE).unwrap();
     v.qp.post_recv(RecvRequest::new(1).sge(LocalSge::new(&inbox, 0, 4096).unwrap()))
         .unwrap();
@@ -525,6 +532,9 @@ fn garbage_on_the_connection_socket() {
         (&b"x"[..], "a short message"),
     ] {
         let (v, peer) = pair();
+        // Both sides have their connection (the side that waits gets it a moment later).
+        data_path(&v.qp);
+        data_path(&peer.qp);
         let inbox = v.pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
         v.qp.post_recv(RecvRequest::new(1).sge(LocalSge::new(&inbox, 0, 64).unwrap()))
             .unwrap();

@@ -149,6 +149,16 @@ pub fn scribble_incoming(qp: &QueuePair, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Bytes of records `qp` has read from its incoming ring so far (0 before it has its
+/// connection).
+pub fn incoming_read(qp: &QueuePair) -> Result<u64> {
+    let Some(link) = qp.provider_qp().as_any().downcast_ref::<SoftQp<Link>>() else {
+        return Err(Error::InvalidArgument("not an shm queue pair"));
+    };
+    let g = link.transport.qp.inner.lock();
+    Ok(g.conn.as_ref().map_or(0, |_| g.cons.head()))
+}
+
 /// How many progress rounds the driver of context `ctx` has run so far (its progress
 /// thread's and polling applications' together, wrapping); `None` for a context of
 /// another provider.

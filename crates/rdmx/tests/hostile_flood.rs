@@ -206,3 +206,89 @@ fn requests_from_a_peer_that_never_reads_keep_memory_bounded() {
     local.read_at(4096, &mut back).expect("read");
     assert!(back == data, "the READ did not return what the WRITE wrote");
 }
+
+/// A peer that keeps its QP's socket full (duplicate WRITEs, which the engine answers
+/// with nothing but an ACK now and then) does not keep the context's driver from the
+/// other queue pairs: a WRITE between two other QPs, one of them in the flooded
+/// context, completes while the flood goes on.
+#[test]
+fn a_flooding_peer_does_not_starve_the_other_queue_pairs() {
+    let server = Context::open_provider("tcp").expect("open a tcp context");
+    let pd = server.alloc_pd();
+    let target = pd
+        .register(vec![0u8; REGION], Access::ALL)
+        .expect("register");
+    let (victim, _victim_cq) = qp_in(&pd);
+    let fake = QpEndpoint {
+        qp_num: FAKE_QPN,
+        psn: FAKE_PSN,
+        mtu: 65536,
+        secret: 0,
+        addr: PeerAddr::Ip(SocketAddr::from(([127, 0, 0, 1], 9))),
+    };
+    victim
+        .connect(fake, &ConnectOptions::default())
+        .expect("connect the victim");
+    let port = server.listen_addr().expect("a listener").port();
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("dial");
+    let mut hello = b"RDMXTCP2".to_vec();
+    hello.extend_from_slice(&victim.qp_num().to_be_bytes());
+    hello.extend_from_slice(&FAKE_QPN.to_be_bytes());
+    hello.extend_from_slice(&victim.endpoint().secret.to_be_bytes());
+    s.write_all(&hello).expect("hello");
+    let dup_write = frame(
+        Opcode::RdmaWriteOnly,
+        victim.qp_num(),
+        FAKE_PSN - 1,
+        RethRepr {
+            va: target.addr() as u64,
+            rkey: target.rkey(),
+            dma_len: 64,
+        },
+        &[0xEE; 64],
+    );
+    let batch: Vec<u8> = dup_write.repeat(4096);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if start.elapsed() > DEADLINE {
+                    return false;
+                }
+                let _ = s.write_all(&batch);
+            }
+            true
+        })
+    };
+    // The flood is under way.
+    std::thread::sleep(Duration::from_millis(200));
+    let client = Context::open_provider("tcp").expect("open a tcp context");
+    let cpd = client.alloc_pd();
+    let (a, a_cq) = qp_in(&cpd);
+    let (b, _b_cq) = qp_in(&pd);
+    a.connect(b.endpoint(), &ConnectOptions::default())
+        .expect("connect A");
+    b.connect(a.endpoint(), &ConnectOptions::default())
+        .expect("connect B");
+    let local = cpd
+        .register(vec![5u8; 4096], Access::LOCAL_WRITE)
+        .expect("register");
+    let remote = RemoteAddr {
+        addr: target.addr() as u64,
+        rkey: target.rkey(),
+    };
+    for i in 0..20 {
+        a.post_send(
+            SendRequest::write(i, remote).sge(LocalSge::new(&local, 0, 4096).expect("SGE")),
+        )
+        .expect("post a WRITE");
+        wait_success(&a_cq, i);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        flood.join().expect("the flood"),
+        "the WRITEs completed only once the flood had stopped"
+    );
+}

@@ -85,16 +85,25 @@ fn wait_success(cq: &CompletionQueue, id: u64) {
     }
 }
 
-#[test]
-fn requests_from_a_peer_that_never_reads_keep_memory_bounded() {
+/// A tcp context with a region of [`REGION`] bytes open to every access, a victim QP
+/// connected to a fake peer, and that peer: a stream that dialed the context and said
+/// the victim's hello (with its secret).
+struct Flooded {
+    server: Context,
+    pd: ProtectionDomain,
+    target: MemoryRegion,
+    victim: QueuePair,
+    _victim_cq: CompletionQueue,
+    peer: TcpStream,
+}
+
+fn flooded() -> Flooded {
     let server = Context::open_provider("tcp").expect("open a tcp context");
     let pd = server.alloc_pd();
     let target = pd
         .register(vec![0u8; REGION], Access::ALL)
         .expect("register");
-    let pattern: Vec<u8> = (0..REGION).map(|i| (i * 31 + 7) as u8).collect();
-    target.write_at(0, &pattern).expect("fill");
-    let (victim, _victim_cq) = qp_in(&pd);
+    let (victim, victim_cq) = qp_in(&pd);
     let fake = QpEndpoint {
         qp_num: FAKE_QPN,
         psn: FAKE_PSN,
@@ -105,16 +114,37 @@ fn requests_from_a_peer_that_never_reads_keep_memory_bounded() {
     victim
         .connect(fake, &ConnectOptions::default())
         .expect("connect the victim");
-
     let port = server.listen_addr().expect("a listener").port();
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("dial");
-    s.set_write_timeout(Some(Duration::from_millis(200)))
-        .expect("SO_SNDTIMEO");
+    let mut peer = TcpStream::connect(("127.0.0.1", port)).expect("dial");
     let mut hello = b"RDMXTCP2".to_vec();
     hello.extend_from_slice(&victim.qp_num().to_be_bytes());
     hello.extend_from_slice(&FAKE_QPN.to_be_bytes());
     hello.extend_from_slice(&victim.endpoint().secret.to_be_bytes());
-    s.write_all(&hello).expect("hello");
+    peer.write_all(&hello).expect("hello");
+    Flooded {
+        server,
+        pd,
+        target,
+        victim,
+        _victim_cq: victim_cq,
+        peer,
+    }
+}
+
+#[test]
+fn requests_from_a_peer_that_never_reads_keep_memory_bounded() {
+    let Flooded {
+        server: _server,
+        pd,
+        target,
+        victim,
+        _victim_cq,
+        peer: mut s,
+    } = flooded();
+    let pattern: Vec<u8> = (0..REGION).map(|i| (i * 31 + 7) as u8).collect();
+    target.write_at(0, &pattern).expect("fill");
+    s.set_write_timeout(Some(Duration::from_millis(200)))
+        .expect("SO_SNDTIMEO");
     let reth = |len: usize| RethRepr {
         va: target.addr() as u64,
         rkey: target.rkey(),
@@ -213,29 +243,14 @@ fn requests_from_a_peer_that_never_reads_keep_memory_bounded() {
 /// context, completes while the flood goes on.
 #[test]
 fn a_flooding_peer_does_not_starve_the_other_queue_pairs() {
-    let server = Context::open_provider("tcp").expect("open a tcp context");
-    let pd = server.alloc_pd();
-    let target = pd
-        .register(vec![0u8; REGION], Access::ALL)
-        .expect("register");
-    let (victim, _victim_cq) = qp_in(&pd);
-    let fake = QpEndpoint {
-        qp_num: FAKE_QPN,
-        psn: FAKE_PSN,
-        mtu: 65536,
-        secret: 0,
-        addr: PeerAddr::Ip(SocketAddr::from(([127, 0, 0, 1], 9))),
-    };
-    victim
-        .connect(fake, &ConnectOptions::default())
-        .expect("connect the victim");
-    let port = server.listen_addr().expect("a listener").port();
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("dial");
-    let mut hello = b"RDMXTCP2".to_vec();
-    hello.extend_from_slice(&victim.qp_num().to_be_bytes());
-    hello.extend_from_slice(&FAKE_QPN.to_be_bytes());
-    hello.extend_from_slice(&victim.endpoint().secret.to_be_bytes());
-    s.write_all(&hello).expect("hello");
+    let Flooded {
+        server: _server,
+        pd,
+        target,
+        victim,
+        _victim_cq,
+        peer: mut s,
+    } = flooded();
     let dup_write = frame(
         Opcode::RdmaWriteOnly,
         victim.qp_num(),

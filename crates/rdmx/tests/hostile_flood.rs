@@ -131,6 +131,39 @@ fn flooded() -> Flooded {
     }
 }
 
+/// A QP of a new tcp context connected to a new QP of `pd`'s context (`a` to `b`), and
+/// a region of `len` bytes of `fill` in the new context for `a`'s requests.
+struct Client {
+    _ctx: Context,
+    a: QueuePair,
+    a_cq: CompletionQueue,
+    _b: QueuePair,
+    _b_cq: CompletionQueue,
+    local: MemoryRegion,
+}
+
+fn client_of(pd: &ProtectionDomain, len: usize, fill: u8) -> Client {
+    let ctx = Context::open_provider("tcp").expect("open a tcp context");
+    let cpd = ctx.alloc_pd();
+    let (a, a_cq) = qp_in(&cpd);
+    let (b, b_cq) = qp_in(pd);
+    a.connect(b.endpoint(), &ConnectOptions::default())
+        .expect("connect A");
+    b.connect(a.endpoint(), &ConnectOptions::default())
+        .expect("connect B");
+    let local = cpd
+        .register(vec![fill; len], Access::LOCAL_WRITE)
+        .expect("register");
+    Client {
+        _ctx: ctx,
+        a,
+        a_cq,
+        _b: b,
+        _b_cq: b_cq,
+        local,
+    }
+}
+
 #[test]
 fn requests_from_a_peer_that_never_reads_keep_memory_bounded() {
     let Flooded {
@@ -208,30 +241,22 @@ fn requests_from_a_peer_that_never_reads_keep_memory_bounded() {
     }
 
     // The same context still serves a valid connection.
-    let client = Context::open_provider("tcp").expect("open a tcp context");
-    let cpd = client.alloc_pd();
-    let (a, a_cq) = qp_in(&cpd);
-    let (b, _b_cq) = qp_in(&pd);
-    a.connect(b.endpoint(), &ConnectOptions::default())
-        .expect("connect A");
-    b.connect(a.endpoint(), &ConnectOptions::default())
-        .expect("connect B");
-    let local = cpd
-        .register(vec![0u8; 2 * 4096], Access::LOCAL_WRITE)
-        .expect("register");
+    // (Bound whole: the client's context and its peer QP must live on.)
+    let client = client_of(&pd, 2 * 4096, 0);
+    let (a, a_cq, local) = (&client.a, &client.a_cq, &client.local);
     let data: Vec<u8> = (0..4096).map(|i| (i * 7 + 1) as u8).collect();
     local.write_at(0, &data).expect("fill");
     let remote = RemoteAddr {
         addr: target.addr() as u64,
         rkey: target.rkey(),
     };
-    let sge = |off| LocalSge::new(&local, off, 4096).expect("SGE");
+    let sge = |off| LocalSge::new(local, off, 4096).expect("SGE");
     a.post_send(SendRequest::write(1, remote).sge(sge(0)))
         .expect("post a WRITE");
-    wait_success(&a_cq, 1);
+    wait_success(a_cq, 1);
     a.post_send(SendRequest::read(2, remote).sge(sge(4096)))
         .expect("post a READ");
-    wait_success(&a_cq, 2);
+    wait_success(a_cq, 2);
     let mut back = vec![0u8; 4096];
     local.read_at(4096, &mut back).expect("read");
     assert!(back == data, "the READ did not return what the WRITE wrote");
@@ -279,27 +304,17 @@ fn a_flooding_peer_does_not_starve_the_other_queue_pairs() {
     };
     // The flood is under way.
     std::thread::sleep(Duration::from_millis(200));
-    let client = Context::open_provider("tcp").expect("open a tcp context");
-    let cpd = client.alloc_pd();
-    let (a, a_cq) = qp_in(&cpd);
-    let (b, _b_cq) = qp_in(&pd);
-    a.connect(b.endpoint(), &ConnectOptions::default())
-        .expect("connect A");
-    b.connect(a.endpoint(), &ConnectOptions::default())
-        .expect("connect B");
-    let local = cpd
-        .register(vec![5u8; 4096], Access::LOCAL_WRITE)
-        .expect("register");
+    // (Bound whole: the client's context and its peer QP must live on.)
+    let client = client_of(&pd, 4096, 5);
+    let (a, a_cq, local) = (&client.a, &client.a_cq, &client.local);
     let remote = RemoteAddr {
         addr: target.addr() as u64,
         rkey: target.rkey(),
     };
     for i in 0..20 {
-        a.post_send(
-            SendRequest::write(i, remote).sge(LocalSge::new(&local, 0, 4096).expect("SGE")),
-        )
-        .expect("post a WRITE");
-        wait_success(&a_cq, i);
+        a.post_send(SendRequest::write(i, remote).sge(LocalSge::new(local, 0, 4096).expect("SGE")))
+            .expect("post a WRITE");
+        wait_success(a_cq, i);
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     assert!(

@@ -44,6 +44,32 @@ pub(super) fn hs_token(idx: usize) -> Token {
     Token(3 + 2 * idx)
 }
 
+/// A list of QP tokens for the next round, whose capacity is kept: the round takes the
+/// list while others push onto the spare one.
+#[derive(Default)]
+pub(super) struct Tokens {
+    live: Mutex<Vec<usize>>,
+    spare: Mutex<Vec<usize>>,
+}
+
+impl Tokens {
+    fn push(&self, token: usize) {
+        self.live.lock().push(token);
+    }
+
+    /// The tokens pushed so far; hand the list back with [`Tokens::give_back`].
+    fn take(&self) -> Vec<usize> {
+        let mut taken = std::mem::take(&mut *self.spare.lock());
+        std::mem::swap(&mut taken, &mut *self.live.lock());
+        taken
+    }
+
+    fn give_back(&self, mut list: Vec<usize>) {
+        list.clear();
+        *self.spare.lock() = list;
+    }
+}
+
 /// A stream that dialed in and has not said which QP it wants yet.
 pub(super) struct Handshake {
     pub(super) stream: mio::net::TcpStream,
@@ -66,9 +92,9 @@ pub(crate) struct Driver {
     pub(super) handshakes: Mutex<Slab<Handshake>>,
     pub(super) timers: Mutex<BinaryHeap<Reverse<(Instant, usize)>>>,
     /// Busy-poll mode: QPs whose transmission waits for the next round.
-    pub(super) owed: Mutex<Vec<usize>>,
-    /// The list [`Driver::pay`] works through, kept for its capacity.
-    pub(super) paying: Mutex<Vec<usize>>,
+    pub(super) owed: Tokens,
+    /// QPs whose last read stopped at its budget: the next round reads on.
+    unread: Tokens,
     /// Rounds with direct reads ([`Driver::direct`]).
     pub(super) rounds: AtomicU32,
     /// An accept failed: the listener is tried again at the next round.
@@ -121,8 +147,8 @@ impl Driver {
             pending: Waiting::new(),
             handshakes: Mutex::new(Slab::new()),
             timers: Mutex::new(BinaryHeap::new()),
-            owed: Mutex::new(Vec::new()),
-            paying: Mutex::new(Vec::new()),
+            owed: Tokens::default(),
+            unread: Tokens::default(),
             rounds: AtomicU32::new(0),
             accept_again: AtomicBool::new(false),
             handover: Handover::new(),
@@ -259,23 +285,44 @@ impl Driver {
 
     /// QP `token` has packets to send on the next round.
     pub(crate) fn owe(&self, token: usize) {
-        self.owed.lock().push(token);
+        self.owed.push(token);
     }
 
     /// Sends what [`Driver::owe`] deferred.
     pub(super) fn pay(&self) {
         // No lock is held while pumping: a pump takes queue-pair locks, and another
         // thread holding one of those may be paying too.
-        let mut paying = std::mem::take(&mut *self.paying.lock());
-        std::mem::swap(&mut paying, &mut *self.owed.lock());
-        for token in paying.drain(..) {
+        let paying = self.owed.take();
+        for &token in &paying {
             let qp = self.qps.lock().get(token).and_then(Weak::upgrade);
             if let Some(qp) = qp {
                 let mut g = qp.inner.lock();
                 qp.pump(&mut g, Instant::now());
             }
         }
-        *self.paying.lock() = paying;
+        self.owed.give_back(paying);
+    }
+
+    /// QP `token`'s read stopped at its budget with bytes left ([`TcpQp::readable`]).
+    pub(super) fn read_later(&self, token: usize) {
+        self.unread.push(token);
+    }
+
+    /// Reads on the QPs in `tokens` (from [`Driver::read_later`]), each for one more
+    /// budget.
+    fn read_on(&self, tokens: Vec<usize>) {
+        for &token in &tokens {
+            let qp = self.qps.lock().get(token).and_then(Weak::upgrade);
+            if let Some(qp) = qp {
+                let mut g = qp.inner.lock();
+                // (A token freed and taken by a new QP meanwhile is not marked.)
+                if std::mem::take(&mut g.unread) {
+                    let closing = g.rx_until_eof();
+                    qp.readable(&mut g, closing);
+                }
+            }
+        }
+        self.unread.give_back(tokens);
     }
 
     /// Asks for [`TcpQp::timeout`] on QP `token` at `at`.
@@ -369,12 +416,21 @@ impl Driver {
         timeout: Option<Duration>,
     ) {
         self.pay();
-        let zero = timeout == Some(Duration::ZERO);
-        if zero && self.direct() {
+        // Taken before the events are read: a QP whose read stops at its budget in this
+        // round is read on in the next, after the others had their turn.
+        let unread = self.unread.take();
+        if timeout == Some(Duration::ZERO) && self.direct() {
+            self.read_on(unread);
             drop(guard);
             self.fire_timers();
             return;
         }
+        let timeout = if unread.is_empty() {
+            timeout
+        } else {
+            Some(Duration::ZERO)
+        };
+        let zero = timeout == Some(Duration::ZERO);
         if !zero {
             // Before the timers are read: `schedule` either sees this or pushed a timer
             // this round sees.
@@ -417,6 +473,7 @@ impl Driver {
                 Token(t) => self.handshake((t - 3) / 2),
             }
         }
+        self.read_on(unread);
         drop(guard);
         self.fire_timers();
     }

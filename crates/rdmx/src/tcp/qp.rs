@@ -14,6 +14,10 @@ use crate::soft::{self, Engine, Keys};
 
 /// Bytes of packets gathered for one writev before it is issued.
 const TX_BATCH: usize = 1 << 20;
+/// Most bytes one [`TcpQp::readable`] reads, so that a peer keeping its socket full does
+/// not hold the driver from the context's other queue pairs (a turn lasts about as long
+/// as 1 MiB takes to place).
+pub(super) const READ_BUDGET: u64 = 1 << 20;
 
 /// A tcp queue pair, shared by its handle and the driver.
 pub(crate) struct TcpQp {
@@ -53,6 +57,9 @@ pub(crate) struct Inner {
     writable: bool,
     /// Transmission deferred to the driver's next busy-poll round ([`TcpQp::readable`]).
     owed: bool,
+    /// A read stopped at [`READ_BUDGET`] with bytes left: the driver's next round reads on
+    /// ([`Driver::read_later`]).
+    pub(super) unread: bool,
     /// The deadlines of this QP's entries in the driver's timer heap (see `soft::Armed`).
     timer: soft::Armed,
 }
@@ -91,6 +98,7 @@ impl TcpQp {
                 connect_timeout: std::time::Duration::from_secs(10),
                 writable: false,
                 owed: false,
+                unread: false,
                 timer: soft::Armed::default(),
             }),
         }
@@ -172,17 +180,29 @@ impl TcpQp {
         g.sock.is_some()
     }
 
-    /// The socket has bytes (or was closed): reads frames until it has none. With
-    /// `closing` (the readiness event reported the peer's side closed, or an error), reads
-    /// on until end of stream even after a short read. Returns whether it read anything.
+    /// The socket has bytes (or was closed): reads frames until it has none, or until
+    /// [`READ_BUDGET`] bytes, when the driver's next round reads on. With `closing` (the
+    /// readiness event reported the peer's side closed, or an error), reads on until end
+    /// of stream even after a short read. Returns whether it read or handled anything.
     pub(crate) fn readable(&self, g: &mut Inner, closing: bool) -> bool {
         let now = Instant::now();
         g.rx.rearm(closing);
         let before = g.rx.total();
+        // Frames read ahead by the call that stopped at its budget are handled by the
+        // next without a byte read, and what they cause must go out too.
+        let mut handled_any = false;
         let res = loop {
             let Some(sock) = g.sock.as_ref() else {
                 return false;
             };
+            if g.rx.total() - before >= READ_BUDGET {
+                // Readiness is edge-triggered: no event comes for the bytes left.
+                if !g.unread {
+                    g.unread = true;
+                    self.driver.read_later(self.token);
+                }
+                break Ok(());
+            }
             let fd = stream::fd(sock);
             match g.rx.next(fd) {
                 Ok(RxEvent::Header(h, rest)) => {
@@ -198,6 +218,7 @@ impl TcpQp {
                         &mut place,
                     );
                     drop(srq_guard);
+                    handled_any = true;
                     match handled {
                         Some(_) => g.rx.start_payload(place, rest),
                         None => {
@@ -212,12 +233,12 @@ impl TcpQp {
                 Err(e) => break Err(e),
             }
         };
-        let read = g.rx.total() != before;
+        let read = handled_any || g.rx.total() != before;
         if let Err(e) = res {
             g.fail(self.qpn, &e);
             self.pump(g, now);
         } else if !read {
-            // Nothing arrived, so nothing changed.
+            // Nothing arrived and nothing was handled, so nothing changed.
         } else if self.driver.defers() && Self::attached(g) {
             // What the packets caused (mostly ACKs) goes out on the next round, or with
             // whatever the application posts first: an ACK then rides in the same writev
@@ -326,6 +347,12 @@ impl Inner {
         self.scratch = Transmit::default();
         self.srq = None;
         self.engine.destroy();
+    }
+
+    /// Whether the last read was asked to go on to end of stream (its continuation
+    /// keeps that).
+    pub(super) fn rx_until_eof(&self) -> bool {
+        self.rx.until_eof()
     }
 
     /// Closes the stream, dropping the frames queued for it and the one half received.

@@ -329,6 +329,11 @@ impl Rx {
         self.until_eof = until_eof;
     }
 
+    /// Whether the last [`Rx::rearm`] asked to read on to end of stream.
+    pub(crate) fn until_eof(&self) -> bool {
+        self.until_eof
+    }
+
     /// Whether a payload is part-way read (the engine must not be polled meanwhile).
     pub(crate) fn mid_payload(&self) -> bool {
         matches!(self.state, RxState::Payload { .. })

@@ -7,7 +7,9 @@
 //! peer's `qps[i]`. The `private` bytes (up to [`MAX_PRIVATE`]) carry whatever the
 //! application needs, typically the remote regions (address, length, rkey) the peer may
 //! use. A peer's endpoint that names an unspecified IP (its context listens on every
-//! interface) is given the IP the control connection reached it at.
+//! interface) is given the IP the control connection reached it at. The connecting side
+//! speaks first: the listening side sends its endpoints, which carry each queue pair's
+//! secret, only to a peer whose own message came whole and well-formed.
 //!
 //! For verbs queue pairs the RDMA connection manager does the same job the way ibverbs
 //! users know it (perftest's `-R`): see the verbs provider's `cm` module.
@@ -143,7 +145,15 @@ impl Listener {
             Some(t) => deadline.min(Instant::now() + t),
             None => deadline,
         };
-        exchange(stream, qps, opts, private, deadline, &mut connected)
+        exchange(
+            stream,
+            Side::Accepts,
+            qps,
+            opts,
+            private,
+            deadline,
+            &mut connected,
+        )
     }
 }
 
@@ -177,7 +187,17 @@ pub fn connect_then(
     for a in addrs {
         let left = deadline.saturating_duration_since(Instant::now());
         match TcpStream::connect_timeout(&a, left.max(Duration::from_millis(1))) {
-            Ok(s) => return exchange(s, qps, opts, private, deadline, &mut connected),
+            Ok(s) => {
+                return exchange(
+                    s,
+                    Side::Connects,
+                    qps,
+                    opts,
+                    private,
+                    deadline,
+                    &mut connected,
+                )
+            }
             Err(e) => last = Some(e),
         }
     }
@@ -187,9 +207,21 @@ pub fn connect_then(
     ))
 }
 
+/// Which end of the control connection this side is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    /// It dialed: it sends its endpoints first.
+    Connects,
+    /// It accepted: it sends its endpoints (and their secrets) only once the peer's
+    /// message has come whole and well-formed, so that a peer that is not an rdmx
+    /// connection manager (a scanner, a stray client) learns nothing.
+    Accepts,
+}
+
 /// The exchange over a connected control stream (blocking, bounded by `deadline`).
 pub(crate) fn exchange(
     mut s: TcpStream,
+    side: Side,
     qps: &[impl Borrow<QueuePair>],
     opts: &ConnectOptions,
     private: &[u8],
@@ -217,38 +249,12 @@ pub(crate) fn exchange(
         msg.extend_from_slice(&qp.borrow().endpoint().to_bytes());
     }
     msg.extend_from_slice(private);
-    write_by(&mut s, &msg, deadline).map_err(io)?;
-
-    let mut head = [0u8; 16];
-    read_by(&mut s, &mut head, deadline).map_err(io)?;
-    if &head[..8] != MAGIC {
-        return Err(Error::Protocol(
-            "the peer is not an rdmx connection manager",
-        ));
+    if side == Side::Connects {
+        write_by(&mut s, &msg, deadline).map_err(io)?;
     }
-    let n = u32::from_be_bytes(head[8..12].try_into().expect("4 bytes")) as usize;
-    let plen = u32::from_be_bytes(head[12..16].try_into().expect("4 bytes")) as usize;
-    if n != qps.len() {
-        return Err(Error::Protocol(
-            "the peer connects a different number of queue pairs",
-        ));
-    }
-    if plen > MAX_PRIVATE {
-        return Err(Error::Protocol("the peer sent too much private data"));
-    }
-    let mut body = vec![0u8; n * EP_LEN + plen];
-    read_by(&mut s, &mut body, deadline).map_err(io)?;
-    // Every endpoint parsed before the first queue pair is connected: a malformed one
-    // leaves them all as they were.
-    let mut eps = Vec::with_capacity(n);
-    for raw in body.chunks_exact(EP_LEN).take(n) {
-        let mut ep = QpEndpoint::from_bytes(raw)?;
-        if let PeerAddr::Ip(a) = &mut ep.addr {
-            if a.ip().is_unspecified() {
-                a.set_ip(peer_ip.to_canonical());
-            }
-        }
-        eps.push(ep);
+    let (eps, theirs) = read_theirs(&mut s, qps.len(), peer_ip, deadline)?;
+    if side == Side::Accepts {
+        write_by(&mut s, &msg, deadline).map_err(io)?;
     }
     // Connecting a QP may dial the address the peer gave: within the deadline too.
     let left = deadline.saturating_duration_since(Instant::now());
@@ -268,7 +274,49 @@ pub(crate) fn exchange(
     if ready != *b"R" {
         return Err(Error::Protocol("the peer did not confirm the connection"));
     }
-    Ok(body.split_off(n * EP_LEN))
+    Ok(theirs)
+}
+
+/// Reads the peer's message: its `n` endpoints (an unspecified IP in one replaced by
+/// `peer_ip`) and its private data. Every endpoint is parsed before any queue pair is
+/// connected, so a malformed one leaves them all as they were.
+fn read_theirs(
+    s: &mut TcpStream,
+    n: usize,
+    peer_ip: std::net::IpAddr,
+    deadline: Instant,
+) -> Result<(Vec<QpEndpoint>, Vec<u8>)> {
+    let io = |e| Error::Io("the connection-setup exchange", e);
+    let mut head = [0u8; 16];
+    read_by(s, &mut head, deadline).map_err(io)?;
+    if &head[..8] != MAGIC {
+        return Err(Error::Protocol(
+            "the peer is not an rdmx connection manager",
+        ));
+    }
+    let count = u32::from_be_bytes(head[8..12].try_into().expect("4 bytes")) as usize;
+    let plen = u32::from_be_bytes(head[12..16].try_into().expect("4 bytes")) as usize;
+    if count != n {
+        return Err(Error::Protocol(
+            "the peer connects a different number of queue pairs",
+        ));
+    }
+    if plen > MAX_PRIVATE {
+        return Err(Error::Protocol("the peer sent too much private data"));
+    }
+    let mut body = vec![0u8; n * EP_LEN + plen];
+    read_by(s, &mut body, deadline).map_err(io)?;
+    let mut eps = Vec::with_capacity(n);
+    for raw in body.chunks_exact(EP_LEN).take(n) {
+        let mut ep = QpEndpoint::from_bytes(raw)?;
+        if let PeerAddr::Ip(a) = &mut ep.addr {
+            if a.ip().is_unspecified() {
+                a.set_ip(peer_ip.to_canonical());
+            }
+        }
+        eps.push(ep);
+    }
+    Ok((eps, body.split_off(n * EP_LEN)))
 }
 
 /// Reads exactly `buf.len()` bytes by `deadline`. The socket's timeout bounds one read

@@ -3,8 +3,9 @@
 //! Each test plays a peer that breaks the endpoint exchange — random bytes, oversized
 //! private data, a wrong queue-pair count, a bad address family, a truncated message, a
 //! peer that stalls — and checks that `accept` fails with an error naming what was wrong
-//! (never a panic or a hang), within its timeout, without connecting the QP, and that the
-//! same listener then serves a valid peer.
+//! (never a panic or a hang), within its timeout, without connecting the QP, without
+//! sending the peer a byte (its endpoints carry the QP's secret), and that the same
+//! listener then serves a valid peer.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -43,7 +44,8 @@ fn noise(seed: u64, len: usize) -> Vec<u8> {
 }
 
 /// Runs `attack` against a `cm::Listener` accepting for one QP, expects `accept` to fail
-/// with an error (never a panic or a hang), then lets a valid peer connect.
+/// with an error (never a panic or a hang) having sent the attacker nothing, then lets a
+/// valid peer connect.
 fn cm_attack(attack: impl FnOnce(&mut TcpStream) + Send + 'static, expect: &str) {
     let srv = tcp();
     let pd = srv.alloc_pd();
@@ -56,7 +58,9 @@ fn cm_attack(attack: impl FnOnce(&mut TcpStream) + Send + 'static, expect: &str)
         attack(&mut s);
         // Keep the stream until the listener drops it, so its error is the one the
         // attack provokes rather than a reset.
-        let _ = s.read_to_end(&mut Vec::new());
+        let mut learned = Vec::new();
+        let _ = s.read_to_end(&mut learned);
+        learned
     });
     let start = Instant::now();
     let res = listener.accept(
@@ -75,7 +79,13 @@ fn cm_attack(attack: impl FnOnce(&mut TcpStream) + Send + 'static, expect: &str)
         "accept took {:?}",
         start.elapsed()
     );
-    attacker.join().expect("the attacker thread");
+    let learned = attacker.join().expect("the attacker thread");
+    assert!(
+        learned.is_empty(),
+        "the listener sent a peer that broke the exchange {} bytes: {:?}",
+        learned.len(),
+        &learned[..learned.len().min(16)]
+    );
     assert_eq!(
         qp.state(),
         QpState::Reset,

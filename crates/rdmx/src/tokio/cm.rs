@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use ::tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 
 use super::AsyncQp;
+use crate::cm::Side;
 use crate::{ConnectOptions, Error, Result};
 
 /// A control-connection listener whose [`accept`](Self::accept) is a future.
@@ -63,7 +64,7 @@ impl Listener {
             Some(t) => Instant::now() + t,
             None => deadline,
         };
-        exchange(s, qps, opts, private, deadline).await
+        exchange(s, Side::Accepts, qps, opts, private, deadline).await
     }
 }
 
@@ -82,11 +83,12 @@ pub async fn connect(
         .await
         .map_err(|_| Error::Timeout("connecting to the peer"))?
         .map_err(|e| Error::Io("connect to the peer", e))?;
-    exchange(s, qps, opts, private, deadline).await
+    exchange(s, Side::Connects, qps, opts, private, deadline).await
 }
 
 async fn exchange(
     s: TcpStream,
+    side: Side,
     qps: &[AsyncQp],
     opts: &ConnectOptions,
     private: &[u8],
@@ -100,7 +102,7 @@ async fn exchange(
     let (qps, opts, private) = (qps.to_vec(), *opts, private.to_vec());
     ::tokio::task::spawn_blocking(move || {
         let qps: Vec<_> = qps.iter().map(AsyncQp::qp).collect();
-        crate::cm::exchange(s, &qps, &opts, &private, deadline, &mut || Ok(()))
+        crate::cm::exchange(s, side, &qps, &opts, &private, deadline, &mut || Ok(()))
     })
     .await
     .map_err(|e| Error::Io("the connection-setup task", std::io::Error::other(e)))?

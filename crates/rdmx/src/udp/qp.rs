@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rdmx_core::rc::Srq;
@@ -13,6 +13,11 @@ use super::driver::Driver;
 use super::sys::{Packet, BATCH};
 use crate::provider::{CqCore, MrRef};
 use crate::soft::{self, Engine, Keys};
+
+/// Most datagrams one [`UdpQp::pump`] sends: the rest of a long burst (a large READ's
+/// responses) goes at the driver's next step, so that one request does not hold the
+/// driver from the context's other queue pairs until it is all sent.
+const PUMP_DATAGRAMS: usize = 256;
 
 /// A udp queue pair, shared by its handle and the driver.
 pub(crate) struct UdpQp {
@@ -47,6 +52,9 @@ pub(crate) struct Inner {
     scratch: Transmit<MrRef>,
     /// The deadlines of this QP's entries in the driver's timer heap (see `soft::Armed`).
     pub(crate) timer: soft::Armed,
+    /// A pump stopped at [`PUMP_DATAGRAMS`] and asked the driver to time the QP out at
+    /// once, to send the rest.
+    resume: bool,
     /// With fault injection: the QP's generator and a datagram held back.
     #[cfg(feature = "testing")]
     pub(crate) faults: Option<(crate::loopback::faults::Rng, Option<Vec<u8>>)>,
@@ -77,6 +85,7 @@ impl UdpQp {
                 spare: Vec::new(),
                 scratch: Transmit::default(),
                 timer: soft::Armed::default(),
+                resume: false,
                 #[cfg(feature = "testing")]
                 faults,
             }),
@@ -116,6 +125,7 @@ impl UdpQp {
     /// The timer set for `at` fired: the engine's deadline may have come.
     pub(crate) fn timeout(&self, g: &mut Inner, at: Instant, now: Instant) {
         g.timer.fired(at);
+        g.resume = false;
         if g.engine.poll_timeout().is_some_and(|t| t <= now) {
             g.engine.handle_timeout(now);
         }
@@ -130,6 +140,7 @@ impl UdpQp {
             return;
         }
         let local = self.driver.local;
+        let mut sent = 0;
         loop {
             let mut more = true;
             while g.tx.len() < BATCH {
@@ -162,6 +173,17 @@ impl UdpQp {
                 spare.push(p);
             }
             if !more {
+                break;
+            }
+            sent += BATCH;
+            if sent >= PUMP_DATAGRAMS {
+                // Later than the `now` of the timer round this may run in: the rest goes
+                // at the next step, after the other QPs had theirs.
+                if !g.resume {
+                    g.resume = true;
+                    self.driver
+                        .schedule(Instant::now() + Duration::from_nanos(1), self.qpn);
+                }
                 break;
             }
         }

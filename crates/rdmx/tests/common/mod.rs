@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod udp_pair;
+
 /// Bytes of `[start, end)` that lie in mappings the kernel holds locked (`lo` among the
 /// `VmFlags:` of /proc/self/smaps). mlock splits mappings at the locked boundary; the
 /// count is clipped to the range all the same, because the kernel merges a locked

@@ -437,4 +437,92 @@ mod shm {
             (s.received, s)
         });
     }
+
+    /// Sends `packet` with `fd` attached (`SCM_RIGHTS`) on the connected socket `s`.
+    fn send_with_fd(s: &UnixDatagram, fd: i32, packet: &[u8]) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let mut iov = libc::iovec {
+            iov_base: packet.as_ptr() as *mut libc::c_void,
+            iov_len: packet.len(),
+        };
+        let mut cbuf = [0u64; 4];
+        // SAFETY: an all-zero msghdr is valid; the pointers set below outlive the call.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        // SAFETY: CMSG_SPACE only computes a length.
+        msg.msg_controllen = unsafe { libc::CMSG_SPACE(4) } as _;
+        // SAFETY: cbuf holds CMSG_SPACE(4) bytes, so the first header and its one
+        // descriptor fit; sendmsg reads msg, iov and cbuf for the call.
+        let n = unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(4) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<i32>(), fd);
+            libc::sendmsg(s.as_raw_fd(), &msg, 0)
+        };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Whether this kernel lets a socket refuse descriptors (`SO_PASSRIGHTS`, 83, Linux
+    /// 6.16).
+    fn kernel_refuses_descriptors() -> bool {
+        use std::os::fd::AsRawFd;
+        let probe = UnixDatagram::unbound().expect("socket");
+        let off: libc::c_int = 0;
+        // SAFETY: setsockopt reads the one int for the call.
+        let r = unsafe {
+            libc::setsockopt(
+                probe.as_raw_fd(),
+                libc::SOL_SOCKET,
+                83,
+                (&off as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        r == 0
+    }
+
+    /// A descriptor sent to a context's datagram socket is refused where the kernel can
+    /// (the sender's `sendmsg` fails with `EPERM`) and is never kept: the pipe whose write
+    /// end was sent reads end-of-file once the sender closes its own copy.
+    #[test]
+    fn descriptors_sent_to_the_datagram_socket_are_refused() {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        let v = open();
+        let s = stranger(std::process::id(), 0x7e57_00fd);
+        s.connect_addr(&target(&v)).expect("connect");
+        let mut ends = [0i32; 2];
+        // SAFETY: pipe2 fills the two ints.
+        let made = unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) };
+        assert_eq!(made, 0, "pipe2");
+        // SAFETY: both ends are new descriptors this test owns.
+        let (r, w) = unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
+        let packet = ud_packet(v.qp.qp_num(), QKEY, 0x42, &[1; 8]);
+        let sent = send_with_fd(&s, w.as_raw_fd(), &packet);
+        if kernel_refuses_descriptors() {
+            let e = sent.expect_err("the socket refuses descriptors");
+            assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
+        } else {
+            sent.expect("sent");
+        }
+        drop(w);
+        let mut pfd = libc::pollfd {
+            fd: r.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll reads and writes the one pollfd for the call.
+        let n = unsafe { libc::poll(&mut pfd, 1, DEADLINE.as_millis() as libc::c_int) };
+        assert_eq!(n, 1, "the pipe's write end is still open somewhere");
+        let mut b = [0u8; 1];
+        // SAFETY: read writes at most one byte into b.
+        let got = unsafe { libc::read(r.as_raw_fd(), b.as_mut_ptr().cast(), 1) };
+        assert_eq!(got, 0, "end-of-file: nobody holds the write end");
+    }
 }

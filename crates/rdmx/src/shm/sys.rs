@@ -432,6 +432,32 @@ pub(crate) fn pass_credentials(fd: RawFd) -> io::Result<()> {
     Ok(())
 }
 
+/// `SO_PASSRIGHTS` (Linux 6.16), which the libc crate does not name yet.
+const SO_PASSRIGHTS: libc::c_int = 83;
+
+/// Asks the kernel to refuse descriptors sent to `fd` (`SCM_RIGHTS`): the sender's
+/// `sendmsg` fails with `EPERM`. Returns false on a kernel without the option, where
+/// [`recv_dgram`] closes any that come, and closing one (a socket set to linger, say)
+/// may take a while.
+pub(crate) fn refuse_descriptors(fd: RawFd) -> io::Result<bool> {
+    let off: libc::c_int = 0;
+    // SAFETY: setsockopt reads the one int for the call.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            SO_PASSRIGHTS,
+            (&off as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    match check(r) {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// A datagram [`recv_dgram`] read.
 #[derive(Debug)]
 pub(crate) struct Dgram {
@@ -480,7 +506,8 @@ pub(crate) fn recv_dgram(fd: RawFd, buf: &mut [u8]) -> io::Result<Dgram> {
     let mut cred = None;
     // SAFETY: the kernel filled `msg_controllen` bytes of `cbuf` with well-formed cmsgs;
     // CMSG_FIRSTHDR/CMSG_NXTHDR walk them without leaving the buffer. Descriptors are
-    // never passed on this socket; any that come are closed.
+    // never passed on this socket, which refuses them where the kernel can; any that come
+    // are closed.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(&msg);
         while !c.is_null() {

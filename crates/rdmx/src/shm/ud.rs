@@ -23,6 +23,8 @@
 //! of this context, and then pass the engine: a well-formed UD packet, the QP's Q_Key, a
 //! posted receive that holds the GRH area and the payload. Anything else is dropped and
 //! counted ([`UdStats`], per QP in [`QueuePair::dropped`](crate::QueuePair::dropped)).
+//! The socket refuses descriptors (`SO_PASSRIGHTS`, Linux 6.16): a sender's `sendmsg`
+//! with `SCM_RIGHTS` fails with `EPERM`; on older kernels any that come are closed.
 //!
 //! ## Memory and back-pressure
 //!
@@ -172,6 +174,14 @@ impl Port {
         sock.set_nonblocking(true)
             .map_err(|e| Error::Io("O_NONBLOCK", e))?;
         sys::pass_credentials(sock.as_raw_fd()).map_err(|e| Error::Io("SO_PASSCRED", e))?;
+        // Nothing passes descriptors here: a stranger's would have to be closed, which a
+        // descriptor set up for it (a socket that lingers) can make slow.
+        if !sys::refuse_descriptors(sock.as_raw_fd()).map_err(|e| Error::Io("SO_PASSRIGHTS", e))? {
+            tracing::debug!(
+                "this kernel cannot refuse descriptors on the shm UD socket (SO_PASSRIGHTS, \
+                 Linux 6.16): any sent are closed on receipt"
+            );
+        }
         Ok(Port {
             sock,
             gid: crate::shm_gid(pid, id).octets(),

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use rdmx::{
-    Access, CompletionQueue, ConnectOptions, Context, LocalSge, MemoryRegion, Mtu,
+    Access, Completion, CompletionQueue, ConnectOptions, Context, LocalSge, MemoryRegion, Mtu,
     ProtectionDomain, QpCaps, QpState, QueuePair, RemoteAddr, SendRequest, WcStatus,
 };
 
@@ -64,6 +64,19 @@ pub fn image(mr: &MemoryRegion) -> Vec<u8> {
     v
 }
 
+/// The next completion on `cq`; fails if none comes within [`DEADLINE`].
+#[track_caller]
+pub fn wait_one(cq: &CompletionQueue, what: &str) -> Completion {
+    let start = Instant::now();
+    loop {
+        if let Some(c) = cq.poll_one().expect("poll") {
+            return c;
+        }
+        assert!(start.elapsed() < DEADLINE, "{what} did not complete");
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
 /// A WRITE's data from A lands in B, and A's completion says so.
 pub fn write_works(a: &Side, b: &Side, seed: u8) {
     let data: Vec<u8> = (0..8192u32).map(|i| (i as u8).wrapping_mul(seed)).collect();
@@ -77,14 +90,7 @@ pub fn write_works(a: &Side, b: &Side, seed: u8) {
             .sge(LocalSge::new(&a.mr, 0, data.len()).expect("sge")),
     )
     .expect("post");
-    let start = Instant::now();
-    let c = loop {
-        if let Some(c) = a.cq.poll_one().expect("poll") {
-            break c;
-        }
-        assert!(start.elapsed() < DEADLINE, "the WRITE did not complete");
-        std::thread::sleep(Duration::from_micros(50));
-    };
+    let c = wait_one(&a.cq, "the WRITE");
     assert_eq!((c.wr_id, c.status), (u64::from(seed), WcStatus::Success));
     let mut got = vec![0u8; data.len()];
     b.mr.read_at(4096, &mut got).expect("read");

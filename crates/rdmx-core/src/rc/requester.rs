@@ -37,6 +37,12 @@ pub(crate) struct SendWqe<Mr> {
     pub(crate) npsn: u32,
     /// READ: PSN of the next response packet expected.
     pub(crate) next_resp: u32,
+    /// READ: PSN of the first response the last request asked for (after the first
+    /// attempt, where the responses already taken end).
+    resp_start: u32,
+    /// READ: response packets taken before its last rewind; asked for again, the READ
+    /// asks for the rest only.
+    resume: u32,
     /// Final status, once known.
     pub(crate) done: Option<WcStatus>,
     /// UD: where the datagram goes.
@@ -130,6 +136,8 @@ impl<Mr> Requester<Mr> {
             first_psn: 0,
             npsn: 0,
             next_resp: 0,
+            resp_start: 0,
+            resume: 0,
             done: None,
             ud: wr.ud,
         });
@@ -269,6 +277,10 @@ impl<Mr> Requester<Mr> {
         for w in self.sq.iter_mut().skip(idx) {
             if w.op.is_read_or_atomic() && w.done.is_none() && w.npsn > 0 {
                 self.rd_atomic -= 1;
+                if matches!(w.op, SendOp::Read(_)) {
+                    // Its responses come in order: those before `next_resp` are placed.
+                    w.resume = psn_diff(w.next_resp, w.first_psn).max(0) as u32;
+                }
             }
             w.npsn = 0;
         }
@@ -417,14 +429,24 @@ pub(crate) fn transmit<M: MemAccess>(
             req.next_psn = psn_add(psn, 1);
         }
         SendOp::Read(r) => {
+            // Sent again (its PSNs are the same, see `rewind`), it asks for the responses
+            // from the first one not taken: a large READ on a lossy path then completes
+            // by parts rather than only when all of it arrives in one go.
+            let k = match psn == w.first_psn {
+                true => w.resume,
+                false => 0,
+            };
             w.first_psn = psn;
             w.npsn = w.len.div_ceil(mtu).max(1) as u32;
-            w.next_resp = psn;
-            hdr = codec::header(Opcode::RdmaReadRequest, dest, psn);
+            let k = k.min(w.npsn - 1);
+            let skip = u64::from(k) * mtu;
+            w.resp_start = psn_add(psn, k);
+            w.next_resp = w.resp_start;
+            hdr = codec::header(Opcode::RdmaReadRequest, dest, w.resp_start);
             hdr.reth = Some(RethRepr {
-                va: r.addr,
+                va: r.addr.wrapping_add(skip),
                 rkey: r.rkey,
-                dma_len: w.len as u32,
+                dma_len: (w.len - skip) as u32,
             });
             hdr.bth.ack_req = true;
             req.next_psn = psn_add(psn, w.npsn);
@@ -607,10 +629,13 @@ pub(crate) fn handle_response<M: MemAccess>(
             let off = u64::from(psn_diff(psn, w.first_psn) as u32) * mtu;
             let last = psn == w.last_psn();
             let expect = if last { w.len - off } else { mtu };
-            if payload.len() as u64 != expect
-                || op.starts_message() != (psn == w.first_psn)
-                || op.ends_message() != last
-            {
+            // Where the last request asked to start, a response may start a message (its
+            // answer) or not (a late one of the answer before, whose bytes are the same).
+            let starts_ok = match psn == w.first_psn {
+                true => op.starts_message(),
+                false => psn == w.resp_start || !op.starts_message(),
+            };
+            if payload.len() as u64 != expect || !starts_ok || op.ends_message() != last {
                 w.done = Some(WcStatus::BadRespErr);
                 return;
             }

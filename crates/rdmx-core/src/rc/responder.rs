@@ -123,8 +123,15 @@ impl<Mr> ReadJob<Mr> {
 /// What a duplicate READ or atomic is answered with.
 #[derive(Debug)]
 enum Replay {
-    Read { psn: u32 },
-    Atomic { psn: u32, orig: u64 },
+    /// A READ's first PSN and how many its response takes.
+    Read {
+        psn: u32,
+        packets: u32,
+    },
+    Atomic {
+        psn: u32,
+        orig: u64,
+    },
 }
 
 #[derive(Debug)]
@@ -246,9 +253,17 @@ impl<Mr> Responder<Mr> {
 
     /// Drops the queued answer to the READ at `psn`, if any is still being sent: the
     /// requester asked again, so it restarted that READ and the new answer replaces it.
-    fn forget_read(&mut self, psn: u32) {
-        self.out
-            .retain(|a| !matches!(a, Answer::Read(j) if j.psn == psn));
+    /// Drops the answers still queued to the READ whose response PSNs start at `first`
+    /// and number `packets` (a repeated answer's start inside them), for the one about to
+    /// be queued.
+    fn forget_read(&mut self, first: u32, packets: u32) {
+        self.out.retain(|a| match a {
+            Answer::Read(j) => {
+                let d = psn_diff(j.psn, first);
+                !(d >= 0 && (d as u32) < packets)
+            }
+            _ => true,
+        });
     }
 
     fn push(&mut self, attrs: &QpAttr, credits: Option<u32>, answer: Answer<Mr>) {
@@ -310,7 +325,7 @@ pub(crate) fn handle_request<M: MemAccess>(
     } else if op.is_write() {
         write(qp, mem, srq, &attrs, hdr, payload);
     } else if op.is_read_request() {
-        read(qp, mem, &attrs, hdr, credits, false);
+        read(qp, mem, &attrs, hdr, credits, None);
     } else if op.is_atomic() {
         atomic(qp, mem, &attrs, hdr, credits);
     }
@@ -326,13 +341,17 @@ fn duplicate<M: MemAccess>(
     let psn = hdr.bth.psn;
     match hdr.bth.opcode {
         Opcode::RdmaReadRequest => {
-            if qp
-                .resp
-                .replay
-                .iter()
-                .any(|r| matches!(r, Replay::Read { psn: p } if *p == psn))
-            {
-                read(qp, mem, attrs, hdr, credits, true);
+            // The READ asked again, from its start or (the responses before taken) from
+            // one of its response PSNs: answered again from there, within what it was.
+            let first = qp.resp.replay.iter().find_map(|r| match *r {
+                Replay::Read { psn: p, packets } => {
+                    let d = psn_diff(psn, p);
+                    (d >= 0 && (d as u32) < packets).then_some((p, packets, d as u32))
+                }
+                Replay::Atomic { .. } => None,
+            });
+            if let Some(original) = first {
+                read(qp, mem, attrs, hdr, credits, Some(original));
             }
         }
         Opcode::CompareSwap | Opcode::FetchAdd => {
@@ -541,20 +560,28 @@ fn write<M: MemAccess>(
     accept(qp, hdr);
 }
 
+/// Answers a READ request; `again` names the READ a repeated one belongs to (its first
+/// PSN, its response packets, and how many of them the request skips).
 fn read<M: MemAccess>(
     qp: &mut RcQp<M>,
     mem: &M,
     attrs: &QpAttr,
     hdr: &RcRepr<'_>,
     credits: Option<u32>,
-    again: bool,
+    again: Option<(u32, u32, u32)>,
 ) {
     let Ok((va, len, mr)) = reth_target(qp, mem, attrs, hdr, Access::REMOTE_READ) else {
         return;
     };
-    if again {
+    let mtu = attrs.path_mtu.bytes() as u64;
+    let n = u64::from(len).div_ceil(mtu).max(1);
+    if let Some((first, packets, skip)) = again {
+        // Its answer stays within the PSNs of the READ it repeats.
+        if u64::from(skip) + n > u64::from(packets) {
+            return;
+        }
         // A retransmission, never a new use of the responder's resources.
-        qp.resp.forget_read(hdr.bth.psn);
+        qp.resp.forget_read(first, packets);
     } else if qp.resp.resources_in_use() >= usize::from(attrs.max_dest_rd_atomic.max(1)) {
         // The responder holds at most max_dest_rd_atomic READs and atomics being
         // answered, as an adapter's responder resources; a requester that exceeds them
@@ -562,8 +589,7 @@ fn read<M: MemAccess>(
         refuse(qp, attrs, hdr.bth.psn, NakCode::InvalidRequest);
         return;
     }
-    let mtu = attrs.path_mtu.bytes() as u64;
-    let n = u64::from(len).div_ceil(mtu).max(1);
+    let again = again.is_some();
     if !again {
         qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
     }
@@ -583,8 +609,13 @@ fn read<M: MemAccess>(
     qp.resp.push(attrs, credits, Answer::Read(job));
     if !again {
         qp.resp.epsn = psn_add(hdr.bth.psn, n as u32);
-        qp.resp
-            .remember(Replay::Read { psn: hdr.bth.psn }, attrs.max_dest_rd_atomic);
+        qp.resp.remember(
+            Replay::Read {
+                psn: hdr.bth.psn,
+                packets: n as u32,
+            },
+            attrs.max_dest_rd_atomic,
+        );
     }
 }
 

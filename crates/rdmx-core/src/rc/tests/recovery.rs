@@ -149,6 +149,52 @@ fn read_with_request_or_one_response_dropped_completes_once() {
     }
 }
 
+/// A READ whose responses stop part-way (one lost) asks again for the rest only: the
+/// second request starts at the lost response's PSN, its RETH the address and length
+/// moved on by the responses already placed, and the responder answers from there. A
+/// requester that asked for the whole READ again would need every response of one
+/// attempt to arrive, which a READ larger than a lossy path carries whole never does.
+#[test]
+fn a_read_asked_again_asks_for_the_rest_only() {
+    let mut p = Pair::new();
+    let data = pattern(9, LONG as usize);
+    let src = p.b.mem.register(u64::from(LONG), ALL);
+    p.b.mem.fill(src.addr, &data);
+    let dst = p.a.mem.register(u64::from(LONG), ALL);
+    let first = a_psn(&p, 0);
+    let lost = psn_add(first, Pos::Middle.index());
+    p.ba.drop_matching(1, move |x| x.is_read_response() && x.psn == lost);
+    p.a.post(wr(1, SendOp::Read(src.remote(0)), vec![dst.sge(0, LONG)]))
+        .unwrap();
+    p.drive();
+    assert_eq!(p.a.sends(), vec![(1, WcStatus::Success)]);
+    assert_eq!(p.a.mem.bytes(dst.addr, LONG as usize), data);
+    let asked: Vec<_> =
+        p.ab.sent()
+            .filter(|x| x.is_read_request())
+            .map(|x| (x.psn, x.reth.map(|r| (r.va, r.dma_len))))
+            .collect();
+    let skip = Pos::Middle.index() * 256;
+    assert_eq!(
+        asked,
+        vec![
+            (first, Some((src.addr, LONG))),
+            (lost, Some((src.addr + u64::from(skip), LONG - skip))),
+        ]
+    );
+    // After the first answer's responses (the lost one among them), the second answer
+    // starts at the lost one.
+    let again: Vec<_> =
+        p.ba.sent()
+            .filter(|x| x.is_read_response())
+            .skip(LONG.div_ceil(256) as usize)
+            .map(|x| x.psn)
+            .collect();
+    assert_eq!(again.first(), Some(&lost), "{again:?}");
+    assert_eq!(p.a.qp.state(), QpState::Rts);
+    assert_eq!(p.b.qp.state(), QpState::Rts);
+}
+
 #[test]
 fn atomic_with_request_or_ack_dropped_executes_once() {
     for (drop_ack, cas) in [(false, false), (true, false), (false, true), (true, true)] {

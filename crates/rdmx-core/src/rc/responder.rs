@@ -203,6 +203,14 @@ impl<Mr> Responder<Mr> {
                 }
                 Answer::Read(job) => {
                     if job.next_packet(out) {
+                        if job.next == job.packets {
+                            // Its last packet: the answer leaves the queue with it. Left
+                            // for the next poll, it would still count against the
+                            // responder resources when a transport that stops between
+                            // two polls (a paced one, a full socket) has sent it, and the
+                            // requester, its READ complete, sends the next.
+                            self.out.pop_front();
+                        }
                         return true;
                     }
                     self.out.pop_front();

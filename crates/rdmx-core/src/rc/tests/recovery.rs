@@ -195,6 +195,38 @@ fn a_read_asked_again_asks_for_the_rest_only() {
     assert_eq!(p.b.qp.state(), QpState::Rts);
 }
 
+/// A transport that stops right after a READ's last response (a paced one, a full
+/// socket) does not leave that answer counting against the responder resources: the
+/// requester, whose READ is complete, sends the next, and the responder takes it.
+#[test]
+fn a_read_answered_in_full_frees_its_resource_before_the_next_poll() {
+    let mut p = Pair::with(PairConfig {
+        max_rd_atomic: 1,
+        max_dest_rd_atomic: 1,
+        ..PairConfig::default()
+    });
+    // Four packets at MTU 256; B's transport takes four at a time, then nothing for
+    // longer than a round trip.
+    let len = 4 * 256;
+    p.b.burst = Some(4);
+    p.b.pace = Duration::from_millis(5);
+    let data = pattern(12, len as usize);
+    let src = p.b.mem.register(u64::from(len), ALL);
+    p.b.mem.fill(src.addr, &data);
+    let dst = p.a.mem.register(2 * u64::from(len), ALL);
+    for (id, off) in [(1, 0), (2, u64::from(len))] {
+        p.a.post(wr(id, SendOp::Read(src.remote(0)), vec![dst.sge(off, len)]))
+            .unwrap();
+    }
+    p.drive();
+    assert_eq!(
+        p.a.sends(),
+        vec![(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!(p.a.mem.bytes(dst.addr + u64::from(len), len as usize), data);
+    assert_eq!(p.b.qp.state(), QpState::Rts);
+}
+
 #[test]
 fn atomic_with_request_or_ack_dropped_executes_once() {
     for (drop_ack, cas) in [(false, false), (true, false), (false, true), (true, true)] {

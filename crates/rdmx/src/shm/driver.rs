@@ -404,15 +404,21 @@ impl Driver {
                         .and_then(Weak::upgrade);
                     if let Some(qp) = qp {
                         let mut g = qp.inner.lock();
-                        let hung_up = g.conn.as_ref().is_some_and(|c| sys::hung_up(&c.sock));
+                        let mut hung_up = g.conn.as_ref().is_some_and(|c| sys::hung_up(&c.sock));
                         let mut gone = hung_up;
                         // Wake-ups, and files the peer hands over or takes back (`mapped`).
                         match g.conn.as_mut().map(Conn::read_messages) {
                             Some(Ok(wakes)) => {
                                 self.wakes.fetch_add(wakes, Ordering::Relaxed);
                             }
+                            Some(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                                // The peer closed its end after the look above (its last
+                                // messages came first): it hung up all the same.
+                                hung_up = true;
+                                gone = true;
+                            }
                             Some(Err(e)) => {
-                                if !gone && e.kind() != std::io::ErrorKind::UnexpectedEof {
+                                if !gone {
                                     tracing::warn!(
                                         qpn = qp.qpn,
                                         "closing the shared-memory connection: {e}"

@@ -688,6 +688,12 @@ impl<M: MemAccess> RcQp<M> {
     }
 }
 
+/// Where `psn` lies among the `n` PSNs from `first` on (0 for `first`), if it does.
+pub(crate) fn psn_offset(psn: u32, first: u32, n: u32) -> Option<u32> {
+    let d = rdmx_wire::psn_diff(psn, first);
+    (d >= 0 && (d as u32) < n).then_some(d as u32)
+}
+
 /// `timeout` code to duration: 4.096 µs × 2^code; 0 means no timeout.
 pub(crate) fn ack_timeout(code: u8) -> Option<Duration> {
     (code != 0).then(|| Duration::from_nanos(4096u64 << code.min(31)))

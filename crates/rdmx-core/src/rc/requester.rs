@@ -18,7 +18,7 @@ use rdmx_wire::{psn_add, psn_diff, AtomicEthRepr, RethRepr};
 
 use super::codec::{self, NakCode, Opcode, RcRepr, Syndrome};
 use super::io::{Payload, Span, Transmit};
-use super::{ack_timeout, for_each_span, Local, MemAccess, RcQp};
+use super::{ack_timeout, for_each_span, psn_offset, Local, MemAccess, RcQp};
 use crate::wr::{SendFlags, SendOp, SendWr, WcStatus};
 
 /// A send request as the requester holds it.
@@ -37,11 +37,9 @@ pub(crate) struct SendWqe<Mr> {
     pub(crate) npsn: u32,
     /// READ: PSN of the next response packet expected.
     pub(crate) next_resp: u32,
-    /// READ: PSN of the first response the last request asked for (after the first
-    /// attempt, where the responses already taken end).
-    resp_start: u32,
-    /// READ: response packets taken before its last rewind; asked for again, the READ
-    /// asks for the rest only.
+    /// READ: response packets the last request skipped, those taken before the rewind
+    /// that preceded it (set again at each rewind): asked for again, the READ asks for
+    /// the rest only.
     resume: u32,
     /// Final status, once known.
     pub(crate) done: Option<WcStatus>,
@@ -53,9 +51,12 @@ impl<Mr> SendWqe<Mr> {
     fn last_psn(&self) -> u32 {
         psn_add(self.first_psn, self.npsn - 1)
     }
+    /// READ: PSN of the first response its last request asked for.
+    fn resp_start(&self) -> u32 {
+        psn_add(self.first_psn, self.resume)
+    }
     fn contains(&self, psn: u32) -> bool {
-        let d = psn_diff(psn, self.first_psn);
-        d >= 0 && (d as u32) < self.npsn
+        psn_offset(psn, self.first_psn, self.npsn).is_some()
     }
 }
 
@@ -136,7 +137,6 @@ impl<Mr> Requester<Mr> {
             first_psn: 0,
             npsn: 0,
             next_resp: 0,
-            resp_start: 0,
             resume: 0,
             done: None,
             ud: wr.ud,
@@ -438,11 +438,10 @@ pub(crate) fn transmit<M: MemAccess>(
             };
             w.first_psn = psn;
             w.npsn = w.len.div_ceil(mtu).max(1) as u32;
-            let k = k.min(w.npsn - 1);
-            let skip = u64::from(k) * mtu;
-            w.resp_start = psn_add(psn, k);
-            w.next_resp = w.resp_start;
-            hdr = codec::header(Opcode::RdmaReadRequest, dest, w.resp_start);
+            w.resume = k.min(w.npsn - 1);
+            let skip = u64::from(w.resume) * mtu;
+            w.next_resp = w.resp_start();
+            hdr = codec::header(Opcode::RdmaReadRequest, dest, w.next_resp);
             hdr.reth = Some(RethRepr {
                 va: r.addr.wrapping_add(skip),
                 rkey: r.rkey,
@@ -633,7 +632,7 @@ pub(crate) fn handle_response<M: MemAccess>(
             // answer) or not (a late one of the answer before, whose bytes are the same).
             let starts_ok = match psn == w.first_psn {
                 true => op.starts_message(),
-                false => psn == w.resp_start || !op.starts_message(),
+                false => psn == w.resp_start() || !op.starts_message(),
             };
             if payload.len() as u64 != expect || !starts_ok || op.ends_message() != last {
                 w.done = Some(WcStatus::BadRespErr);

@@ -17,7 +17,7 @@ use rdmx_wire::{psn_add, psn_diff, AtomicAckEthRepr, AtomicEthRepr, RethRepr};
 
 use super::codec::{self, NakCode, Opcode, RcRepr, Syndrome};
 use super::io::{Payload, Span, Transmit};
-use super::{for_each_span, CqSide, MemAccess, RcQp, RecvWqe, Srq};
+use super::{for_each_span, psn_offset, CqSide, MemAccess, RcQp, RecvWqe, Srq};
 use crate::access::Access;
 use crate::mr::KeyUse;
 use crate::qp::QpAttr;
@@ -259,17 +259,12 @@ impl<Mr> Responder<Mr> {
         self.out.len() >= 2 * usize::from(attrs.max_dest_rd_atomic.max(1)) + EXTRA_ANSWERS
     }
 
-    /// Drops the queued answer to the READ at `psn`, if any is still being sent: the
-    /// requester asked again, so it restarted that READ and the new answer replaces it.
     /// Drops the answers still queued to the READ whose response PSNs start at `first`
-    /// and number `packets` (a repeated answer's start inside them), for the one about to
-    /// be queued.
+    /// and number `packets` (an earlier repeated answer starts inside them): the
+    /// requester asked again, so the answer about to be queued replaces them.
     fn forget_read(&mut self, first: u32, packets: u32) {
         self.out.retain(|a| match a {
-            Answer::Read(j) => {
-                let d = psn_diff(j.psn, first);
-                !(d >= 0 && (d as u32) < packets)
-            }
+            Answer::Read(j) => psn_offset(j.psn, first, packets).is_none(),
             _ => true,
         });
     }
@@ -353,8 +348,7 @@ fn duplicate<M: MemAccess>(
             // one of its response PSNs: answered again from there, within what it was.
             let first = qp.resp.replay.iter().find_map(|r| match *r {
                 Replay::Read { psn: p, packets } => {
-                    let d = psn_diff(psn, p);
-                    (d >= 0 && (d as u32) < packets).then_some((p, packets, d as u32))
+                    psn_offset(psn, p, packets).map(|skip| (p, packets, skip))
                 }
                 Replay::Atomic { .. } => None,
             });

@@ -447,3 +447,73 @@ fn a_long_post_list_claims_again() {
     drop(mr);
     assert!(bytes(&m).iter().all(|&x| x == 3));
 }
+
+/// Waits until `cond` holds.
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < DEADLINE, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A region of a file registered while the file's last published region is being
+/// deregistered (the deregistration waiting for a claim) keeps the file mapped at the
+/// peer: the deregistration does not tell the peer to unmap a file offered again
+/// meanwhile, and the new region's requests run on the mapped path.
+#[test]
+fn a_file_offered_again_while_its_last_region_goes_stays_mapped() {
+    let (a, b) = pair();
+    let src = a.pd.register(vec![7u8; 4096], Access::LOCAL_WRITE).unwrap();
+    let m = Mapping::shared(2 * LEN).unwrap();
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    // SAFETY: each region covers half of `m`, which outlives both (they are dropped or
+    // joined before the end of the test, `m` after them).
+    let first = unsafe {
+        b.pd.register_raw(m.as_ptr(), LEN, access, Pinning::Unpinned)
+    }
+    .unwrap();
+    let at = first.remote().at(0);
+    write_until_mapped(&a, &src, at);
+    // The initiator claims the first region: its deregistration unpublishes it, then
+    // waits for the claim to go.
+    testing::stall_claim(&a.qp, at.rkey).unwrap();
+    let going = std::thread::spawn(move || drop(first));
+    wait_until("the first region is unpublished", || {
+        !testing::peer_publishes(&a.qp, at.rkey).unwrap()
+    });
+    // Meanwhile the file's second half is registered: its file is offered again.
+    // SAFETY: as for the first region.
+    let second = unsafe {
+        b.pd.register_raw(m.as_ptr().add(LEN), LEN, access, Pinning::Unpinned)
+    }
+    .unwrap();
+    testing::scribble_claim(&a.qp, 0).unwrap();
+    going.join().unwrap();
+    assert!(m.is_shared(), "the memory was detached");
+    // Every message about the file reached the initiator before the offer of another
+    // file that it has once a WRITE into that one runs mapped.
+    let m2 = Mapping::shared(LEN).unwrap();
+    let other = register(&b, &m2, access);
+    write_until_mapped(&a, &src, other.remote().at(0));
+    assert_eq!(
+        testing::peer_files_mapped(&a.qp).unwrap(),
+        2,
+        "the initiator unmapped the file offered again"
+    );
+    let before = rdmx::shm::executed_at_post(&a.qp).unwrap();
+    a.qp.post_send(
+        SendRequest::write(3, second.remote().at(0)).sge(LocalSge::new(&src, 0, 64).unwrap()),
+    )
+    .unwrap();
+    let c = wait(&a.cq, "a WRITE to the second region");
+    assert_eq!(c.status, WcStatus::Success, "{c:?}");
+    assert_eq!(
+        rdmx::shm::executed_at_post(&a.qp),
+        Some(before + 1),
+        "the WRITE to the second region did not run mapped"
+    );
+    drop(other);
+    drop(second);
+    assert_eq!(&bytes(&m)[LEN..LEN + 64], &[7u8; 64]);
+}

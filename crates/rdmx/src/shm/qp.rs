@@ -312,8 +312,9 @@ impl ShmQp {
                     peer: 1 - c.side,
                     peer_gone: c.peer_gone.clone(),
                 });
-                drop(watch);
+                // Under the watch's lock, as every offer and forget (`published`).
                 p.offer_all(&c.sock);
+                drop(watch);
             }
         }
         self.progress(g, Instant::now());

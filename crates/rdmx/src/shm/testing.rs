@@ -59,6 +59,30 @@ pub fn claims_made(qp: &QueuePair) -> Result<u64> {
     })
 }
 
+/// Whether `qp`'s peer publishes key `rkey` in its key table now (the `mapped` path).
+pub fn peer_publishes(qp: &QueuePair, rkey: u32) -> Result<bool> {
+    with_conn(qp, |c| {
+        c.mapped
+            .as_ref()
+            .map(|v| v.publishes(rkey))
+            .ok_or(Error::InvalidArgument(
+                "the queue pair does not run the mapped data path",
+            ))
+    })
+}
+
+/// How many of its peer's files `qp` maps now (the `mapped` path).
+pub fn peer_files_mapped(qp: &QueuePair) -> Result<usize> {
+    with_conn(qp, |c| {
+        c.mapped
+            .as_ref()
+            .map(|v| v.files_mapped())
+            .ok_or(Error::InvalidArgument(
+                "the queue pair does not run the mapped data path",
+            ))
+    })
+}
+
 /// Raises `qp`'s copying flag, as a queue pair does while it copies a payload out of
 /// its peer's memory (a descriptor record's), and leaves it raised: what a peer stopped
 /// mid-copy leaves in the segment. [`end_copy`] lowers it.

@@ -68,6 +68,10 @@
 //! claims afterwards sees it and backs off. Connections whose peer has closed its socket
 //! (it exited or was killed) hold no claims.
 //!
+//! Files are offered and forgotten under one lock (that of the watched connections), so
+//! each peer gets the messages in the order the key table changed: a file offered again
+//! while its last region was being deregistered stays mapped at the peer.
+//!
 //! The wait is bounded ([`DRAIN_BOUND`]). A peer that still claims the key after it
 //! (stalled mid-copy, or writing garbage into its claim word) loses the memory instead:
 //! the target replaces its own view of the whole mapping with a private copy at the same

@@ -379,6 +379,20 @@ impl PeerView {
         self.claims
     }
 
+    /// Whether the peer publishes `rkey` now (a stable slot naming it, marked valid).
+    pub(crate) fn publishes(&self, rkey: u32) -> bool {
+        let idx = rkey as usize % SLOTS;
+        let seq = slot_word(&self.table, idx, S_SEQ).load(Ordering::SeqCst);
+        let key = slot_word(&self.table, idx, S_KEY).load(Ordering::SeqCst);
+        let pd = slot_word(&self.table, idx, S_PD).load(Ordering::SeqCst);
+        seq & 1 == 0 && key as u32 == rkey && pd >> 32 == 1
+    }
+
+    /// How many of the peer's files are mapped.
+    pub(crate) fn files_mapped(&self) -> usize {
+        self.files.len()
+    }
+
     /// The tag a claim on `rkey` carries now, if the peer publishes it.
     pub(crate) fn tag_of(&self, rkey: u32) -> Option<u64> {
         let idx = rkey as usize % SLOTS;

@@ -153,6 +153,11 @@ impl Published {
         st.files.remove(&file).is_some()
     }
 
+    /// Whether file `file` backs a published region.
+    fn offered(&self, file: u64) -> bool {
+        self.state.lock().files.contains_key(&file)
+    }
+
     /// Offers every published file to a new connection's peer.
     pub(crate) fn offer_all(&self, sock: &UnixStream) {
         let files: Vec<Arc<SharedFile>> = self
@@ -169,25 +174,21 @@ impl Published {
 }
 
 impl crate::shm::Driver {
-    /// The connections that run the mapped path (their peers map this context's files).
-    fn mapped_socks(&self) -> Vec<Arc<UnixStream>> {
-        let active: Vec<_> = self.active.read().clone();
-        active
-            .iter()
-            .filter_map(|q| {
-                let g = q.inner.lock();
-                let c = g.conn.as_ref()?;
-                c.mapped.is_some().then(|| c.sock.clone())
-            })
-            .collect()
-    }
-
     /// `mr` was registered: published if it qualifies, its file offered to the peers.
+    ///
+    /// Offers and forgets go out under the lock of the watched connections (the
+    /// connections that run the mapped path, each added under it with every file offered
+    /// then): each peer gets them in the order the key table changed, so a file offered
+    /// again while its last region was being deregistered is not forgotten after it.
     pub(crate) fn published(&self, mr: &MrShared) {
-        let Some(file) = self.published.as_ref().and_then(|p| p.publish(mr)) else {
+        let Some(p) = self.published.as_ref() else {
             return;
         };
-        for s in self.mapped_socks() {
+        let watch = self.watch.lock();
+        let Some(file) = p.publish(mr) else {
+            return;
+        };
+        for s in watch.iter().filter_map(|w| w.sock.upgrade()) {
             offer(&s, &file);
         }
     }
@@ -232,8 +233,12 @@ impl crate::shm::Driver {
             }
         }
         if let Some(id) = forget_file {
-            for s in self.mapped_socks() {
-                forget(&s, id);
+            let watch = self.watch.lock();
+            // A region of the file registered meanwhile offered it again: peers keep it.
+            if !p.offered(id) {
+                for s in watch.iter().filter_map(|w| w.sock.upgrade()) {
+                    forget(&s, id);
+                }
             }
         }
     }

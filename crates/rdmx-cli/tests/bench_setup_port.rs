@@ -5,9 +5,13 @@
 //! that close at once and a few that stall for seconds. The server logs each one and keeps
 //! waiting; the valid client that comes next completes a verified benchmark and both
 //! processes exit 0.
+//!
+//! A second client that reaches the server between a client's two setup exchanges is
+//! refused before it learns anything: the server connects its queue pairs only to the
+//! client it agreed the terms with.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -209,4 +213,179 @@ fn bench_server_serves_a_valid_client_after_60_bad_peers() {
         ignored >= 50,
         "{ignored} bad peers logged, of 60: {lines:#?}"
     );
+}
+
+/// Starts `rdmx bench write_bw --server` on the tcp provider; returns it, its stderr's
+/// lines and its setup port.
+fn start_server(exe: &str) -> (Server, mpsc::Receiver<String>, u16) {
+    let mut child = Command::new(exe)
+        .args([
+            "bench",
+            "write_bw",
+            "--provider",
+            "tcp",
+            "--server",
+            "-p",
+            "0",
+            "-n",
+            "200",
+            "--verify",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the server");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let port = loop {
+        let line = rx
+            .recv_timeout(DEADLINE)
+            .expect("the server says where it waits");
+        if let Some(addr) = line.split("waiting for a peer on ").nth(1) {
+            let port = addr.rsplit(':').next().expect("address:port");
+            break port.trim().parse::<u16>().expect("a port");
+        }
+    };
+    (Server(child), rx, port)
+}
+
+/// Relays `from` to a new connection to `port` and back, each way until its end of
+/// stream, in the background; `read` (bytes already read from `from`) go first.
+fn relay(from: TcpStream, read: Vec<u8>, port: u16) -> std::thread::JoinHandle<()> {
+    let mut to = TcpStream::connect(("127.0.0.1", port)).expect("dial the server");
+    to.write_all(&read).expect("relay");
+    let (from2, to2) = (
+        from.try_clone().expect("clone"),
+        to.try_clone().expect("clone"),
+    );
+    let ahead = std::thread::spawn(move || {
+        let _ = std::io::copy(&mut &from, &mut &to);
+        let _ = to.shutdown(Shutdown::Write);
+    });
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut &to2, &mut &from2);
+        let _ = from2.shutdown(Shutdown::Write);
+        let _ = ahead.join();
+    })
+}
+
+/// Reads one cm message (head, endpoints, private data) from `s`.
+fn read_cm_message(s: &mut TcpStream) -> Vec<u8> {
+    let mut m = vec![0u8; 16];
+    s.read_exact(&mut m).expect("a cm head");
+    assert_eq!(&m[..8], CM_MAGIC);
+    let n = u32::from_be_bytes(m[8..12].try_into().unwrap()) as usize;
+    let plen = u32::from_be_bytes(m[12..16].try_into().unwrap()) as usize;
+    let mut body = vec![0u8; n * 40 + plen];
+    s.read_exact(&mut body).expect("a cm body");
+    m.extend_from_slice(&body);
+    m
+}
+
+fn client(exe: &str, port: u16) -> Command {
+    let mut c = Command::new(exe);
+    c.args([
+        "bench",
+        "write_bw",
+        "--provider",
+        "tcp",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "-n",
+        "200",
+        "--verify",
+    ]);
+    c
+}
+
+/// A client's two setup exchanges go through a relay, which holds the second back while
+/// an intruder sends the server that very message with its session removed (a
+/// well-formed hello of a bench, for the right number of queue pairs, from a peer that
+/// did not take part in the first exchange): the server refuses it before it sends
+/// anything, and the client's benchmark then completes.
+#[test]
+fn bench_server_connects_only_the_client_it_agreed_terms_with() {
+    let exe = env!("CARGO_BIN_EXE_rdmx");
+    let (mut server, rx, port) = start_server(exe);
+    let proxy = TcpListener::bind("127.0.0.1:0").expect("bind the relay");
+    let proxy_port = proxy.local_addr().expect("addr").port();
+    let first = client(exe, proxy_port)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the client");
+    // Its first exchange (the terms) goes through; its second waits in the relay.
+    let (terms, _) = proxy.accept().expect("the client's first exchange");
+    relay(terms, Vec::new(), port).join().expect("relay");
+    let (mut held, _) = proxy.accept().expect("the client's second exchange");
+    held.set_read_timeout(Some(DEADLINE)).expect("SO_RCVTIMEO");
+    let message = read_cm_message(&mut held);
+    let n = u32::from_be_bytes(message[8..12].try_into().unwrap()) as usize;
+    let mut hello: serde_json::Value =
+        serde_json::from_slice(&message[16 + n * 40..]).expect("the client's hello");
+    assert!(
+        hello["session"].is_u64(),
+        "the hello names no session: {hello}"
+    );
+    hello["session"] = serde_json::Value::Null;
+    let private = serde_json::to_vec(&hello).expect("json");
+    let mut forged = message[..12].to_vec();
+    forged.extend_from_slice(&(private.len() as u32).to_be_bytes());
+    forged.extend_from_slice(&message[16..16 + n * 40]);
+    forged.extend_from_slice(&private);
+    let mut intruder = TcpStream::connect(("127.0.0.1", port)).expect("dial the server");
+    intruder
+        .set_read_timeout(Some(DEADLINE))
+        .expect("SO_RCVTIMEO");
+    intruder.write_all(&forged).expect("send");
+    let mut learned = Vec::new();
+    let _ = intruder.read_to_end(&mut learned);
+    assert!(
+        learned.is_empty(),
+        "the server answered the intruder with {} bytes",
+        learned.len()
+    );
+    let start = Instant::now();
+    let mut said = Vec::new();
+    loop {
+        if let Some(status) = server.0.try_wait().expect("the server") {
+            std::thread::sleep(Duration::from_millis(300));
+            said.extend(rx.try_iter());
+            panic!("the server exited ({status}) after the intruder: {said:#?}");
+        }
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(l) if l.contains("did not agree the terms") => break,
+            Ok(l) => said.push(l),
+            Err(_) => assert!(
+                start.elapsed() < DEADLINE,
+                "the server did not log the intruder: {said:#?}"
+            ),
+        }
+    }
+    let relayed = relay(held, message, port);
+    let out = first.wait_with_output().expect("the client");
+    assert!(
+        out.status.success(),
+        "the client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    relayed.join().expect("relay");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = server.0.try_wait().expect("wait for the server") {
+            break s;
+        }
+        assert!(start.elapsed() < DEADLINE, "the server did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "the server failed ({status})");
 }

@@ -114,6 +114,25 @@ impl Listener {
         opts: &ConnectOptions,
         private: &[u8],
         timeout: Duration,
+        connected: impl FnMut() -> Result<()>,
+    ) -> Result<Vec<u8>> {
+        self.accept_checked(qps, opts, private, timeout, |_| true, connected)
+    }
+
+    /// [`accept_then`](Self::accept_then), going on only with a peer whose private data
+    /// `admit` accepts: it looks at the peer's message before this side sends anything
+    /// or connects a queue pair. A refused peer is an error ([`Error::Protocol`]) that
+    /// leaves the queue pairs as they were, having learned nothing of this side (its
+    /// stream is closed); a server can accept again, as after any bad peer. An
+    /// application ties a second exchange to the peer of a first one this way, with a
+    /// value it gave that peer.
+    pub fn accept_checked(
+        &self,
+        qps: &[QueuePair],
+        opts: &ConnectOptions,
+        private: &[u8],
+        timeout: Duration,
+        mut admit: impl FnMut(&[u8]) -> bool,
         mut connected: impl FnMut() -> Result<()>,
     ) -> Result<Vec<u8>> {
         let deadline = Instant::now() + timeout;
@@ -152,6 +171,7 @@ impl Listener {
             opts,
             private,
             deadline,
+            &mut admit,
             &mut connected,
         )
     }
@@ -195,6 +215,7 @@ pub fn connect_then(
                     opts,
                     private,
                     deadline,
+                    &mut |_| true,
                     &mut connected,
                 )
             }
@@ -218,7 +239,9 @@ pub(crate) enum Side {
     Accepts,
 }
 
-/// The exchange over a connected control stream (blocking, bounded by `deadline`).
+/// The exchange over a connected control stream (blocking, bounded by `deadline`). The
+/// accepting side goes on only if `admit` accepts the peer's private data.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn exchange(
     mut s: TcpStream,
     side: Side,
@@ -226,6 +249,7 @@ pub(crate) fn exchange(
     opts: &ConnectOptions,
     private: &[u8],
     deadline: Instant,
+    admit: &mut dyn FnMut(&[u8]) -> bool,
     connected: &mut dyn FnMut() -> Result<()>,
 ) -> Result<Vec<u8>> {
     if private.len() > MAX_PRIVATE || qps.len() > MAX_QPS {
@@ -254,6 +278,9 @@ pub(crate) fn exchange(
     }
     let (eps, theirs) = read_theirs(&mut s, qps.len(), peer_ip, deadline)?;
     if side == Side::Accepts {
+        if !admit(&theirs) {
+            return Err(Error::Protocol("the peer's private data was refused"));
+        }
         write_by(&mut s, &msg, deadline).map_err(io)?;
     }
     // Connecting a QP may dial the address the peer gave: within the deadline too.

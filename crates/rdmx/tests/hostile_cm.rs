@@ -218,3 +218,70 @@ fn cm_peer_that_trickles() {
         "connection-setup exchange",
     );
 }
+
+/// A well-formed rdmx peer whose private data the listener does not admit
+/// (`accept_checked`): the accept fails naming the refusal, neither QP is connected, the
+/// peer's connect fails having learned nothing, and the listener then serves the peer it
+/// admits.
+#[test]
+fn cm_peer_not_admitted() {
+    let srv = tcp();
+    let pd = srv.alloc_pd();
+    let listener = cm::Listener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let dial = |private: &'static [u8]| {
+        std::thread::spawn(move || {
+            let cli = tcp();
+            let cli_pd = cli.alloc_pd();
+            let (cqp, _ccq) = qp_in(&cli_pd);
+            let got = cm::connect(
+                addr,
+                std::slice::from_ref(&cqp),
+                &ConnectOptions::default(),
+                private,
+                DEADLINE,
+            );
+            let state = cqp.state();
+            // The QP and its context stay up until the test has looked at both sides.
+            (got, state, cqp, cli)
+        })
+    };
+    let admit = |p: &[u8]| p == b"invited";
+    let (qp, _cq) = qp_in(&pd);
+    let stranger = dial(b"stranger");
+    let err = listener
+        .accept_checked(
+            std::slice::from_ref(&qp),
+            &ConnectOptions::default(),
+            b"server",
+            DEADLINE,
+            admit,
+            || Ok(()),
+        )
+        .expect_err("a peer not admitted must not connect");
+    assert!(err.to_string().contains("refused"), "{err}");
+    assert_eq!(
+        qp.state(),
+        QpState::Reset,
+        "the refused exchange connected the QP"
+    );
+    let (got, state, _, _) = stranger.join().expect("the stranger");
+    assert!(got.is_err(), "the stranger learned {got:?}");
+    assert_eq!(state, QpState::Reset, "the stranger's QP was connected");
+
+    let invited = dial(b"invited");
+    let got = listener
+        .accept_checked(
+            std::slice::from_ref(&qp),
+            &ConnectOptions::default(),
+            b"server",
+            DEADLINE,
+            admit,
+            || Ok(()),
+        )
+        .expect("accept the peer admitted");
+    assert_eq!(got, b"invited");
+    let (theirs, state, _cqp, _cli) = invited.join().expect("the invited peer");
+    assert_eq!(theirs.expect("the invited peer connects"), b"server");
+    assert_eq!((qp.state(), state), (QpState::Rts, QpState::Rts));
+}

@@ -55,6 +55,7 @@ impl Side {
                 .qps
                 .first()
                 .map(|q| rdmx::AhAttr::to_endpoint(&q.endpoint()).dgid),
+            session: None,
         }
     }
 }
@@ -94,6 +95,11 @@ pub(crate) struct Hello {
     /// there): its context's address.
     #[serde(default)]
     pub(crate) gid: Option<std::net::Ipv6Addr>,
+    /// The server's answer in the first exchange names a random session, and the client's
+    /// message in the second names it back: the server connects its queue pairs only to
+    /// the peer it agreed the terms with.
+    #[serde(default)]
+    pub(crate) session: Option<u64>,
 }
 
 impl Hello {
@@ -367,12 +373,18 @@ pub(crate) fn connect_remote(
                 .map_err(|e| format!("listen on port {port}: {e}"))?
                 .with_exchange_timeout(EXCHANGE_TIMEOUT);
             on_listen(l.local_addr()?);
+            let mut session = [0u8; 8];
+            getrandom::fill(&mut session)
+                .map_err(|e| format!("no random session for the setup exchange: {e}"))?;
+            let session = u64::from_ne_bytes(session);
+            terms.session = Some(session);
             let first = accept_valid(
                 &l,
                 &[],
                 &opts,
                 &serde_json::to_vec(&terms)?,
                 ACCEPT_TIMEOUT,
+                None,
                 &mut || Ok(()),
             )?;
             check_terms(&mine, &first)?;
@@ -382,6 +394,7 @@ pub(crate) fn connect_remote(
                 &opts,
                 &serde_json::to_vec(&mine)?,
                 CONNECT_TIMEOUT,
+                Some(session),
                 &mut post,
             )
             .map_err(|e| post_error().unwrap_or(e))?;
@@ -418,13 +431,18 @@ pub(crate) fn connect_remote(
                 &serde_json::to_vec(&terms)?,
                 &mut || Ok(()),
             )?;
-            check(first, false)?;
+            let first = check(first, false)?;
+            // The second message names the session the server's answer named.
+            let again = Hello {
+                session: first.session,
+                ..mine.clone()
+            };
             let second = connect_retrying(
                 host,
                 *port,
                 control_qps,
                 &opts,
-                &serde_json::to_vec(&mine)?,
+                &serde_json::to_vec(&again)?,
                 &mut post,
             )
             .map_err(|e| post_error().unwrap_or(e))?;
@@ -513,15 +531,18 @@ fn ud_peers(side: &Side, theirs: &Hello) -> Result<(), BoxError> {
 }
 
 /// Accepts on the connection-setup port until an rdmx bench (of this version) has
-/// exchanged its hello, within `timeout` in all. Anything else that connects (a port scan,
-/// an HTTP request, garbage, a truncated or oversized message, a stall) is logged on
-/// stderr with the reason and skipped, as long as it left the queue pairs unconnected.
+/// exchanged its hello, within `timeout` in all; with a `session`, only one whose hello
+/// names it (the peer of the first exchange), before anything is sent to it. Anything
+/// else that connects (a port scan, an HTTP request, garbage, a truncated or oversized
+/// message, a stall, another client) is logged on stderr with the reason and skipped, as
+/// long as it left the queue pairs unconnected.
 fn accept_valid(
     l: &rdmx::cm::Listener,
     qps: &[QueuePair],
     opts: &ConnectOptions,
     private: &[u8],
     timeout: Duration,
+    session: Option<u64>,
     connected: &mut dyn FnMut() -> rdmx::Result<()>,
 ) -> Result<Hello, BoxError> {
     let deadline = Instant::now() + timeout;
@@ -530,16 +551,31 @@ fn accept_valid(
         if left.is_zero() {
             return Err(format!("no rdmx bench peer connected within {timeout:?}").into());
         }
-        let reason = match l.accept_then(qps, opts, private, left, &mut *connected) {
-            Ok(raw) => match serde_json::from_slice::<Hello>(&raw) {
+        // The peer's hello, or why it was refused before this side sent anything.
+        let mut heard = Err(String::new());
+        let admit = |raw: &[u8]| {
+            heard = match serde_json::from_slice::<Hello>(raw) {
+                Err(e) => Err(format!("not an rdmx bench of this version: {e}")),
+                Ok(h) if session.is_some() && h.session != session => Err(
+                    "a bench that did not agree the terms with this server (its hello \
+                     names another session)"
+                        .to_string(),
+                ),
                 // A bench of another version is told why (check_terms), not skipped.
-                Ok(h) => return Ok(h),
-                Err(e) => format!("not an rdmx bench of this version: {e}"),
-            },
-            Err(rdmx::Error::Timeout("no peer connected")) => {
+                Ok(h) => Ok(h),
+            };
+            heard.is_ok()
+        };
+        let accepted = l.accept_checked(qps, opts, private, left, admit, &mut *connected);
+        let reason = match (accepted, heard) {
+            (Ok(_), Ok(h)) => return Ok(h),
+            (Err(rdmx::Error::Timeout("no peer connected")), _) => {
                 return Err(format!("no rdmx bench peer connected within {timeout:?}").into())
             }
-            Err(e) => e.to_string(),
+            (_, Err(why)) if !why.is_empty() => why,
+            (Err(e), _) => e.to_string(),
+            // (Not reached: the exchange goes on only with a hello heard.)
+            (Ok(_), Err(_)) => "no hello".to_string(),
         };
         if qps.iter().any(|q| q.state() != QpState::Reset) {
             return Err(
@@ -628,6 +664,7 @@ mod tests {
                 rkey: 1,
             }],
             gid: None,
+            session: None,
         };
         let mine = hello(Role::Requester, &p);
         assert!(check_peer(&mine, &hello(Role::Responder, &p)).is_ok());

@@ -102,7 +102,16 @@ async fn exchange(
     let (qps, opts, private) = (qps.to_vec(), *opts, private.to_vec());
     ::tokio::task::spawn_blocking(move || {
         let qps: Vec<_> = qps.iter().map(AsyncQp::qp).collect();
-        crate::cm::exchange(s, side, &qps, &opts, &private, deadline, &mut || Ok(()))
+        crate::cm::exchange(
+            s,
+            side,
+            &qps,
+            &opts,
+            &private,
+            deadline,
+            &mut |_| true,
+            &mut || Ok(()),
+        )
     })
     .await
     .map_err(|e| Error::Io("the connection-setup task", std::io::Error::other(e)))?

@@ -16,6 +16,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+mod common;
+
 const DEADLINE: Duration = Duration::from_secs(60);
 /// The cm wire format (crates/rdmx/src/cm.rs): magic, u32 QP count, u32 private length,
 /// 40-byte endpoints, private data.
@@ -215,48 +217,6 @@ fn bench_server_serves_a_valid_client_after_60_bad_peers() {
     );
 }
 
-/// Starts `rdmx bench write_bw --server` on the tcp provider; returns it, its stderr's
-/// lines and its setup port.
-fn start_server(exe: &str) -> (Server, mpsc::Receiver<String>, u16) {
-    let mut child = Command::new(exe)
-        .args([
-            "bench",
-            "write_bw",
-            "--provider",
-            "tcp",
-            "--server",
-            "-p",
-            "0",
-            "-n",
-            "200",
-            "--verify",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the server");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let port = loop {
-        let line = rx
-            .recv_timeout(DEADLINE)
-            .expect("the server says where it waits");
-        if let Some(addr) = line.split("waiting for a peer on ").nth(1) {
-            let port = addr.rsplit(':').next().expect("address:port");
-            break port.trim().parse::<u16>().expect("a port");
-        }
-    };
-    (Server(child), rx, port)
-}
-
 /// Relays `from` to a new connection to `port` and back, each way until its end of
 /// stream, in the background; `read` (bytes already read from `from`) go first.
 fn relay(from: TcpStream, read: Vec<u8>, port: u16) -> std::thread::JoinHandle<()> {
@@ -290,20 +250,20 @@ fn read_cm_message(s: &mut TcpStream) -> Vec<u8> {
     m
 }
 
-fn client(exe: &str, port: u16) -> Command {
-    let mut c = Command::new(exe);
-    c.args([
-        "bench",
-        "write_bw",
-        "--provider",
-        "tcp",
-        "127.0.0.1",
-        "-p",
-        &port.to_string(),
-        "-n",
-        "200",
-        "--verify",
-    ]);
+/// The benchmark both sides run, the client's address and port after it.
+const RUN: [&str; 7] = [
+    "bench",
+    "write_bw",
+    "--provider",
+    "tcp",
+    "-n",
+    "200",
+    "--verify",
+];
+
+fn client(port: u16) -> std::process::Command {
+    let mut c = common::command(&RUN);
+    c.args(["127.0.0.1", "-p", &port.to_string()]);
     c
 }
 
@@ -314,11 +274,10 @@ fn client(exe: &str, port: u16) -> Command {
 /// anything, and the client's benchmark then completes.
 #[test]
 fn bench_server_connects_only_the_client_it_agreed_terms_with() {
-    let exe = env!("CARGO_BIN_EXE_rdmx");
-    let (mut server, rx, port) = start_server(exe);
+    let (server, port) = common::Server::start(&RUN);
     let proxy = TcpListener::bind("127.0.0.1:0").expect("bind the relay");
     let proxy_port = proxy.local_addr().expect("addr").port();
-    let first = client(exe, proxy_port)
+    let first = client(proxy_port)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -354,23 +313,6 @@ fn bench_server_connects_only_the_client_it_agreed_terms_with() {
         "the server answered the intruder with {} bytes",
         learned.len()
     );
-    let start = Instant::now();
-    let mut said = Vec::new();
-    loop {
-        if let Some(status) = server.0.try_wait().expect("the server") {
-            std::thread::sleep(Duration::from_millis(300));
-            said.extend(rx.try_iter());
-            panic!("the server exited ({status}) after the intruder: {said:#?}");
-        }
-        match rx.recv_timeout(Duration::from_millis(50)) {
-            Ok(l) if l.contains("did not agree the terms") => break,
-            Ok(l) => said.push(l),
-            Err(_) => assert!(
-                start.elapsed() < DEADLINE,
-                "the server did not log the intruder: {said:#?}"
-            ),
-        }
-    }
     let relayed = relay(held, message, port);
     let out = first.wait_with_output().expect("the client");
     assert!(
@@ -379,13 +321,11 @@ fn bench_server_connects_only_the_client_it_agreed_terms_with() {
         String::from_utf8_lossy(&out.stderr)
     );
     relayed.join().expect("relay");
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = server.0.try_wait().expect("wait for the server") {
-            break s;
-        }
-        assert!(start.elapsed() < DEADLINE, "the server did not exit");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(status.success(), "the server failed ({status})");
+    let out = server.finish();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the server failed: {said}");
+    assert!(
+        said.contains("did not agree the terms"),
+        "the server did not log the intruder: {said}"
+    );
 }

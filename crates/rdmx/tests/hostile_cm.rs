@@ -246,19 +246,19 @@ fn cm_peer_not_admitted() {
             (got, state, cqp, cli)
         })
     };
-    let admit = |p: &[u8]| p == b"invited";
     let (qp, _cq) = qp_in(&pd);
-    let stranger = dial(b"stranger");
-    let err = listener
-        .accept_checked(
+    let accept = || {
+        listener.accept_checked(
             std::slice::from_ref(&qp),
             &ConnectOptions::default(),
             b"server",
             DEADLINE,
-            admit,
+            |p| p == b"invited",
             || Ok(()),
         )
-        .expect_err("a peer not admitted must not connect");
+    };
+    let stranger = dial(b"stranger");
+    let err = accept().expect_err("a peer not admitted must not connect");
     assert!(err.to_string().contains("refused"), "{err}");
     assert_eq!(
         qp.state(),
@@ -270,16 +270,7 @@ fn cm_peer_not_admitted() {
     assert_eq!(state, QpState::Reset, "the stranger's QP was connected");
 
     let invited = dial(b"invited");
-    let got = listener
-        .accept_checked(
-            std::slice::from_ref(&qp),
-            &ConnectOptions::default(),
-            b"server",
-            DEADLINE,
-            admit,
-            || Ok(()),
-        )
-        .expect("accept the peer admitted");
+    let got = accept().expect("accept the peer admitted");
     assert_eq!(got, b"invited");
     let (theirs, state, _cqp, _cli) = invited.join().expect("the invited peer");
     assert_eq!(theirs.expect("the invited peer connects"), b"server");

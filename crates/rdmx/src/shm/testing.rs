@@ -18,6 +18,15 @@ fn with_conn<T>(qp: &QueuePair, f: impl FnOnce(&super::qp::Conn) -> Result<T>) -
     f(conn)
 }
 
+/// `f` on the view of `qp`'s peer that the `mapped` data path keeps.
+fn with_view<T>(qp: &QueuePair, f: impl FnOnce(&super::mapped::PeerView) -> T) -> Result<T> {
+    with_conn(qp, |c| {
+        c.mapped.as_ref().map(f).ok_or(Error::InvalidArgument(
+            "the queue pair does not run the mapped data path",
+        ))
+    })
+}
+
 /// Makes `qp` claim its peer's key `rkey` as an initiator does before it copies (see
 /// the `mapped` data path), and never let go: what a peer stalled mid-copy, or one
 /// that scribbles its claim word, leaves in the segment.
@@ -49,38 +58,17 @@ pub fn send_on_socket(qp: &QueuePair, bytes: &[u8]) -> Result<()> {
 
 /// How many claims `qp` made on its peer's keys so far (the `mapped` path).
 pub fn claims_made(qp: &QueuePair) -> Result<u64> {
-    with_conn(qp, |c| {
-        c.mapped
-            .as_ref()
-            .map(|v| v.claims())
-            .ok_or(Error::InvalidArgument(
-                "the queue pair does not run the mapped data path",
-            ))
-    })
+    with_view(qp, |v| v.claims())
 }
 
 /// Whether `qp`'s peer publishes key `rkey` in its key table now (the `mapped` path).
 pub fn peer_publishes(qp: &QueuePair, rkey: u32) -> Result<bool> {
-    with_conn(qp, |c| {
-        c.mapped
-            .as_ref()
-            .map(|v| v.publishes(rkey))
-            .ok_or(Error::InvalidArgument(
-                "the queue pair does not run the mapped data path",
-            ))
-    })
+    with_view(qp, |v| v.publishes(rkey))
 }
 
 /// How many of its peer's files `qp` maps now (the `mapped` path).
 pub fn peer_files_mapped(qp: &QueuePair) -> Result<usize> {
-    with_conn(qp, |c| {
-        c.mapped
-            .as_ref()
-            .map(|v| v.files_mapped())
-            .ok_or(Error::InvalidArgument(
-                "the queue pair does not run the mapped data path",
-            ))
-    })
+    with_view(qp, |v| v.files_mapped())
 }
 
 /// Raises `qp`'s copying flag, as a queue pair does while it copies a payload out of

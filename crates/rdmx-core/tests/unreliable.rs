@@ -19,10 +19,17 @@ const A: u32 = 0x11;
 const B: u32 = 0x22;
 
 fn qp(qpn: u32, qp_type: QpType) -> RcQp<Mem> {
+    qp_with_window(qpn, qp_type, 0)
+}
+
+/// A queue pair whose requester keeps at most `window` packets unacknowledged (0: no
+/// limit), as the udp provider's do.
+fn qp_with_window(qpn: u32, qp_type: QpType, window: u32) -> RcQp<Mem> {
     let mut cfg = QpConfig::new(qpn, PD);
     cfg.qp_type = qp_type;
     cfg.max_recv_wr = 64;
     cfg.max_send_wr = 64;
+    cfg.send_window = window;
     RcQp::new(cfg, QpLimits::default())
 }
 
@@ -35,8 +42,12 @@ fn ud(qpn: u32) -> RcQp<Mem> {
 }
 
 fn uc_pair(mtu: Mtu) -> (RcQp<Mem>, RcQp<Mem>) {
-    let mut a = qp(A, QpType::Uc);
-    let mut b = qp(B, QpType::Uc);
+    uc_pair_with_window(mtu, 0)
+}
+
+fn uc_pair_with_window(mtu: Mtu, window: u32) -> (RcQp<Mem>, RcQp<Mem>) {
+    let mut a = qp_with_window(A, QpType::Uc, window);
+    let mut b = qp_with_window(B, QpType::Uc, window);
     for (q, dest) in [(&mut a, B), (&mut b, A)] {
         let params = ConnectParams {
             access: Access::REMOTE_WRITE,
@@ -406,4 +417,41 @@ fn uc_write_with_a_lost_packet_completes_no_receive() {
         None,
     );
     assert!(a.post_send(&mem, f, None).is_err());
+}
+
+/// A send window (the udp provider's) holds RC packets until acknowledgements come; UC
+/// gets none, so its packets go regardless: a UC WRITE of 40 packets through a window of
+/// 8 leaves whole, asks for no acknowledgement, completes and lands.
+#[test]
+fn uc_sends_past_a_send_window_with_no_acknowledgement() {
+    let mem = Mem::new(3);
+    let (mut a, mut b) = uc_pair_with_window(Mtu::Mtu256, 8);
+    let len = 40 * 256;
+    let src = mem.register(len, Access::LOCAL_WRITE);
+    mem.put(src.addr, &pattern(5, len));
+    let dst = mem.register(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let at = RemoteAddr {
+        addr: dst.addr,
+        rkey: dst.rkey,
+    };
+    a.post_send(
+        &mem,
+        send_wr(1, SendOp::Write(at), src.addr, len as u32, src.lkey, None),
+        None,
+    )
+    .unwrap();
+    let sent = packets(&mut a, &mem);
+    assert_eq!(sent.len(), 40, "the window held UC packets back");
+    // BTH byte 8, bit 7: AckReq.
+    assert!(
+        sent.iter().all(|p| p[8] & 0x80 == 0),
+        "a UC packet asked for an acknowledgement"
+    );
+    let c = completions(&mut a);
+    assert_eq!((c.len(), c[0].status), (1, WcStatus::Success));
+    let now = Instant::now();
+    for p in &sent {
+        b.handle_packet(now, &mem, p);
+    }
+    assert_eq!(mem.get(dst.addr, len), pattern(5, len));
 }

@@ -372,7 +372,9 @@ pub(crate) fn transmit<M: MemAccess>(
         }
     }
     let psn = req.next_psn;
-    let window = qp.cfg.send_window;
+    // UC awaits no acknowledgement, so nothing would ever move a window on: its packets
+    // leave as the transport takes them.
+    let window = if uc { 0 } else { qp.cfg.send_window };
     if window > 0 && psn_diff(psn, req.acked) >= window as i32 {
         return None;
     }

@@ -100,6 +100,7 @@ macro_rules! conformance_suite {
             unreliable::ud_multicast,
             unreliable::ud_unordered_delivery,
             unreliable::uc_send_and_write,
+            unreliable::uc_messages_span_more_than_a_send_window,
             unreliable::ud_with_a_shared_receive_queue,
         );
     };

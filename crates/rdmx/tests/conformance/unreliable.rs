@@ -522,6 +522,31 @@ pub(crate) fn uc_send_and_write(p: &Provider) {
     let _ = b.scq;
 }
 
+/// A UC WRITE with immediate data of 40 packets: a provider that keeps a send window
+/// (udp, 16 packets in its small-MTU run) lets UC packets past it, since UC gets no
+/// acknowledgement that would move it; the message lands whole and both sides complete.
+pub(crate) fn uc_messages_span_more_than_a_send_window(p: &Provider) {
+    let Some((a, b)) = uc_pair(p) else { return };
+    let len = 40 * p.mtu_bytes();
+    let src = register(&a.pd, len, ALL);
+    let data = pattern(12, len);
+    src.write_at(0, &data).unwrap();
+    let target = register(&b.pd, len, ALL);
+    let rbuf = register(&b.pd, 8, LOCAL);
+    b.qp.post_recv(RecvRequest::new(9).sge(sge(&rbuf, 0, 8)))
+        .unwrap();
+    a.qp.post_send(SendRequest::write_with_imm(4, raddr(&target, 0), 0x55).sge(sge(&src, 0, len)))
+        .unwrap();
+    let c = wait_one(&a.scq, "the UC WRITE's completion");
+    assert_eq!((c.wr_id, c.status), (4, WcStatus::Success));
+    let c = wait_one(&b.rcq, "the UC WRITE with immediate");
+    assert_eq!(
+        (c.wr_id, c.status, c.imm_data),
+        (9, WcStatus::Success, Some(0x55))
+    );
+    assert_bytes(&image(&target), &data, "the UC WRITE");
+}
+
 /// UD queue pairs that take their receives from one shared receive queue: datagrams to
 /// either land in the SRQ's receives, and a dropped one (wrong Q_Key) takes none.
 pub(crate) fn ud_with_a_shared_receive_queue(p: &Provider) {

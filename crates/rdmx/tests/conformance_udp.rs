@@ -102,6 +102,23 @@ fn gso_write(rx_gro: bool, sges: usize, sge_len: usize) -> rdmx::udp::UdpStats {
 
 /// With GSO on both sides, a multi-packet WRITE leaves in runs the receiver reads joined,
 /// and every byte lands.
+/// A send window beyond a quarter of the PSN space is refused when the context opens
+/// (PSNs compare within half of it); the largest one opens.
+#[test]
+fn a_send_window_past_a_quarter_of_the_psn_space_is_refused() {
+    let loopback = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    for window in [(1 << 22) + 1, u32::MAX] {
+        let opts = rdmx::udp::Options::default()
+            .send_window(window)
+            .bind(loopback);
+        match Context::open(opts) {
+            Err(rdmx::Error::InvalidArgument(why)) => assert!(why.contains("window"), "{why}"),
+            other => panic!("a send window of {window} packets: {other:?}"),
+        }
+    }
+    open_udp(rdmx::udp::Options::default().send_window(1 << 22)).unwrap();
+}
+
 #[test]
 fn gso_runs_arrive_joined() {
     let s = gso_write(true, 1, 65536);

@@ -65,6 +65,10 @@ use io::Payload;
 use requester::Requester;
 use responder::Responder;
 
+/// Most packets one message of an RC or UC queue pair spans, a quarter of the 24-bit PSN
+/// space (2^22): a request longer than that at the path MTU completes with LOC_LEN_ERR.
+pub const MAX_MESSAGE_PACKETS: u32 = 1 << 22;
+
 /// Fixed properties of a queue pair, chosen at creation (`ibv_qp_init_attr`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -317,7 +321,13 @@ impl<M: MemAccess> RcQp<M> {
             }
         };
         let total = local.len();
-        let bad_len = (wr.op.is_atomic() && total != 8) || total > u64::from(u32::MAX);
+        // PSNs compare within half their 24-bit space: a message spanning a quarter of it
+        // (over 1 GiB at a 256-byte path MTU) would leave no room for the requests after.
+        let mtu = self.sm.attrs().path_mtu.bytes() as u64;
+        let too_many_packets = self.cfg.qp_type != QpType::Ud
+            && total.div_ceil(mtu.max(1)) > u64::from(MAX_MESSAGE_PACKETS);
+        let bad_len =
+            (wr.op.is_atomic() && total != 8) || total > u64::from(u32::MAX) || too_many_packets;
         let error = error.or(bad_len.then_some(WcStatus::LocLenErr));
         self.req.push(wr, local, total, error);
         if state == QpState::Err {

@@ -282,6 +282,16 @@ impl<Mr> Responder<Mr> {
         self.push(attrs, credits, Answer::Packet(h));
     }
 
+    /// Remembers an atomic's answer at `psn` as one from long before (its PSN taken
+    /// again after the 24-bit PSNs wrapped).
+    #[cfg(test)]
+    pub(crate) fn remember_old_atomic(&mut self, psn: u32, orig: u64) {
+        self.replay.push_front(Replay::Atomic { psn, orig });
+    }
+
+    /// Remembers `r`, the newest answer, for requests asked again (looked up newest
+    /// first: the 24-bit PSNs wrap, so an entry left from long before may carry the same
+    /// PSN as a recent one). At most `depth` are kept.
     fn remember(&mut self, r: Replay, depth: u8) {
         self.replay.push_back(r);
         while self.replay.len() > usize::from(depth.max(1)) {
@@ -346,18 +356,19 @@ fn duplicate<M: MemAccess>(
         Opcode::RdmaReadRequest => {
             // The READ asked again, from its start or (the responses before taken) from
             // one of its response PSNs: answered again from there, within what it was.
-            let first = qp.resp.replay.iter().find_map(|r| match *r {
-                Replay::Read { psn: p, packets } => {
+            let epsn = qp.resp.epsn;
+            let first = qp.resp.replay.iter().rev().find_map(|r| match *r {
+                Replay::Read { psn: p, packets } if psn_diff(p, epsn) < 0 => {
                     psn_offset(psn, p, packets).map(|skip| (p, packets, skip))
                 }
-                Replay::Atomic { .. } => None,
+                _ => None,
             });
             if let Some(original) = first {
                 read(qp, mem, attrs, hdr, credits, Some(original));
             }
         }
         Opcode::CompareSwap | Opcode::FetchAdd => {
-            let saved = qp.resp.replay.iter().find_map(|r| match r {
+            let saved = qp.resp.replay.iter().rev().find_map(|r| match r {
                 Replay::Atomic { psn: p, orig } if *p == psn => Some(*orig),
                 _ => None,
             });

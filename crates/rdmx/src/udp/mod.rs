@@ -118,7 +118,8 @@ pub struct Options {
     /// alone carries 0, segment `k` of a GSO send `k`); a peer that picks others (Linux
     /// rxe) needs it off there. Over IPv6 it works with every peer.
     pub verify_icrc: bool,
-    /// Most packets a queue pair keeps unacknowledged (default 256).
+    /// Most packets a queue pair keeps unacknowledged (default 256; at most 2^22, a
+    /// quarter of the PSN space; 0 is no limit).
     pub send_window: u32,
     /// Datagrams per `sendmmsg` and `recvmmsg` call, 1 to 32 (default 32; 1 is a system
     /// call per datagram, for comparison).
@@ -373,12 +374,21 @@ struct Device {
     groups: Arc<ud::Groups>,
 }
 
+/// The largest [`Options::send_window`]: PSNs compare within half their 24-bit space, and
+/// a window beyond a quarter of it would leave no room for the PSNs of a READ's responses.
+const MAX_SEND_WINDOW: u32 = 1 << 22;
+
 impl Device {
     fn open(opts: &Options) -> Result<Device> {
         let mtu = opts.max_mtu.bytes();
         if !(256..=4096).contains(&mtu) {
             return Err(Error::InvalidArgument(
                 "a udp path MTU is 256 to 4096 bytes",
+            ));
+        }
+        if opts.send_window > MAX_SEND_WINDOW {
+            return Err(Error::InvalidArgument(
+                "a udp send window is at most 2^22 packets (a quarter of the PSN space)",
             ));
         }
         let sock = match opts.bind {

@@ -177,6 +177,40 @@ fn duplicate_atomic_is_answered_from_the_replay() {
     assert_eq!(acks, vec![(a_psn(&p, 0), 1000), (a_psn(&p, 0), 1000)]);
 }
 
+/// The responder looks its replay up newest first: an answer it remembers from before
+/// the 24-bit PSNs wrapped, at the PSN a new atomic takes again, is not what the new
+/// atomic's duplicate gets.
+#[test]
+fn a_duplicate_atomic_gets_its_own_answer_not_an_older_one_at_its_psn() {
+    let mut p = Pair::new();
+    let target = p.b.mem.register(8, ALL);
+    p.b.mem.set_u64(target.addr, 1000);
+    let local = p.a.mem.register(16, ALL);
+    let psn = a_psn(&p, 0);
+    p.b.qp.resp.remember_old_atomic(psn, 7777);
+    p.ab.fate_matching(1, Fate::DupDelayed(Duration::from_millis(1)), |x| {
+        x.is_atomic_request()
+    });
+    p.a.post(wr(
+        1,
+        SendOp::FetchAdd {
+            remote: target.remote(0),
+            add: 5,
+        },
+        vec![local.sge(0, 8)],
+    ))
+    .unwrap();
+    p.drive();
+    assert_eq!(p.a.sends(), vec![(1, WcStatus::Success)]);
+    assert_eq!(p.b.mem.u64_at(target.addr), 1005);
+    let acks: Vec<(u32, u64)> =
+        p.ba.sent()
+            .filter(|x| x.op == Opcode::AtomicAcknowledge)
+            .map(|x| (x.psn, x.atomic_orig.unwrap()))
+            .collect();
+    assert_eq!(acks, vec![(psn, 1000), (psn, 1000)]);
+}
+
 #[test]
 fn very_late_duplicate_atomic_is_never_executed_again() {
     // The replay remembers max_dest_rd_atomic answers; a duplicate older than that is
@@ -873,4 +907,27 @@ fn headers_on_the_wire() {
         .map(|x| (x.psn, x.msn))
         .collect();
     assert_eq!(acks, vec![(a_psn(&p, 2), Some(1)), (a_psn(&p, 8), Some(3))]);
+}
+
+/// A message spanning more than a quarter of the PSN space at the path MTU (a READ of
+/// 1 GiB + 256 bytes at 256 bytes) completes with LOC_LEN_ERR when posted: the PSNs of
+/// the requests after it would not compare with its own.
+#[test]
+fn a_message_over_a_quarter_of_the_psn_space_is_a_length_error() {
+    let mut p = Pair::new();
+    let big = (u64::from(crate::rc::MAX_MESSAGE_PACKETS) * 256) as u32;
+    // Registered only: the post refuses the request before any byte is touched.
+    let local =
+        p.a.mem
+            .register_at(super::mem::PD, 1 << 40, u64::from(big) + 256, ALL);
+    let remote = p.b.mem.register(8, ALL);
+    p.a.post(wr(
+        1,
+        SendOp::Read(remote.remote(0)),
+        vec![local.sge(0, big + 256)],
+    ))
+    .unwrap();
+    p.drive();
+    assert_eq!(p.a.sends(), vec![(1, WcStatus::LocLenErr)]);
+    assert_eq!(p.ab.sent().count(), 0, "nothing sent");
 }

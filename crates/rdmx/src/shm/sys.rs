@@ -66,6 +66,19 @@ pub(crate) fn sealed(fd: &OwnedFd) -> bool {
         && seals & libc::F_SEAL_SHRINK != 0
 }
 
+/// Whether the file behind `fd` lives on hugetlbfs: the size seals do not keep its pages
+/// (a hole punched in it gives its huge pages back, and a later fault in a mapping of it
+/// raises SIGBUS when the pool is empty).
+pub(crate) fn on_hugetlbfs(fd: &OwnedFd) -> bool {
+    const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
+    // SAFETY: an all-zero statfs is a valid value to be overwritten.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs writes into `st`, which lives for the call.
+    let ok = unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) } == 0;
+    // (Refused as well when it cannot be told.)
+    !ok || st.f_type as i64 == HUGETLBFS_MAGIC
+}
+
 /// The size of the file behind `fd`.
 pub(crate) fn file_size(fd: &OwnedFd) -> io::Result<u64> {
     // SAFETY: an all-zero stat is a valid value to be overwritten.

@@ -19,7 +19,7 @@ use crate::shm::sys;
 #[derive(Debug)]
 pub(crate) struct PeerView {
     table: Map,
-    files: HashMap<u64, Map, IdState>,
+    files: HashMap<u64, PeerFile, IdState>,
     /// The last key a request checked, as it was checked: a later request to it reads
     /// the slot's sequence number and the target word again after its claim instead of
     /// looking the key up. Cleared whenever the files change (it points into one).
@@ -32,6 +32,63 @@ pub(crate) struct PeerView {
     /// [`POPULATE_BUDGET`]).
     populated: usize,
     populate_budget: usize,
+}
+
+/// Bytes of address space the files of every peer take in this process, and how many
+/// files: a peer hands over sparse files of any size (a sealed memfd of 60 TiB costs it
+/// nothing), and each mapping is one of the process's `vm.max_map_count` areas.
+static PEER_FILES: std::sync::Mutex<(usize, usize)> = std::sync::Mutex::new((0, 0));
+/// Most bytes of address space peers' files may take in this process (32 TiB, a quarter
+/// of x86_64's user address space): a file beyond it ends its connection.
+const PEER_BYTES_MAX: usize = 1 << 45;
+/// Most peer files mapped in this process at once (`vm.max_map_count` is 65,530 by
+/// default, for every mapping of the process).
+const PEER_FILES_MAX: usize = 16384;
+
+/// A peer's file as this process maps it: counted in [`PEER_FILES`] while it is.
+#[derive(Debug)]
+struct PeerFile(Map);
+
+impl PeerFile {
+    /// Maps `len` bytes of `fd` (populated if `populate`), if the budget has room.
+    fn map(fd: &OwnedFd, len: usize, populate: bool) -> std::io::Result<PeerFile> {
+        {
+            let mut used = PEER_FILES.lock().unwrap_or_else(|e| e.into_inner());
+            let bytes = used.0.checked_add(len).filter(|&n| n <= PEER_BYTES_MAX);
+            match bytes {
+                Some(bytes) if used.1 < PEER_FILES_MAX => *used = (bytes, used.1 + 1),
+                _ => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::OutOfMemory,
+                        "peers' files would take more address space or mappings than a \
+                         process gives them (32 TiB, 16,384 files)",
+                    ))
+                }
+            }
+        }
+        Map::with(fd, len, true, populate)
+            .map(PeerFile)
+            .inspect_err(|_| unmapped(len))
+    }
+}
+
+impl std::ops::Deref for PeerFile {
+    type Target = Map;
+    fn deref(&self) -> &Map {
+        &self.0
+    }
+}
+
+impl Drop for PeerFile {
+    fn drop(&mut self) {
+        unmapped(self.0.len);
+    }
+}
+
+/// A peer file of `len` bytes is no longer mapped.
+fn unmapped(len: usize) {
+    let mut used = PEER_FILES.lock().unwrap_or_else(|e| e.into_inner());
+    *used = (used.0.saturating_sub(len), used.1.saturating_sub(1));
 }
 
 /// Most bytes a post list copies under one claim: past them the claim is made again
@@ -124,6 +181,11 @@ impl PeerView {
                 if !sys::sealed(&fd) {
                     return Err(bad("a file whose size is not sealed"));
                 }
+                if sys::on_hugetlbfs(&fd) {
+                    return Err(bad(
+                        "a file on hugetlbfs (its pages can go under a mapping)",
+                    ));
+                }
                 if self.files.len() >= MAX_FILES && !self.files.contains_key(&id) {
                     return Err(bad("more files than a connection maps"));
                 }
@@ -135,7 +197,7 @@ impl PeerView {
                 let populate = len <= POPULATE_MAX
                     && self.populated.saturating_add(len) <= self.populate_budget;
                 self.populated += if populate { len } else { 0 };
-                self.files.insert(id, Map::with(&fd, len, true, populate)?);
+                self.files.insert(id, PeerFile::map(&fd, len, populate)?);
             }
             (m, None, None) if m == FORGET_MAGIC => {
                 self.files.remove(&id);
@@ -425,6 +487,58 @@ mod tests {
         }
         assert_eq!(v.files.len(), 5, "every file is mapped");
         assert_eq!(v.populated, 3 << 20, "only the budget's worth is populated");
+    }
+
+    /// A sealed file on hugetlbfs (whose pages a hole punched by the peer would give
+    /// back under this process's mapping) is refused, and nothing is mapped.
+    #[test]
+    fn a_file_on_hugetlbfs_is_refused() {
+        let table = super::super::Published::new().unwrap();
+        let mut v = PeerView::open(table.fd()).unwrap();
+        // SAFETY: memfd_create takes a NUL-terminated name and flags; returns a new fd.
+        let raw = unsafe {
+            libc::memfd_create(
+                c"huge".as_ptr(),
+                libc::MFD_HUGETLB | libc::MFD_ALLOW_SEALING,
+            )
+        };
+        assert!(raw >= 0, "{}", std::io::Error::last_os_error());
+        // SAFETY: a new descriptor that nothing else owns.
+        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+        // SAFETY: ftruncate and fcntl on a descriptor we own.
+        unsafe {
+            assert_eq!(libc::ftruncate(raw, 2 << 20), 0);
+            let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+            assert_eq!(libc::fcntl(raw, libc::F_ADD_SEALS, seals), 0);
+        }
+        assert!(sys::sealed(&fd));
+        let err = v.handle(&file_msg(1), vec![fd]).unwrap_err();
+        assert!(err.to_string().contains("hugetlbfs"), "{err}");
+        assert!(v.files.is_empty());
+    }
+
+    /// A sealed, sparse file of `len` bytes.
+    fn sparse(len: u64) -> OwnedFd {
+        sys::memfd(len as usize).unwrap()
+    }
+
+    /// Peers' sparse files (free to them) take at most 32 TiB of this process's address
+    /// space: a 64 TiB one ends its connection unmapped; a forgotten file gives its room
+    /// back.
+    #[test]
+    fn peer_files_take_a_bounded_address_space() {
+        let table = super::super::Published::new().unwrap();
+        let mut v = PeerView::open(table.fd()).unwrap();
+        let err = v.handle(&file_msg(1), vec![sparse(1 << 46)]).unwrap_err();
+        assert!(err.to_string().contains("address space"), "{err}");
+        assert!(v.files.is_empty());
+        // 20 TiB, forgotten, then 20 TiB again: the first gave its room back.
+        v.handle(&file_msg(2), vec![sparse(20 << 40)]).unwrap();
+        let mut forget = file_msg(2);
+        forget[..8].copy_from_slice(FORGET_MAGIC);
+        v.handle(&forget, Vec::new()).unwrap();
+        v.handle(&file_msg(3), vec![sparse(20 << 40)]).unwrap();
+        assert_eq!(v.files.len(), 1);
     }
 
     #[test]

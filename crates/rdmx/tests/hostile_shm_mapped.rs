@@ -517,3 +517,123 @@ fn a_file_offered_again_while_its_last_region_goes_stays_mapped() {
     drop(second);
     assert_eq!(&bytes(&m)[LEN..LEN + 64], &[7u8; 64]);
 }
+
+/// A second initiator on its own connection to the target context of `b`.
+fn second_initiator(b: &Side) -> (Side, QueuePair) {
+    let a2 = side();
+    let b2 = b.pd.create_qp(&b.cq, &b.cq, QpCaps::default()).unwrap();
+    a2.qp
+        .connect(b2.endpoint(), &ConnectOptions::default())
+        .unwrap();
+    b2.connect(a2.qp.endpoint(), &ConnectOptions::default())
+        .unwrap();
+    wait_until("the second connection", || {
+        rdmx::shm::data_path(&a2.qp).is_some() && rdmx::shm::data_path(&b2).is_some()
+    });
+    (a2, b2)
+}
+
+/// Bytes `range` of `m`.
+fn bytes_at(m: &Mapping, range: std::ops::Range<usize>) -> Vec<u8> {
+    // SAFETY: `m` is a live mapping that covers `range`, and nothing writes it meanwhile
+    // (the test's peers are idle when it looks).
+    unsafe { std::slice::from_raw_parts(m.as_ptr().add(range.start), range.len()) }.to_vec()
+}
+
+/// Deregistering a region that a stalled initiator claims detaches its whole mapping.
+/// A second initiator was copying into another region of that mapping then: its copy
+/// ends before the mapping is copied and is in it, and the other region still takes
+/// WRITEs (through the rings) afterwards.
+#[test]
+fn a_detached_mapping_keeps_what_peers_wrote_into_its_other_regions() {
+    let (a, b) = pair();
+    let (a2, _b2) = second_initiator(&b);
+    let src = a.pd.register(vec![1u8; 4096], Access::LOCAL_WRITE).unwrap();
+    let src2 = a2
+        .pd
+        .register(vec![2u8; 4096], Access::LOCAL_WRITE)
+        .unwrap();
+    let m = Mapping::shared(2 * LEN).unwrap();
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    // SAFETY: each region covers half of `m`, which outlives both.
+    let first = unsafe {
+        b.pd.register_raw(m.as_ptr(), LEN, access, Pinning::Unpinned)
+    }
+    .unwrap();
+    // SAFETY: as above.
+    let second = unsafe {
+        b.pd.register_raw(m.as_ptr().add(LEN), LEN, access, Pinning::Unpinned)
+    }
+    .unwrap();
+    let (at1, at2) = (first.remote().at(0), second.remote().at(0));
+    write_until_mapped(&a, &src, at1);
+    write_until_mapped(&a2, &src2, at2);
+    let peer = PeerMapping::of(m.as_ptr()).unwrap();
+    // The first initiator stalls holding its claim; the second is copying into the
+    // second region when the first region's deregistration begins.
+    testing::stall_claim(&a.qp, at1.rkey).unwrap();
+    testing::stall_claim(&a2.qp, at2.rkey).unwrap();
+    let going = std::thread::spawn(move || drop(first));
+    wait_until("the second region is unpublished", || {
+        !testing::peer_publishes(&a2.qp, at2.rkey).unwrap()
+    });
+    // The second initiator's copy lands, then its claim goes.
+    // SAFETY: the test plays the second initiator's copy; nothing of this process
+    // touches those bytes until the deregistration has returned.
+    assert!(unsafe { peer.write(LEN, &[0xab; 64]) });
+    testing::scribble_claim(&a2.qp, 0).unwrap();
+    going.join().unwrap();
+    assert!(!m.is_shared(), "the mapping was not detached");
+    assert_eq!(
+        bytes_at(&m, LEN..LEN + 64),
+        [0xab; 64],
+        "the copy into the other region was lost"
+    );
+    let at = RemoteAddr {
+        addr: at2.addr + 64,
+        ..at2
+    };
+    a2.qp
+        .post_send(SendRequest::write(5, at).sge(LocalSge::new(&src2, 0, 64).unwrap()))
+        .unwrap();
+    let c = wait(&a2.cq, "a WRITE to the other region");
+    assert_eq!(c.status, WcStatus::Success, "{c:?}");
+    assert_eq!(bytes_at(&m, LEN + 64..LEN + 128), [2u8; 64]);
+    testing::scribble_claim(&a.qp, 0).unwrap();
+    drop(second);
+}
+
+/// An initiator that goes with a claim in its word, after the target's queue pair went
+/// too, holds nothing: the target stops watching its connection (which kept the
+/// connection's segment mapped) at its next deregistration, of any region.
+#[test]
+fn a_dead_initiator_s_leftover_claim_is_not_watched() {
+    let (a, b, src, _m, mr) = writable_pair(LEN, 9);
+    let m2 = Mapping::shared(LEN).unwrap();
+    let other = register(&b, &m2, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let at = mr.remote().at(0);
+    write_until_mapped(&a, &src, at);
+    testing::stall_claim(&a.qp, at.rkey).unwrap();
+    drop(src);
+    let Side { ctx, qp, .. } = a;
+    drop(qp);
+    drop(ctx);
+    // The target's QP sees the connection end, then goes.
+    let start = Instant::now();
+    while b.qp.state() != QpState::Err {
+        assert!(start.elapsed() < DEADLINE, "the target's QP did not fail");
+        let _ = b.cq.poll_one().unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let Side { ctx, pd, cq, qp } = b;
+    drop(qp);
+    assert_eq!(testing::watched_connections(&ctx), Some(1));
+    drop(other);
+    assert_eq!(
+        testing::watched_connections(&ctx),
+        Some(0),
+        "a dead initiator's claim is still watched"
+    );
+    drop(mr);
+    drop((pd, cq));
+}

@@ -100,6 +100,16 @@ impl std::fmt::Debug for Driver {
 }
 
 impl Driver {
+    /// Runs `f` with every queue pair of this context locked: those of connections, then
+    /// the UD ones, each in address order (the order in which the `direct` path takes
+    /// two). Nothing of this context places a peer's bytes into memory meanwhile.
+    pub(super) fn with_queue_pairs_locked<R>(&self, f: impl FnOnce() -> R) -> R {
+        let mut qps = self.active.read().clone();
+        qps.sort_by_key(|q| Arc::as_ptr(q) as usize);
+        let _held: Vec<_> = qps.iter().map(|q| q.inner.lock()).collect();
+        self.ud.with_all_locked(f)
+    }
+
     pub(super) fn start(seed: u64, opts: &Options) -> Result<Arc<Driver>> {
         let pid = std::process::id();
         let epoll = sys::Epoll::new().map_err(|e| Error::Io("epoll_create", e))?;

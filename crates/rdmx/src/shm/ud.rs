@@ -159,6 +159,14 @@ impl std::fmt::Debug for Port {
 }
 
 impl Port {
+    /// Runs `f` with every UD queue pair of the context locked, in address order.
+    pub(crate) fn with_all_locked<R>(&self, f: impl FnOnce() -> R) -> R {
+        let mut qps: Vec<Arc<UdQp>> = self.qps.read().values().cloned().collect();
+        qps.sort_by_key(|q| Arc::as_ptr(q) as usize);
+        let _held: Vec<_> = qps.iter().map(|q| q.inner.lock()).collect();
+        f()
+    }
+
     /// Binds the datagram socket of context `id` of process `pid`, whose UD messages are
     /// at most `max_message` bytes.
     pub(crate) fn bind(

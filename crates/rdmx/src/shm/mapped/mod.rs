@@ -77,8 +77,11 @@
 //! the target replaces its own view of the whole mapping with a private copy at the same
 //! address ([`rdmx_mem::shared::detach`]), so whatever the peer writes later lands in
 //! pages this process no longer uses, and what it reads is no longer this process's
-//! memory; the mapping's other published regions are unpublished with it (their
-//! requests take the packets from then on). Deregistration then returns. (Regions of
+//! memory. Before that, the mapping's other published regions are unpublished (their
+//! requests take the packets from then on, and none of the mapping is published again)
+//! and the claims made on them drained (within [`DRAIN_BOUND`] too), and while the
+//! mapping is copied every queue pair of the context is held, so that what peers wrote
+//! into it, through the mapping or the packets, is in the copy. Deregistration then returns. (Regions of
 //! the same mapping registered on another context of this process stay published there:
 //! registering one mapping on several contexts that run the mapped path, with a peer
 //! that stalls, is the one case the detaching does not cover.)

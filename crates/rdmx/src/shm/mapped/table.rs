@@ -1,7 +1,7 @@
 //! The target's side of the mapped path: its key table, publishing and unpublishing
 //! regions, handing their files to peers, and waiting for peers' claims to go.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{fence, Ordering};
@@ -35,6 +35,9 @@ struct PubState {
     /// Published regions by lkey: their slot and file.
     by_lkey: HashMap<u32, (usize, u64)>,
     used: Vec<bool>,
+    /// Files taken back from the peers (their mapping detached, or being detached): no
+    /// region of them is published again.
+    detached: HashSet<u64>,
 }
 
 /// What deregistering a region leaves to do: wait for claims of `tag`, and tell peers
@@ -80,6 +83,9 @@ impl Published {
         let (file, off) = rdmx_mem::shared::find(mr.addr as usize, mr.len)?;
         let idx = mr.rkey as usize % SLOTS;
         let mut st = self.state.lock();
+        if st.detached.contains(&file.id()) {
+            return None;
+        }
         if st.used[idx] {
             tracing::debug!(
                 rkey = mr.rkey,
@@ -135,22 +141,25 @@ impl Published {
         Some(Withdrawn { tag, file, forget })
     }
 
-    /// Unpublishes every region of file `file` (its mapping was detached). Returns
-    /// whether the file was still offered.
-    fn withdraw_file(&self, file: u64) -> bool {
+    /// Takes file `file` back from the peers, before its mapping is detached: no region
+    /// of it is published again, and every one published now is unpublished. Returns
+    /// whether the file was offered, and the tags of the claims made on those regions.
+    fn take_back(&self, file: u64) -> (bool, Vec<u64>) {
         let mut st = self.state.lock();
+        st.detached.insert(file);
         let idxs: Vec<(u32, usize)> = st
             .by_lkey
             .iter()
             .filter(|(_, (_, f))| *f == file)
             .map(|(&k, &(i, _))| (k, i))
             .collect();
+        let mut tags = Vec::with_capacity(idxs.len());
         for (lkey, idx) in idxs {
             st.by_lkey.remove(&lkey);
             st.used[idx] = false;
-            self.clear(idx);
+            tags.push(self.clear(idx));
         }
-        st.files.remove(&file).is_some()
+        (st.files.remove(&file).is_some(), tags)
     }
 
     /// Whether file `file` backs a published region.
@@ -203,32 +212,41 @@ impl crate::shm::Driver {
         };
         let Some(w) = p.withdraw(mr) else { return };
         let mut forget_file = w.forget;
-        if !drain(&self.watch, w.tag, DRAIN_BOUND) {
+        if !drain(&self.watch, &[w.tag], DRAIN_BOUND) {
             tracing::warn!(
                 rkey = mr.rkey,
                 "shm mapped: a peer still claims a key being deregistered after {DRAIN_BOUND:?}; \
                  its memory is taken back from every peer (detached)"
             );
-            match rdmx_mem::shared::detach(mr.addr as usize) {
-                Ok(_) => {
-                    if p.withdraw_file(w.file) {
-                        forget_file = Some(w.file);
-                    }
-                }
-                Err(e) => {
-                    // The memory cannot be taken back: it is not given back either, until
-                    // the claim goes (or its connection does).
+            // First nothing of the mapping stays published (the requests to its other
+            // regions take the rings from now on), and the copies peers were making into
+            // those end; then no queue pair of this context places a peer's bytes while
+            // the mapping is copied: what the peers wrote is in the copy.
+            let (offered, others) = p.take_back(w.file);
+            if offered {
+                forget_file = Some(w.file);
+            }
+            if !drain(&self.watch, &others, DRAIN_BOUND) {
+                tracing::warn!(
+                    "shm mapped: a peer still claims another region of the mapping being \
+                     detached after {DRAIN_BOUND:?}; what it writes there now is lost"
+                );
+            }
+            let detached =
+                self.with_queue_pairs_locked(|| rdmx_mem::shared::detach(mr.addr as usize));
+            if let Err(e) = detached {
+                // The memory cannot be taken back: it is not given back either, until the
+                // claim goes (or its connection does).
+                tracing::error!(
+                    rkey = mr.rkey,
+                    "shm mapped: detaching the memory failed ({e}); waiting for the peer's \
+                     claim to go"
+                );
+                while !drain(&self.watch, &[w.tag], DRAIN_BOUND) {
                     tracing::error!(
                         rkey = mr.rkey,
-                        "shm mapped: detaching the memory failed ({e}); waiting for the \
-                         peer's claim to go"
+                        "shm mapped: a peer still claims a key being deregistered"
                     );
-                    while !drain(&self.watch, w.tag, DRAIN_BOUND) {
-                        tracing::error!(
-                            rkey = mr.rkey,
-                            "shm mapped: a peer still claims a key being deregistered"
-                        );
-                    }
                 }
             }
         }
@@ -299,18 +317,25 @@ impl Watch {
 pub(crate) fn prune(watch: &mut Vec<Watch>) {
     watch.retain(|w| {
         let (claim, sock) = w.claim();
-        sock.is_some() || claim != 0
+        still_watched(w, claim, &sock)
     });
 }
 
-/// Waits until no watched connection claims `tag`, for at most `bound`; forgets
+/// Whether a watched connection may still hold a claim: its socket is there, or it went
+/// with a claim in its word and its peer was not seen to close its end (a peer that
+/// closed its socket holds no claims, whatever its word says).
+fn still_watched(w: &Watch, claim: u64, sock: &Option<Arc<UnixStream>>) -> bool {
+    sock.is_some() || (claim != 0 && !w.peer_gone.load(Ordering::SeqCst))
+}
+
+/// Waits until no watched connection claims one of `tags`, for at most `bound`; forgets
 /// connections that are gone and claim nothing. Returns whether the claims went.
-fn drain(watch: &Mutex<Vec<Watch>>, tag: u64, bound: Duration) -> bool {
+fn drain(watch: &Mutex<Vec<Watch>>, tags: &[u64], bound: Duration) -> bool {
     crate::shm::wait_bounded(bound, || {
         let mut busy = false;
         watch.lock().retain(|w| {
             let (claim, sock) = w.claim();
-            if claim == tag {
+            if claim != 0 && tags.contains(&claim) {
                 // A peer that closed its socket holds no claims.
                 if w.peer_gone.load(Ordering::SeqCst)
                     || sock.as_ref().is_some_and(|s| sys::hung_up(s))
@@ -319,7 +344,7 @@ fn drain(watch: &Mutex<Vec<Watch>>, tag: u64, bound: Duration) -> bool {
                 }
                 busy = true;
             }
-            sock.is_some() || claim != 0
+            still_watched(w, claim, &sock)
         });
         !busy
     })

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::access::Access;
 use crate::pin::{PinGuard, Pinning};
-use crate::Error;
+use crate::{Error, Mapping};
 
 /// Something that registers memory: a protection domain of some provider.
 pub trait Registrar: Send + Sync + 'static {
@@ -28,6 +28,12 @@ pub trait Registrar: Send + Sync + 'static {
         len: usize,
         access: Access,
     ) -> Result<Self::Region, Error>;
+
+    /// Registers all of `mapping` with `access`, handing it over: the registration keeps
+    /// it mapped for as long as anything uses it, not only until the region is dropped
+    /// (a provider may still be placing a peer's bytes into it then). What the pools
+    /// register.
+    fn register_mapping(&self, mapping: Mapping, access: Access) -> Result<Self::Region, Error>;
 }
 
 /// A registered memory region as seen by the cache and the pools.
@@ -83,6 +89,8 @@ pub struct PinOnlyRegion {
     key: u32,
     access: Access,
     _pin: Option<PinGuard>,
+    /// The memory, when it was handed over (unmapped after the pin goes).
+    _owned: Option<Mapping>,
 }
 
 impl Registrar for PinOnly {
@@ -102,7 +110,16 @@ impl Registrar for PinOnly {
             key: self.next_key.fetch_add(1, Ordering::Relaxed),
             access,
             _pin: pin,
+            _owned: None,
         })
+    }
+
+    fn register_mapping(&self, mapping: Mapping, access: Access) -> Result<PinOnlyRegion, Error> {
+        // SAFETY: the region owns the mapping from here on and drops it last, so it stays
+        // mapped for as long as the region lives.
+        let mut region = unsafe { self.register(mapping.as_ptr(), mapping.len(), access) }?;
+        region._owned = Some(mapping);
+        Ok(region)
     }
 }
 

@@ -168,10 +168,11 @@ pub(crate) enum Side {
     Recv,
 }
 
-/// The buffers a queue pair holds for requests in flight.
+/// The buffers a queue pair holds for requests in flight (`None`: a slot reserved by a
+/// post that has not parked its buffer yet).
 #[derive(Debug, Default)]
 pub(crate) struct Parking {
-    slots: Mutex<HashMap<(u64, Side), Parked>>,
+    slots: Mutex<HashMap<(u64, Side), Option<Parked>>>,
 }
 
 impl Parking {
@@ -181,23 +182,47 @@ impl Parking {
         }
     }
 
-    /// Whether a buffer is parked for `wr_id` on `side`.
+    /// Whether a buffer is parked (or a post reserved the slot) for `wr_id` on `side`.
     pub(crate) fn holds(&self, wr_id: u64, side: Side) -> bool {
         self.slots.lock().contains_key(&(wr_id, side))
     }
 
+    /// Reserves the slot of `wr_id` on `side` for a post; false if it is taken.
+    pub(crate) fn reserve(&self, wr_id: u64, side: Side) -> bool {
+        match self.slots.lock().entry((wr_id, side)) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(None);
+                true
+            }
+        }
+    }
+
+    /// Gives back a slot [`reserve`](Self::reserve) took, its post failed.
+    pub(crate) fn unreserve(&self, wr_id: u64, side: Side) {
+        let mut slots = self.slots.lock();
+        if let Some(None) = slots.get(&(wr_id, side)) {
+            slots.remove(&(wr_id, side));
+        }
+    }
+
+    /// Parks `buf` in the slot its post reserved.
     pub(crate) fn park(&self, wr_id: u64, side: Side, buf: Parked) {
-        self.slots.lock().insert((wr_id, side), buf);
+        self.slots.lock().insert((wr_id, side), Some(buf));
     }
 
     /// Takes the buffer parked for `wr_id` on `side`, if it is a `B`.
     pub(crate) fn take<B: OwnedBuf>(&self, wr_id: u64, side: Side) -> Option<B> {
         let mut slots = self.slots.lock();
         let p = slots.remove(&(wr_id, side))?;
-        match B::unpark(p) {
-            Ok(b) => Some(b),
-            Err(p) => {
-                slots.insert((wr_id, side), p);
+        match p.map(B::unpark) {
+            Some(Ok(b)) => Some(b),
+            Some(Err(p)) => {
+                slots.insert((wr_id, side), Some(p));
+                None
+            }
+            None => {
+                slots.insert((wr_id, side), None);
                 None
             }
         }
@@ -207,7 +232,7 @@ impl Parking {
     pub(crate) fn drain(&self) -> Vec<(u64, Side, Parked)> {
         std::mem::take(&mut *self.slots.lock())
             .into_iter()
-            .map(|((w, s), p)| (w, s, p))
+            .filter_map(|((w, s), p)| Some((w, s, p?)))
             .collect()
     }
 }

@@ -134,9 +134,24 @@ impl rdmx_mem::Registrar for ProtectionDomain {
     ) -> Result<MemoryRegion, rdmx_mem::Error> {
         // SAFETY: forwarded; the caller upholds register_raw's contract.
         let res = unsafe { self.register_raw(addr, len, access, self.pinning) };
-        res.map_err(|e| match e {
-            Error::Register(e) => e,
-            other => rdmx_mem::Error::Registrar(Box::new(other)),
-        })
+        res.map_err(registrar_error)
+    }
+
+    fn register_mapping(
+        &self,
+        mapping: rdmx_mem::Mapping,
+        access: Access,
+    ) -> Result<MemoryRegion, rdmx_mem::Error> {
+        // The region's shared part owns the mapping: every `MrRef` keeps it mapped.
+        self.register_with(mapping, access, self.pinning)
+            .map_err(registrar_error)
+    }
+}
+
+/// A registration error as the cache and the pools report it.
+fn registrar_error(e: Error) -> rdmx_mem::Error {
+    match e {
+        Error::Register(e) => e,
+        other => rdmx_mem::Error::Registrar(Box::new(other)),
     }
 }

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use rdmx::{
     Access, BufferPool, CacheConfig, CachedBuf, Completion, CompletionQueue, ConnectOptions,
-    Context, Error, Invalidation, PoolBuf, PoolConfig, QpCaps, QueuePair, RegCache, SendRequest,
-    WcOpcode, WcStatus,
+    Context, Error, Invalidation, KeyUse, PoolBuf, PoolConfig, QpCaps, QueuePair, RegCache,
+    SendRequest, WcOpcode, WcStatus,
 };
 
 const DEADLINE: Duration = Duration::from_secs(10);
@@ -122,6 +122,97 @@ fn owned_posts_refuse_what_would_lose_the_buffer() {
         p.a.post_send_buf(SendRequest::send(1).unsignaled(), tx)
             .unwrap_err();
     assert!(e.to_string().contains("signaled"), "{e}");
+}
+
+/// A send and a receive of one queue pair may share an id: the send's completion gives
+/// back the send's buffer only, not the receive's (still posted), whatever opcode the
+/// completion passed to `take_buf` says.
+#[test]
+fn a_send_s_completion_does_not_give_back_a_receive_with_the_same_id() {
+    let p = pair("loopback");
+    let rx = p.pool_b.get(64).unwrap();
+    p.b.post_recv_buf(7, rx).map_err(|(e, _)| e).unwrap();
+    let landing = p.pool_a.get(64).unwrap();
+    p.a.post_recv_buf(1, landing).map_err(|(e, _)| e).unwrap();
+    let tx = p.pool_b.get(8).unwrap();
+    p.b.post_send_buf(SendRequest::send(7), tx)
+        .map_err(|(e, _)| e)
+        .unwrap();
+    let c = wait_one(&p.cq_b, "the SEND");
+    assert_eq!(
+        (c.wr_id, c.opcode, c.status),
+        (7, WcOpcode::Send, WcStatus::Success)
+    );
+    let as_receive = Completion {
+        opcode: WcOpcode::Recv,
+        ..c
+    };
+    assert!(
+        p.b.take_buf::<PoolBuf>(&as_receive).is_none(),
+        "the receive's buffer came back while it is posted"
+    );
+    assert_eq!(p.b.take_buf::<PoolBuf>(&c).map(|b| b.len()), Some(8));
+    // The receive's buffer comes back with its own completion.
+    let msg = p.pool_a.get(5).unwrap();
+    p.a.post_send_buf(SendRequest::send(2), msg)
+        .map_err(|(e, _)| e)
+        .unwrap();
+    let c = wait_one(&p.cq_b, "the receive");
+    assert_eq!((c.wr_id, c.opcode), (7, WcOpcode::Recv));
+    assert!(p.b.take_buf::<PoolBuf>(&c).is_some());
+}
+
+/// Two threads post owned receives with the same id at once, 100 times: exactly one of
+/// each pair is taken, the other refused with its buffer (before, both could pass the
+/// check, and the second parked its buffer over the first's, which went back to the pool
+/// while its receive was posted).
+#[test]
+fn concurrent_owned_posts_with_one_id_take_one() {
+    let p = pair("loopback");
+    for id in 0..100u64 {
+        let barrier = std::sync::Barrier::new(2);
+        let posted = std::thread::scope(|s| {
+            let post = || {
+                let buf = p.pool_b.get(64).unwrap();
+                barrier.wait();
+                p.b.post_recv_buf(id, buf).is_ok()
+            };
+            let one = s.spawn(post);
+            let two = s.spawn(post);
+            [one.join().unwrap(), two.join().unwrap()]
+        });
+        assert_eq!(
+            posted.iter().filter(|&&ok| ok).count(),
+            1,
+            "posts of id {id}: {posted:?}"
+        );
+    }
+}
+
+/// A pool's memory stays mapped for as long as a provider holds a reference to its
+/// registration (as it does while it places a peer's WRITE), even once every buffer and
+/// the pool itself are gone: the registration owns the slab's mapping.
+#[test]
+fn a_pool_s_memory_outlives_the_pool_while_a_provider_uses_it() {
+    let ctx = Context::open_provider("loopback").unwrap();
+    let pd = ctx.alloc_pd();
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let pool = BufferPool::new(pd.clone(), PoolConfig::default().with_access(access)).unwrap();
+    let buf = pool.get(4096).unwrap();
+    let (addr, rkey) = (buf.addr() as u64, buf.rkey());
+    let held = pd
+        .check(rkey, KeyUse::Remote, addr, 4096, Access::REMOTE_WRITE)
+        .unwrap();
+    assert!(
+        held.owns_memory(),
+        "the pool's registration does not own its memory"
+    );
+    drop(buf);
+    drop(pool);
+    held.write_at(0, &[7u8; 64]).unwrap();
+    let mut back = [0u8; 64];
+    held.read_at(0, &mut back).unwrap();
+    assert_eq!(back, [7u8; 64]);
 }
 
 #[test]

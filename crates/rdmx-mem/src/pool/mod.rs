@@ -415,25 +415,25 @@ impl<R: Registrar> BufferPool<R> {
         } else {
             Mapping::with_hugepages(len, h.hugepages)
         };
+        // The registration owns the mapping: it stays mapped for as long as anything
+        // uses the registration (a provider placing a peer's bytes), not only while the
+        // slab lives. The bytes are reached only through `PoolBuf`s: the copying accessors
+        // for any access, references only when no remote flag is set, and then the one
+        // owner of a buffer holds them (see the module documentation on access).
         let made = mapping.and_then(|mapping| {
-            let base = mapping.as_ptr();
-            // SAFETY: the mapping is owned by the slab made below, which keeps it mapped
-            // until the slab is dropped, and the slab drops the region first. The bytes
-            // are reached only through `PoolBuf`s: the copying accessors for any access,
-            // references only when no remote flag is set, and then the one owner of a
-            // buffer holds them (see the module documentation on access).
-            let region = unsafe { h.registrar.register(base, len, shared.access) }?;
+            let (base, backing) = (mapping.as_ptr(), mapping.backing());
+            let region = h.registrar.register_mapping(mapping, shared.access)?;
             debug_assert!(region.covers(base as usize, len));
-            Ok((mapping, region))
+            Ok((base, backing, region))
         });
-        let (mapping, region) = match made {
+        let (base, backing, region) = match made {
             Ok(made) => made,
             Err(err) => {
                 shared.reserved.fetch_sub(len, Ordering::Relaxed);
                 return Err(err);
             }
         };
-        let base = mapping.as_ptr() as usize;
+        let base = base as usize;
         let (lkey, rkey) = (region.lkey(), region.rkey());
         // Reversed so that pops hand out ascending addresses.
         let slots = (0..c.per_slab)
@@ -446,11 +446,8 @@ impl<R: Registrar> BufferPool<R> {
             .collect();
         shared.slabs.lock().push(SlabEntry {
             len,
-            backing: mapping.backing(),
-            _slab: Box::new(Slab {
-                _region: region,
-                _mapping: mapping,
-            }),
+            backing,
+            _slab: Box::new(region),
         });
         Ok(slots)
     }
@@ -639,13 +636,6 @@ struct SlabEntry {
     len: usize,
     backing: Backing,
     _slab: Box<dyn Any + Send + Sync>,
-}
-
-/// A registered slab. Field order matters: the region is dropped (deregistered) before
-/// the mapping is unmapped.
-struct Slab<G> {
-    _region: G,
-    _mapping: Mapping,
 }
 
 /// Process-unique small pool ids, reused only after a pool's shared state is gone (so no

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use rdmx_mem::pool::PoolBuf;
 use rdmx_mem::registrar::PinOnlyRegion;
-use rdmx_mem::{Access, Error, PinOnly, Pinning, Region, Registrar};
+use rdmx_mem::{Access, Error, Mapping, PinOnly, Pinning, Region, Registrar};
 
 /// What the counting registrar knows of a live region.
 #[derive(Clone, Copy, Debug)]
@@ -70,6 +70,18 @@ impl Registrar for Counting {
     ) -> Result<CountingRegion, Error> {
         // SAFETY: forwarded with the caller's guarantees.
         let inner = unsafe { self.inner.register(addr, len, access) }?;
+        Ok(self.count(inner))
+    }
+
+    fn register_mapping(&self, mapping: Mapping, access: Access) -> Result<CountingRegion, Error> {
+        let inner = self.inner.register_mapping(mapping, access)?;
+        Ok(self.count(inner))
+    }
+}
+
+impl Counting {
+    /// `inner`, counted as live until it is dropped.
+    fn count(&self, inner: PinOnlyRegion) -> CountingRegion {
         let reg = Reg {
             addr: inner.addr(),
             len: inner.len(),
@@ -77,10 +89,10 @@ impl Registrar for Counting {
             rkey: inner.rkey().wrapping_add(0x1000_0000),
         };
         self.live.lock().unwrap().insert(reg.lkey, reg);
-        Ok(CountingRegion {
+        CountingRegion {
             inner,
             live: self.live.clone(),
-        })
+        }
     }
 }
 

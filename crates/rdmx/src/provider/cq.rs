@@ -7,7 +7,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
-use rdmx_core::{Completion, WcStatus};
+use rdmx_core::{Completion, WcOpcode, WcStatus};
 
 use crate::{Error, Result};
 
@@ -29,8 +29,10 @@ struct CqState {
     /// Armed: `Some(solicited_only)`.
     armed: Option<bool>,
     /// Owned-buffer requests whose completions are watched for, by (QP number, request
-    /// id): how many are still awaited, and how many were seen and not yet taken.
-    watched: HashMap<(u32, u64), Watch>,
+    /// id, whether it is a receive): how many are still awaited, and how many were seen
+    /// and not yet taken. A send and a receive may share an id: a completion counts for
+    /// its own queue only (receives complete with a receive opcode, errors included).
+    watched: HashMap<(u32, u64, bool), Watch>,
 }
 
 impl CqCore {
@@ -76,7 +78,8 @@ impl CqCore {
         st.entries.push_back(c);
         self.ready.store(true, Ordering::Release);
         if !st.watched.is_empty() {
-            if let Some(w) = st.watched.get_mut(&(c.qp_num, c.wr_id)) {
+            let recv = matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+            if let Some(w) = st.watched.get_mut(&(c.qp_num, c.wr_id, recv)) {
                 if w.awaited > 0 {
                     w.awaited -= 1;
                     w.seen += 1;
@@ -163,20 +166,21 @@ impl CqCore {
         n == 8
     }
 
-    /// Watches for the completion of request `wr_id` on QP `qpn` (an owned-buffer post).
-    pub(crate) fn watch(&self, qpn: u32, wr_id: u64) {
+    /// Watches for the completion of request `wr_id` on QP `qpn`'s receive queue if
+    /// `recv`, else its send queue (an owned-buffer post).
+    pub(crate) fn watch(&self, qpn: u32, wr_id: u64, recv: bool) {
         self.state
             .lock()
             .watched
-            .entry((qpn, wr_id))
+            .entry((qpn, wr_id, recv))
             .or_default()
             .awaited += 1;
     }
 
     /// Stops watching `wr_id` on `qpn` (its post failed).
-    pub(crate) fn unwatch(&self, qpn: u32, wr_id: u64) {
+    pub(crate) fn unwatch(&self, qpn: u32, wr_id: u64, recv: bool) {
         let mut st = self.state.lock();
-        if let Entry::Occupied(mut e) = st.watched.entry((qpn, wr_id)) {
+        if let Entry::Occupied(mut e) = st.watched.entry((qpn, wr_id, recv)) {
             let w = e.get_mut();
             if w.awaited > 0 {
                 w.awaited -= 1;
@@ -190,20 +194,20 @@ impl CqCore {
     }
 
     /// Watches again for a completion that was already seen.
-    pub(crate) fn rewatch_seen(&self, qpn: u32, wr_id: u64) {
+    pub(crate) fn rewatch_seen(&self, qpn: u32, wr_id: u64, recv: bool) {
         self.state
             .lock()
             .watched
-            .entry((qpn, wr_id))
+            .entry((qpn, wr_id, recv))
             .or_default()
             .seen += 1;
     }
 
     /// If the completion of watched request `wr_id` on `qpn` has arrived, stops watching it
     /// and returns true.
-    pub(crate) fn take_watched(&self, qpn: u32, wr_id: u64) -> bool {
+    pub(crate) fn take_watched(&self, qpn: u32, wr_id: u64, recv: bool) -> bool {
         let mut st = self.state.lock();
-        match st.watched.entry((qpn, wr_id)) {
+        match st.watched.entry((qpn, wr_id, recv)) {
             Entry::Occupied(mut e) if e.get().seen > 0 => {
                 let w = e.get_mut();
                 w.seen -= 1;
@@ -217,8 +221,7 @@ impl CqCore {
     }
 }
 
-/// The watched requests of one (QP number, request id): a send and a receive may share an
-/// id.
+/// The watched requests of one (QP number, request id, queue).
 #[derive(Debug, Default)]
 struct Watch {
     awaited: u32,

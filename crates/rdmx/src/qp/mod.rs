@@ -68,10 +68,11 @@ impl Drop for InFlight {
         let qpn = self.qpn;
         for (wr_id, side, buf) in self.bufs.drain() {
             let cq = self.cq(side);
-            if cq.take_watched(qpn, wr_id) {
+            let recv = side == Side::Recv;
+            if cq.take_watched(qpn, wr_id, recv) {
                 continue;
             }
-            cq.unwatch(qpn, wr_id);
+            cq.unwatch(qpn, wr_id, recv);
             if self.keep {
                 tracing::warn!(qpn, wr_id, "leaking a buffer a peer may still read");
                 std::mem::forget(buf);
@@ -580,22 +581,26 @@ impl QueuePair {
         buf: B,
         post: impl FnOnce(&dyn provider::Qp) -> Result<()>,
     ) -> std::result::Result<(), (Error, B)> {
-        if self.parked.bufs.holds(wr_id, side) {
+        // The slot is taken before the post, so that two posts with one id at once
+        // cannot both go (the second would park its buffer over the first's).
+        if !self.parked.bufs.reserve(wr_id, side) {
             return Err((
                 Error::InvalidArgument("an owned-buffer request with this wr_id is in flight"),
                 buf,
             ));
         }
         let cq = self.cq_of(side);
+        let recv = side == Side::Recv;
         // Watched before the post: the completion may come inside it.
-        cq.watch(self.qp_num(), wr_id);
+        cq.watch(self.qp_num(), wr_id, recv);
         match post(self.imp.as_ref()) {
             Ok(()) => {
                 self.parked.bufs.park(wr_id, side, buf.park());
                 Ok(())
             }
             Err(e) => {
-                cq.unwatch(self.qp_num(), wr_id);
+                cq.unwatch(self.qp_num(), wr_id, recv);
+                self.parked.bufs.unreserve(wr_id, side);
                 Err((e, buf))
             }
         }
@@ -618,13 +623,15 @@ impl QueuePair {
         if !self.parked.bufs.holds(wr_id, side) {
             return None;
         }
-        if !self.cq_of(side).take_watched(self.qp_num(), wr_id) {
+        let recv = side == Side::Recv;
+        if !self.cq_of(side).take_watched(self.qp_num(), wr_id, recv) {
             return None;
         }
         let buf = self.parked.bufs.take::<B>(wr_id, side);
         if buf.is_none() {
-            // Another buffer type: watch again so that a take with the right type works.
-            self.cq_of(side).rewatch_seen(self.qp_num(), wr_id);
+            // Another buffer type (or its post still parking it): watch again so that a
+            // take with the right type works.
+            self.cq_of(side).rewatch_seen(self.qp_num(), wr_id, recv);
         }
         buf
     }

@@ -127,6 +127,10 @@ impl Rail {
     }
 }
 
+/// The largest slice: with a merged tail (up to a quarter more) a slice stays below an
+/// RDMA message's 2 GiB.
+const MAX_SLICE: usize = 1 << 30;
+
 /// An engine's configuration; `Config::default()` then the builder methods.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -140,8 +144,9 @@ pub struct Config {
     /// Where segment descriptors live: `p2p` (the default: exchanged in the handshake)
     /// or `etcd://host:port[,host:port...]`.
     pub metadata: String,
-    /// Requests are cut into slices of this many bytes, at least 4 KiB; a tail smaller
-    /// than a quarter slice is merged into the slice before it. Default (`None`): per
+    /// Requests are cut into slices of this many bytes, 4 KiB to 1 GiB (a slice with a
+    /// merged tail stays within one RDMA message); a tail smaller than a quarter slice is
+    /// merged into the slice before it. Default (`None`): per
     /// transport, [`Transport::default_slice_size`] (64 KiB on tcp and verbs, 1 MiB on
     /// shm and loopback).
     pub slice_size: Option<usize>,
@@ -239,7 +244,8 @@ impl Config {
         lease_ttl: Duration,
     }
 
-    /// Sets [`slice_size`](Self::slice_size) for every transport.
+    /// Sets [`slice_size`](Self::slice_size) for every transport (4 KiB to 1 GiB: a size
+    /// outside is taken as the nearest bound).
     pub fn slice_size(mut self, v: usize) -> Self {
         self.slice_size = Some(v);
         self
@@ -250,7 +256,7 @@ impl Config {
     pub fn slice_size_for(&self, t: Transport) -> usize {
         self.slice_size
             .unwrap_or_else(|| t.default_slice_size())
-            .max(4096)
+            .clamp(4096, MAX_SLICE)
     }
 
     /// Sets [`token`](Self::token).
@@ -263,5 +269,27 @@ impl Config {
     pub fn metadata(mut self, v: impl Into<String>) -> Self {
         self.metadata = v.into();
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A slice size outside 4 KiB to 1 GiB is taken as the nearest bound: a slice with a
+    /// merged tail stays within one RDMA message (a larger one was cut short when posted,
+    /// while its request reported every byte moved).
+    #[test]
+    fn slice_sizes_stay_within_an_rdma_message() {
+        let t = Transport::Tcp;
+        assert_eq!(
+            Config::default().slice_size(8 << 30).slice_size_for(t),
+            1 << 30
+        );
+        assert_eq!(Config::default().slice_size(1).slice_size_for(t), 4096);
+        assert_eq!(
+            Config::default().slice_size(1 << 20).slice_size_for(t),
+            1 << 20
+        );
     }
 }

@@ -412,6 +412,14 @@ impl Engine {
         .send(&mut s)?;
         match Msg::recv(&mut s)? {
             Msg::Desc(d) if d.name == seg.conn.peer => {
+                // The paths were made for the peer's rails as they were: a descriptor
+                // with other rails would name keys they cannot use.
+                if d.rails != seg.conn.desc.read().rails {
+                    return Err(Error::Descriptor(format!(
+                        "{}'s rails changed since its segment was opened; open it again",
+                        seg.conn.peer
+                    )));
+                }
                 *seg.conn.desc.write() = Arc::new(d);
                 Ok(())
             }

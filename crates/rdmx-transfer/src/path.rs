@@ -220,6 +220,15 @@ impl Path {
 }
 
 const RECV_FLAG: u64 = 1 << 63;
+/// The bits of a send-queue request's tag (above its slab key in its id): bit 63 of the
+/// id stays clear, which receives' ids set.
+pub(crate) const TAG_MASK: u32 = 0x7fff_ffff;
+
+/// The id of a send-queue request: its slab `key` in the low 32 bits, `tag` (31 bits)
+/// above.
+pub(crate) fn send_wr_id(key: usize, tag: u32) -> u64 {
+    (key as u64 & 0xffff_ffff) | u64::from(tag & TAG_MASK) << 32
+}
 
 pub(crate) fn recv_wr_id(path: u32, slot: usize) -> u64 {
     RECV_FLAG | (path as u64) << 16 | slot as u64
@@ -488,4 +497,22 @@ pub(crate) fn mark_in_flight(batch: &BatchState, i: usize) {
         Ordering::AcqRel,
         Ordering::Acquire,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A send-queue request's id never reads as a receive's, whatever its tag (the
+    /// worker's tag counter runs on for as long as the engine does).
+    #[test]
+    fn send_ids_never_read_as_receives() {
+        for tag in [0, 1, TAG_MASK - 1, TAG_MASK, TAG_MASK + 1, u32::MAX] {
+            for key in [0, 1, 0xffff, u32::MAX as usize] {
+                let id = send_wr_id(key, tag);
+                assert_eq!(parse_recv(id), None, "key {key} tag {tag:#x}");
+                assert_eq!(id & 0xffff_ffff, key as u64 & 0xffff_ffff);
+            }
+        }
+    }
 }

@@ -153,8 +153,8 @@ impl Worker {
             let len = w.len();
             sub_sat(&p.queued, len);
             let key = self.slab.vacant_key();
-            self.tag = self.tag.wrapping_add(1);
-            let wr_id = (key as u64) | (self.tag as u64) << 32;
+            self.tag = self.tag.wrapping_add(1) & crate::path::TAG_MASK;
+            let wr_id = crate::path::send_wr_id(key, self.tag);
             let res = match &w {
                 Work::Slice(s) => {
                     let r = &s.batch.reqs[s.req as usize];
@@ -162,15 +162,21 @@ impl Worker {
                         // Its request failed meanwhile: nothing to do.
                         continue;
                     }
-                    let (addr, rkey) = r.desc.buffers[r.rbuf as usize].keys[p.remote_rail as usize];
-                    let remote = rdmx::RemoteAddr {
+                    let key = r.desc.buffers[r.rbuf as usize]
+                        .keys
+                        .get(p.remote_rail as usize);
+                    let remote = key.map(|&(addr, rkey)| rdmx::RemoteAddr {
                         addr: addr + r.roff + s.off,
                         rkey,
-                    };
+                    });
                     let mrs = r.local.inner.mrs.read();
-                    match mrs.get(self.rail.index) {
-                        None => Err(crate::segment::unregistered(r.local.name())),
-                        Some(mr) => {
+                    match (remote, mrs.get(self.rail.index)) {
+                        (None, _) => Err(crate::Error::Descriptor(format!(
+                            "the peer's descriptor has no key on the rail of path {}",
+                            p.name
+                        ))),
+                        (_, None) => Err(crate::segment::unregistered(r.local.name())),
+                        (Some(remote), Some(mr)) => {
                             LocalSge::new(mr, (r.local_off + s.off) as usize, s.len as usize)
                                 .map_err(crate::Error::from)
                                 .and_then(|sge| {

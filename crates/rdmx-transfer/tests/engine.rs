@@ -482,3 +482,19 @@ fn a_cluster_token_keeps_strangers_out() {
         .unwrap();
     assert!(friend.submit(batch).wait(T).unwrap().is_success());
 }
+
+/// A peer that comes back under the same name and control address with other rails: a
+/// refresh of the segment opened before refuses its descriptor (the paths were made for
+/// the old rails, whose keys the new one does not have) rather than take it.
+#[test]
+fn a_refresh_refuses_a_peer_whose_rails_changed() {
+    let a = Engine::new("a", tcp_rails(1)).unwrap();
+    let b = Engine::new("b", tcp_rails(2)).unwrap();
+    let seg = open_peer(&a, &b);
+    let control = b.control_addr();
+    a.refresh(&seg).unwrap();
+    drop(b);
+    let _b = Engine::new("b", tcp_rails(1).listen(control)).unwrap();
+    let err = a.refresh(&seg).unwrap_err();
+    assert!(err.to_string().contains("rails changed"), "{err}");
+}

@@ -289,15 +289,27 @@ impl Worker {
             return;
         }
         p.fail(&self.shared);
+        // A request the peer refused (its key, range or rights) or that is wrong in
+        // itself gets the same answer on any path, and would take each down in turn.
+        let refused = matches!(
+            c.status,
+            WcStatus::RemAccessErr
+                | WcStatus::RemInvReqErr
+                | WcStatus::LocProtErr
+                | WcStatus::LocLenErr
+        );
         match p.conn.upgrade() {
-            Some(conn) => conn.reschedule(&self.shared, e.work, &p, Some(c.status)),
-            None => crate::path::fail_work(
+            Some(conn) if !refused => conn.reschedule(&self.shared, e.work, &p, Some(c.status)),
+            conn => crate::path::fail_work(
                 &self.shared,
                 e.work,
                 Failure {
                     status: Some(c.status),
                     path: p.name.clone(),
-                    reason: "the connection is closed".into(),
+                    reason: match conn {
+                        Some(_) => "the request was refused; not tried on another path".into(),
+                        None => "the connection is closed".into(),
+                    },
                 },
             ),
         }

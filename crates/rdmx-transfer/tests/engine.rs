@@ -498,3 +498,37 @@ fn a_refresh_refuses_a_peer_whose_rails_changed() {
     let err = a.refresh(&seg).unwrap_err();
     assert!(err.to_string().contains("rails changed"), "{err}");
 }
+
+/// A request the peer refuses (its buffer unregistered after the segment was opened)
+/// fails with the peer's status, on the one path it was tried on: the other paths stay
+/// up (before, it went from path to path, taking each down in turn).
+#[test]
+fn a_refused_request_takes_down_one_path_only() {
+    let a = Engine::new("a", tcp_rails(2)).unwrap();
+    let b = Engine::new("b", tcp_rails(2)).unwrap();
+    let src = a.register("src", 8192, Access::LOCAL_WRITE).unwrap();
+    let dst = b
+        .register("dst", 8192, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let seg = open_peer(&a, &b);
+    b.unregister(&dst);
+    let mut batch = Batch::new();
+    batch
+        .write((&src, 0), &seg, Target::Buffer("dst", 0), 4096)
+        .unwrap();
+    let h = a.submit(batch);
+    let st = h.wait(T).unwrap();
+    assert_eq!((st.completed, st.failed), (0, 1));
+    match h.status(0) {
+        Some(RequestStatus::Failed(f)) => {
+            assert_eq!(f.status, Some(rdmx::WcStatus::RemAccessErr), "{f}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let paths = &a.status()[0].2;
+    assert_eq!(
+        paths.iter().filter(|p| !p.up).count(),
+        1,
+        "paths down for one refused request: {paths:?}"
+    );
+}

@@ -280,6 +280,11 @@ impl Shared {
     /// back (through `reclaim`) when the completion comes, or now if it came already.
     pub(super) fn abandon(&self, i: usize, side: Side, qp: &Arc<QpShared>, reclaim: Reclaim) {
         let mut st = self.state.lock();
+        // The slots abandoned before whose queue pair is gone wait for a completion that
+        // will not come (destroying a queue pair completes nothing): freed here, so that
+        // a server dropping futures as connections come and go does not keep them all.
+        st.slots
+            .retain(|_, s| !matches!(s, Slot::Abandoned { qp, .. } if qp.strong_count() == 0));
         let done = match st.slots.get(i) {
             Some(Slot::Done(c)) => Some(*c),
             Some(Slot::Waiting { qpn, .. }) => {

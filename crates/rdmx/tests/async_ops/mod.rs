@@ -34,6 +34,7 @@ macro_rules! async_suite {
             error_completion_gives_the_buffer_back,
             dropped_before_post,
             dropped_in_flight,
+            dropped_in_flight_with_their_queue_pairs,
             dropped_after_completion,
             dropped_in_flight_then_flushed,
             full_send_queue_waits,
@@ -437,6 +438,31 @@ pub(crate) async fn dropped_in_flight(p: &Provider) {
     traffic(&pr, 20).await;
     assert_canary(&rx_canary, "the dropped receive's buffer");
     assert_canary(&tx_canary, "the dropped send's buffer");
+}
+
+/// Receives dropped in flight, each then with its queue pair destroyed (no completion
+/// will come for them): the slots they held in the CQ do not pile up; each is freed at
+/// the next drop of an operation in flight (before, every one stayed for good).
+pub(crate) async fn dropped_in_flight_with_their_queue_pairs(p: &Provider) {
+    let (sa, sb) = (p.side(1024), p.side(1024));
+    let pool = BufferPool::new(sb.pd.clone(), PoolConfig::default()).unwrap();
+    for _ in 0..4 {
+        let (qa, qb) = p.connect(&sa, &sb, QpCaps::default());
+        let mut rx = Box::pin(qb.recv(pool.get(64).unwrap()));
+        assert!(poll_once(&mut rx).is_pending(), "nothing was sent");
+        drop(rx);
+        drop(qb);
+        drop(qa);
+    }
+    // The Debug form says how many slots are taken.
+    let shown = format!("{:?}", sb.cq);
+    let taken: usize = shown
+        .split("in_flight: ")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no in_flight in {shown}"));
+    assert!(taken <= 1, "{}: {taken} slots taken: {shown}", p.name);
 }
 
 pub(crate) async fn dropped_after_completion(p: &Provider) {

@@ -45,9 +45,13 @@ const PEER_BYTES_MAX: usize = 1 << 45;
 /// default, for every mapping of the process).
 const PEER_FILES_MAX: usize = 16384;
 
-/// A peer's file as this process maps it: counted in [`PEER_FILES`] while it is.
+/// A peer's file as this process maps it: counted in [`PEER_FILES`] while it is, and
+/// in its connection's populated bytes if it was populated.
 #[derive(Debug)]
-struct PeerFile(Map);
+struct PeerFile {
+    map: Map,
+    populated: usize,
+}
 
 impl PeerFile {
     /// Maps `len` bytes of `fd` (populated if `populate`), if the budget has room.
@@ -67,7 +71,10 @@ impl PeerFile {
             }
         }
         Map::with(fd, len, true, populate)
-            .map(PeerFile)
+            .map(|map| PeerFile {
+                map,
+                populated: if populate { len } else { 0 },
+            })
             .inspect_err(|_| unmapped(len))
     }
 }
@@ -75,13 +82,13 @@ impl PeerFile {
 impl std::ops::Deref for PeerFile {
     type Target = Map;
     fn deref(&self) -> &Map {
-        &self.0
+        &self.map
     }
 }
 
 impl Drop for PeerFile {
     fn drop(&mut self) {
-        unmapped(self.0.len);
+        unmapped(self.map.len);
     }
 }
 
@@ -196,11 +203,16 @@ impl PeerView {
                     .ok_or_else(|| bad("a file of a bad size"))?;
                 let populate = len <= POPULATE_MAX
                     && self.populated.saturating_add(len) <= self.populate_budget;
-                self.populated += if populate { len } else { 0 };
-                self.files.insert(id, PeerFile::map(&fd, len, populate)?);
+                let file = PeerFile::map(&fd, len, populate)?;
+                self.populated += file.populated;
+                if let Some(old) = self.files.insert(id, file) {
+                    self.populated -= old.populated;
+                }
             }
             (m, None, None) if m == FORGET_MAGIC => {
-                self.files.remove(&id);
+                if let Some(old) = self.files.remove(&id) {
+                    self.populated -= old.populated;
+                }
             }
             _ => {
                 return Err(bad(
@@ -487,6 +499,14 @@ mod tests {
         }
         assert_eq!(v.files.len(), 5, "every file is mapped");
         assert_eq!(v.populated, 3 << 20, "only the budget's worth is populated");
+        // A populated file forgotten gives its room back: the next one is populated.
+        let mut forget = file_msg(0);
+        forget[..8].copy_from_slice(FORGET_MAGIC);
+        v.handle(&forget, Vec::new()).unwrap();
+        assert_eq!(v.populated, 2 << 20);
+        v.handle(&file_msg(5), vec![sys::memfd(1 << 20).unwrap()])
+            .unwrap();
+        assert_eq!(v.populated, 3 << 20, "the room was not given back");
     }
 
     /// A sealed file on hugetlbfs (whose pages a hole punched by the peer would give

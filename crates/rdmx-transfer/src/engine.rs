@@ -128,6 +128,9 @@ impl Shared {
         for p in &c.paths {
             p.rail.paths.lock().retain(|q| !Arc::ptr_eq(q, p));
             p.fail(self);
+            // What is still queued there (on a path already set aside, which `fail`
+            // leaves as it is) would wait where no worker looks any more.
+            p.fail_queued(self, &c.peer);
         }
     }
 }
@@ -458,8 +461,15 @@ impl Engine {
             attempt: 0,
         };
         state.notifying(1);
-        match seg.conn.first_up(&self.shared) {
-            Some(i) => seg.conn.paths[i].enqueue(w),
+        match seg
+            .conn
+            .first_up(&self.shared)
+            .map(|i| seg.conn.paths[i].enqueue(w))
+        {
+            Some(Ok(())) => {}
+            Some(Err(_)) => {
+                state.notify_done(Err(format!("the connection to {} closed", seg.conn.peer)))
+            }
             None => state.notify_done(Err(format!("no usable path to {}", seg.conn.peer))),
         }
         Ok(BatchHandle { state })

@@ -156,10 +156,47 @@ impl Path {
     }
 
     /// Queues `w` and wakes the rail's worker.
-    pub(crate) fn enqueue(&self, w: Work) {
+    /// Queues `w` on this path, unless its connection is closed (or gone): `w` is then
+    /// given back, for the caller to fail.
+    pub(crate) fn enqueue(&self, w: Work) -> Result<(), Work> {
+        let Some(mut q) = self.queue_if_open() else {
+            return Err(w);
+        };
         self.queued.fetch_add(w.len(), Ordering::Relaxed);
-        self.pending.lock().push_back(w);
+        q.push_back(w);
+        drop(q);
         self.rail.kick();
+        Ok(())
+    }
+
+    /// The path's queue, locked, if its connection is open. Closing a connection marks it
+    /// closed, then empties its paths' queues under this lock (`Shared::drop_conn`), so
+    /// nothing queued through here is left where no worker looks.
+    pub(crate) fn queue_if_open(&self) -> Option<parking_lot::MutexGuard<'_, VecDeque<Work>>> {
+        let q = self.pending.lock();
+        let open = self
+            .conn
+            .upgrade()
+            .is_some_and(|c| !c.closed.load(Ordering::Acquire));
+        open.then_some(q)
+    }
+
+    /// Fails every work item queued on this path (its connection closed).
+    pub(crate) fn fail_queued(&self, shared: &Shared, peer: &str) {
+        let left: Vec<Work> = self.pending.lock().drain(..).collect();
+        self.queued.store(0, Ordering::Relaxed);
+        for w in left {
+            fail_work(shared, w, self.closed_failure(peer, None));
+        }
+    }
+
+    /// The failure of work that found this path's connection closed.
+    pub(crate) fn closed_failure(&self, peer: &str, status: Option<WcStatus>) -> Failure {
+        Failure {
+            status,
+            path: self.name.clone(),
+            reason: format!("the connection to {peer} closed"),
+        }
     }
 
     /// Posts every notification receive on the current queue pair.
@@ -333,7 +370,11 @@ impl Conn {
             format!("every path to {} failed", self.peer)
         };
         match target {
-            Some(i) => self.paths[i].enqueue(w),
+            Some(i) => {
+                if let Err(w) = self.paths[i].enqueue(w) {
+                    fail_work(shared, w, failed_on.closed_failure(&self.peer, status));
+                }
+            }
             None => fail_work(
                 shared,
                 w,
@@ -411,8 +452,9 @@ pub(crate) fn send_notifications(shared: &Shared, batch: &Arc<BatchState>) {
             batch: Some(batch.clone()),
             attempt: 0,
         };
-        match c.first_up(&me) {
-            Some(i) => c.paths[i].enqueue(w),
+        match c.first_up(&me).map(|i| c.paths[i].enqueue(w)) {
+            Some(Ok(())) => {}
+            Some(Err(_)) => batch.notify_done(Err(format!("the connection to {} closed", c.peer))),
             None => batch.notify_done(Err(format!("no usable path to {}", c.peer))),
         }
     }
@@ -482,9 +524,21 @@ pub(crate) fn schedule(shared: &Arc<Shared>, batch: &Arc<BatchState>) {
             if w.is_empty() {
                 continue;
             }
-            p.queued.fetch_add(e, Ordering::Relaxed);
-            p.pending.lock().extend(w);
-            p.rail.kick();
+            match p.queue_if_open() {
+                Some(mut q) => {
+                    p.queued.fetch_add(e, Ordering::Relaxed);
+                    q.extend(w);
+                    drop(q);
+                    p.rail.kick();
+                }
+                // The connection closed since the plan was made (replaced by a new one,
+                // or its peer gone).
+                None => {
+                    for w in w {
+                        fail_work(shared, w, p.closed_failure(&conn.peer, None));
+                    }
+                }
+            }
         }
     }
 }

@@ -131,9 +131,17 @@ impl Worker {
             if !stranded.is_empty() {
                 let bytes: u64 = stranded.iter().map(Work::len).sum();
                 sub_sat(&p.queued, bytes);
-                if let Some(conn) = p.conn.upgrade() {
-                    for w in stranded {
-                        conn.reschedule(&self.shared, w, p, None);
+                match p.conn.upgrade() {
+                    Some(conn) => {
+                        for w in stranded {
+                            conn.reschedule(&self.shared, w, p, None);
+                        }
+                    }
+                    None => {
+                        for w in stranded {
+                            let f = p.closed_failure("the peer", None);
+                            crate::path::fail_work(&self.shared, w, f);
+                        }
                     }
                 }
             }
@@ -240,9 +248,15 @@ impl Worker {
                         }
                         _ => {
                             tracing::debug!(path = %p.name, error = %e, "post refused");
-                            if let Some(conn) = p.conn.upgrade() {
-                                p.fail(&self.shared);
-                                conn.reschedule(&self.shared, w, p, None);
+                            match p.conn.upgrade() {
+                                Some(conn) => {
+                                    p.fail(&self.shared);
+                                    conn.reschedule(&self.shared, w, p, None);
+                                }
+                                None => {
+                                    let f = p.closed_failure("the peer", None);
+                                    crate::path::fail_work(&self.shared, w, f);
+                                }
                             }
                             return n;
                         }

@@ -95,11 +95,42 @@ impl OwnedBuf for PoolBuf {
 /// pool buffer. The registration grants local access only, so no peer can change the
 /// bytes: [`as_slice`](Self::as_slice) and [`as_mut_slice`](Self::as_mut_slice) are safe.
 pub struct CachedBuf {
-    // Field order is drop order: the handle goes back to the cache before the memory is
-    // freed (a cached registration of freed memory is invalidated by the cache's monitor
-    // or, without one, may be reused only for the same range).
+    // Field order is drop order: the handle goes back to the cache, then the memory's
+    // registration is invalidated and the memory freed (`Owned`).
     handle: CacheHandle,
+    buf: Owned,
+}
+
+/// A cached buffer's memory, and the cache: when the memory is freed, its range is
+/// invalidated first. Without the cache's monitor nothing else would: a later buffer at
+/// the same address would hit the old registration, which on an adapter keeps the old
+/// pages pinned, so what it receives would land where nobody reads.
+struct Owned {
     buf: Box<[u8]>,
+    /// `None` once the memory is handed back ([`CachedBuf::into_inner`]): it stays
+    /// registered for the caller to use again.
+    cache: Option<RegCache>,
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        if let Some(cache) = self.cache.take() {
+            cache.invalidate(self.buf.as_ptr() as usize, self.buf.len());
+        }
+    }
+}
+
+impl std::ops::Deref for Owned {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl std::ops::DerefMut for Owned {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.buf
+    }
 }
 
 impl std::fmt::Debug for CachedBuf {
@@ -121,7 +152,13 @@ impl CachedBuf {
         // (and by the local adapter while a request owns the value), and the handle grants
         // no remote access.
         let handle = unsafe { cache.get_raw(buf.as_mut_ptr(), buf.len(), Access::LOCAL_WRITE) }?;
-        Ok(CachedBuf { handle, buf })
+        Ok(CachedBuf {
+            handle,
+            buf: Owned {
+                buf,
+                cache: Some(cache.clone()),
+            },
+        })
     }
 
     /// The bytes.
@@ -136,9 +173,10 @@ impl CachedBuf {
 
     /// Gives the registration back to the cache and returns the memory.
     pub fn into_inner(self) -> Box<[u8]> {
-        let CachedBuf { handle, buf } = self;
+        let CachedBuf { handle, mut buf } = self;
         drop(handle);
-        buf
+        buf.cache = None;
+        std::mem::take(&mut buf.buf)
     }
 }
 

@@ -240,6 +240,34 @@ fn a_cached_buffer_posts_from_safe_code_and_comes_back() {
     drop(again);
 }
 
+/// A cached buffer dropped (its memory freed) takes its registration out of the cache,
+/// also without the cache's monitor: a later buffer at the same address must not hit it
+/// (on an adapter it pins the freed pages). One handed back with `into_inner` stays
+/// cached.
+#[test]
+fn a_freed_cached_buffer_leaves_no_registration_behind() {
+    let ctx = Context::open_provider("loopback").unwrap();
+    let cache = RegCache::new(
+        ctx.alloc_pd(),
+        CacheConfig::default().invalidation(Invalidation::Explicit),
+    )
+    .unwrap();
+    let kept = CachedBuf::new(&cache, vec![0u8; 1 << 20])
+        .unwrap()
+        .into_inner();
+    assert_eq!(cache.stats().entries, 1, "memory handed back stays cached");
+    let freed = CachedBuf::new(&cache, vec![0u8; 1 << 20]).unwrap();
+    assert_eq!(cache.stats().entries, 2);
+    drop(freed);
+    let st = cache.stats();
+    assert_eq!(
+        st.entries, 1,
+        "the freed buffer's registration is still cached: {st:?}"
+    );
+    assert_eq!(st.invalidations, 1);
+    drop(kept);
+}
+
 #[test]
 fn buffers_of_a_failed_qp_come_back_with_the_flush() {
     let p = pair("loopback");

@@ -7,7 +7,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
-use rdmx_core::{Completion, WcOpcode, WcStatus};
+use rdmx_core::{Completion, WcStatus};
+
+use crate::owned::{side_of, Side};
 
 use crate::{Error, Result};
 
@@ -29,10 +31,10 @@ struct CqState {
     /// Armed: `Some(solicited_only)`.
     armed: Option<bool>,
     /// Owned-buffer requests whose completions are watched for, by (QP number, request
-    /// id, whether it is a receive): how many are still awaited, and how many were seen
+    /// id, queue): how many are still awaited, and how many were seen
     /// and not yet taken. A send and a receive may share an id: a completion counts for
     /// its own queue only (receives complete with a receive opcode, errors included).
-    watched: HashMap<(u32, u64, bool), Watch>,
+    watched: HashMap<(u32, u64, Side), Watch>,
 }
 
 impl CqCore {
@@ -78,8 +80,7 @@ impl CqCore {
         st.entries.push_back(c);
         self.ready.store(true, Ordering::Release);
         if !st.watched.is_empty() {
-            let recv = matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
-            if let Some(w) = st.watched.get_mut(&(c.qp_num, c.wr_id, recv)) {
+            if let Some(w) = st.watched.get_mut(&(c.qp_num, c.wr_id, side_of(&c))) {
                 if w.awaited > 0 {
                     w.awaited -= 1;
                     w.seen += 1;
@@ -166,21 +167,21 @@ impl CqCore {
         n == 8
     }
 
-    /// Watches for the completion of request `wr_id` on QP `qpn`'s receive queue if
-    /// `recv`, else its send queue (an owned-buffer post).
-    pub(crate) fn watch(&self, qpn: u32, wr_id: u64, recv: bool) {
+    /// Watches for the completion of request `wr_id` on QP `qpn`'s queue `side` (an
+    /// owned-buffer post).
+    pub(crate) fn watch(&self, qpn: u32, wr_id: u64, side: Side) {
         self.state
             .lock()
             .watched
-            .entry((qpn, wr_id, recv))
+            .entry((qpn, wr_id, side))
             .or_default()
             .awaited += 1;
     }
 
     /// Stops watching `wr_id` on `qpn` (its post failed).
-    pub(crate) fn unwatch(&self, qpn: u32, wr_id: u64, recv: bool) {
+    pub(crate) fn unwatch(&self, qpn: u32, wr_id: u64, side: Side) {
         let mut st = self.state.lock();
-        if let Entry::Occupied(mut e) = st.watched.entry((qpn, wr_id, recv)) {
+        if let Entry::Occupied(mut e) = st.watched.entry((qpn, wr_id, side)) {
             let w = e.get_mut();
             if w.awaited > 0 {
                 w.awaited -= 1;
@@ -194,20 +195,20 @@ impl CqCore {
     }
 
     /// Watches again for a completion that was already seen.
-    pub(crate) fn rewatch_seen(&self, qpn: u32, wr_id: u64, recv: bool) {
+    pub(crate) fn rewatch_seen(&self, qpn: u32, wr_id: u64, side: Side) {
         self.state
             .lock()
             .watched
-            .entry((qpn, wr_id, recv))
+            .entry((qpn, wr_id, side))
             .or_default()
             .seen += 1;
     }
 
     /// If the completion of watched request `wr_id` on `qpn` has arrived, stops watching it
     /// and returns true.
-    pub(crate) fn take_watched(&self, qpn: u32, wr_id: u64, recv: bool) -> bool {
+    pub(crate) fn take_watched(&self, qpn: u32, wr_id: u64, side: Side) -> bool {
         let mut st = self.state.lock();
-        match st.watched.entry((qpn, wr_id, recv)) {
+        match st.watched.entry((qpn, wr_id, side)) {
             Entry::Occupied(mut e) if e.get().seen > 0 => {
                 let w = e.get_mut();
                 w.seen -= 1;

@@ -68,11 +68,10 @@ impl Drop for InFlight {
         let qpn = self.qpn;
         for (wr_id, side, buf) in self.bufs.drain() {
             let cq = self.cq(side);
-            let recv = side == Side::Recv;
-            if cq.take_watched(qpn, wr_id, recv) {
+            if cq.take_watched(qpn, wr_id, side) {
                 continue;
             }
-            cq.unwatch(qpn, wr_id, recv);
+            cq.unwatch(qpn, wr_id, side);
             if self.keep {
                 tracing::warn!(qpn, wr_id, "leaking a buffer a peer may still read");
                 std::mem::forget(buf);
@@ -590,16 +589,15 @@ impl QueuePair {
             ));
         }
         let cq = self.cq_of(side);
-        let recv = side == Side::Recv;
         // Watched before the post: the completion may come inside it.
-        cq.watch(self.qp_num(), wr_id, recv);
+        cq.watch(self.qp_num(), wr_id, side);
         match post(self.imp.as_ref()) {
             Ok(()) => {
                 self.parked.bufs.park(wr_id, side, buf.park());
                 Ok(())
             }
             Err(e) => {
-                cq.unwatch(self.qp_num(), wr_id, recv);
+                cq.unwatch(self.qp_num(), wr_id, side);
                 self.parked.bufs.unreserve(wr_id, side);
                 Err((e, buf))
             }
@@ -623,15 +621,14 @@ impl QueuePair {
         if !self.parked.bufs.holds(wr_id, side) {
             return None;
         }
-        let recv = side == Side::Recv;
-        if !self.cq_of(side).take_watched(self.qp_num(), wr_id, recv) {
+        if !self.cq_of(side).take_watched(self.qp_num(), wr_id, side) {
             return None;
         }
         let buf = self.parked.bufs.take::<B>(wr_id, side);
         if buf.is_none() {
             // Another buffer type (or its post still parking it): watch again so that a
             // take with the right type works.
-            self.cq_of(side).rewatch_seen(self.qp_num(), wr_id, recv);
+            self.cq_of(side).rewatch_seen(self.qp_num(), wr_id, side);
         }
         buf
     }

@@ -4,11 +4,13 @@
 //! target whose key table lies about a region's length. Each time deregistration returns
 //! within its bound and the memory is then out of the peer's reach, and requests the
 //! checks refuse get the ring path's statuses, also inside a post list whose requests
-//! share one claim, and after what a queue pair kept of a key from an earlier post.
+//! share one claim, and after what a queue pair kept of a key from an earlier post. A
+//! target queue pair destroyed amid a peer's copy goes once the copy is over.
 
 #[path = "common/logs.rs"]
 mod logs;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rdmx::shm::testing::{self, PeerMapping};
@@ -633,4 +635,61 @@ fn a_dead_initiator_s_leftover_claim_is_not_watched() {
     );
     drop(mr);
     drop((pd, cq));
+}
+
+/// A target queue pair destroyed while its peer copies into its memory through the
+/// mapping (under a claim made before) goes only once the copy is over: the memory is
+/// the application's again when the destruction returns. The peer's next WRITE does not
+/// run through the mapping.
+#[test]
+fn a_destroyed_target_goes_once_its_peer_s_mapped_copy_is_over() {
+    let (a, b, src, _m, mr) = writable_pair(LEN, 9);
+    let at = mr.remote().at(0);
+    write_until_mapped(&a, &src, at);
+    testing::stall_claim(&a.qp, at.rkey).unwrap();
+    let Side { ctx, pd, cq, qp } = b;
+    let ended = AtomicBool::new(false);
+    let waited = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(100));
+            ended.store(true, Ordering::SeqCst);
+            // (Once the queue pair went, the initiator's connection may be gone too.)
+            let _ = testing::scribble_claim(&a.qp, 0);
+        });
+        drop(qp);
+        ended.load(Ordering::SeqCst)
+    });
+    assert!(
+        waited,
+        "the queue pair went while its peer still copied into its memory"
+    );
+    let before = rdmx::shm::executed_at_post(&a.qp).unwrap();
+    a.qp.post_send(SendRequest::write(2, at).sge(LocalSge::new(&src, 0, 64).unwrap()))
+        .unwrap();
+    let c = wait(&a.cq, "a WRITE to a destroyed queue pair");
+    assert_ne!(c.status, WcStatus::Success, "{c:?}");
+    assert_eq!(rdmx::shm::executed_at_post(&a.qp).unwrap(), before);
+    drop((mr, pd, cq, ctx));
+}
+
+/// A peer stopped mid-copy into a destroyed target queue pair's memory holds the
+/// destruction for `DRAIN_BOUND` at most, with a warning.
+#[test]
+fn a_peer_stalled_in_a_mapped_copy_holds_a_destruction_for_a_bounded_time() {
+    let (a, b, src, _m, mr) = writable_pair(LEN, 9);
+    let at = mr.remote().at(0);
+    write_until_mapped(&a, &src, at);
+    testing::stall_claim(&a.qp, at.rkey).unwrap();
+    let Side { ctx, pd, cq, qp } = b;
+    let start = Instant::now();
+    drop(qp);
+    let took = start.elapsed();
+    assert!(
+        took >= DRAIN_BOUND,
+        "the destruction did not wait: {took:?}"
+    );
+    assert!(took < DRAIN_BOUND + DEADLINE, "the destruction hung");
+    wait_logged("WARN", &["into) a destroyed queue pair's memory"]);
+    let _ = testing::scribble_claim(&a.qp, 0);
+    drop((mr, pd, cq, ctx));
 }

@@ -217,8 +217,9 @@ impl Driver {
     /// The handle of `qp` went (or is going): forgets it, releases what it holds of
     /// registered memory, and closes its connection. Returns once the peer no longer
     /// copies out of this QP's memory (its copies of payloads named by descriptor records:
-    /// `cma`, `direct`), or after [`DRAIN_BOUND`] with a warning and false if it still
-    /// does (a peer stopped mid-copy). A second call has nothing left to release or wait
+    /// `cma`, `direct`) nor into or out of it through its mapping (`mapped`), or after
+    /// [`DRAIN_BOUND`] with a warning and false if it still does (a peer stopped
+    /// mid-copy). A second call has nothing left to release or wait
     /// for.
     pub(super) fn remove_qp(&self, qp: &ShmQp) -> bool {
         self.active.write().retain(|q| q.token != qp.token);
@@ -241,8 +242,8 @@ impl Driver {
         if !quiet {
             tracing::warn!(
                 qpn = qp.qpn,
-                "shm: the peer still copies out of a destroyed queue pair's memory after \
-                 {DRAIN_BOUND:?}"
+                "shm: the peer still copies out of (or, through its mapping, into) a \
+                 destroyed queue pair's memory after {DRAIN_BOUND:?}"
             );
         }
         quiet
@@ -484,13 +485,23 @@ impl Driver {
 
 /// Tells the peer of connection `c` that this side's queue pair is gone, then waits, for
 /// at most [`DRAIN_BOUND`], until the peer copies nothing out of this side's memory (it
-/// may be amid a copy it began before). A peer that closed its socket copies nothing.
-/// Returns whether it let go.
+/// may be amid a copy it began before) and, on the `mapped` path, nothing into or out of
+/// it under a claim made before the target word went to 0 (a claim made after sees the
+/// 0 and backs off). A peer that closed its socket copies nothing. Returns whether it
+/// let go.
 fn let_go(c: &Conn) -> bool {
-    if !c.seg.leave(c.side) {
+    // Sequentially consistent, then the claim is loaded: as deregistration's unpublishing
+    // (see `mapped`), either the peer sees the 0 after its claim, or the claim is seen
+    // here and waited for.
+    c.seg.target_word(c.side).store(0, Ordering::SeqCst);
+    let copying = c.seg.leave(c.side);
+    let peer_claims = || c.seg.claim_word(1 - c.side).load(Ordering::SeqCst) != 0;
+    if !copying && !peer_claims() {
         return true;
     }
     wait_bounded(DRAIN_BOUND, || {
-        !c.seg.copying(1 - c.side) || c.peer_gone.load(Ordering::SeqCst) || sys::hung_up(&c.sock)
+        (!c.seg.copying(1 - c.side) && !peer_claims())
+            || c.peer_gone.load(Ordering::SeqCst)
+            || sys::hung_up(&c.sock)
     })
 }

@@ -64,9 +64,11 @@
 //! the claim and the unpublication are sequentially consistent stores each followed by
 //! a load of the other's word, so either the initiator sees the slot changed and does
 //! not copy, or deregistration sees the claim and waits for it to go. Destroying a queue
-//! pair zeroes its target word the same way before its connection goes; a peer that
-//! claims afterwards sees it and backs off. Connections whose peer has closed its socket
-//! (it exited or was killed) hold no claims.
+//! pair zeroes its target word the same way, then waits (within [`DRAIN_BOUND`], as for
+//! its peer's other copies) until the peer's claim word is clear: a peer that claims
+//! afterwards sees the 0 and backs off, and one that claimed before has finished its
+//! copy when the destruction returns. Connections whose peer has closed its socket (it
+//! exited or was killed) hold no claims.
 //!
 //! Files are offered and forgotten under one lock (that of the watched connections), so
 //! each peer gets the messages in the order the key table changed: a file offered again

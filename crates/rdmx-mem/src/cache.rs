@@ -296,7 +296,10 @@ impl<R: Registrar> RegCache<R> {
     /// The memory must stay mapped while the handle lives, and must not be reached
     /// through Rust references that conflict with `access` meanwhile. The handle's region
     /// may be larger than the range asked for; with remote access flags the whole region
-    /// is exposed to whoever holds its rkey while any handle to it lives.
+    /// is exposed to whoever holds its rkey while any handle to it lives, and after the
+    /// last handle goes for as long as the cache keeps the registration idle (until it is
+    /// evicted, or its range invalidated): [`invalidate`](Self::invalidate) the range to
+    /// end a peer's access to it.
     pub unsafe fn get_raw(
         &self,
         addr: *const u8,

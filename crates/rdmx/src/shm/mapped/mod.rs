@@ -83,10 +83,10 @@
 //! requests take the packets from then on, and none of the mapping is published again)
 //! and the claims made on them drained (within [`DRAIN_BOUND`] too), and while the
 //! mapping is copied every queue pair of the context is held, so that what peers wrote
-//! into it, through the mapping or the packets, is in the copy. Deregistration then returns. (Regions of
-//! the same mapping registered on another context of this process stay published there:
-//! registering one mapping on several contexts that run the mapped path, with a peer
-//! that stalls, is the one case the detaching does not cover.)
+//! into it, through the mapping or the packets, is in the copy. Deregistration then
+//! returns. (Regions of the same mapping registered on another context of this process
+//! stay published there: registering one mapping on several contexts that run the
+//! mapped path, with a peer that stalls, is the one case the detaching does not cover.)
 //!
 //! A peer holding the memfd can reach the whole mapping while the target shares it:
 //! the mapped path trusts its peers (same user, or one in `allowed_uids`, checked with

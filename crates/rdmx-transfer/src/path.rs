@@ -267,6 +267,14 @@ pub(crate) fn send_wr_id(key: usize, tag: u32) -> u64 {
     (key as u64 & 0xffff_ffff) | u64::from(tag & TAG_MASK) << 32
 }
 
+/// A send-queue request's (slab key, tag): the inverse of [`send_wr_id`].
+pub(crate) fn parse_send(wr_id: u64) -> (usize, u32) {
+    (
+        (wr_id & 0xffff_ffff) as usize,
+        (wr_id >> 32) as u32 & TAG_MASK,
+    )
+}
+
 pub(crate) fn recv_wr_id(path: u32, slot: usize) -> u64 {
     RECV_FLAG | (path as u64) << 16 | slot as u64
 }
@@ -558,14 +566,17 @@ mod tests {
     use super::*;
 
     /// A send-queue request's id never reads as a receive's, whatever its tag (the
-    /// worker's tag counter runs on for as long as the engine does).
+    /// worker's tag counter runs on for as long as the engine does), and reads back as
+    /// its key and tag.
     #[test]
     fn send_ids_never_read_as_receives() {
         for tag in [0, 1, TAG_MASK - 1, TAG_MASK, TAG_MASK + 1, u32::MAX] {
             for key in [0, 1, 0xffff, u32::MAX as usize] {
                 let id = send_wr_id(key, tag);
                 assert_eq!(parse_recv(id), None, "key {key} tag {tag:#x}");
-                assert_eq!(id & 0xffff_ffff, key as u64 & 0xffff_ffff);
+                let (k, t) = parse_send(id);
+                assert_eq!(k as u64, key as u64 & 0xffff_ffff, "key {key} tag {tag:#x}");
+                assert_eq!(t, tag & TAG_MASK, "key {key} tag {tag:#x}");
             }
         }
     }

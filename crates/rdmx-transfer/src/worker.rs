@@ -272,8 +272,7 @@ impl Worker {
             self.received(c, path_id, slot);
             return;
         }
-        let key = (c.wr_id & 0xffff_ffff) as usize;
-        let tag = (c.wr_id >> 32) as u32;
+        let (key, tag) = crate::path::parse_send(c.wr_id);
         match self.slab.get(key) {
             Some(e) if e.tag == tag && e.qp_num == c.qp_num => {}
             _ => return,

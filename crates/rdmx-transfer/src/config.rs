@@ -177,7 +177,9 @@ pub struct Config {
     /// A token every engine of the cluster is given (up to 64 bytes): with one, this
     /// engine's control listener refuses peers that do not present it. Without one
     /// (the default, as Mooncake's and NIXL's handshakes) anyone who reaches the
-    /// listener can open this engine's segment, within the access each buffer grants.
+    /// listener can open this engine's segment, within the access each buffer grants;
+    /// with or without one, nobody takes over the connection of an engine that still
+    /// holds it by naming itself after it.
     pub token: Option<String>,
     /// etcd: the TTL of the engine's lease; its descriptor expires this long after the
     /// engine stops renewing it (default 10 s; etcd allows 2 s and up).

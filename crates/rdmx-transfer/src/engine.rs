@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -42,6 +42,9 @@ pub(crate) struct Shared {
     pub(crate) conns: Mutex<HashMap<String, Arc<Conn>>>,
     pub(crate) by_addr: Mutex<HashMap<String, String>>,
     pub(crate) next_path: AtomicU32,
+    /// Connections added so far: a handshake notes it when it begins, and a connection
+    /// to its peer added since was made while it ran (both sides opened at once).
+    pub(crate) conns_added: AtomicU64,
     pub(crate) notes: Mutex<VecDeque<Notification>>,
     pub(crate) notes_cv: Condvar,
     pub(crate) stop: AtomicBool,
@@ -97,7 +100,12 @@ impl Shared {
             .connect_timeout(self.config.connect_timeout)
     }
 
-    pub(crate) fn add_conn(&self, conn: Arc<Conn>) {
+    /// Adds `conn`, made by a handshake that began when [`conns_added`](Self::conns_added)
+    /// was `since`, and returns the connection to its peer kept: `conn`, which replaces
+    /// any other, unless another was added while the handshake ran (both engines opened
+    /// each other at once). Then both sides keep the one opened by the engine whose name
+    /// sorts first, and close the other.
+    pub(crate) fn add_conn(&self, conn: Arc<Conn>, since: u64) -> Arc<Conn> {
         // Connections peers opened to this engine whose every path is down (the peer went
         // away; only the opening side rebuilds paths) are let go.
         let dead: Vec<Arc<Conn>> = {
@@ -114,13 +122,33 @@ impl Shared {
         for c in &dead {
             self.drop_conn(c);
         }
+        let opener = |c: &Conn| match c.initiator {
+            true => self.name.clone(),
+            false => c.peer.clone(),
+        };
+        let mut conns = self.conns.lock();
+        let concurrent = conns.get(&conn.peer).filter(|old| {
+            !old.closed.load(Ordering::Acquire)
+                && old.added.load(Ordering::Acquire) > since
+                && opener(old) < opener(&conn)
+        });
+        if let Some(old) = concurrent.cloned() {
+            drop(conns);
+            self.drop_conn(&conn);
+            return old;
+        }
         for p in &conn.paths {
             let _ = p.post_recvs();
             p.rail.paths.lock().push(p.clone());
         }
-        if let Some(old) = self.conns.lock().insert(conn.peer.clone(), conn) {
+        let n = self.conns_added.fetch_add(1, Ordering::AcqRel) + 1;
+        conn.added.store(n, Ordering::Release);
+        let old = conns.insert(conn.peer.clone(), conn.clone());
+        drop(conns);
+        if let Some(old) = old {
             self.drop_conn(&old);
         }
+        conn
     }
 
     pub(crate) fn drop_conn(&self, c: &Arc<Conn>) {
@@ -235,6 +263,7 @@ impl Engine {
             conns: Mutex::new(HashMap::new()),
             by_addr: Mutex::new(HashMap::new()),
             next_path: AtomicU32::new(1),
+            conns_added: AtomicU64::new(0),
             notes: Mutex::new(VecDeque::new()),
             notes_cv: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -363,14 +392,15 @@ impl Engine {
                 c.peer == peer
             }
         };
-        let open = self
-            .shared
-            .conns
-            .lock()
-            .values()
-            .find(|c| !c.closed.load(Ordering::Acquire) && known(c))
-            .cloned();
-        if let Some(conn) = open {
+        let open = || {
+            self.shared
+                .conns
+                .lock()
+                .values()
+                .find(|c| !c.closed.load(Ordering::Acquire) && known(c))
+                .cloned()
+        };
+        if let Some(conn) = open() {
             return Ok(Segment { conn });
         }
         let addr = if self.shared.meta.is_p2p() {
@@ -378,7 +408,13 @@ impl Engine {
         } else {
             self.shared.meta.lookup(peer)?.control.to_string()
         };
-        let conn = connect(&self.shared, &addr, transport)?;
+        let since = self.shared.conns_added.load(Ordering::Acquire);
+        let conn = match connect(&self.shared, &addr, transport) {
+            Ok(c) => c,
+            // The peer opened this engine meanwhile (both opened at once): the peer keeps
+            // that connection and refuses this one; it serves either side.
+            Err(e) => return open().map(|conn| Segment { conn }).ok_or(e),
+        };
         if !self.shared.meta.is_p2p() && conn.peer != peer {
             return Err(Error::Descriptor(format!(
                 "etcd sent {peer:?} to {addr}, where {:?} answered",
@@ -389,7 +425,7 @@ impl Engine {
             .by_addr
             .lock()
             .insert(peer.to_string(), conn.peer.clone());
-        self.shared.add_conn(conn.clone());
+        let conn = self.shared.add_conn(conn, since);
         Ok(Segment { conn })
     }
 

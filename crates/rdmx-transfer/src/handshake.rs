@@ -3,7 +3,7 @@
 //! connected on both sides; and the rebuild of one set-aside path, authenticated by the
 //! connection's secret.
 
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -166,6 +166,9 @@ pub(crate) fn connect(
     want: Option<Transport>,
 ) -> Result<Arc<Conn>> {
     let mut s = control_stream(shared, peer)?;
+    let dialed = s
+        .peer_addr()
+        .map_err(|e| Error::Io("getpeername on the control connection", e))?;
     Msg::Hello {
         desc: shared.desc(),
         describe_only: false,
@@ -226,7 +229,7 @@ pub(crate) fn connect(
     for ((_, _, qp), ep) in qps.iter().zip(&eps) {
         qp.connect(*ep, &opts)?;
     }
-    let conn = build_conn(shared, &theirs, secret, transport, mtu, true, qps)?;
+    let conn = build_conn(shared, &theirs, dialed, secret, transport, mtu, true, qps)?;
     Msg::Ready.send(&mut s)?;
     match Msg::recv(&mut s)? {
         Msg::Ready => {}
@@ -236,9 +239,11 @@ pub(crate) fn connect(
     Ok(conn)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn build_conn(
     shared: &Arc<Shared>,
     theirs: &SegmentDesc,
+    probe_at: SocketAddr,
     secret: u64,
     transport: Transport,
     mtu: u32,
@@ -258,6 +263,7 @@ fn build_conn(
         Conn {
             peer: theirs.name.clone(),
             control: theirs.control,
+            probe_at,
             secret,
             transport,
             mtu,
@@ -265,6 +271,7 @@ fn build_conn(
             desc: RwLock::new(Arc::new(theirs.clone())),
             paths,
             closed: AtomicBool::new(false),
+            added: std::sync::atomic::AtomicU64::new(0),
         }
     });
     match err {
@@ -313,6 +320,8 @@ fn serve(shared: &Arc<Shared>, mut s: TcpStream) -> Result<()> {
     s.set_read_timeout(Some(t)).map_err(io)?;
     s.set_write_timeout(Some(t)).map_err(io)?;
     s.set_nodelay(true).map_err(io)?;
+    let from = s.peer_addr().map_err(io)?;
+    let since = shared.conns_added.load(Ordering::Acquire);
     let first = match Msg::recv(&mut s) {
         Ok(m) => m,
         Err(e) => {
@@ -341,6 +350,16 @@ fn serve(shared: &Arc<Shared>, mut s: TcpStream) -> Result<()> {
                     };
                     let _ = Msg::Refused("wrong or missing cluster token".into()).send(&mut s);
                     return Err(e);
+                }
+            }
+            if !describe_only {
+                // Nobody takes over another engine's connection by naming itself after it.
+                if let Some(why) = held_elsewhere(shared, &desc.name) {
+                    let _ = Msg::Refused(why.clone()).send(&mut s);
+                    return Err(Error::Refused {
+                        peer: desc.name,
+                        why,
+                    });
                 }
             }
             Msg::Desc(shared.desc()).send(&mut s)?;
@@ -375,8 +394,12 @@ fn serve(shared: &Arc<Shared>, mut s: TcpStream) -> Result<()> {
                 Msg::Ready => {}
                 _ => return Err(Error::Descriptor("the peer did not confirm".into())),
             }
-            let conn = build_conn(shared, &desc, secret, transport, mtu, false, qps)?;
-            shared.add_conn(conn);
+            let probe_at = match desc.control.ip().is_loopback() && !from.ip().is_loopback() {
+                true => SocketAddr::new(from.ip(), desc.control.port()),
+                false => desc.control,
+            };
+            let conn = build_conn(shared, &desc, probe_at, secret, transport, mtu, false, qps)?;
+            shared.add_conn(conn, since);
             Msg::Ready.send(&mut s)?;
             Ok(())
         }
@@ -404,11 +427,72 @@ fn serve(shared: &Arc<Shared>, mut s: TcpStream) -> Result<()> {
                 }
             }
         }
+        Msg::Probe { name, secret } => {
+            let holds = shared
+                .conns
+                .lock()
+                .get(&name)
+                .is_some_and(|c| c.secret == secret && !c.closed.load(Ordering::Acquire));
+            match holds {
+                true => Msg::Ready.send(&mut s),
+                false => Msg::Refused("no such connection here".into()).send(&mut s),
+            }
+        }
         other => {
             let e = Error::Descriptor(format!("a control connection that opened with {other:?}"));
             let _ = Msg::Refused(e.to_string()).send(&mut s);
             Err(e)
         }
+    }
+}
+
+/// Why an initiator naming itself `name` is refused: this engine holds an open
+/// connection with an engine of that name, which says it still holds it. `None` when it
+/// holds none, or the engine it was made with no longer answers for it (it went, or
+/// restarted: it does not know the connection's secret), so the newcomer replaces it.
+fn held_elsewhere(shared: &Shared, name: &str) -> Option<String> {
+    let old = shared
+        .conns
+        .lock()
+        .get(name)
+        .filter(|c| !c.closed.load(Ordering::Acquire))
+        .cloned()?;
+    probe(shared, &old).then(|| {
+        format!(
+            "an engine named {name:?} is connected here already (its control listener at {} \
+             holds the connection)",
+            old.probe_at
+        )
+    })
+}
+
+/// Whether the peer of `conn` still holds it: asked at its control listener. A listener
+/// that is not there, closes, or says no does not; one that takes the connection and
+/// does not answer in time is taken to (a stalled engine keeps its connections).
+fn probe(shared: &Shared, conn: &Conn) -> bool {
+    let t = shared.config.connect_timeout / 2;
+    let Ok(mut s) = TcpStream::connect_timeout(&conn.probe_at, t) else {
+        return false;
+    };
+    if s.set_read_timeout(Some(t)).is_err() || s.set_write_timeout(Some(t)).is_err() {
+        return false;
+    }
+    let asked = Msg::Probe {
+        name: shared.name.clone(),
+        secret: conn.secret,
+    }
+    .send(&mut s);
+    match asked.and_then(|()| Msg::recv(&mut s)) {
+        Ok(Msg::Ready) => true,
+        Err(Error::Io(_, e))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            true
+        }
+        _ => false,
     }
 }
 

@@ -291,6 +291,12 @@ pub(crate) fn parse_recv(wr_id: u64) -> Option<(u32, usize)> {
 pub(crate) struct Conn {
     pub(crate) peer: String,
     pub(crate) control: std::net::SocketAddr,
+    /// Where this engine reaches the peer's control listener to ask whether it still
+    /// holds this connection ([`Msg::Probe`](crate::wire::Msg::Probe)): the address the
+    /// initiator dialed; on the target, the peer's control port at the address its
+    /// control connection came from when its descriptor names a loopback address (it
+    /// listens on every interface).
+    pub(crate) probe_at: std::net::SocketAddr,
     pub(crate) secret: u64,
     pub(crate) transport: Transport,
     pub(crate) mtu: u32,
@@ -298,6 +304,9 @@ pub(crate) struct Conn {
     pub(crate) desc: RwLock<Arc<SegmentDesc>>,
     pub(crate) paths: Vec<Arc<Path>>,
     pub(crate) closed: AtomicBool,
+    /// When it was added to the engine's connections (its count of them then; 0: not
+    /// yet).
+    pub(crate) added: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Conn {

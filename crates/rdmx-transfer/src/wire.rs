@@ -250,6 +250,10 @@ pub(crate) enum Msg {
     },
     /// Either: refused, and why.
     Refused(String),
+    /// A target → the control listener of an engine it holds a connection with: do you
+    /// hold a connection `secret` to `name` (the asker), open? `Ready` if so, `Refused`
+    /// if not. Asked when another initiator names itself as that engine.
+    Probe { name: String, secret: u64 },
 }
 
 impl Msg {
@@ -313,6 +317,11 @@ impl Msg {
                 let why: String = why.chars().take(1000).collect();
                 w.u16(why.len() as u16);
                 w.bytes(why.as_bytes());
+            }
+            Msg::Probe { name, secret } => {
+                w.u8(8);
+                w.str(name);
+                w.u64(*secret);
             }
         }
         w.0
@@ -379,6 +388,10 @@ impl Msg {
                 let n = r.u16()? as usize;
                 Msg::Refused(String::from_utf8_lossy(r.take(n)?).into_owned())
             }
+            8 => Msg::Probe {
+                name: r.name("engine name")?,
+                secret: r.u64()?,
+            },
             t => return Err(bad(format!("a control message of unknown type {t}"))),
         };
         r.end()?;
@@ -655,6 +668,10 @@ mod tests {
                 endpoint: ep,
             },
             Msg::Refused("no".into()),
+            Msg::Probe {
+                name: "y".into(),
+                secret: 11,
+            },
         ] {
             let mut buf = Vec::new();
             m.send(&mut buf).unwrap();

@@ -532,3 +532,86 @@ fn a_refused_request_takes_down_one_path_only() {
         "paths down for one refused request: {paths:?}"
     );
 }
+
+/// One WRITE of 4 KiB from `src` into `seg`'s buffer "dst"; whether it succeeded.
+fn write_once(a: &Engine, src: &rdmx_transfer::LocalBuf, seg: &Segment) -> bool {
+    let h = a.submit(writes(
+        src,
+        seg,
+        1,
+        4096,
+        |o| o,
+        |o| Target::Buffer("dst", o),
+    ));
+    h.wait(T).unwrap().is_success()
+}
+
+/// An engine that names itself after one connected to the target does not take over
+/// that connection: it is refused, and the connection goes on serving its engine.
+#[test]
+fn an_engine_named_as_a_connected_one_is_refused() {
+    let a = Engine::new("a", tcp_rails(1)).unwrap();
+    let b = Engine::new("b", tcp_rails(1)).unwrap();
+    let src = a
+        .register("src", pattern(3, 4096), Access::LOCAL_WRITE)
+        .unwrap();
+    let _dst = b.register("dst", 4096, Access::REMOTE_WRITE).unwrap();
+    let seg = open_peer(&a, &b);
+    assert!(write_once(&a, &src, &seg));
+    let impostor = Engine::new("a", tcp_rails(1)).unwrap();
+    let e = impostor
+        .open_segment(&b.control_addr().to_string())
+        .unwrap_err();
+    assert!(e.to_string().contains("connected here already"), "{e}");
+    assert!(
+        write_once(&a, &src, &seg),
+        "the impostor took the connection over"
+    );
+}
+
+/// An engine that went and came back under its name (at another address) replaces the
+/// connection it left.
+#[test]
+fn an_engine_back_under_its_name_replaces_its_old_connection() {
+    let b = Engine::new("b", tcp_rails(1)).unwrap();
+    let _dst = b.register("dst", 4096, Access::REMOTE_WRITE).unwrap();
+    let a = Engine::new("a", tcp_rails(1)).unwrap();
+    let seg = open_peer(&a, &b);
+    let src = a
+        .register("src", pattern(3, 4096), Access::LOCAL_WRITE)
+        .unwrap();
+    assert!(write_once(&a, &src, &seg));
+    drop((seg, src, a));
+    let a = Engine::new("a", tcp_rails(1)).unwrap();
+    let src = a
+        .register("src", pattern(4, 4096), Access::LOCAL_WRITE)
+        .unwrap();
+    let seg = open_peer(&a, &b);
+    assert!(write_once(&a, &src, &seg));
+}
+
+/// Two engines that open each other at once agree on one connection: whatever the
+/// two opens returned, opening again on either side gives a segment that works.
+#[test]
+fn engines_that_open_each_other_at_once_agree_on_one_connection() {
+    for round in 0..8 {
+        let a = Engine::new("a", tcp_rails(1)).unwrap();
+        let b = Engine::new("b", tcp_rails(1)).unwrap();
+        let _da = a.register("dst", 4096, Access::REMOTE_WRITE).unwrap();
+        let _db = b.register("dst", 4096, Access::REMOTE_WRITE).unwrap();
+        let sa = a
+            .register("src", pattern(1, 4096), Access::LOCAL_WRITE)
+            .unwrap();
+        let sb = b
+            .register("src", pattern(2, 4096), Access::LOCAL_WRITE)
+            .unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| a.open_segment(&b.control_addr().to_string()));
+            s.spawn(|| b.open_segment(&a.control_addr().to_string()));
+        });
+        let ab = open_peer(&a, &b);
+        let ba = open_peer(&b, &a);
+        assert!(write_once(&a, &sa, &ab), "round {round}: a to b");
+        assert!(write_once(&b, &sb, &ba), "round {round}: b to a");
+    }
+}

@@ -539,6 +539,14 @@ impl Args {
         if self.perform_warm_up {
             return refuse("no --perform_warm_up");
         }
+        if self.verify {
+            // perftest's buffers hold random bytes: what can be checked of the data is
+            // checked on every run (see `checked:` in the output), --verify adds nothing.
+            return refuse(
+                "no --verify: perftest's buffers hold random bytes; what can be checked is \
+                 checked on every run",
+            );
+        }
         if self.provider.len() > 1 {
             return refuse("one provider");
         }
@@ -670,6 +678,8 @@ mod tests {
             &["send_bw", "--perftest", "-c", "UC", "--server"],
             &["write_bw", "--perftest", "-l", "4", "host"],
             &["write_bw", "--perftest", "--json", "host"],
+            &["write_bw", "--perftest", "--verify", "--server"],
+            &["read_bw", "--perftest", "--verify", "host"],
         ] {
             let e = resolve(line).expect_err(&format!("{line:?} should be refused"));
             assert!(e.contains("--perftest"), "{line:?}: {e}");

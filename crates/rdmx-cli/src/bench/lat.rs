@@ -8,7 +8,9 @@
 //!   to its completion: the whole round trip.
 //!
 //! The first `n/10` rounds (100 with `-D`) warm up and are not recorded; with `-D` the
-//! measured rounds run for that long after them.
+//! measured rounds run for that long after them. The recorded rounds are reported as
+//! perftest reports them, its two largest left out of the figures ([`LatRecorder`]; the
+//! definitions are in [`super::report`]).
 
 use std::time::Instant;
 

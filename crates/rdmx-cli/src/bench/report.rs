@@ -6,9 +6,18 @@
 //! MiB/s (2^20 bytes per second, perftest's "MB/sec") or, with `--report_gbits`, Gb/s
 //! (10^9 bits per second).
 //!
-//! Latency rows: `t_min`, `t_max`, `t_avg` and `t_stdev` (population) exact over the
-//! recorded rounds; `t_typical` (the median) and the 99% and 99.9% percentiles from an
-//! HDR histogram of nanoseconds with 3 significant digits (within 0.1%).
+//! Latency rows follow perftest's `print_report_lat`: of the `n` recorded rounds, sorted
+//! (`delta[0..n]`), the largest [`LAT_MEASURE_TAIL`] (2) are left out and the
+//! `measure_cnt = n - 2` smallest are measured. `t_min` is `delta[0]`; `t_max` is
+//! `delta[measure_cnt]`, the second largest round; `t_typical` the median, `t_avg` the mean
+//! and `t_stdev` the population standard deviation of the measured rounds; the 99% and
+//! 99.9% percentiles are `delta[ceil(0.99 * measure_cnt)]` and
+//! `delta[ceil(0.999 * measure_cnt)]`. `t_min`, `t_max`, `t_avg` and `t_stdev` are exact;
+//! the median and the percentiles are exact where they fall on `t_min` or on the two
+//! largest rounds, else an HDR histogram's (nanoseconds, 3 significant digits: within
+//! 0.1%). perftest truncates each deviation to whole microseconds before squaring it;
+//! rdmx's `t_stdev` does not. With fewer than 3 rounds (perftest runs at least 5), the
+//! smallest alone is measured.
 
 use std::time::Duration;
 
@@ -24,15 +33,39 @@ const GBITS_PER_MIB: f64 = MIB * 8.0 / 1e9;
 pub(crate) const LINE: &str =
     "---------------------------------------------------------------------------------------";
 
-/// Latency samples of one size, in microseconds.
+/// perftest's `LAT_MEASURE_TAIL`: the largest rounds a latency report leaves out.
+pub(crate) const LAT_MEASURE_TAIL: usize = 2;
+
+/// Latency samples of one size, in microseconds, reported as perftest's
+/// `print_report_lat` does (see the module's doc). Memory stays bounded: an HDR histogram
+/// of every sample, the [`LAT_MEASURE_TAIL`] largest samples kept aside exactly, and
+/// running sums of the others.
 pub(crate) struct LatRecorder {
     halve: bool,
     hist: Histogram<u64>,
     n: u64,
     min: f64,
-    max: f64,
+    /// The largest samples, largest first; the first `min(n, LAT_MEASURE_TAIL)` are set.
+    top: [f64; LAT_MEASURE_TAIL],
+    /// Every sample but those in `top`.
+    rest: Moments,
+}
+
+/// Count, mean and sum of squared deviations of samples (Welford's running update).
+#[derive(Clone, Copy, Default)]
+struct Moments {
+    n: u64,
     mean: f64,
     m2: f64,
+}
+
+impl Moments {
+    fn add(&mut self, x: f64) {
+        self.n += 1;
+        let d = x - self.mean;
+        self.mean += d / self.n as f64;
+        self.m2 += d * (x - self.mean);
+    }
 }
 
 /// What a latency row reports, in microseconds.
@@ -55,9 +88,8 @@ impl LatRecorder {
             hist: Histogram::new(3).expect("3 significant digits is in range"),
             n: 0,
             min: f64::INFINITY,
-            max: 0.0,
-            mean: 0.0,
-            m2: 0.0,
+            top: [0.0; LAT_MEASURE_TAIL],
+            rest: Moments::default(),
         }
     }
 
@@ -67,12 +99,24 @@ impl LatRecorder {
         if self.halve {
             us /= 2.0;
         }
+        let held = self.held();
         self.n += 1;
         self.min = self.min.min(us);
-        self.max = self.max.max(us);
-        let d = us - self.mean;
-        self.mean += d / self.n as f64;
-        self.m2 += d * (us - self.mean);
+        // Into `top` if it is among the largest; what that pushes out (or `us` itself)
+        // goes to `rest`.
+        let out = if held < LAT_MEASURE_TAIL {
+            self.top[held] = us;
+            None
+        } else if us > self.top[LAT_MEASURE_TAIL - 1] {
+            Some(std::mem::replace(&mut self.top[LAT_MEASURE_TAIL - 1], us))
+        } else {
+            Some(us)
+        };
+        let upto = (held + 1).min(LAT_MEASURE_TAIL);
+        self.top[..upto].sort_by(|a, b| b.total_cmp(a));
+        if let Some(x) = out {
+            self.rest.add(x);
+        }
         let ns = (us * 1000.0).round() as u64;
         // `record` grows the histogram's range; it only fails past u64's range.
         if self.hist.record(ns).is_err() {
@@ -85,6 +129,27 @@ impl LatRecorder {
         self.n
     }
 
+    /// Samples held in `top`.
+    fn held(&self) -> usize {
+        (self.n as usize).min(LAT_MEASURE_TAIL)
+    }
+
+    /// Sorted sample `k` (0-based) of the histogram, in nanoseconds (the highest value
+    /// of its bucket).
+    fn ranked(&self, k: u64) -> u64 {
+        let mut seen = 0;
+        for v in self.hist.iter_recorded() {
+            seen += v.count_at_value();
+            if seen > k {
+                return self.hist.highest_equivalent(v.value_iterated_to());
+            }
+        }
+        self.hist.max()
+    }
+
+    /// perftest's figures: of the `n` samples sorted (`delta`), the `measure_cnt = n -
+    /// LAT_MEASURE_TAIL` smallest are measured (at least one: perftest runs at least 5
+    /// rounds, rdmx may record fewer).
     pub(crate) fn stats(&self) -> LatStats {
         if self.n == 0 {
             return LatStats {
@@ -97,16 +162,41 @@ impl LatRecorder {
                 p999: 0.0,
             };
         }
-        // Histogram buckets are 0.1% wide: keep their values within the exact range.
-        let q = |q: f64| (self.hist.value_at_quantile(q) as f64 / 1000.0).clamp(self.min, self.max);
+        let n = self.n as usize;
+        let held = self.held();
+        let cut = (n - 1).min(LAT_MEASURE_TAIL);
+        let measured = n - cut;
+        // The measured samples: `rest`, and what of `top` is not cut.
+        let mut kept = self.rest;
+        for &x in &self.top[cut..held] {
+            kept.add(x);
+        }
+        // delta[k]: exact for the smallest and for those in `top`; else the histogram's,
+        // within the exact range (its buckets are 0.1% wide).
+        let at = |k: usize| -> f64 {
+            let k = k.min(n - 1);
+            if k >= n - held {
+                self.top[n - 1 - k]
+            } else if k == 0 {
+                self.min
+            } else {
+                (self.ranked(k as u64) as f64 / 1000.0).clamp(self.min, self.top[held - 1])
+            }
+        };
+        let typical = if measured % 2 == 0 {
+            (at(measured / 2) + at(measured / 2 - 1)) / 2.0
+        } else {
+            at(measured / 2)
+        };
+        let pct = |q: f64| at((measured as f64 * q).ceil() as usize);
         LatStats {
             min: self.min,
-            max: self.max,
-            typical: q(0.5),
-            avg: self.mean,
-            stdev: (self.m2 / self.n as f64).sqrt(),
-            p99: q(0.99),
-            p999: q(0.999),
+            max: at(measured),
+            typical,
+            avg: kept.mean,
+            stdev: (kept.m2.max(0.0) / kept.n as f64).sqrt(),
+            p99: pct(0.99),
+            p999: pct(0.999),
         }
     }
 }
@@ -440,16 +530,125 @@ mod tests {
         for us in 1..=1000u64 {
             r.record(Duration::from_micros(us));
         }
+        // perftest measures the 998 smallest (1 to 998 us); its t_max is the 999th.
         let s = r.stats();
-        assert_eq!((s.min, s.max), (1.0, 1000.0));
-        assert!((s.avg - 500.5).abs() < 1e-9);
-        assert!((s.typical - 500.0).abs() <= 0.5, "{s:?}");
+        assert_eq!(s.min, 1.0);
+        assert!((s.max - 999.0).abs() < 1e-9, "{s:?}");
+        assert!((s.avg - 499.5).abs() < 1e-9, "{s:?}");
+        assert!((s.typical - 499.5).abs() <= 0.5, "{s:?}");
         assert!((s.p99 - 990.0).abs() <= 1.0, "{s:?}");
-        assert!((s.p999 - 999.0).abs() <= 1.0, "{s:?}");
-        assert!((s.stdev - 288.675).abs() < 0.01, "{s:?}");
+        assert!((s.p999 - 999.0).abs() < 1e-9, "{s:?}");
+        assert!((s.stdev - 288.0976).abs() < 0.001, "{s:?}");
         let mut h = LatRecorder::new(true);
         h.record(Duration::from_micros(10));
         assert_eq!(h.stats().typical, 5.0);
+    }
+
+    #[test]
+    fn latency_leaves_out_perftests_tail() {
+        // 998 rounds of 2 us and one of 100 us: perftest's report leaves the largest two
+        // rounds out, and its t_max is the second largest.
+        let mut r = LatRecorder::new(false);
+        for _ in 0..998 {
+            r.record(Duration::from_micros(2));
+        }
+        r.record(Duration::from_micros(100));
+        let s = r.stats();
+        assert_eq!(r.count(), 999);
+        assert_eq!(
+            (s.min, s.max, s.typical, s.avg),
+            (2.0, 2.0, 2.0, 2.0),
+            "{s:?}"
+        );
+        assert_eq!((s.p99, s.p999, s.stdev), (2.0, 2.0, 0.0), "{s:?}");
+        // Two outliers: t_max and the 99.9% percentile are the smaller one, sorted sample
+        // measure_cnt = 999 - 2 (ceil(0.999 * 997) = 997 too).
+        let mut r = LatRecorder::new(false);
+        r.record(Duration::from_micros(100));
+        for _ in 0..997 {
+            r.record(Duration::from_micros(2));
+        }
+        r.record(Duration::from_micros(50));
+        let s = r.stats();
+        assert_eq!(
+            (s.max, s.p999, s.p99, s.avg),
+            (50.0, 50.0, 2.0, 2.0),
+            "{s:?}"
+        );
+        // Fewer rounds than perftest allows (it runs at least 5): the smallest is kept.
+        let mut r = LatRecorder::new(false);
+        for us in [3, 1, 2] {
+            r.record(Duration::from_micros(us));
+        }
+        let s = r.stats();
+        assert_eq!(
+            (s.min, s.typical, s.avg, s.max, s.p999),
+            (1.0, 1.0, 1.0, 2.0, 2.0),
+            "{s:?}"
+        );
+        let mut r = LatRecorder::new(false);
+        r.record(Duration::from_micros(7));
+        let s = r.stats();
+        assert_eq!(
+            (s.min, s.typical, s.avg, s.max, s.p999),
+            (7.0, 7.0, 7.0, 7.0, 7.0),
+            "{s:?}"
+        );
+    }
+
+    /// perftest's print_report_lat over every sample, sorted.
+    fn perftest_lat(samples: &[f64]) -> LatStats {
+        let mut d = samples.to_vec();
+        d.sort_by(f64::total_cmp);
+        let m = d.len() - LAT_MEASURE_TAIL;
+        let median = if (m - 1) % 2 != 0 {
+            (d[m / 2] + d[m / 2 - 1]) / 2.0
+        } else {
+            d[m / 2]
+        };
+        let avg = d[..m].iter().sum::<f64>() / m as f64;
+        let var = d[..m].iter().map(|x| (x - avg).powi(2)).sum::<f64>() / m as f64;
+        LatStats {
+            min: d[0],
+            max: d[m],
+            typical: median,
+            avg,
+            stdev: var.sqrt(),
+            p99: d[(m as f64 * 0.99).ceil() as usize],
+            p999: d[(m as f64 * 0.999).ceil() as usize],
+        }
+    }
+
+    #[test]
+    fn latency_matches_perftests_definitions() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for n in [5, 6, 7, 100, 1001, 5000] {
+            let mut r = LatRecorder::new(false);
+            let mut all = Vec::new();
+            for _ in 0..n {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                // 1 to ~1000 us, with a long tail.
+                let us = 1 + (seed >> 33) % 100 + if seed % 17 == 0 { seed % 900 } else { 0 };
+                let dt = Duration::from_micros(us);
+                r.record(dt);
+                all.push(dt.as_secs_f64() * 1e6);
+            }
+            let (got, want) = (r.stats(), perftest_lat(&all));
+            let close = |a: f64, b: f64, tol: f64| (a - b).abs() <= tol * b.max(1.0);
+            for (what, a, b, tol) in [
+                ("min", got.min, want.min, 1e-12),
+                ("max", got.max, want.max, 1e-12),
+                ("avg", got.avg, want.avg, 1e-9),
+                ("stdev", got.stdev, want.stdev, 1e-9),
+                ("typical", got.typical, want.typical, 1e-3),
+                ("p99", got.p99, want.p99, 1e-3),
+                ("p999", got.p999, want.p999, 1e-3),
+            ] {
+                assert!(close(a, b, tol), "n {n}, {what}: {a} vs perftest's {b}");
+            }
+        }
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! The tests as perftest runs them (`run_iter_bw`, `run_iter_bw_server`,
-//! `run_iter_lat_write`, `run_iter_lat_send`), on this side's queue pairs.
+//! `run_iter_lat_write`, `run_iter_lat_send`), on this side's queue pairs. The latency
+//! tests time each post from the one before (`n - 1` rounds) and report them as
+//! perftest's `print_report_lat`, its two largest rounds left out ([`LatRecorder`]).
 
 use std::time::{Duration, Instant};
 

@@ -815,3 +815,149 @@ fn connections_that_say_nothing_are_bounded() {
     srv.check_healthy();
     drop(silent);
 }
+
+/// A length-prefixed SEND ONLY from the fake peer to `qp`.
+fn send_frame(qp: u32, psn: u32, payload: &[u8]) -> Vec<u8> {
+    let mut r = RcRepr::new(BthRepr {
+        opcode: Opcode::SendOnly,
+        solicited: false,
+        migreq: false,
+        pad_count: 0,
+        pkey: 0xffff,
+        fecn: false,
+        becn: false,
+        dest_qpn: qp,
+        ack_req: true,
+        psn,
+    });
+    r.payload = payload;
+    let mut out = vec![0u8; 4 + r.buffer_len()];
+    let n = r.emit_with_payload(&mut out[4..]).expect("emit a SEND");
+    out[..4].copy_from_slice(&(n as u32).to_be_bytes());
+    out.truncate(4 + n);
+    out
+}
+
+/// A SEND whose payload stops part-way before the peer closes does not complete its
+/// receive with success: the message never arrived whole.
+#[test]
+fn a_send_cut_short_does_not_complete_its_receive() {
+    let srv = Server::new();
+    let v = srv.victim();
+    let mut s = srv.dial(&v);
+    let f = send_frame(v.qp.qp_num(), FAKE_PSN, &[0xEE; 48]);
+    s.write_all(&f[..f.len() - 16])
+        .expect("send part of a frame");
+    s.shutdown(std::net::Shutdown::Write).expect("shutdown");
+    wait_closed(&mut s);
+    wait_state(&v.qp, QpState::Err);
+    let c = wait_one(&v.cq, "the victim's receive");
+    assert_eq!((c.wr_id, c.status), (77, WcStatus::WrFlushErr), "{c:?}");
+}
+
+/// A peer that stops part-way through a frame, keeping its stream open, fails the QP
+/// within its retry budget (ack timeout × tries): the receive is flushed, and what the
+/// half-read packet's headers completed does not complete with success.
+#[test]
+fn a_peer_stopped_mid_frame_fails_the_qp_within_its_retry_budget() {
+    let srv = Server::new();
+    let (qp, cq) = qp_in(&srv.pd);
+    let mr = region(&srv.pd, 3);
+    let mut opts = ConnectOptions::default();
+    opts.timeout = 12; // 4.096 µs × 2^12 ≈ 17 ms, raised to the tcp floor of 0.5 s
+    opts.retry_cnt = 2;
+    let fake = QpEndpoint {
+        qp_num: FAKE_QPN,
+        psn: FAKE_PSN,
+        mtu: 65536,
+        secret: 0,
+        addr: PeerAddr::Ip(SocketAddr::from(([127, 0, 0, 1], 9))),
+    };
+    qp.connect(fake, &opts).expect("connect");
+    qp.post_recv(RecvRequest::new(77).sge(LocalSge::new(&mr, 0, 64).expect("SGE")))
+        .expect("post a receive");
+    let mut s = srv.connect_raw();
+    s.write_all(&hello(qp.qp_num(), FAKE_QPN, qp.endpoint().secret))
+        .expect("hello");
+    let f = send_frame(qp.qp_num(), FAKE_PSN, &[0xEE; 48]);
+    s.write_all(&f[..f.len() - 16])
+        .expect("send part of a frame");
+    let start = Instant::now();
+    wait_state(&qp, QpState::Err);
+    let took = start.elapsed();
+    let c = wait_one(&cq, "the receive");
+    assert_eq!((c.wr_id, c.status), (77, WcStatus::WrFlushErr), "{c:?}");
+    assert!(
+        took >= Duration::from_millis(1000) && took < Duration::from_secs(10),
+        "the QP failed after {took:?}, not after its retry budget (1.5 s)"
+    );
+    wait_logged("WARN", &["sent nothing more of a frame part-way read"]);
+    drop(s);
+}
+
+/// A QP part-way through reading its peer's frame still sends the rest of the frame it
+/// was itself part-way through writing: two peers each in the middle of the other's
+/// frame then both finish (before, each waited for the other for good).
+#[test]
+fn a_qp_mid_frame_finishes_writing_its_own_frame() {
+    let srv = Server::new();
+    let v = srv.victim();
+    let mut s = srv.dial(&v);
+    // Megabytes of WRITEs the fake peer does not read: the victim's stream fills, with
+    // a frame part-way written.
+    let big = srv
+        .pd
+        .register(vec![7u8; 1 << 20], Access::LOCAL_WRITE)
+        .expect("register");
+    for id in 0..16u64 {
+        let sge = LocalSge::new(&big, 0, 1 << 20).expect("SGE");
+        v.qp.post_send(
+            SendRequest::write(
+                id,
+                RemoteAddr {
+                    addr: 0x1000,
+                    rkey: 0x1234,
+                },
+            )
+            .sge(sge),
+        )
+        .expect("post");
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    // Now the victim goes part-way through a frame of the peer's.
+    let f = write_frame(
+        v.qp.qp_num(),
+        FAKE_PSN,
+        v.mr.addr() as u64,
+        v.mr.rkey(),
+        &[0xEE; 256],
+    );
+    s.write_all(&f[..f.len() - 128])
+        .expect("send part of a frame");
+    std::thread::sleep(Duration::from_millis(100));
+    // The peer reads: the victim's bytes must end on a frame boundary.
+    s.set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("SO_RCVTIMEO");
+    let mut frames = 0;
+    loop {
+        let mut len = [0u8; 4];
+        match s.read_exact(&mut len) {
+            Ok(()) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                break
+            }
+            Err(e) => panic!("reading the victim's frames: {e}"),
+        }
+        let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+        s.read_exact(&mut body).unwrap_or_else(|e| {
+            panic!("the victim stopped part-way through frame {frames} it was sending: {e}")
+        });
+        frames += 1;
+    }
+    assert!(frames > 0, "the victim sent nothing");
+}

@@ -167,6 +167,10 @@ pub struct RcQp<M: MemAccess> {
     pub(crate) dropped: u64,
     /// Where a whole UC packet's payload goes, reused packet to packet.
     uc_place: Vec<Placement<M::Mr>>,
+    /// How many completions were queued when the last header came through
+    /// [`handle_header`](Self::handle_header): those after it were queued for its payload
+    /// (see [`abort_payload`](Self::abort_payload)).
+    header_mark: usize,
 }
 
 impl<M: MemAccess> RcQp<M> {
@@ -190,6 +194,7 @@ impl<M: MemAccess> RcQp<M> {
             uc: unreliable::UcResponder::new(),
             dropped: 0,
             uc_place: Vec::new(),
+            header_mark: 0,
         }
     }
 
@@ -508,6 +513,7 @@ impl<M: MemAccess> RcQp<M> {
         place: &mut Vec<Placement<M::Mr>>,
     ) -> Option<usize> {
         place.clear();
+        self.header_mark = self.completions.len();
         match self.cfg.qp_type {
             QpType::Rc => {}
             QpType::Uc => return self.uc_header(mem, srq, header, rest_len, place),
@@ -532,6 +538,31 @@ impl<M: MemAccess> RcQp<M> {
             },
         );
         Some(*len)
+    }
+
+    /// The payload of the last packet whose headers came through
+    /// [`handle_header`](Self::handle_header) will not arrive whole (the stream ended or
+    /// stalled part-way): what the headers completed did not happen. Its completions
+    /// (a receive, a READ, a WRITE with immediate data) become `WR_FLUSH_ERR`, and the
+    /// queue pair goes to ERR, whose flush completes the rest. The transport calls it
+    /// before it polls the queue pair again, as it would have placed the payload.
+    pub fn abort_payload(&mut self) {
+        let mark = self.header_mark.min(self.completions.len());
+        for (_, c, _) in self.completions.iter_mut().skip(mark) {
+            if c.status == WcStatus::Success {
+                c.status = WcStatus::WrFlushErr;
+                c.byte_len = 0;
+                c.imm_data = None;
+            }
+        }
+        self.header_mark = self.completions.len();
+        if !matches!(self.sm.state(), QpState::Err | QpState::Reset) {
+            let attr = QpAttr {
+                qp_state: QpState::Err,
+                ..QpAttr::default()
+            };
+            let _ = self.modify(&attr, QpAttrMask::STATE);
+        }
     }
 
     fn handle(

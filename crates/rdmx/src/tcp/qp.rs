@@ -62,6 +62,9 @@ pub(crate) struct Inner {
     pub(super) unread: bool,
     /// The deadlines of this QP's entries in the driver's timer heap (see `soft::Armed`).
     timer: soft::Armed,
+    /// While a payload is part-way read: when the peer, if it sends nothing more of it,
+    /// is taken to have stopped ([`Inner::stall_bound`]).
+    stall_at: Option<Instant>,
 }
 
 impl TcpQp {
@@ -100,6 +103,7 @@ impl TcpQp {
                 owed: false,
                 unread: false,
                 timer: soft::Armed::default(),
+                stall_at: None,
             }),
         }
     }
@@ -234,6 +238,14 @@ impl TcpQp {
             }
         };
         let read = handled_any || g.rx.total() != before;
+        if res.is_ok() {
+            // A payload part-way read has until the stall bound from its last byte.
+            g.stall_at = match g.rx.mid_payload() {
+                true if read || g.stall_at.is_none() => g.stall_bound().map(|b| now + b),
+                true => g.stall_at,
+                false => None,
+            };
+        }
         if let Err(e) = res {
             g.fail(self.qpn, &e);
             self.pump(g, now);
@@ -259,21 +271,32 @@ impl TcpQp {
     /// The timer set for `at` fired: the engine's deadline may have come.
     pub(crate) fn timeout(&self, g: &mut Inner, at: Instant, now: Instant) {
         g.timer.fired(at);
+        if g.rx.mid_payload() && g.stall_at.is_some_and(|t| t <= now) {
+            let bound = g.stall_bound().unwrap_or_default();
+            g.fail(
+                self.qpn,
+                &StreamError::Protocol(format!(
+                    "the peer sent nothing more of a frame part-way read for {bound:?} \
+                     (the QP's ack timeout times its retries)"
+                )),
+            );
+        }
         if g.engine.poll_timeout().is_some_and(|t| t <= now) {
             g.engine.handle_timeout(now);
         }
         self.pump(g, now);
     }
 
-    /// Sends what the engine has, routes its completions and arms its timer — unless a
-    /// payload is part-way read, when the engine must wait for it (see `rdmx_core::rc::io`).
+    /// Sends what the engine has, routes its completions and arms its timer. While a
+    /// payload is part-way read the engine must wait for it (see `rdmx_core::rc::io`):
+    /// only the frames it produced before go out (two peers each part-way through the
+    /// other's frame then still finish them), its completions wait, and the timer is
+    /// armed for its deadline or the payload's stall bound, whichever comes first.
     pub(crate) fn pump(&self, g: &mut Inner, now: Instant) {
         // Whatever was owed is sent now, or, mid-payload, after the payload: the
         // readiness event that brings its bytes pumps (or owes) again.
         g.owed = false;
-        if g.rx.mid_payload() {
-            return;
-        }
+        let mid = g.rx.mid_payload();
         if let Some(sock) = g.sock.as_ref() {
             let fd = stream::fd(sock);
             let res = loop {
@@ -282,6 +305,9 @@ impl TcpQp {
                 // leaves in one writev.
                 let mut more = true;
                 if g.tx.is_empty() {
+                    if mid {
+                        break Ok(true);
+                    }
                     let mut batch = 0;
                     while batch < TX_BATCH {
                         let Inner {
@@ -324,11 +350,20 @@ impl TcpQp {
                 Err(e) => g.fail(self.qpn, &e),
             }
         }
-        soft::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
+        let due = match g.rx.mid_payload() {
+            true => [g.engine.poll_timeout(), g.stall_at]
+                .into_iter()
+                .flatten()
+                .min(),
+            false => {
+                soft::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
+                g.engine.poll_timeout()
+            }
+        };
         // Only a deadline that no entry the driver holds fires by is handed over: a later
         // one (the ACK timer restarted by a send) is found when an earlier fires, so the
         // driver's heap holds about one entry per QP rather than one per request.
-        if let Some(t) = g.engine.poll_timeout() {
+        if let Some(t) = due {
             if g.timer.arm(t) {
                 self.driver.schedule(t, self.token);
             }
@@ -355,11 +390,24 @@ impl Inner {
         self.rx.until_eof()
     }
 
+    /// How long a payload part-way read may wait for its next byte: the QP's ack timeout
+    /// (at least the reliable link's floor) times its tries, as long as a requester
+    /// waits for an answer; `None` with an infinite ack timeout (`timeout` 0).
+    fn stall_bound(&self) -> Option<std::time::Duration> {
+        let a = self.engine.attrs();
+        let ack = (a.timeout != 0).then(|| {
+            std::time::Duration::from_nanos(4096u64 << a.timeout.min(31))
+                .max(self.engine.config().min_ack_timeout)
+        })?;
+        Some(ack * (u32::from(a.retry_cnt) + 1))
+    }
+
     /// Closes the stream, dropping the frames queued for it and the one half received.
     fn close(&mut self) {
         self.sock = None;
         self.tx.clear();
         self.rx = Rx::new(0);
+        self.stall_at = None;
     }
 
     /// The stream failed: close it and move the QP to ERR, so every outstanding request
@@ -368,6 +416,10 @@ impl Inner {
         match why {
             StreamError::Closed => tracing::debug!(qpn, "connection closed: {why}"),
             _ => tracing::warn!(qpn, "closing the connection: {why}"),
+        }
+        if self.rx.mid_payload() {
+            // What the payload's headers completed never arrived whole.
+            self.engine.abort_payload();
         }
         self.close();
         if self.engine.state() != QpState::Err && self.engine.state() != QpState::Reset {

@@ -631,3 +631,58 @@ pub(crate) fn immediate_data(p: &Provider) {
     assert_bytes(&image(&dst), &exp_dst, &format!("{what}: WRITE target"));
     assert_drained(&pair.b.rcq, &what);
 }
+
+// ---- both ways at once -----------------------------------------------------------------
+
+/// Both sides WRITE several megabytes to each other at once, more than a link buffers in
+/// either direction: each side's requests complete and land whole (on a stream, neither
+/// side may wait to finish reading the other's packet before it finishes sending its own).
+pub(crate) fn writes_both_ways_at_once(p: &Provider) {
+    let _big = big_memory();
+    let pair = p.pair();
+    let len = 2 << 20;
+    let (sa, sb) = (
+        register(&pair.a.pd, len, LOCAL),
+        register(&pair.b.pd, len, LOCAL),
+    );
+    let (da, db) = (
+        register(&pair.a.pd, len, ALL),
+        register(&pair.b.pd, len, ALL),
+    );
+    let (xa, xb) = (fill(&sa, 1), fill(&sb, 2));
+    let (qa, qb) = (pair.a.qp.qp_num(), pair.b.qp.qp_num());
+    const N: u64 = 4;
+    for round in 0..4 {
+        for i in 0..N {
+            let id = round * N + i;
+            pair.a
+                .qp
+                .post_send(SendRequest::write(id, raddr(&db, 0)).sge(sge(&sa, 0, len)))
+                .unwrap();
+            pair.b
+                .qp
+                .post_send(SendRequest::write(id, raddr(&da, 0)).sge(sge(&sb, 0, len)))
+                .unwrap();
+        }
+        let what = |s| {
+            format!(
+                "{}: WRITEs from {s}, both ways at once, round {round}",
+                p.name
+            )
+        };
+        for (i, c) in wait_n(&pair.a.scq, N as usize, &what("a"))
+            .iter()
+            .enumerate()
+        {
+            check_ok(c, round * N + i as u64, WcOpcode::RdmaWrite, qa, &what("a"));
+        }
+        for (i, c) in wait_n(&pair.b.scq, N as usize, &what("b"))
+            .iter()
+            .enumerate()
+        {
+            check_ok(c, round * N + i as u64, WcOpcode::RdmaWrite, qb, &what("b"));
+        }
+    }
+    assert_bytes(&image(&db), &xa, "a's WRITEs at b");
+    assert_bytes(&image(&da), &xb, "b's WRITEs at a");
+}

@@ -71,6 +71,7 @@ macro_rules! conformance_suite {
             data::write_then_send_ordering,
             data::fence_after_read_and_atomic,
             data::immediate_data,
+            data::writes_both_ways_at_once,
             atomics::concurrent_fetch_add_from_qps_and_cpu,
             flow::selective_signaling,
             flow::send_queue_full,

@@ -581,6 +581,8 @@ impl Inner {
             for p in &self.place {
                 let (a, b) = (p.offset as usize, p.offset as usize + p.len as usize);
                 if b > rest {
+                    // What the headers completed did not arrive.
+                    self.engine.abort_payload();
                     return Err(RingError::Garbage("a payload beyond its record"));
                 }
                 // The part of the placement in the prefix (inline payload)...

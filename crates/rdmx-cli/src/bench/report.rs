@@ -28,7 +28,7 @@ use super::args::Test;
 
 const MIB: f64 = 1048576.0;
 /// Gb/s per MiB/s.
-const GBITS_PER_MIB: f64 = MIB * 8.0 / 1e9;
+pub(crate) const GBITS_PER_MIB: f64 = MIB * 8.0 / 1e9;
 /// perftest's dashed line.
 pub(crate) const LINE: &str =
     "---------------------------------------------------------------------------------------";

@@ -39,6 +39,8 @@ pub(super) struct Run<'a> {
     pub(super) step: usize,
     pub(super) rem: &'a [Keys],
     pub(super) busy: bool,
+    /// --report_gbits: the report sent to the peer is in Gb/s.
+    pub(super) gbits: bool,
 }
 
 /// Fails once nothing happened for [`STALL`].
@@ -196,13 +198,7 @@ impl Run<'_> {
             avg_mib: avg,
             mpps,
         };
-        let rep = BwReport {
-            size: size as u64,
-            iters: n,
-            bw_peak: peak.max(avg),
-            bw_avg: avg,
-            msg_rate: mpps,
-        };
+        let rep = BwReport::of(&row, self.gbits).expect("a bandwidth row");
         Ok((row, rep))
     }
 

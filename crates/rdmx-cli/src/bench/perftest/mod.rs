@@ -45,7 +45,7 @@ use rdmx::{
 };
 
 use super::args::{Args, Budget, Config, Op, PeerMode, Test};
-use super::report::{table_header, table_row, Row, LINE};
+use super::report::{table_header, table_row, LINE};
 use super::setup::{open_context, BoxError};
 use wire::{BwReport, Comm, Keys};
 
@@ -116,7 +116,11 @@ pub(crate) fn run(args: &Args) -> Result<(), BoxError> {
         PeerMode::Listen(port) => {
             let l = TcpListener::bind(("0.0.0.0", *port))
                 .map_err(|e| format!("listen on port {port}: {e}"))?;
-            eprintln!("rdmx: waiting for perftest's client on port {port}");
+            let at = l.local_addr()?;
+            eprintln!(
+                "rdmx: {} (perftest's exchange) waiting for a peer on {at}",
+                test.name()
+            );
             accept_valid(&l, &setup)?
         }
         PeerMode::Local => {
@@ -150,6 +154,7 @@ pub(crate) fn run(args: &Args) -> Result<(), BoxError> {
         step: s.step(size),
         rem: &s.rem,
         busy,
+        gbits: cfg.report_gbits,
     };
     if recv && (!client || !test.is_bw()) {
         run.post_receives(rx as u64)?;
@@ -173,13 +178,7 @@ pub(crate) fn run(args: &Args) -> Result<(), BoxError> {
             s.comm.set_timeout(EXCHANGE_TIMEOUT)?;
             let theirs = s.comm.reports(&BwReport::default())?;
             s.comm.hand_shake(&s.keys[0])?;
-            rows.push(Row::Bw {
-                bytes: theirs.size as usize,
-                iterations: theirs.iters,
-                peak_mib: theirs.bw_peak,
-                avg_mib: theirs.bw_avg,
-                mpps: theirs.msg_rate,
-            });
+            rows.push(theirs.row(cfg.report_gbits));
         }
         (Test::SendBw, true) => {
             let (row, _) = run.bw_client(Op::Send)?;

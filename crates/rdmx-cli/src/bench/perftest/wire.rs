@@ -11,12 +11,13 @@
 //! | system data | 4 + 4 | cycle buffer and cache-line size, big-endian `int`s; both sides take the larger |
 //! | MTU | 2 | the `ibv_mtu` enum in ASCII decimal and a NUL; both sides take the smaller |
 //! | keys (one per QP, and every handshake) | 108 | [`Keys`] |
-//! | bandwidth report | 5 × 8 | size, iterations, peak, average, message rate; big-endian |
+//! | bandwidth report | 5 × 8 | size, iterations, peak, average, message rate; big-endian; bandwidth in the sender's unit ([`BwReport`]) |
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
+use super::super::report::{Row, GBITS_PER_MIB};
 use super::super::setup::BoxError;
 
 /// The version this side announces: the one whose exchange it speaks.
@@ -172,11 +173,56 @@ pub(crate) fn parse_mtu(msg: &[u8; 2]) -> Option<rdmx::Mtu> {
 pub(crate) struct BwReport {
     pub(crate) size: u64,
     pub(crate) iters: u64,
-    /// MB/s (2^20 bytes per second).
+    /// In the sender's unit, as perftest sends them: MB/s (2^20 bytes per second), or
+    /// Gb/s (10^9 bits per second) where the sender was given --report_gbits. The
+    /// exchange does not say which.
     pub(crate) bw_peak: f64,
     pub(crate) bw_avg: f64,
     /// Million messages per second.
     pub(crate) msg_rate: f64,
+}
+
+impl BwReport {
+    /// The report of a bandwidth row measured on this side, as perftest's
+    /// `print_report_bw` fills it: bandwidth in this side's unit, Gb/s (10^9 bits per
+    /// second) with `gbits` (--report_gbits), else MB/s.
+    pub(crate) fn of(row: &Row, gbits: bool) -> Option<BwReport> {
+        let k = if gbits { GBITS_PER_MIB } else { 1.0 };
+        match *row {
+            Row::Bw {
+                bytes,
+                iterations,
+                peak_mib,
+                avg_mib,
+                mpps,
+            } => Some(BwReport {
+                size: bytes as u64,
+                iters: iterations,
+                bw_peak: peak_mib * k,
+                bw_avg: avg_mib * k,
+                msg_rate: mpps,
+            }),
+            Row::Lat { .. } => None,
+        }
+    }
+
+    /// The row this side prints for the peer's report: its figures as they came, in the
+    /// peer's unit, under this side's column titles (`gbits`: this side's
+    /// --report_gbits), as perftest's server prints its client's report
+    /// (`print_full_bw_report(&user_param, &rem_bw_rep, NULL)`). A row holds MiB/s and
+    /// [`table_row`](super::super::report::table_row) converts it to Gb/s with
+    /// --report_gbits: with `gbits` the figures are stored as the MiB/s that print as
+    /// they came.
+    pub(crate) fn row(&self, gbits: bool) -> Row {
+        let k = if gbits { GBITS_PER_MIB } else { 1.0 };
+        Row::Bw {
+            bytes: self.size as usize,
+            iterations: self.iters,
+            peak_mib: self.bw_peak / k,
+            avg_mib: self.bw_avg / k,
+            mpps: self.msg_rate,
+        }
+    }
 }
 
 /// The control connection to the peer.
@@ -460,6 +506,43 @@ mod tests {
             (v.as_str(), mtu, k, r),
             ("6.24", rdmx::Mtu::Mtu1024, mine, rep)
         );
+    }
+
+    #[test]
+    fn bandwidth_figures_travel_in_the_senders_unit() {
+        use super::super::super::args::Test;
+        use super::super::super::report::{table_row, GBITS_PER_MIB};
+        // A client's row: 11134.5 MiB/s is 93.40 Gb/s.
+        let row = Row::Bw {
+            bytes: 65536,
+            iterations: 5000,
+            peak_mib: 11200.0,
+            avg_mib: 11134.5,
+            mpps: 0.178,
+        };
+        let g = BwReport::of(&row, true).unwrap();
+        assert!((g.bw_avg - 11134.5 * GBITS_PER_MIB).abs() < 1e-12, "{g:?}");
+        assert!((g.bw_peak - 11200.0 * GBITS_PER_MIB).abs() < 1e-12, "{g:?}");
+        assert_eq!((g.size, g.iters, g.msg_rate), (65536, 5000, 0.178));
+        let m = BwReport::of(&row, false).unwrap();
+        assert_eq!((m.bw_peak, m.bw_avg), (11200.0, 11134.5));
+        // The server prints the client's figures as they came, under its own titles.
+        let theirs = BwReport {
+            size: 65536,
+            iters: 5000,
+            bw_peak: 93.95,
+            bw_avg: 93.40,
+            msg_rate: 0.178,
+        };
+        for gbits in [true, false] {
+            let line = table_row(Test::WriteBw, &theirs.row(gbits), gbits);
+            let cells: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(
+                cells,
+                ["65536", "5000", "93.95", "93.40", "0.178000"],
+                "{gbits}"
+            );
+        }
     }
 
     #[test]

@@ -59,3 +59,17 @@ fn the_server_prints_the_clients_bandwidth_as_it_came() {
         );
     }
 }
+
+#[test]
+fn latency_rows_count_the_iterations_asked_for() {
+    // perftest times n - 1 rounds (each post from the one before) and prints
+    // #iterations n.
+    for test in ["write_lat", "send_lat"] {
+        let (s, c) = pair(&[test, "-n", "100"], &[], &[]);
+        for (side, text) in [("server", &s), ("client", &c)] {
+            let r = row(text);
+            assert_eq!(r.len(), 9, "{test}, {side}: {r:?}");
+            assert_eq!(r[1], "100", "{test}, {side}: {text}");
+        }
+    }
+}

@@ -73,3 +73,16 @@ fn latency_rows_count_the_iterations_asked_for() {
         }
     }
 }
+
+#[test]
+fn bandwidth_rows_count_the_iterations_of_every_qp() {
+    // perftest's #iterations (and the report it sends) is -n times -q.
+    for test in ["write_bw", "read_bw", "send_bw"] {
+        let (s, c) = pair(&[test, "-q", "2", "-n", "100", "-s", "4096"], &[], &[]);
+        for (side, text) in [("server", &s), ("client", &c)] {
+            let r = row(text);
+            assert_eq!(r.len(), 5, "{test}, {side}: {r:?}");
+            assert_eq!(r[1], "200", "{test}, {side}: {text}");
+        }
+    }
+}

@@ -125,7 +125,8 @@ impl Run<'_> {
     }
 
     /// The client of a bandwidth test: `iters` requests per QP, `tx_depth` in flight,
-    /// one in `cq_mod` signaled (and the last).
+    /// one in `cq_mod` signaled (and the last). The row and the report count the
+    /// requests of every QP, as perftest's.
     pub(super) fn bw_client(&self, op: Op) -> Result<(Row, BwReport), BoxError> {
         let q = self.qps.len();
         let n = self.iters;
@@ -191,9 +192,10 @@ impl Run<'_> {
             Op::Atomic => self.check_atomics(n)?,
             Op::Write | Op::Send => {}
         }
+        // perftest's #iterations, printed and sent, counts every QP's requests.
         let row = Row::Bw {
             bytes: size,
-            iterations: n,
+            iterations: n * q as u64,
             peak_mib: peak.max(avg),
             avg_mib: avg,
             mpps,
@@ -329,7 +331,7 @@ impl Run<'_> {
         println!(" checked: {all} messages of {} bytes each", self.size);
         Ok(Row::Bw {
             bytes: self.size,
-            iterations: n,
+            iterations: all,
             peak_mib: avg,
             avg_mib: avg,
             mpps: all as f64 / secs / 1e6,

@@ -203,7 +203,7 @@ fn a_warm_up_window_runs_before_the_measured_requests() {
 }
 
 #[test]
-fn qps_spread_the_run_and_count_iterations_per_qp() {
+fn qps_spread_the_run_and_count_the_iterations_of_every_qp() {
     for provider in ["loopback", "tcp"] {
         let v = json(&[
             "bench",
@@ -222,7 +222,8 @@ fn qps_spread_the_run_and_count_iterations_per_qp() {
         assert_eq!(v["qps"], 3, "{v}");
         let row = &v["results"][0];
         check_row("send_bw", row, 1024, &v.to_string());
-        assert_eq!(row["iterations"], 100, "per QP: {v}");
+        // As perftest's #iterations: -n per QP, times -q.
+        assert_eq!(row["iterations"], 300, "every QP's: {v}");
         // Three QPs' messages over the elapsed time.
         let bw = row["bw_avg_mib_s"].as_f64().unwrap();
         let rate = row["msg_rate_mpps"].as_f64().unwrap();

@@ -1,6 +1,7 @@
 //! Results: latency statistics, perftest's text table, and the JSON rows.
 //!
-//! Bandwidth rows: `#bytes`, `#iterations` (per QP), `BW peak` (see
+//! Bandwidth rows: `#bytes`, `#iterations` (the requests of all QPs: `-n` times `-q`, as
+//! perftest counts them; with `-D`, all that completed), `BW peak` (see
 //! [`super::bw::peak_rate`]), `BW average` (all bytes of all QPs over the time from the
 //! first post to the last completion) and `MsgRate` (messages of all QPs per second), in
 //! MiB/s (2^20 bytes per second, perftest's "MB/sec") or, with `--report_gbits`, Gb/s

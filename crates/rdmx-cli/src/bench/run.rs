@@ -422,7 +422,8 @@ fn drive(
             let total = run.total() as f64;
             let row = Row::Bw {
                 bytes: size,
-                iterations: run.total() / p.qps as u64,
+                // perftest's #iterations: the requests of every QP.
+                iterations: run.total(),
                 peak_mib: bw::peak_rate(&run.marks) * size as f64 / MIB,
                 avg_mib: total * size as f64 / MIB / secs,
                 mpps: total / secs / 1e6,

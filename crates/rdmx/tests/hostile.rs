@@ -961,3 +961,69 @@ fn a_qp_mid_frame_finishes_writing_its_own_frame() {
     }
     assert!(frames > 0, "the victim sent nothing");
 }
+
+/// A QP moved to ERR with WRITEs still queued for its stream (the peer reads slowly)
+/// sends nothing of their memory once their flushed completions are out: what the
+/// application writes there afterwards never reaches the peer.
+#[test]
+fn flushed_requests_send_nothing_of_their_memory() {
+    let srv = Server::new();
+    let v = srv.victim();
+    let mut s = srv.dial(&v);
+    // One WRITE of more than the stream buffers while the peer does not read: a frame
+    // of it is part-way written, and more wait behind it.
+    const BIG: usize = 16 << 20;
+    let big = srv
+        .pd
+        .register(vec![0xAAu8; BIG], Access::LOCAL_WRITE)
+        .expect("register");
+    let to = RemoteAddr {
+        addr: 0x1000,
+        rkey: 0x1234,
+    };
+    v.qp.post_send(SendRequest::write(1, to).sge(LocalSge::new(&big, 0, BIG).expect("SGE")))
+        .expect("post");
+    std::thread::sleep(Duration::from_millis(200));
+    v.qp.modify(
+        &rdmx::QpAttr {
+            qp_state: QpState::Err,
+            ..Default::default()
+        },
+        rdmx::QpAttrMask::STATE,
+    )
+    .expect("to ERR");
+    let mut flushed = false;
+    while !flushed {
+        let c = wait_one(&v.cq, "the flushed WRITE");
+        if c.wr_id == 1 {
+            assert_eq!(c.status, WcStatus::WrFlushErr, "{c:?}");
+            flushed = true;
+        }
+    }
+    // The application has its memory back.
+    big.write_at(0, &vec![0x55u8; BIG]).expect("write");
+    s.set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("SO_RCVTIMEO");
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                break
+            }
+            Err(e) => panic!("reading the victim's stream: {e}"),
+        }
+    }
+    assert!(got.len() > 1 << 16, "the victim sent {} bytes", got.len());
+    assert!(
+        !got.windows(64).any(|w| w.iter().all(|&b| b == 0x55)),
+        "memory written after its request was flushed reached the peer"
+    );
+}

@@ -130,7 +130,7 @@ impl TcpQp {
         } else if self.driver.busy_poll() {
             self.defer(g);
         } else if g.engine.poll_timeout().is_some() {
-            soft::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
+            self.route(g);
         } else {
             self.pump(g, Instant::now());
         }
@@ -143,12 +143,29 @@ impl TcpQp {
         // A receive completes when its last packet's headers are read; while that packet's
         // payload is still coming, its completion must wait (as in `pump`).
         if !g.rx.mid_payload() {
-            soft::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
+            self.route(g);
         }
         if !g.owed {
             g.owed = true;
             self.driver.owe(self.token);
         }
+    }
+
+    /// Hands the engine's completions to the CQs. Once the QP is in ERR, the frames still
+    /// queued with payload from registered memory go first: their requests complete
+    /// flushed, and the memory must not be read for the peer after the application has
+    /// it back. The frame part-way written, if it carries such payload, cannot be cut
+    /// short: the stream is closed.
+    fn route(&self, g: &mut Inner) {
+        if g.engine.state() == QpState::Err && !g.tx.drop_payloads() {
+            g.fail(
+                self.qpn,
+                &StreamError::Abandoned(
+                    "the QP went to ERR part-way through sending a payload; closing its stream",
+                ),
+            );
+        }
+        soft::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
     }
 
     /// Records the peer to dial when the QP enters RTR.
@@ -356,7 +373,7 @@ impl TcpQp {
                 .flatten()
                 .min(),
             false => {
-                soft::route_completions(&mut g.engine, &g.send_cq, &g.recv_cq);
+                self.route(g);
                 g.engine.poll_timeout()
             }
         };

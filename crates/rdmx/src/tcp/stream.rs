@@ -47,6 +47,8 @@ pub(crate) enum StreamError {
     Io(io::Error),
     /// The peer broke the framing or sent headers the engine refused to parse.
     Protocol(String),
+    /// This side ended the stream, for the reason given.
+    Abandoned(&'static str),
 }
 
 impl std::fmt::Display for StreamError {
@@ -55,6 +57,7 @@ impl std::fmt::Display for StreamError {
             StreamError::Closed => f.write_str("peer closed the connection"),
             StreamError::Io(e) => write!(f, "socket error: {e}"),
             StreamError::Protocol(m) => write!(f, "protocol violation: {m}"),
+            StreamError::Abandoned(why) => f.write_str(why),
         }
     }
 }
@@ -146,6 +149,32 @@ impl TxQueue {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.frames.is_empty()
+    }
+
+    /// Drops the frames not yet written that carry payload from registered memory (their
+    /// requests are flushed: the memory is its owner's again), keeping the others (an
+    /// acknowledgement, a NAK). Returns false, dropping nothing, when the frame part-way
+    /// written carries such payload: its rest cannot be left out of the stream.
+    pub(crate) fn drop_payloads(&mut self) -> bool {
+        if self
+            .frames
+            .front()
+            .is_some_and(|f| f.written > 0 && !f.gather.is_empty())
+        {
+            return false;
+        }
+        let mut kept = VecDeque::with_capacity(self.frames.len());
+        for mut f in self.frames.drain(..) {
+            if f.gather.is_empty() {
+                kept.push_back(f);
+            } else {
+                f.gather.clear();
+                self.spare_gather.push(f.gather);
+                self.spare.push(f.head);
+            }
+        }
+        self.frames = kept;
+        true
     }
 
     /// Writes queued frames until the queue is empty or the socket is full; returns

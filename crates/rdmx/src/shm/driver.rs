@@ -249,6 +249,24 @@ impl Driver {
         quiet
     }
 
+    /// `qp` went back to RESET with its connection (to connect again, perhaps to another
+    /// peer): the connection is closed as at destruction, once the peer copies nothing of
+    /// this QP's memory, and nothing of it reaches the next. The caller holds the QP's
+    /// lock (`g`).
+    pub(super) fn reset_conn(&self, qp: &ShmQp, g: &mut super::qp::Inner) {
+        let Some(c) = g.conn.take() else {
+            return;
+        };
+        self.epoll.remove(c.sock.as_raw_fd());
+        if !let_go(&c) {
+            tracing::warn!(
+                qpn = qp.qpn,
+                "shm: the peer still copies out of (or, through its mapping, into) the \
+                 memory of a queue pair gone back to RESET after {DRAIN_BOUND:?}"
+            );
+        }
+    }
+
     /// `qp` has its connection: rounds read it from now on.
     pub(super) fn activate(&self, qp: &ShmQp) {
         let arc = self.qps.lock().get(qp.token).and_then(Weak::upgrade);

@@ -251,6 +251,10 @@ impl ShmQp {
     pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> T {
         let mut g = self.inner.lock();
         let out = f(&mut g);
+        if g.engine.state() == QpState::Reset && g.conn.is_some() {
+            // Back to RESET (to connect again): the old connection goes.
+            self.driver.reset_conn(self, &mut g);
+        }
         self.pump(&mut g, Instant::now());
         out
     }

@@ -112,6 +112,11 @@ impl TcpQp {
     pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> T {
         let mut g = self.inner.lock();
         let out = f(&mut g);
+        if g.engine.state() == QpState::Reset && Self::attached(&g) {
+            // Back to RESET (to connect again, perhaps to another peer): the old stream
+            // and whatever is queued or half read on it go.
+            g.close();
+        }
         self.pump(&mut g, Instant::now());
         out
     }
@@ -191,6 +196,11 @@ impl TcpQp {
         }
         g.sock = Some(sock);
         g.expect_peer = None;
+        // A stream starts clean, the QP's first or one after RESET.
+        g.rx = Rx::new(super::MAX_FRAME);
+        g.tx.clear();
+        g.writable = false;
+        g.stall_at = None;
         self.pump(g, Instant::now());
         // Bytes (and the end of the stream) may have arrived before the registration.
         self.readable(g, true);

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use crate::endpoint::{ConnectOptions, PeerAddr, QpEndpoint};
 use crate::qp::QueuePair;
-use crate::{Error, Result};
+use crate::{Error, QpAttr, QpAttrMask, QpState, Result};
 
 /// Most bytes of private data each side may send.
 pub const MAX_PRIVATE: usize = 1 << 20;
@@ -92,7 +92,9 @@ impl Listener {
     ///
     /// A peer that is not an rdmx connection manager, or breaks off the exchange, is an
     /// error ([`Error::Protocol`], [`Error::Io`]) returned before any queue pair is
-    /// connected; the listener stays usable, so a server can log it and accept again.
+    /// connected; one whose queue pairs cannot be reached, or that breaks off after the
+    /// exchange, leaves them back in RESET. Either way the listener and the queue pairs
+    /// stay usable, so a server can log it and accept again.
     /// Waiting with no peer ends in [`Error::Timeout`].
     pub fn accept(
         &self,
@@ -289,17 +291,32 @@ pub(crate) fn exchange(
         connect_timeout: opts.connect_timeout.min(left),
         ..*opts
     };
-    for (qp, ep) in qps.iter().zip(eps) {
-        qp.borrow().connect(ep, opts)?;
-    }
-    connected()?;
-    // Both sides have connected their QPs before either returns, so the first request
-    // finds its peer in RTR.
-    write_by(&mut s, b"R", deadline).map_err(io)?;
-    let mut ready = [0u8; 1];
-    read_by(&mut s, &mut ready, deadline).map_err(io)?;
-    if ready != *b"R" {
-        return Err(Error::Protocol("the peer did not confirm the connection"));
+    let mut finish = || -> Result<()> {
+        for (qp, ep) in qps.iter().zip(&eps) {
+            qp.borrow().connect(*ep, opts)?;
+        }
+        connected()?;
+        // Both sides have connected their QPs before either returns, so the first request
+        // finds its peer in RTR.
+        write_by(&mut s, b"R", deadline).map_err(io)?;
+        let mut ready = [0u8; 1];
+        read_by(&mut s, &mut ready, deadline).map_err(io)?;
+        if ready != *b"R" {
+            return Err(Error::Protocol("the peer did not confirm the connection"));
+        }
+        Ok(())
+    };
+    if let Err(e) = finish() {
+        // Connecting failed part-way (a peer that cannot be reached, or that broke off):
+        // the queue pairs go back to RESET, ready for the next exchange.
+        let reset = QpAttr {
+            qp_state: QpState::Reset,
+            ..QpAttr::default()
+        };
+        for qp in qps {
+            let _ = qp.borrow().modify(&reset, QpAttrMask::STATE);
+        }
+        return Err(e);
     }
     Ok(theirs)
 }

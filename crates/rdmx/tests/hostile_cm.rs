@@ -276,3 +276,70 @@ fn cm_peer_not_admitted() {
     assert_eq!(theirs.expect("the invited peer connects"), b"server");
     assert_eq!((qp.state(), state), (QpState::Rts, QpState::Rts));
 }
+
+/// A well-formed peer whose endpoint cannot be reached (the listener's QP has to dial
+/// it, and the port is closed): the accept fails, its queue pairs are back in RESET,
+/// and the listener then connects a valid peer with the same queue pair.
+#[test]
+fn cm_peer_that_cannot_be_reached_leaves_the_qps_in_reset() {
+    let srv = tcp();
+    let pd = srv.alloc_pd();
+    let (qp, _cq) = qp_in(&pd);
+    let listener = cm::Listener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a port");
+    let attacker = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).expect("dial the cm listener");
+        s.set_read_timeout(Some(DEADLINE)).expect("SO_RCVTIMEO");
+        let ep = rdmx::QpEndpoint {
+            qp_num: 0xff_ffff,
+            psn: 0xff_ffff,
+            mtu: 4096,
+            secret: 1,
+            addr: rdmx::PeerAddr::Ip(closed),
+        };
+        let mut m = cm_head(1, 0);
+        m.extend_from_slice(&ep.to_bytes());
+        let _ = s.write_all(&m);
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+    });
+    let err = listener
+        .accept(
+            std::slice::from_ref(&qp),
+            &ConnectOptions::default(),
+            b"server",
+            Duration::from_secs(3),
+        )
+        .expect_err("an unreachable peer must not connect");
+    attacker.join().expect("the attacker thread");
+    assert_eq!(qp.state(), QpState::Reset, "after {err}");
+
+    let cli = tcp();
+    let cli_pd = cli.alloc_pd();
+    let (cqp, _ccq) = qp_in(&cli_pd);
+    let peer = std::thread::spawn(move || {
+        let got = cm::connect(
+            addr,
+            std::slice::from_ref(&cqp),
+            &ConnectOptions::default(),
+            b"client",
+            DEADLINE,
+        )
+        .expect("a valid peer connects");
+        (got, cqp, cli)
+    });
+    let got = listener
+        .accept(
+            std::slice::from_ref(&qp),
+            &ConnectOptions::default(),
+            b"server",
+            DEADLINE,
+        )
+        .expect("accept a valid peer with the same queue pair");
+    assert_eq!(got, b"client");
+    let (_, cqp, _cli) = peer.join().expect("the valid peer");
+    assert_eq!((qp.state(), cqp.state()), (QpState::Rts, QpState::Rts));
+}

@@ -22,6 +22,9 @@ pub struct Srq<Mr> {
     pub(crate) spare: Spare<Mr>,
     limit: Option<usize>,
     limit_event: bool,
+    /// The limit the last [`take`](Self::take) fired, if it did: a receive put back at
+    /// once ([`put_back`](Self::put_back)) was not consumed, and fires nothing.
+    fired_by_last: Option<usize>,
 }
 
 impl<Mr> Srq<Mr> {
@@ -35,6 +38,7 @@ impl<Mr> Srq<Mr> {
             spare: Spare::new(max_wr, max_sge, 0),
             limit: None,
             limit_event: false,
+            fired_by_last: None,
         }
     }
 
@@ -94,10 +98,23 @@ impl<Mr> Srq<Mr> {
 
     pub(crate) fn take(&mut self) -> Option<RecvWqe<Mr>> {
         let wqe = self.queue.pop_front()?;
-        if self.limit.is_some_and(|l| self.queue.len() < l) {
+        self.fired_by_last = None;
+        if let Some(l) = self.limit.filter(|&l| self.queue.len() < l) {
             self.limit = None;
             self.limit_event = true;
+            self.fired_by_last = Some(l);
         }
         Some(wqe)
+    }
+
+    /// Puts back, at the head, the receive the last [`take`](Self::take) took, unused
+    /// (the message was dropped): had that take fired the limit, the limit is armed
+    /// again and the event withdrawn, since no receive was consumed.
+    pub(crate) fn put_back(&mut self, wqe: RecvWqe<Mr>) {
+        self.queue.push_front(wqe);
+        if let Some(l) = self.fired_by_last.take() {
+            self.limit = Some(l);
+            self.limit_event = false;
+        }
     }
 }

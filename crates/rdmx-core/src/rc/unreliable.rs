@@ -112,8 +112,22 @@ fn take_recv<M: MemAccess>(
     }
 }
 
-/// Puts a receive that was taken but not completed back at the head of its queue.
+/// Puts the receive just taken for a packet, not completed, back at the head of its
+/// queue (an SRQ withdraws the limit event its take fired).
 fn put_back<M: MemAccess>(
+    qp: &mut RcQp<M>,
+    srq: &mut Option<&mut Srq<M::Mr>>,
+    wqe: RecvWqe<M::Mr>,
+) {
+    match srq {
+        Some(srq) if qp.cfg.srq => srq.put_back(wqe),
+        _ => qp.rq.push_front(wqe),
+    }
+}
+
+/// Puts a receive taken for an earlier packet of a message that will not complete back
+/// at the head of its queue.
+fn give_back<M: MemAccess>(
     qp: &mut RcQp<M>,
     srq: &mut Option<&mut Srq<M::Mr>>,
     wqe: RecvWqe<M::Mr>,
@@ -156,7 +170,7 @@ fn recv_completion(status: WcStatus, opcode: WcOpcode, len: u32, imm: Option<u32
 fn abort_message<M: MemAccess>(qp: &mut RcQp<M>, srq: &mut Option<&mut Srq<M::Mr>>) {
     let mut lost = qp.uc.placing.take().is_some();
     if let Some((wqe, _)) = qp.uc.filling.take() {
-        put_back(qp, srq, wqe);
+        give_back(qp, srq, wqe);
         lost = true;
     }
     if lost {
@@ -218,13 +232,17 @@ fn uc_send<M: MemAccess>(
         let (wqe, _) = qp.uc.filling.take().expect("just seen");
         let c = recv_completion(err, WcOpcode::Recv, 0, None);
         complete(qp, &mut srq, wqe, c, false);
-        qp.uc.resync = !op.ends_message();
+        // A receive in error fails the QP, as on RC (the rest is flushed).
+        qp.enter_error();
         return;
     }
     if *off + payload.len() as u64 > wqe.len {
         // Too long for the receive: the message is dropped, the receive stays posted.
         let (wqe, _) = qp.uc.filling.take().expect("just seen");
-        put_back(qp, &mut srq, wqe);
+        match op.starts_message() {
+            true => put_back(qp, &mut srq, wqe),
+            false => give_back(qp, &mut srq, wqe),
+        }
         qp.dropped += 1;
         qp.uc.resync = !op.ends_message();
         return;
@@ -316,6 +334,9 @@ fn uc_write<M: MemAccess>(
                 hdr.immdt.map(|i| i.imm),
             );
             complete(qp, &mut srq, wqe, c, hdr.bth.solicited);
+            if status != WcStatus::Success {
+                qp.enter_error();
+            }
         }
     }
 }
@@ -408,6 +429,8 @@ pub(crate) fn ud_receive<M: MemAccess>(
     if let Some(err) = wqe.error {
         let c = recv_completion(err, WcOpcode::Recv, 0, None);
         complete(qp, &mut srq, wqe, c, false);
+        // A receive in error fails the QP (the rest is flushed).
+        qp.enter_error();
         return;
     }
     let total = GRH_LEN + p.payload.len();

@@ -103,6 +103,8 @@ macro_rules! conformance_suite {
             unreliable::uc_send_and_write,
             unreliable::uc_messages_span_more_than_a_send_window,
             unreliable::ud_with_a_shared_receive_queue,
+            unreliable::receives_in_error_fail_ud_and_uc_qps,
+            unreliable::srq_limit_counts_consumed_receives_only,
         );
     };
     (@tests $p:expr; $($topic:ident :: $test:ident),* $(,)?) => {

@@ -1027,3 +1027,48 @@ fn flushed_requests_send_nothing_of_their_memory() {
         "memory written after its request was flushed reached the peer"
     );
 }
+
+/// A region deregistered while a peer's WRITE into it is part-way read: once the
+/// deregistration returns, nothing more of the WRITE reaches the memory (the rest
+/// arrives after it), and the QP fails rather than completing the WRITE.
+#[test]
+fn a_write_part_way_read_stops_at_deregistration() {
+    let srv = Server::new();
+    let v = srv.victim();
+    let mut s = srv.dial(&v);
+    let f = write_frame(
+        v.qp.qp_num(),
+        FAKE_PSN,
+        v.mr.addr() as u64,
+        v.mr.rkey(),
+        &[0xEE; REGION],
+    );
+    let half = f.len() - REGION / 2;
+    s.write_all(&f[..half]).expect("send half of a WRITE");
+    // The first half is in place once the victim has read it.
+    let keep = v.mr.share();
+    let start = Instant::now();
+    loop {
+        let mut b = [0u8; 1];
+        keep.read_at(REGION / 2 - 1 - 16, &mut b).expect("read");
+        if b[0] == 0xEE {
+            break;
+        }
+        assert!(start.elapsed() < DEADLINE, "the first half never landed");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let Victim { qp, cq, mr, before } = v;
+    drop(mr);
+    s.write_all(&f[half..]).expect("send the rest");
+    wait_state(&qp, QpState::Err);
+    let c = wait_one(&cq, "the victim's receive");
+    assert_eq!((c.wr_id, c.status), (77, WcStatus::WrFlushErr), "{c:?}");
+    let mut now = vec![0u8; REGION];
+    keep.read_at(0, &mut now).expect("read");
+    assert_eq!(
+        &now[REGION / 2..],
+        &before[REGION / 2..],
+        "bytes of the WRITE landed after the region was deregistered"
+    );
+    wait_logged("WARN", &["being deregistered"]);
+}

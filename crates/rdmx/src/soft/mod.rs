@@ -131,6 +131,9 @@ pub(crate) trait SoftDevice: Send + Sync + std::fmt::Debug + 'static {
     /// A region is being deregistered: when this returns, no peer may reach its memory
     /// any more (its keys stop working right after).
     fn deregistering(&self, _mr: &provider::MrShared) {}
+    /// A region's keys stopped working: what a packet accepted before is still placing
+    /// into it must end before this returns (the region is deregistered after).
+    fn deregistered(&self, _mr: &provider::MrShared) {}
 }
 
 impl<D: SoftDevice> provider::Device for D {
@@ -155,6 +158,7 @@ impl<D: SoftDevice> provider::Device for D {
     fn deregister(&self, mr: &provider::MrShared) {
         self.deregistering(mr);
         self.keys().deregister(mr);
+        self.deregistered(mr);
     }
     fn check(
         &self,

@@ -10,6 +10,8 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use mio::net::TcpListener;
+
+use super::stream::StreamError;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use parking_lot::Mutex;
 use slab::Slab;
@@ -245,6 +247,31 @@ impl Driver {
         entry.insert(Arc::downgrade(&qp));
         self.by_qpn.lock().insert(qp.qpn, qp.token);
         qp
+    }
+
+    /// `mr`'s keys stopped working: a QP part-way through placing a payload into it (the
+    /// engine accepted the packet's headers while the key worked) cannot finish without
+    /// writing the region after its deregistration, nor leave the rest out and still
+    /// report the request done: its connection fails, the packet's completions with it.
+    pub(crate) fn deregistered(&self, mr: &crate::provider::MrShared) {
+        let qps: Vec<Arc<TcpQp>> = self
+            .qps
+            .lock()
+            .iter()
+            .filter_map(|(_, q)| q.upgrade())
+            .collect();
+        for qp in qps {
+            let mut g = qp.inner.lock();
+            if g.places_into(mr) {
+                g.fail(
+                    qp.qpn,
+                    &StreamError::Abandoned(
+                        "the region a payload was being placed into is being deregistered",
+                    ),
+                );
+                qp.pump(&mut g, Instant::now());
+            }
+        }
     }
 
     /// The QP's handle went: the driver forgets it, and it lets go of the application's

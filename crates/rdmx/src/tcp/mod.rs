@@ -180,6 +180,9 @@ impl SoftDevice for Device {
             driver: self.driver.clone(),
         }))
     }
+    fn deregistered(&self, mr: &provider::MrShared) {
+        self.driver.deregistered(mr);
+    }
     fn create_qp(&self, init: provider::QpInit<'_>) -> Result<Box<dyn provider::Qp>> {
         let srq = SoftSrq::of(init.srq)?;
         let qpn = self.driver.alloc_qpn();

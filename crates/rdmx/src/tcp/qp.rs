@@ -411,6 +411,11 @@ impl Inner {
         self.engine.destroy();
     }
 
+    /// Whether a payload part-way read is being placed into `mr`.
+    pub(crate) fn places_into(&self, mr: &crate::provider::MrShared) -> bool {
+        self.rx.places_into(mr)
+    }
+
     /// Whether the last read was asked to go on to end of stream (its continuation
     /// keeps that).
     pub(super) fn rx_until_eof(&self) -> bool {

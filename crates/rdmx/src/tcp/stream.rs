@@ -368,6 +368,16 @@ impl Rx {
         matches!(self.state, RxState::Payload { .. })
     }
 
+    /// Whether the payload part-way read has bytes left to place into `mr`.
+    pub(crate) fn places_into(&self, mr: &crate::provider::MrShared) -> bool {
+        let RxState::Payload { place, off, .. } = &self.state else {
+            return false;
+        };
+        place
+            .iter()
+            .any(|p| std::ptr::eq(p.mr.shared(), mr) && p.offset as usize + p.len as usize > *off)
+    }
+
     /// Makes progress on the socket: returns the next header to hand to the engine, or
     /// reports that a payload finished, or that the socket is drained for now.
     pub(crate) fn next(&mut self, fd: RawFd) -> Result<RxEvent<'_>, StreamError> {

@@ -448,7 +448,8 @@ pub(crate) fn ud_receive<M: MemAccess>(
         GrhRepr {
             traffic_class: 0,
             flow_label: 0,
-            payload_len: bytes.len().min(usize::from(u16::MAX)) as u16,
+            // From the BTH to the ICRC (which the transport took off) included.
+            payload_len: (bytes.len() + 4).min(usize::from(u16::MAX)) as u16,
             next_header: GRH_NEXT_HEADER_BTH,
             hop_limit: 64,
             sgid: info.sgid,

@@ -108,8 +108,25 @@ pub(crate) fn ud_datagrams_to_several_qps(p: &Provider) {
                 grh_dgid(&got[..GRH_LEN]),
                 AhAttr::to_endpoint(&r.qp.endpoint()).dgid
             );
+            // An InfiniBand GRH counts the BTH, DETH, immediate data, payload and ICRC.
+            if let Some(n) = grh_payload_len(&got[..GRH_LEN]) {
+                assert_eq!(
+                    usize::from(n),
+                    12 + 8 + 4 + len + 4,
+                    "{}: the GRH's payload length",
+                    p.name
+                );
+            }
         }
     }
+}
+
+/// The payload length of the GRH in a GRH area, when the area holds an InfiniBand GRH
+/// (IP version 6, next header a BTH; not an IPv4 or IPv6/UDP header as RoCEv2 puts).
+fn grh_payload_len(area: &[u8]) -> Option<u16> {
+    let grh = GrhRepr::parse(area).ok()?;
+    (area[0] >> 4 == 6 && grh.next_header == rdmx_wire::GRH_NEXT_HEADER_BTH)
+        .then_some(grh.payload_len)
 }
 
 /// The destination GID the GRH area of a received datagram names. On RoCEv2 over IPv4

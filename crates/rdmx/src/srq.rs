@@ -9,6 +9,7 @@ use crate::{Error, Result};
 #[derive(Debug)]
 pub struct SharedReceiveQueue {
     imp: Box<dyn provider::Srq>,
+    max_wr: usize,
 }
 
 impl ProtectionDomain {
@@ -24,7 +25,7 @@ impl ProtectionDomain {
             .context()
             .device()
             .create_srq(self.id(), max_wr, max_sge)?;
-        Ok(SharedReceiveQueue { imp })
+        Ok(SharedReceiveQueue { imp, max_wr })
     }
 }
 
@@ -52,9 +53,16 @@ impl SharedReceiveQueue {
     }
 
     /// Arms the limit: the limit event fires once when fewer than `limit` receives remain
-    /// (`IBV_SRQ_LIMIT`). 0 disarms.
-    pub fn arm_limit(&self, limit: usize) {
-        self.imp.arm_limit(limit);
+    /// (`IBV_SRQ_LIMIT`). 0 disarms. A limit above the queue's `max_wr` is refused
+    /// ([`Error::InvalidArgument`]), and so is one the adapter refuses (`ibv_modify_srq`;
+    /// some refuse `max_wr` itself).
+    pub fn arm_limit(&self, limit: usize) -> Result<()> {
+        if limit > self.max_wr {
+            return Err(Error::InvalidArgument(
+                "an SRQ limit above the queue's max_wr",
+            ));
+        }
+        self.imp.arm_limit(limit)
     }
 
     /// Takes the limit event (`IBV_EVENT_SRQ_LIMIT_REACHED`) if it fired.

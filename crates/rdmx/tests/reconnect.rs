@@ -16,7 +16,7 @@ const DEADLINE: Duration = Duration::from_secs(20);
 
 struct Side {
     _ctx: Context,
-    pd: ProtectionDomain,
+    _pd: ProtectionDomain,
     cq: CompletionQueue,
     qp: QueuePair,
     mr: MemoryRegion,
@@ -30,7 +30,7 @@ fn side(open: fn() -> rdmx::Result<Context>) -> Side {
     let mr = pd.register(vec![0u8; 4096], Access::LOCAL_WRITE).unwrap();
     Side {
         _ctx: ctx,
-        pd,
+        _pd: pd,
         cq,
         qp,
         mr,

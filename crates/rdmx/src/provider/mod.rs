@@ -324,8 +324,8 @@ pub(crate) trait Srq: Send + Sync + fmt::Debug + Any {
     unsafe fn post_recv(&self, wr: &RecvWr) -> Result<()>;
     /// Receives posted and not consumed.
     fn len(&self) -> usize;
-    /// Arms the limit event.
-    fn arm_limit(&self, limit: usize);
+    /// Arms the limit event (`limit` is at most the queue's `max_wr`).
+    fn arm_limit(&self, limit: usize) -> Result<()>;
     /// Takes the limit event.
     fn limit_reached(&self) -> bool;
     /// As `Any`, for the provider's own downcasts.

@@ -290,8 +290,9 @@ impl provider::Srq for SoftSrq {
     fn len(&self) -> usize {
         self.srq.lock().len()
     }
-    fn arm_limit(&self, limit: usize) {
+    fn arm_limit(&self, limit: usize) -> Result<()> {
         self.srq.lock().arm_limit(limit);
+        Ok(())
     }
     fn limit_reached(&self) -> bool {
         self.srq.lock().take_limit_event()

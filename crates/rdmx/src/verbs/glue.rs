@@ -270,8 +270,8 @@ impl provider::Srq for Srq {
     fn len(&self) -> usize {
         Srq::len(self)
     }
-    fn arm_limit(&self, limit: usize) {
-        Srq::arm_limit(self, limit);
+    fn arm_limit(&self, limit: usize) -> crate::Result<()> {
+        Srq::arm_limit(self, limit)
     }
     fn limit_reached(&self) -> bool {
         Srq::limit_reached(self)

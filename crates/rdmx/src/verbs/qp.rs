@@ -712,12 +712,14 @@ impl Srq {
     }
 
     /// `ibv_modify_srq` of the limit.
-    pub(crate) fn arm_limit(&self, limit: usize) {
+    pub(crate) fn arm_limit(&self, limit: usize) -> crate::Result<()> {
         self.dev.poll_async();
         self.shared.limit.store(false, Ordering::Release);
-        if let Err(e) = self.hw.arm_limit(limit as u32) {
-            tracing::warn!(error = %e, "verbs: ibv_modify_srq (limit) failed");
-        }
+        let limit = u32::try_from(limit)
+            .map_err(|_| crate::Error::InvalidArgument("an SRQ limit past u32"))?;
+        self.hw
+            .arm_limit(limit)
+            .map_err(|e| crate::Error::Io("ibv_modify_srq (limit)", e))
     }
 
     /// Takes the limit event if it fired.

@@ -46,7 +46,12 @@ pub(crate) fn shared_receive_queue(p: &Provider) {
             .unwrap();
     }
     assert_eq!(srq.len(), 4);
-    srq.arm_limit(2);
+    // A limit above the queue's capacity arms nothing: refused.
+    assert!(
+        matches!(srq.arm_limit(17), Err(Error::InvalidArgument(_))),
+        "{what}: a limit above max_wr"
+    );
+    srq.arm_limit(2).unwrap();
     assert!(
         !srq.limit_reached(),
         "{what}: limit event before any receive was taken"

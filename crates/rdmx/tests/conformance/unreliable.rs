@@ -723,7 +723,7 @@ pub(crate) fn srq_limit_counts_consumed_receives_only(p: &Provider) {
         )))
         .unwrap();
     }
-    srq.arm_limit(2);
+    srq.arm_limit(2).unwrap();
     let src = register(&tx.pd, 100, ALL);
     let ah = tx
         .pd

@@ -250,6 +250,11 @@ pub(crate) fn apply(
         w.bytes[bit / 8] ^= 1 << (bit % 8);
     } else if rng.chance(cfg.mangle) {
         mangle(rng, &mut w.bytes);
+        // A sender that builds bad headers computes its CRC over them: the packet reaches
+        // the engine, which must refuse it itself.
+        if w.crc.is_some() {
+            w.crc = Some(crc32(&w.bytes));
+        }
         inj.count(MANGLED);
     }
     if rng.chance(cfg.duplicate) {
@@ -284,19 +289,27 @@ fn mangle(rng: &mut Rng, p: &mut Vec<u8>) {
         }
         // Cut inside the headers.
         (1, Some(op)) => p.truncate(rng.below(op.header_len())),
-        // An opcode outside the RC range (RC is 0x00..=0x1F; 0x1F and above in it are
-        // reserved or other transports').
+        // An opcode no transport defines: reserved in RC's range (0x00..=0x1F), UC's
+        // (0x20..=0x3F) and UD's (0x60..=0x7F), or a manufacturer's (0xC0..). (UC and UD
+        // packets are mangled this way only.)
         _ => {
-            let reserved = [0x19u8, 0x1A, 0x1F, 0x20, 0x64, 0xFF];
+            let reserved = [0x19u8, 0x1A, 0x1F, 0x3F, 0x7F, 0xFF];
             if let Some(b) = p.first_mut() {
                 *b = reserved[rng.below(reserved.len())];
             }
         }
     }
-    debug_assert!(
-        rdmx_wire::RcRepr::parse_bytes(p).is_err(),
-        "a mangled packet still parses"
-    );
+    debug_assert!(!parses(p), "a mangled packet still parses");
+}
+
+/// Whether `p` parses as an RC, UC or UD packet (a UC one by its opcode: the rest of its
+/// headers are RC's).
+fn parses(p: &[u8]) -> bool {
+    rdmx_wire::RcRepr::parse_bytes(p).is_ok()
+        || rdmx_wire::UdRepr::parse_bytes(p).is_ok()
+        || p.first().is_some_and(|&b| {
+            b & rdmx_wire::SERVICE_MASK == rdmx_wire::UC_PREFIX && rdmx_wire::uc_to_rc(b).is_some()
+        })
 }
 
 fn splitmix(mut x: u64) -> u64 {
@@ -391,7 +404,23 @@ mod tests {
             for _ in 0..50 {
                 let mut p = buf.clone();
                 mangle(&mut rng, &mut p);
-                assert!(RcRepr::parse_bytes(&p).is_err(), "{op}: {p:02x?}");
+                assert!(!parses(&p), "{op}: {p:02x?}");
+            }
+        }
+        // UD and UC packets too: a UD SEND with immediate data, a UC SEND MIDDLE.
+        let mut ud = vec![0x65u8, 0, 0xff, 0xff, 0, 0, 0, 0x12, 0, 0, 0, 5];
+        ud.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 2]); // DETH
+        ud.extend_from_slice(&[0, 0, 0, 9]); // ImmDt
+        ud.extend_from_slice(&[7u8; 16]);
+        assert!(rdmx_wire::UdRepr::parse_bytes(&ud).is_ok());
+        let mut uc = vec![0x21u8, 0, 0xff, 0xff, 0, 0, 0, 0x12, 0, 0, 0, 5];
+        uc.extend_from_slice(&[7u8; 16]);
+        assert!(parses(&uc));
+        for buf in [ud, uc] {
+            for _ in 0..50 {
+                let mut p = buf.clone();
+                mangle(&mut rng, &mut p);
+                assert!(!parses(&p), "{p:02x?}");
             }
         }
     }

@@ -35,7 +35,7 @@ use crate::ah::LOCAL_GID;
 use crate::endpoint::PeerAddr;
 use crate::provider::{self, Capabilities, CqCore, MrRef, ProviderConfig};
 use crate::soft::{self, Engine, Keys, SoftDevice, SoftQp, SoftSrq, Transport};
-use crate::Result;
+use crate::{Error, Result};
 
 /// The provider's name.
 pub const NAME: &str = "loopback";
@@ -179,8 +179,9 @@ impl SoftDevice for Device {
     fn create_qp(&self, init: provider::QpInit<'_>) -> Result<Box<dyn provider::Qp>> {
         let srq = SoftSrq::of(init.srq)?;
         let mut fab = fabric().lock();
-        let qpn = fab.next_qpn;
-        fab.next_qpn = (fab.next_qpn + 1) & 0xff_ffff;
+        let qpn = fab.alloc_qpn().ok_or(Error::InvalidArgument(
+            "every loopback queue pair number is taken",
+        ))?;
         let faults = self.faults.as_ref().map(|i| (i.clone(), i.rng(qpn), None));
         fab.qps.insert(
             qpn,
@@ -315,8 +316,7 @@ fn fabric() -> &'static Mutex<Fabric> {
     FABRIC.get_or_init(|| {
         Mutex::new(Fabric {
             qps: HashMap::new(),
-            // QP numbers 0 and 1 are special in InfiniBand.
-            next_qpn: 0x11,
+            next_qpn: FIRST_QPN,
             delayed: Vec::new(),
             groups: Vec::new(),
             stray: 0,
@@ -324,7 +324,34 @@ fn fabric() -> &'static Mutex<Fabric> {
     })
 }
 
+/// The first queue pair number handed out: 0 and 1 are special in InfiniBand.
+const FIRST_QPN: u32 = 0x11;
+
+/// The first number from `*next` on (wrapping within 24 bits, to [`FIRST_QPN`]) that is
+/// not `in_use` nor the multicast QPN; `*next` moves past it. `None` when all are.
+fn next_free_qpn(next: &mut u32, in_use: impl Fn(u32) -> bool) -> Option<u32> {
+    for _ in 0..=0xff_ffffu32 {
+        let qpn = *next;
+        *next = match (qpn + 1) & 0xff_ffff {
+            n if n < FIRST_QPN => FIRST_QPN,
+            n => n,
+        };
+        if qpn != rdmx_core::MULTICAST_QPN && !in_use(qpn) {
+            return Some(qpn);
+        }
+    }
+    None
+}
+
 impl Fabric {
+    /// A free queue pair number: the next after the last handed out, skipping those in
+    /// use, the special ones (below [`FIRST_QPN`]) and the multicast QPN, once the 24-bit
+    /// space wraps. `None` when every one is in use.
+    fn alloc_qpn(&mut self) -> Option<u32> {
+        let qps = &self.qps;
+        next_free_qpn(&mut self.next_qpn, |n| qps.contains_key(&n))
+    }
+
     /// Runs every queue pair until no packet, completion or due timer is left.
     fn pump(&mut self) {
         let now = Instant::now();
@@ -543,4 +570,23 @@ fn start_progress_thread() {
 /// Limits of loopback queue pairs.
 fn limits() -> rdmx_core::QpLimits {
     soft::limits(rdmx_core::QpLimits::default().max_mtu)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{next_free_qpn, FIRST_QPN};
+
+    /// Past the 24-bit space, numbers wrap to the first after the special ones, and
+    /// neither a number in use nor the multicast QPN is handed out.
+    #[test]
+    fn queue_pair_numbers_wrap_around_those_in_use() {
+        let in_use = |n: u32| n == 0xff_fffd || n == FIRST_QPN;
+        let mut next = 0xff_fffc;
+        let got: Vec<u32> = (0..3)
+            .map(|_| next_free_qpn(&mut next, in_use).unwrap())
+            .collect();
+        assert_eq!(got, [0xff_fffc, 0xff_fffe, FIRST_QPN + 1]);
+        let mut next = FIRST_QPN;
+        assert_eq!(next_free_qpn(&mut next, |_| true), None);
+    }
 }

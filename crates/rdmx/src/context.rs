@@ -78,6 +78,12 @@ impl Context {
         &self.inner.device
     }
 
+    /// Whether `other` is this context (or a clone of it): protection domain ids are
+    /// numbered per context.
+    pub(crate) fn same(&self, other: &Context) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// The name of the provider this context runs on (`loopback`, `tcp`, `verbs`, ...).
     pub fn provider(&self) -> &'static str {
         self.inner.device.provider()

@@ -100,3 +100,60 @@ fn every_opcode_once_over_loopback() {
     assert_eq!(cq_a.poll_one().unwrap().unwrap().status, WcStatus::Success);
     assert_eq!(mr_b.load_u64(0).unwrap(), 99);
 }
+
+/// A CQ armed for solicited completions only is woken by its overrun (which moves the
+/// QP to ERR): a waiter does not sleep through it, and its poll reports the overrun.
+#[test]
+fn an_overrun_wakes_a_cq_armed_for_solicited_completions() {
+    let ctx = Context::open_default().unwrap();
+    let pd = ctx.alloc_pd();
+    let cq_a = ctx.create_cq(16).unwrap();
+    let cq_b = ctx.create_cq(2).unwrap();
+    let a = pd.create_qp(&cq_a, &cq_a, QpCaps::default()).unwrap();
+    let b = pd.create_qp(&cq_b, &cq_b, QpCaps::default()).unwrap();
+    a.connect(b.endpoint(), &ConnectOptions::default()).unwrap();
+    b.connect(a.endpoint(), &ConnectOptions::default()).unwrap();
+    let mr_a = pd.register(vec![1u8; 64], Access::LOCAL_WRITE).unwrap();
+    let mr_b = pd.register(vec![0u8; 4 * 64], Access::LOCAL_WRITE).unwrap();
+    for i in 0..4 {
+        b.post_recv(RecvRequest::new(i).sge(LocalSge::new(&mr_b, i as usize * 64, 64).unwrap()))
+            .unwrap();
+    }
+    cq_b.req_notify(true);
+    for i in 0..3 {
+        a.post_send(SendRequest::send(i).sge(LocalSge::new(&mr_a, 0, 64).unwrap()))
+            .unwrap();
+    }
+    assert!(
+        cq_b.wait_event(std::time::Duration::from_secs(5)).unwrap(),
+        "the overrun did not wake the armed CQ"
+    );
+    assert!(matches!(cq_b.poll_one(), Err(rdmx::Error::CqOverrun)));
+}
+
+/// An address handle of another context's protection domain is refused at post, even
+/// where both domains have the same number in their contexts.
+#[test]
+fn an_address_handle_of_another_context_is_refused() {
+    let (c1, c2) = (
+        Context::open_default().unwrap(),
+        Context::open_default().unwrap(),
+    );
+    let (pd1, pd2) = (c1.alloc_pd(), c2.alloc_pd());
+    let cq = c1.create_cq(8).unwrap();
+    let qp = pd1
+        .create_qp_of_type(rdmx::QpType::Ud, &cq, &cq, None, QpCaps::default())
+        .unwrap();
+    qp.activate(0x11).unwrap();
+    let ah = pd2
+        .create_ah(&rdmx::AhAttr::to_endpoint(&qp.endpoint()))
+        .unwrap();
+    let mr = pd1.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
+    let req = SendRequest::send(1)
+        .sge(LocalSge::new(&mr, 0, 8).unwrap())
+        .ud(&ah, qp.qp_num(), 0x11);
+    assert!(
+        qp.post_send(req).is_err(),
+        "an AH of another context was taken"
+    );
+}

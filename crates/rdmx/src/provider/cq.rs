@@ -75,6 +75,11 @@ impl CqCore {
         if st.overrun || st.entries.len() >= self.capacity {
             st.overrun = true;
             self.ready.store(true, Ordering::Release);
+            // The overrun is an event an armed queue reports, whatever it was armed for
+            // (`IBV_EVENT_CQ_ERR`): a waiter wakes and its poll says so.
+            if st.armed.take().is_some() {
+                self.notify();
+            }
             return false;
         }
         st.entries.push_back(c);

@@ -430,9 +430,7 @@ impl QueuePair {
                 PostError::Invalid("a UD send needs an address handle (SendRequest::ud)").into(),
             );
         };
-        if ah.pd().id() != self.pd.id()
-            || ah.pd().context().device_name() != self.pd.context().device_name()
-        {
+        if ah.pd().id() != self.pd.id() || !ah.pd().context().same(self.pd.context()) {
             return Err(PostError::Invalid(
                 "the address handle belongs to another protection domain",
             )

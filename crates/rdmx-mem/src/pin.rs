@@ -67,6 +67,19 @@ pub fn pin(addr: usize, len: usize, pinning: Pinning) -> Result<Option<PinGuard>
     }
 }
 
+/// Locks again the pinned pages of `[start, end)`: pages that replaced pinned ones at
+/// the same addresses (a detached shared mapping) came without the lock.
+pub(crate) fn relock(start: usize, end: usize) {
+    let pins = PINS.lock();
+    for (s, e, c) in pins.pieces(start, end) {
+        if c > 0 {
+            if let Err(err) = syscall!(mlock(s as *const libc::c_void, e - s)) {
+                tracing::warn!(addr = s, len = e - s, %err, "locking detached pages again failed");
+            }
+        }
+    }
+}
+
 /// Bytes rdmx holds pinned in this process right now.
 pub fn pinned_bytes() -> usize {
     PINS.lock().pinned_bytes()

@@ -399,6 +399,10 @@ pub(crate) struct Cq {
     dev: Arc<Device>,
     /// Readable when the completion channel or the rdmx CQ's own eventfd is.
     epoll: OwnedFd,
+    /// Held while draining: the adapter's completions are matched to their requests in
+    /// the order the CQ gives them (a completion also retires the unsignaled requests
+    /// before it), so two threads polling one CQ take turns.
+    draining: parking_lot::Mutex<()>,
 }
 
 impl std::fmt::Debug for sys::Cq {
@@ -433,6 +437,7 @@ impl Cq {
             hw,
             dev: dev.clone(),
             epoll,
+            draining: parking_lot::Mutex::new(()),
         })
     }
 
@@ -447,6 +452,7 @@ impl Cq {
         const BATCH: usize = 32;
         // Not zeroed: that memset, on every poll of an empty CQ, was a hot spot.
         let mut wcs = [std::mem::MaybeUninit::<sys::Wc>::uninit(); BATCH];
+        let _turn = self.draining.lock();
         loop {
             let got = self.hw.poll(&mut wcs).map_err(verb("ibv_poll_cq"))?;
             for wc in got {

@@ -162,6 +162,8 @@ pub(crate) struct Qp {
     cm_path: Mutex<Option<Box<sys::AhAttr>>>,
     /// The rdma_cm connection, kept while the QP lives (destroying it disconnects).
     cm: Mutex<Option<super::rdmacm::Conn>>,
+    /// The multicast groups the QP is attached to (gid, lid): detached at destruction.
+    groups: Mutex<Vec<([u8; 16], u16)>>,
 }
 
 impl std::fmt::Debug for Qp {
@@ -176,6 +178,13 @@ impl std::fmt::Debug for Qp {
 impl Drop for Qp {
     fn drop(&mut self) {
         self.dev.qps.write().remove(&self.hw.qp_num());
+        // The kernel refuses to destroy a QP still attached to a multicast group (EBUSY):
+        // it would live on, receiving into buffers given back with its handle.
+        for (gid, lid) in self.groups.get_mut().drain(..) {
+            if let Err(e) = self.hw.mcast(false, gid, lid) {
+                tracing::warn!(error = %e, "verbs: ibv_detach_mcast at destruction failed");
+            }
+        }
     }
 }
 
@@ -194,6 +203,22 @@ fn lkey_refs(dev: &Device, sges: &[rdmx_core::Sge]) -> (Refs, sys::SgeArray) {
         many => Refs::Many(many.iter().filter_map(|s| dev.mr_by_lkey(s.lkey)).collect()),
     };
     (refs, sys::SgeArray::new(sges))
+}
+
+/// Whether every element lies inside the live region its lkey names (`refs`, from
+/// [`lkey_refs`]: a region that is gone has no entry; an lkey reused since names another
+/// region, which need not cover the element).
+fn inside_live_regions(refs: &Refs, sges: &[rdmx_core::Sge]) -> bool {
+    let inside = |mr: &MrRef, s: &rdmx_core::Sge| mr.raw_range(s.addr, s.len as usize).is_some();
+    match (refs, sges) {
+        (Refs::None, []) => true,
+        (Refs::One(mr), [s]) => inside(mr, s),
+        (Refs::Many(mrs), _) if mrs.len() == sges.len() => mrs
+            .iter()
+            .zip(sges)
+            .all(|(mr, s)| mr.lkey() == s.lkey && inside(mr, s)),
+        _ => false,
+    }
 }
 
 fn post_error(e: std::io::Error, depth: usize, what: &'static str) -> Error {
@@ -260,6 +285,7 @@ impl Qp {
             peer: Mutex::new(None),
             cm_path: Mutex::new(None),
             cm: Mutex::new(None),
+            groups: Mutex::new(Vec::new()),
         })
     }
 
@@ -478,6 +504,12 @@ impl Qp {
         if let Some(data) = inline {
             flags |= sys::consts::SEND_INLINE;
             sges = sys::SgeArray::inline(data);
+        } else if flags & sys::consts::SEND_INLINE != 0 && !inside_live_regions(&refs, &wr.sges) {
+            // With the flag, rdma-core copies the elements' bytes with the CPU during the
+            // post and never looks at their lkeys: elements of a region deregistered
+            // since (whose memory may be freed) go to the adapter instead, which checks
+            // the keys and fails the request.
+            flags &= !sys::consts::SEND_INLINE;
         }
         use sys::SendKind as K;
         let kind = match wr.op {
@@ -561,7 +593,13 @@ impl Qp {
         } else {
             "ibv_detach_mcast"
         };
-        self.hw.mcast(attach, gid, lid).map_err(verb(what))
+        self.hw.mcast(attach, gid, lid).map_err(verb(what))?;
+        let mut groups = self.groups.lock();
+        groups.retain(|&g| g != (gid, lid));
+        if attach {
+            groups.push((gid, lid));
+        }
+        Ok(())
     }
 
     /// `ibv_post_recv` of one request.

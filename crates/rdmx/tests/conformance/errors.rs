@@ -783,3 +783,45 @@ pub(crate) fn send_longer_than_receive(p: &Provider) {
         );
     }
 }
+
+/// A SEND flagged INLINE whose element names a region deregistered since (its memory
+/// may be freed): the flag does not let the bytes be read past the dead key. The post is
+/// refused, or the request completes in error; the peer receives nothing.
+pub(crate) fn inline_flag_with_a_stale_element(p: &Provider) {
+    let what = format!(
+        "{}: a SEND flagged INLINE naming a deregistered region",
+        p.name
+    );
+    let pair = p.pair();
+    if pair.a.qp.caps().max_inline_data < 64 {
+        eprintln!("{what}: no inline data on this device; skipped");
+        return;
+    }
+    let inbox = register(&pair.b.pd, 64, LOCAL);
+    pair.b
+        .qp
+        .post_recv(RecvRequest::new(7).sge(sge(&inbox, 0, 64)))
+        .unwrap();
+    let src = register(&pair.a.pd, 4096, LOCAL);
+    fill(&src, 3);
+    let stale = sge(&src, 0, 64);
+    src.deregister();
+    let req = SendRequest::send(1)
+        .sge(stale)
+        .flags(SendFlags::SIGNALED | SendFlags::INLINE);
+    if pair.a.qp.post_send(req).is_ok() {
+        let c = wait_one(&pair.a.scq, &what);
+        assert_eq!(c.wr_id, 1, "{what}: {c:?}");
+        assert_ne!(c.status, WcStatus::Success, "{what}: {c:?}");
+    }
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_millis(200) {
+        if let Some(c) = pair.b.rcq.poll_one().unwrap() {
+            assert_ne!(
+                c.status,
+                WcStatus::Success,
+                "{what}: the peer received {c:?}"
+            );
+        }
+    }
+}

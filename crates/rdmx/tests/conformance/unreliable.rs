@@ -445,6 +445,33 @@ pub(crate) fn ud_multicast(p: &Provider) {
         "{}: the detached member got no group datagram",
         p.name
     );
+    // A member dropped while still in the group leaves it with its queue pair: a group
+    // datagram sent after reaches the member that stays, and nothing lands where the
+    // dropped one had a receive posted.
+    for (m, b) in members[..2].iter().zip(&bufs) {
+        m.qp.post_recv(RecvRequest::new(9).sge(sge(b, 0, GRH_LEN + len)))
+            .unwrap();
+    }
+    let before = image(&bufs[0]);
+    let mut members = members;
+    drop(members.remove(0));
+    src.write_at(0, &pattern(7, len)).unwrap();
+    tx.qp
+        .post_send(
+            SendRequest::send(4)
+                .sge(sge(&src, 0, len))
+                .ud(&ah, MULTICAST_QPN, QKEY),
+        )
+        .unwrap();
+    wait_one(&tx.scq, "the third multicast send");
+    let c = wait_one(&members[0].rcq, "the third multicast datagram");
+    assert_eq!(c.wr_id, 9);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_bytes(
+        &image(&bufs[0]),
+        &before,
+        &format!("{}: the buffer of a member dropped in the group", p.name),
+    );
 }
 
 /// Many datagrams from several senders: every one arrives once, in whatever order.

@@ -56,7 +56,13 @@ unsafe impl Sync for Qp {}
 impl Drop for Qp {
     fn drop(&mut self) {
         // SAFETY: the QP is destroyed once; its CQs, SRQ and PD outlive it (Arcs).
-        unsafe { ffi::ibv_destroy_qp(self.ptr.as_ptr()) };
+        let rc = unsafe { ffi::ibv_destroy_qp(self.ptr.as_ptr()) };
+        if rc != 0 {
+            tracing::error!(
+                errno = rc,
+                "verbs: ibv_destroy_qp failed; the queue pair lives on in the adapter"
+            );
+        }
     }
 }
 

@@ -392,6 +392,8 @@ impl Engine {
                 c.peer == peer
             }
         };
+        // Connections added from here on were made while this open ran.
+        let since = self.shared.conns_added.load(Ordering::Acquire);
         let open = || {
             self.shared
                 .conns
@@ -408,11 +410,31 @@ impl Engine {
         } else {
             self.shared.meta.lookup(peer)?.control.to_string()
         };
-        let since = self.shared.conns_added.load(Ordering::Acquire);
         let conn = match connect(&self.shared, &addr, transport) {
             Ok(c) => c,
-            // The peer opened this engine meanwhile (both opened at once): the peer keeps
-            // that connection and refuses this one; it serves either side.
+            // The peer refused because it holds a connection with this engine (one it
+            // opened, perhaps at once with this open): that connection serves either side.
+            Err(Error::Refused { peer: name, why }) => {
+                let held = self
+                    .shared
+                    .conns
+                    .lock()
+                    .get(&name)
+                    .filter(|c| !c.closed.load(Ordering::Acquire))
+                    .cloned();
+                return match held.or_else(open) {
+                    Some(conn) => {
+                        if self.shared.meta.is_p2p() {
+                            self.shared
+                                .by_addr
+                                .lock()
+                                .insert(peer.to_string(), conn.peer.clone());
+                        }
+                        Ok(Segment { conn })
+                    }
+                    None => Err(Error::Refused { peer: name, why }),
+                };
+            }
             Err(e) => return open().map(|conn| Segment { conn }).ok_or(e),
         };
         if !self.shared.meta.is_p2p() && conn.peer != peer {

@@ -233,6 +233,12 @@ pub(crate) fn connect(
     Msg::Ready.send(&mut s)?;
     match Msg::recv(&mut s)? {
         Msg::Ready => {}
+        Msg::Refused(why) => {
+            return Err(Error::Refused {
+                peer: theirs.name,
+                why,
+            })
+        }
         _ => return Err(Error::Descriptor("the peer did not confirm".into())),
     }
     tracing::info!(peer = %conn.peer, %transport, paths = conn.paths.len(), "segment opened");
@@ -352,16 +358,6 @@ fn serve(shared: &Arc<Shared>, mut s: TcpStream) -> Result<()> {
                     return Err(e);
                 }
             }
-            if !describe_only {
-                // Nobody takes over another engine's connection by naming itself after it.
-                if let Some(why) = held_elsewhere(shared, &desc.name) {
-                    let _ = Msg::Refused(why.clone()).send(&mut s);
-                    return Err(Error::Refused {
-                        peer: desc.name,
-                        why,
-                    });
-                }
-            }
             Msg::Desc(shared.desc()).send(&mut s)?;
             if describe_only {
                 return Ok(());
@@ -381,6 +377,16 @@ fn serve(shared: &Arc<Shared>, mut s: TcpStream) -> Result<()> {
                 }
                 _ => return Err(Error::Descriptor("expected a connect request".into())),
             };
+            // Nobody takes over another engine's connection by naming itself after it. (The
+            // refusal comes after this engine's descriptor: an initiator that holds that
+            // connection, opened by this engine, learns whose it is and uses it.)
+            if let Some(why) = held_elsewhere(shared, &desc.name) {
+                let _ = Msg::Refused(why.clone()).send(&mut s);
+                return Err(Error::Refused {
+                    peer: desc.name,
+                    why,
+                });
+            }
             let res = accept_paths(shared, &desc, transport, mtu, &paths);
             let qps = match res {
                 Ok(q) => q,
@@ -399,7 +405,18 @@ fn serve(shared: &Arc<Shared>, mut s: TcpStream) -> Result<()> {
                 false => desc.control,
             };
             let conn = build_conn(shared, &desc, probe_at, secret, transport, mtu, false, qps)?;
-            shared.add_conn(conn, since);
+            let kept = shared.add_conn(conn.clone(), since);
+            if !Arc::ptr_eq(&kept, &conn) {
+                // Both engines opened each other at once and this one keeps the other
+                // connection: the initiator falls back on it too.
+                let why = "both engines opened each other at once; the connection the other \
+                           opened is kept";
+                let _ = Msg::Refused(why.into()).send(&mut s);
+                return Err(Error::Refused {
+                    peer: desc.name,
+                    why: why.into(),
+                });
+            }
             Msg::Ready.send(&mut s)?;
             Ok(())
         }

@@ -615,3 +615,30 @@ fn engines_that_open_each_other_at_once_agree_on_one_connection() {
         assert!(write_once(&b, &sb, &ba), "round {round}: b to a");
     }
 }
+
+/// An engine opened by a peer opens that peer back under another spelling of its
+/// address: the peer's refusal (it holds the connection) leads to the connection both
+/// use, and the peer's own segment keeps working.
+#[test]
+fn an_engine_opened_by_its_peer_opens_it_back_by_any_address() {
+    let a = Engine::new("a", tcp_rails(1)).unwrap();
+    let b = Engine::new("b", tcp_rails(1)).unwrap();
+    let _da = a.register("dst", 4096, Access::REMOTE_WRITE).unwrap();
+    let _db = b.register("dst", 4096, Access::REMOTE_WRITE).unwrap();
+    let sa = a
+        .register("src", pattern(1, 4096), Access::LOCAL_WRITE)
+        .unwrap();
+    let sb = b
+        .register("src", pattern(2, 4096), Access::LOCAL_WRITE)
+        .unwrap();
+    let ba = open_peer(&b, &a);
+    assert!(write_once(&b, &sb, &ba));
+    let ab = a
+        .open_segment(&format!("localhost:{}", b.control_addr().port()))
+        .unwrap();
+    assert!(write_once(&a, &sa, &ab), "a to b");
+    assert!(
+        write_once(&b, &sb, &ba),
+        "b's segment after a opened it back"
+    );
+}

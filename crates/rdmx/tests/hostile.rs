@@ -1072,3 +1072,115 @@ fn a_write_part_way_read_stops_at_deregistration() {
     );
     wait_logged("WARN", &["being deregistered"]);
 }
+
+/// A QP moved to RESET part-way through a peer's SEND payload does not complete its
+/// receive with success.
+#[test]
+fn a_reset_part_way_through_a_send_completes_nothing_with_success() {
+    let srv = Server::new();
+    let v = srv.victim();
+    let mut s = srv.dial(&v);
+    let f = send_frame(v.qp.qp_num(), FAKE_PSN, &[0xEE; 48]);
+    s.write_all(&f[..f.len() - 16])
+        .expect("send part of a frame");
+    // The headers are read once the first payload bytes are placed.
+    let keep = v.mr.share();
+    let start = Instant::now();
+    loop {
+        let mut b = [0u8; 1];
+        keep.read_at(0, &mut b).expect("read");
+        if b[0] == 0xEE {
+            break;
+        }
+        assert!(start.elapsed() < DEADLINE, "the payload never started");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    v.qp.modify(
+        &rdmx::QpAttr {
+            qp_state: QpState::Reset,
+            ..Default::default()
+        },
+        rdmx::QpAttrMask::STATE,
+    )
+    .expect("to RESET");
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(300) {
+        if let Some(c) = v.cq.poll_one().expect("poll") {
+            assert_ne!(c.status, WcStatus::Success, "{c:?}");
+        }
+    }
+    drop(s);
+}
+
+/// A READ response cut short fails the READ, not the SEND before it that its headers
+/// acknowledged: that SEND was executed.
+#[test]
+fn a_read_response_cut_short_fails_the_read_only() {
+    let srv = Server::new();
+    let v = srv.victim();
+    let mut s = srv.dial(&v);
+    let src = srv
+        .pd
+        .register(vec![1u8; 64], Access::LOCAL_WRITE)
+        .expect("register");
+    v.qp.post_send(SendRequest::send(1).sge(LocalSge::new(&src, 0, 16).expect("SGE")))
+        .expect("post the SEND");
+    let remote = RemoteAddr {
+        addr: 0x1000,
+        rkey: 0x1234,
+    };
+    v.qp.post_send(SendRequest::read(2, remote).sge(LocalSge::new(&v.mr, 0, 64).expect("SGE")))
+        .expect("post the READ");
+    let send = RcRepr::parse_bytes(&read_frame(&mut s))
+        .expect("the SEND")
+        .bth
+        .psn;
+    let read = RcRepr::parse_bytes(&read_frame(&mut s))
+        .expect("the READ")
+        .bth
+        .psn;
+    assert_eq!(read, (send + 1) & 0xff_ffff);
+    let mut r = RcRepr::new(BthRepr {
+        opcode: Opcode::RdmaReadResponseOnly,
+        solicited: false,
+        migreq: false,
+        pad_count: 0,
+        pkey: 0xffff,
+        fecn: false,
+        becn: false,
+        dest_qpn: v.qp.qp_num(),
+        ack_req: false,
+        psn: read,
+    });
+    r.aeth = Some(rdmx_wire::AethRepr {
+        syndrome: Syndrome::Ack {
+            credits: rdmx_wire::Credits::UNLIMITED,
+        },
+        msn: 2,
+    });
+    let payload = [0xAB; 64];
+    r.payload = &payload;
+    let mut f = vec![0u8; 4 + r.buffer_len()];
+    let n = r
+        .emit_with_payload(&mut f[4..])
+        .expect("emit a READ response");
+    f[..4].copy_from_slice(&(n as u32).to_be_bytes());
+    f.truncate(4 + n);
+    s.write_all(&f[..f.len() - 32])
+        .expect("send part of the response");
+    s.shutdown(std::net::Shutdown::Write).expect("shutdown");
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        got.push(wait_one(&v.cq, "the victim's completions"));
+    }
+    got.sort_by_key(|c| c.wr_id);
+    assert_eq!(
+        got.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::WrFlushErr),
+            (77, WcStatus::WrFlushErr)
+        ],
+        "{got:?}"
+    );
+}

@@ -542,14 +542,19 @@ impl<M: MemAccess> RcQp<M> {
 
     /// The payload of the last packet whose headers came through
     /// [`handle_header`](Self::handle_header) will not arrive whole (the stream ended or
-    /// stalled part-way): what the headers completed did not happen. Its completions
-    /// (a receive, a READ, a WRITE with immediate data) become `WR_FLUSH_ERR`, and the
-    /// queue pair goes to ERR, whose flush completes the rest. The transport calls it
-    /// before it polls the queue pair again, as it would have placed the payload.
+    /// stalled part-way): the completions the headers gave that depend on it (a receive,
+    /// a WRITE with immediate data, a READ) become `WR_FLUSH_ERR`; those they gave for
+    /// requests before (acknowledged by a READ response's headers) stand. The queue pair
+    /// goes to ERR, whose flush completes the rest. The transport calls it before it
+    /// polls the queue pair again, as it would have placed the payload.
     pub fn abort_payload(&mut self) {
         let mark = self.header_mark.min(self.completions.len());
         for (_, c, _) in self.completions.iter_mut().skip(mark) {
-            if c.status == WcStatus::Success {
+            let carries = matches!(
+                c.opcode,
+                WcOpcode::Recv | WcOpcode::RecvRdmaWithImm | WcOpcode::RdmaRead
+            );
+            if carries && c.status == WcStatus::Success {
                 c.status = WcStatus::WrFlushErr;
                 c.byte_len = 0;
                 c.imm_data = None;

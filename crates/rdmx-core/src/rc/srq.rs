@@ -22,9 +22,10 @@ pub struct Srq<Mr> {
     pub(crate) spare: Spare<Mr>,
     limit: Option<usize>,
     limit_event: bool,
-    /// The limit the last [`take`](Self::take) fired, if it did: a receive put back at
-    /// once ([`put_back`](Self::put_back)) was not consumed, and fires nothing.
-    fired_by_last: Option<usize>,
+    /// The limit the last [`take`](Self::take) fired, if it did, and whether an event was
+    /// already pending then: a receive put back at once ([`put_back`](Self::put_back))
+    /// was not consumed, and fires nothing.
+    fired_by_last: Option<(usize, bool)>,
 }
 
 impl<Mr> Srq<Mr> {
@@ -101,8 +102,8 @@ impl<Mr> Srq<Mr> {
         self.fired_by_last = None;
         if let Some(l) = self.limit.filter(|&l| self.queue.len() < l) {
             self.limit = None;
+            self.fired_by_last = Some((l, self.limit_event));
             self.limit_event = true;
-            self.fired_by_last = Some(l);
         }
         Some(wqe)
     }
@@ -112,9 +113,50 @@ impl<Mr> Srq<Mr> {
     /// again and the event withdrawn, since no receive was consumed.
     pub(crate) fn put_back(&mut self, wqe: RecvWqe<Mr>) {
         self.queue.push_front(wqe);
-        if let Some(l) = self.fired_by_last.take() {
+        if let Some((l, pending)) = self.fired_by_last.take() {
             self.limit = Some(l);
-            self.limit_event = false;
+            self.limit_event = pending;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::RecvWqe;
+    use super::Srq;
+    use crate::mr::PdId;
+
+    fn wqe(wr_id: u64) -> RecvWqe<()> {
+        RecvWqe {
+            wr_id,
+            segs: Vec::new(),
+            len: 64,
+            error: None,
+        }
+    }
+
+    /// A receive put back at once withdraws only the event its own take fired: one that
+    /// was pending before (fired, then the limit armed again) stays.
+    #[test]
+    fn a_receive_put_back_withdraws_only_its_own_event() {
+        let mut srq = Srq::<()>::new(PdId(1), 8, 1);
+        for i in 0..4 {
+            srq.queue.push_back(wqe(i));
+        }
+        srq.arm_limit(3);
+        let w = srq.take().unwrap(); // 3 left: not below the limit
+        srq.put_back(w);
+        assert!(!srq.take_limit_event());
+        let _consumed = srq.take().unwrap(); // 3 left
+        let _consumed = srq.take().unwrap(); // 2 left: fires
+        srq.arm_limit(2);
+        let w = srq.take().unwrap(); // 1 left: fires again, then put back unused
+        srq.put_back(w);
+        assert!(srq.take_limit_event(), "the first, real event was lost");
+        assert!(!srq.take_limit_event());
+        assert_eq!(srq.len(), 2);
+        // The limit is armed again: the next receive consumed fires it.
+        let _consumed = srq.take().unwrap();
+        assert!(srq.take_limit_event());
     }
 }

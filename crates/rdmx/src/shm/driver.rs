@@ -249,14 +249,10 @@ impl Driver {
         quiet
     }
 
-    /// `qp` went back to RESET with its connection (to connect again, perhaps to another
-    /// peer): the connection is closed as at destruction, once the peer copies nothing of
-    /// this QP's memory, and nothing of it reaches the next. The caller holds the QP's
-    /// lock (`g`).
-    pub(super) fn reset_conn(&self, qp: &ShmQp, g: &mut super::qp::Inner) {
-        let Some(c) = g.conn.take() else {
-            return;
-        };
+    /// `qp` went back to RESET (to connect again, perhaps to another peer) and gave up
+    /// its connection `c`: it is closed as at destruction, once the peer copies nothing
+    /// of this QP's memory. Called without the QP's lock.
+    pub(super) fn reset_conn(&self, qp: &ShmQp, c: super::qp::Conn) {
         self.epoll.remove(c.sock.as_raw_fd());
         if !let_go(&c) {
             tracing::warn!(

@@ -251,11 +251,21 @@ impl ShmQp {
     pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> T {
         let mut g = self.inner.lock();
         let out = f(&mut g);
-        if g.engine.state() == QpState::Reset && g.conn.is_some() {
-            // Back to RESET (to connect again): the old connection goes.
-            self.driver.reset_conn(self, &mut g);
-        }
+        // Back to RESET (to connect again): the old connection goes, and with it the
+        // packet held for its ring.
+        let gone = match g.engine.state() == QpState::Reset {
+            true => g.conn.take().inspect(|_| {
+                g.held = false;
+                g.scratch = Transmit::default();
+            }),
+            false => None,
+        };
         self.pump(&mut g, Instant::now());
+        drop(g);
+        // Waited for without the QP's lock: rounds go on meanwhile.
+        if let Some(c) = gone {
+            self.driver.reset_conn(self, c);
+        }
         out
     }
 

@@ -72,6 +72,9 @@ pub struct Options {
     /// sided operations aimed at this context then complete only while the application
     /// polls. The default (a progress thread that hands over to polling applications) is
     /// about as fast for a ping-pong; this mode also batches an ACK with the next request.
+    /// An application that stops polling part-way through sending a frame for longer
+    /// than its peer's retry budget (the peer QP's ack timeout times its tries, 4 s by
+    /// default) has its connection failed by the peer, which takes it for dead.
     pub busy_poll: bool,
 }
 

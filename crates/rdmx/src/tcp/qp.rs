@@ -436,6 +436,10 @@ impl Inner {
 
     /// Closes the stream, dropping the frames queued for it and the one half received.
     fn close(&mut self) {
+        if self.rx.mid_payload() {
+            // What the payload's headers completed never arrived whole.
+            self.engine.abort_payload();
+        }
         self.sock = None;
         self.tx.clear();
         self.rx = Rx::new(0);
@@ -448,10 +452,6 @@ impl Inner {
         match why {
             StreamError::Closed => tracing::debug!(qpn, "connection closed: {why}"),
             _ => tracing::warn!(qpn, "closing the connection: {why}"),
-        }
-        if self.rx.mid_payload() {
-            // What the payload's headers completed never arrived whole.
-            self.engine.abort_payload();
         }
         self.close();
         if self.engine.state() != QpState::Err && self.engine.state() != QpState::Reset {

@@ -110,6 +110,22 @@ struct Queue {
     slots: VecDeque<Slot>,
 }
 
+/// Sequence numbers each queue pair's requests start from: a window of 2^40 per queue
+/// pair (the adapter's wr_ids). Completions of a destroyed queue pair may still sit in
+/// the CQ when a new one gets its number (siw hands the lowest free one out again); their
+/// numbers lie below the new one's window, so they match none of its requests.
+static NEXT_SEQ_BASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+const SEQ_WINDOW: u64 = 1 << 40;
+
+impl Queue {
+    fn starting_at(base: u64) -> Queue {
+        Queue {
+            next_seq: base,
+            slots: VecDeque::new(),
+        }
+    }
+}
+
 /// What completions need of a QP, shared with the device's QP registry.
 pub(crate) struct Shared {
     sq: Mutex<Queue>,
@@ -269,9 +285,11 @@ impl Qp {
             &mut cap,
         )
         .map_err(verb("ibv_create_qp"))?;
+        // Below RECV_BIT: 2^23 queue pairs' windows before the numbers come round.
+        let base = NEXT_SEQ_BASE.fetch_add(SEQ_WINDOW, Ordering::Relaxed) % (RECV_BIT / 2);
         let shared = Arc::new(Shared {
-            sq: Mutex::new(Queue::default()),
-            rq: Mutex::new(Queue::default()),
+            sq: Mutex::new(Queue::starting_at(base)),
+            rq: Mutex::new(Queue::starting_at(base)),
             srq: srq.map(|s| s.shared.clone()),
         });
         dev.qps.write().insert(hw.qp_num(), Arc::downgrade(&shared));

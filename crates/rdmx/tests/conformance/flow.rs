@@ -665,3 +665,56 @@ pub(crate) fn two_threads_polling_one_cq(p: &Provider) {
         "{what}: every completion once"
     );
 }
+
+/// A queue pair destroyed with completions still in its CQ (its receive flushed, not
+/// polled), then a new one on the same CQs (an adapter may give it the same number):
+/// none of the old completions is taken for the new queue pair's requests.
+pub(crate) fn a_new_queue_pair_gets_no_completion_of_a_destroyed_one(p: &Provider) {
+    let what = format!("{}: a QP made after one destroyed on its CQs", p.name);
+    let pair = p.pair();
+    let inbox = register(&pair.b.pd, 64, LOCAL);
+    pair.b
+        .qp
+        .post_recv(RecvRequest::new(1).sge(sge(&inbox, 0, 64)))
+        .unwrap();
+    pair.b
+        .qp
+        .modify(
+            &rdmx::QpAttr {
+                qp_state: QpState::Err,
+                ..Default::default()
+            },
+            rdmx::QpAttrMask::STATE,
+        )
+        .unwrap();
+    let super::Pair { a: _a, b } = pair;
+    let super::Side { pd, scq, rcq, qp } = b;
+    drop(qp);
+    let caps = rdmx::QpCaps::default();
+    let c = pd.create_qp(&scq, &rcq, caps).unwrap();
+    let init = rdmx::QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        qp_access_flags: p.options().access,
+        ..Default::default()
+    };
+    let mask = rdmx::QpAttrMask::STATE
+        | rdmx::QpAttrMask::PKEY_INDEX
+        | rdmx::QpAttrMask::PORT
+        | rdmx::QpAttrMask::ACCESS_FLAGS;
+    c.modify(&init, mask)
+        .unwrap_or_else(|e| panic!("{what}: RESET to INIT: {e}"));
+    c.post_recv(RecvRequest::new(7).sge(sge(&inbox, 0, 64)))
+        .unwrap();
+    let start = Instant::now();
+    while start.elapsed() < std::time::Duration::from_millis(300) {
+        if let Some(got) = rcq.poll_one().unwrap() {
+            assert_ne!(
+                got.qp_num,
+                c.qp_num(),
+                "{what}: the new QP got a completion: {got:?}"
+            );
+        }
+    }
+}

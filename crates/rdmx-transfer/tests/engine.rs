@@ -590,29 +590,47 @@ fn an_engine_back_under_its_name_replaces_its_old_connection() {
     assert!(write_once(&a, &src, &seg));
 }
 
+/// Engines "a" and "b" on tcp, each with a 4 KiB "dst" peers may write and a 4 KiB
+/// "src" of its own.
+struct Both {
+    a: Engine,
+    b: Engine,
+    sa: rdmx_transfer::LocalBuf,
+    sb: rdmx_transfer::LocalBuf,
+    _dst: [rdmx_transfer::LocalBuf; 2],
+}
+
+fn both() -> Both {
+    let a = Engine::new("a", tcp_rails(1)).unwrap();
+    let b = Engine::new("b", tcp_rails(1)).unwrap();
+    let dst = |e: &Engine| e.register("dst", 4096, Access::REMOTE_WRITE).unwrap();
+    let src = |e: &Engine, seed| {
+        e.register("src", pattern(seed, 4096), Access::LOCAL_WRITE)
+            .unwrap()
+    };
+    Both {
+        sa: src(&a, 1),
+        sb: src(&b, 2),
+        _dst: [dst(&a), dst(&b)],
+        a,
+        b,
+    }
+}
+
 /// Two engines that open each other at once agree on one connection: whatever the
 /// two opens returned, opening again on either side gives a segment that works.
 #[test]
 fn engines_that_open_each_other_at_once_agree_on_one_connection() {
     for round in 0..8 {
-        let a = Engine::new("a", tcp_rails(1)).unwrap();
-        let b = Engine::new("b", tcp_rails(1)).unwrap();
-        let _da = a.register("dst", 4096, Access::REMOTE_WRITE).unwrap();
-        let _db = b.register("dst", 4096, Access::REMOTE_WRITE).unwrap();
-        let sa = a
-            .register("src", pattern(1, 4096), Access::LOCAL_WRITE)
-            .unwrap();
-        let sb = b
-            .register("src", pattern(2, 4096), Access::LOCAL_WRITE)
-            .unwrap();
+        let Both { a, b, sa, sb, .. } = &both();
         std::thread::scope(|s| {
             s.spawn(|| a.open_segment(&b.control_addr().to_string()));
             s.spawn(|| b.open_segment(&a.control_addr().to_string()));
         });
-        let ab = open_peer(&a, &b);
-        let ba = open_peer(&b, &a);
-        assert!(write_once(&a, &sa, &ab), "round {round}: a to b");
-        assert!(write_once(&b, &sb, &ba), "round {round}: b to a");
+        let ab = open_peer(a, b);
+        let ba = open_peer(b, a);
+        assert!(write_once(a, sa, &ab), "round {round}: a to b");
+        assert!(write_once(b, sb, &ba), "round {round}: b to a");
     }
 }
 
@@ -621,24 +639,15 @@ fn engines_that_open_each_other_at_once_agree_on_one_connection() {
 /// use, and the peer's own segment keeps working.
 #[test]
 fn an_engine_opened_by_its_peer_opens_it_back_by_any_address() {
-    let a = Engine::new("a", tcp_rails(1)).unwrap();
-    let b = Engine::new("b", tcp_rails(1)).unwrap();
-    let _da = a.register("dst", 4096, Access::REMOTE_WRITE).unwrap();
-    let _db = b.register("dst", 4096, Access::REMOTE_WRITE).unwrap();
-    let sa = a
-        .register("src", pattern(1, 4096), Access::LOCAL_WRITE)
-        .unwrap();
-    let sb = b
-        .register("src", pattern(2, 4096), Access::LOCAL_WRITE)
-        .unwrap();
-    let ba = open_peer(&b, &a);
-    assert!(write_once(&b, &sb, &ba));
+    let Both { a, b, sa, sb, .. } = &both();
+    let ba = open_peer(b, a);
+    assert!(write_once(b, sb, &ba));
     let ab = a
         .open_segment(&format!("localhost:{}", b.control_addr().port()))
         .unwrap();
-    assert!(write_once(&a, &sa, &ab), "a to b");
+    assert!(write_once(a, sa, &ab), "a to b");
     assert!(
-        write_once(&b, &sb, &ba),
+        write_once(b, sb, &ba),
         "b's segment after a opened it back"
     );
 }

@@ -311,10 +311,10 @@ fn read_frame(s: &mut TcpStream) -> Vec<u8> {
     p
 }
 
-/// A length-prefixed RDMA WRITE ONLY from the fake peer to `qp`.
-fn write_frame(qp: u32, psn: u32, va: u64, rkey: u32, payload: &[u8]) -> Vec<u8> {
-    let mut r = RcRepr::new(BthRepr {
-        opcode: Opcode::RdmaWriteOnly,
+/// The BTH of a packet from the fake peer to `qp`.
+fn bth(opcode: Opcode, qp: u32, psn: u32, ack_req: bool) -> BthRepr {
+    BthRepr {
+        opcode,
         solicited: false,
         migreq: false,
         pad_count: 0,
@@ -322,20 +322,30 @@ fn write_frame(qp: u32, psn: u32, va: u64, rkey: u32, payload: &[u8]) -> Vec<u8>
         fecn: false,
         becn: false,
         dest_qpn: qp,
-        ack_req: true,
+        ack_req,
         psn,
-    });
+    }
+}
+
+/// `r`, with its payload, behind the tcp provider's length prefix.
+fn framed(r: &RcRepr<'_>) -> Vec<u8> {
+    let mut out = vec![0u8; 4 + r.buffer_len()];
+    let n = r.emit_with_payload(&mut out[4..]).expect("emit a packet");
+    out[..4].copy_from_slice(&(n as u32).to_be_bytes());
+    out.truncate(4 + n);
+    out
+}
+
+/// A length-prefixed RDMA WRITE ONLY from the fake peer to `qp`.
+fn write_frame(qp: u32, psn: u32, va: u64, rkey: u32, payload: &[u8]) -> Vec<u8> {
+    let mut r = RcRepr::new(bth(Opcode::RdmaWriteOnly, qp, psn, true));
     r.reth = Some(RethRepr {
         va,
         rkey,
         dma_len: payload.len() as u32,
     });
     r.payload = payload;
-    let mut out = vec![0u8; 4 + r.buffer_len()];
-    let n = r.emit_with_payload(&mut out[4..]).expect("emit a WRITE");
-    out[..4].copy_from_slice(&(n as u32).to_be_bytes());
-    out.truncate(4 + n);
-    out
+    framed(&r)
 }
 
 /// The NAK code of an acknowledge packet, or `None` for a positive ACK.
@@ -818,24 +828,33 @@ fn connections_that_say_nothing_are_bounded() {
 
 /// A length-prefixed SEND ONLY from the fake peer to `qp`.
 fn send_frame(qp: u32, psn: u32, payload: &[u8]) -> Vec<u8> {
-    let mut r = RcRepr::new(BthRepr {
-        opcode: Opcode::SendOnly,
-        solicited: false,
-        migreq: false,
-        pad_count: 0,
-        pkey: 0xffff,
-        fecn: false,
-        becn: false,
-        dest_qpn: qp,
-        ack_req: true,
-        psn,
-    });
+    let mut r = RcRepr::new(bth(Opcode::SendOnly, qp, psn, true));
     r.payload = payload;
-    let mut out = vec![0u8; 4 + r.buffer_len()];
-    let n = r.emit_with_payload(&mut out[4..]).expect("emit a SEND");
-    out[..4].copy_from_slice(&(n as u32).to_be_bytes());
-    out.truncate(4 + n);
-    out
+    framed(&r)
+}
+
+/// Moves `qp` to `state`.
+fn move_to(qp: &QueuePair, state: QpState) {
+    let attr = rdmx::QpAttr {
+        qp_state: state,
+        ..Default::default()
+    };
+    qp.modify(&attr, rdmx::QpAttrMask::STATE)
+        .unwrap_or_else(|e| panic!("to {state:?}: {e}"));
+}
+
+/// Waits until byte `at` of `mr` is `value` (the victim placed a payload that far).
+fn wait_byte(mr: &rdmx::MrRef, at: usize, value: u8, what: &str) {
+    let start = Instant::now();
+    loop {
+        let mut b = [0u8; 1];
+        mr.read_at(at, &mut b).expect("read");
+        if b[0] == value {
+            return;
+        }
+        assert!(start.elapsed() < DEADLINE, "{what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// A SEND whose payload stops part-way before the peer closes does not complete its
@@ -984,14 +1003,7 @@ fn flushed_requests_send_nothing_of_their_memory() {
     v.qp.post_send(SendRequest::write(1, to).sge(LocalSge::new(&big, 0, BIG).expect("SGE")))
         .expect("post");
     std::thread::sleep(Duration::from_millis(200));
-    v.qp.modify(
-        &rdmx::QpAttr {
-            qp_state: QpState::Err,
-            ..Default::default()
-        },
-        rdmx::QpAttrMask::STATE,
-    )
-    .expect("to ERR");
+    move_to(&v.qp, QpState::Err);
     let mut flushed = false;
     while !flushed {
         let c = wait_one(&v.cq, "the flushed WRITE");
@@ -1047,16 +1059,12 @@ fn a_write_part_way_read_stops_at_deregistration() {
     s.write_all(&f[..half]).expect("send half of a WRITE");
     // The first half is in place once the victim has read it.
     let keep = v.mr.share();
-    let start = Instant::now();
-    loop {
-        let mut b = [0u8; 1];
-        keep.read_at(REGION / 2 - 1 - 16, &mut b).expect("read");
-        if b[0] == 0xEE {
-            break;
-        }
-        assert!(start.elapsed() < DEADLINE, "the first half never landed");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_byte(
+        &keep,
+        REGION / 2 - 1 - 16,
+        0xEE,
+        "the first half never landed",
+    );
     let Victim { qp, cq, mr, before } = v;
     drop(mr);
     s.write_all(&f[half..]).expect("send the rest");
@@ -1084,25 +1092,8 @@ fn a_reset_part_way_through_a_send_completes_nothing_with_success() {
     s.write_all(&f[..f.len() - 16])
         .expect("send part of a frame");
     // The headers are read once the first payload bytes are placed.
-    let keep = v.mr.share();
-    let start = Instant::now();
-    loop {
-        let mut b = [0u8; 1];
-        keep.read_at(0, &mut b).expect("read");
-        if b[0] == 0xEE {
-            break;
-        }
-        assert!(start.elapsed() < DEADLINE, "the payload never started");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    v.qp.modify(
-        &rdmx::QpAttr {
-            qp_state: QpState::Reset,
-            ..Default::default()
-        },
-        rdmx::QpAttrMask::STATE,
-    )
-    .expect("to RESET");
+    wait_byte(&v.mr.share(), 0, 0xEE, "the payload never started");
+    move_to(&v.qp, QpState::Reset);
     let start = Instant::now();
     while start.elapsed() < Duration::from_millis(300) {
         if let Some(c) = v.cq.poll_one().expect("poll") {
@@ -1140,18 +1131,12 @@ fn a_read_response_cut_short_fails_the_read_only() {
         .bth
         .psn;
     assert_eq!(read, (send + 1) & 0xff_ffff);
-    let mut r = RcRepr::new(BthRepr {
-        opcode: Opcode::RdmaReadResponseOnly,
-        solicited: false,
-        migreq: false,
-        pad_count: 0,
-        pkey: 0xffff,
-        fecn: false,
-        becn: false,
-        dest_qpn: v.qp.qp_num(),
-        ack_req: false,
-        psn: read,
-    });
+    let mut r = RcRepr::new(bth(
+        Opcode::RdmaReadResponseOnly,
+        v.qp.qp_num(),
+        read,
+        false,
+    ));
     r.aeth = Some(rdmx_wire::AethRepr {
         syndrome: Syndrome::Ack {
             credits: rdmx_wire::Credits::UNLIMITED,
@@ -1160,12 +1145,7 @@ fn a_read_response_cut_short_fails_the_read_only() {
     });
     let payload = [0xAB; 64];
     r.payload = &payload;
-    let mut f = vec![0u8; 4 + r.buffer_len()];
-    let n = r
-        .emit_with_payload(&mut f[4..])
-        .expect("emit a READ response");
-    f[..4].copy_from_slice(&(n as u32).to_be_bytes());
-    f.truncate(4 + n);
+    let f = framed(&r);
     s.write_all(&f[..f.len() - 32])
         .expect("send part of the response");
     s.shutdown(std::net::Shutdown::Write).expect("shutdown");

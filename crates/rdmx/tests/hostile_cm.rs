@@ -94,6 +94,13 @@ fn cm_attack(attack: impl FnOnce(&mut TcpStream) + Send + 'static, expect: &str)
 
     // The listener still serves a valid peer.
     let (qp2, _cq2) = qp_in(&pd);
+    serves_a_valid_peer(&listener, &qp2);
+}
+
+/// `listener` connects `qp` to a valid peer that dials it: both QPs end in RTS, each side
+/// with the other's private data.
+fn serves_a_valid_peer(listener: &cm::Listener, qp: &QueuePair) {
+    let addr = listener.local_addr().expect("addr");
     let cli = tcp();
     let cli_pd = cli.alloc_pd();
     let (cqp, _ccq) = qp_in(&cli_pd);
@@ -110,7 +117,7 @@ fn cm_attack(attack: impl FnOnce(&mut TcpStream) + Send + 'static, expect: &str)
     });
     let got = listener
         .accept(
-            std::slice::from_ref(&qp2),
+            std::slice::from_ref(qp),
             &ConnectOptions::default(),
             b"server",
             DEADLINE,
@@ -119,7 +126,7 @@ fn cm_attack(attack: impl FnOnce(&mut TcpStream) + Send + 'static, expect: &str)
     assert_eq!(got, b"client");
     let (theirs, cqp, _cli) = peer.join().expect("the valid peer");
     assert_eq!(theirs, b"server");
-    assert_eq!((qp2.state(), cqp.state()), (QpState::Rts, QpState::Rts));
+    assert_eq!((qp.state(), cqp.state()), (QpState::Rts, QpState::Rts));
 }
 
 fn cm_head(n: u32, plen: u32) -> Vec<u8> {
@@ -317,29 +324,5 @@ fn cm_peer_that_cannot_be_reached_leaves_the_qps_in_reset() {
     attacker.join().expect("the attacker thread");
     assert_eq!(qp.state(), QpState::Reset, "after {err}");
 
-    let cli = tcp();
-    let cli_pd = cli.alloc_pd();
-    let (cqp, _ccq) = qp_in(&cli_pd);
-    let peer = std::thread::spawn(move || {
-        let got = cm::connect(
-            addr,
-            std::slice::from_ref(&cqp),
-            &ConnectOptions::default(),
-            b"client",
-            DEADLINE,
-        )
-        .expect("a valid peer connects");
-        (got, cqp, cli)
-    });
-    let got = listener
-        .accept(
-            std::slice::from_ref(&qp),
-            &ConnectOptions::default(),
-            b"server",
-            DEADLINE,
-        )
-        .expect("accept a valid peer with the same queue pair");
-    assert_eq!(got, b"client");
-    let (_, cqp, _cli) = peer.join().expect("the valid peer");
-    assert_eq!((qp.state(), cqp.state()), (QpState::Rts, QpState::Rts));
+    serves_a_valid_peer(&listener, &qp);
 }

@@ -649,6 +649,23 @@ pub(crate) fn ud_with_a_shared_receive_queue(p: &Provider) {
     assert_quiet(&cq, "no third datagram");
 }
 
+/// `e`'s receive 7 completed in error (any status but success and a flush), the QP went
+/// to ERR, and receive 8 behind it was flushed.
+fn failed_then_flushed(e: &Ep, what: &str) {
+    let cs = wait_n(&e.rcq, 2, what);
+    assert_eq!(cs[0].wr_id, 7, "{what}: {cs:?}");
+    assert!(
+        !matches!(cs[0].status, WcStatus::Success | WcStatus::WrFlushErr),
+        "{what}: {cs:?}"
+    );
+    assert_eq!(
+        (cs[1].wr_id, cs[1].status),
+        (8, WcStatus::WrFlushErr),
+        "{what}: {cs:?}"
+    );
+    assert_eq!(e.qp.state(), QpState::Err, "{what}");
+}
+
 /// A receive that fails (its lkey names a deregistered region) fails a UD or UC queue
 /// pair as it does an RC one: the receive completes in error, the QP goes to ERR, and
 /// the receive behind it is flushed rather than filled by the next message.
@@ -680,18 +697,7 @@ pub(crate) fn receives_in_error_fail_ud_and_uc_qps(p: &Provider) {
     }
     wait_n(&tx.scq, 2, "the UD sends");
     let what = format!("{}: UD receive with a stale lkey", p.name);
-    let cs = wait_n(&rx.rcq, 2, &what);
-    assert_eq!(cs[0].wr_id, 7, "{what}: {cs:?}");
-    assert!(
-        !matches!(cs[0].status, WcStatus::Success | WcStatus::WrFlushErr),
-        "{what}: {cs:?}"
-    );
-    assert_eq!(
-        (cs[1].wr_id, cs[1].status),
-        (8, WcStatus::WrFlushErr),
-        "{what}: {cs:?}"
-    );
-    assert_eq!(rx.qp.state(), QpState::Err, "{what}");
+    failed_then_flushed(&rx, &what);
 
     let Some((a, b)) = uc_pair(p) else { return };
     let what = format!("{}: UC receive with a stale lkey", p.name);
@@ -708,18 +714,7 @@ pub(crate) fn receives_in_error_fail_ud_and_uc_qps(p: &Provider) {
             .unwrap();
     }
     wait_n(&a.scq, 2, "the UC sends");
-    let cs = wait_n(&b.rcq, 2, &what);
-    assert_eq!(cs[0].wr_id, 7, "{what}: {cs:?}");
-    assert!(
-        !matches!(cs[0].status, WcStatus::Success | WcStatus::WrFlushErr),
-        "{what}: {cs:?}"
-    );
-    assert_eq!(
-        (cs[1].wr_id, cs[1].status),
-        (8, WcStatus::WrFlushErr),
-        "{what}: {cs:?}"
-    );
-    assert_eq!(b.qp.state(), QpState::Err, "{what}");
+    failed_then_flushed(&b, &what);
 }
 
 /// The limit of a shared receive queue counts the receives messages consume: a datagram

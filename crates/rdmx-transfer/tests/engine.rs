@@ -646,8 +646,5 @@ fn an_engine_opened_by_its_peer_opens_it_back_by_any_address() {
         .open_segment(&format!("localhost:{}", b.control_addr().port()))
         .unwrap();
     assert!(write_once(a, sa, &ab), "a to b");
-    assert!(
-        write_once(b, sb, &ba),
-        "b's segment after a opened it back"
-    );
+    assert!(write_once(b, sb, &ba), "b's segment after a opened it back");
 }

@@ -689,8 +689,8 @@ pub(crate) fn a_new_queue_pair_gets_no_completion_of_a_destroyed_one(p: &Provide
         .unwrap();
     let super::Pair { a: _a, b } = pair;
     let super::Side { pd, scq, rcq, qp } = b;
+    let caps = qp.caps();
     drop(qp);
-    let caps = rdmx::QpCaps::default();
     let c = pd.create_qp(&scq, &rcq, caps).unwrap();
     let init = rdmx::QpAttr {
         qp_state: QpState::Init,

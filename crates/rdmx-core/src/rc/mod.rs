@@ -540,6 +540,13 @@ impl<M: MemAccess> RcQp<M> {
         Some(*len)
     }
 
+    /// How long a requester waits for an answer before it gives up: the ack timeout (at
+    /// least [`QpConfig::min_ack_timeout`]) times the tries `retry_cnt` allows; `None`
+    /// with an infinite ack timeout (`timeout` 0).
+    pub fn retry_budget(&self) -> Option<Duration> {
+        requester::timeout_of(self).map(|t| t * (u32::from(self.sm.attrs().retry_cnt) + 1))
+    }
+
     /// The payload of the last packet whose headers came through
     /// [`handle_header`](Self::handle_header) will not arrive whole (the stream ended or
     /// stalled part-way): the completions the headers gave that depend on it (a receive,
@@ -561,12 +568,8 @@ impl<M: MemAccess> RcQp<M> {
             }
         }
         self.header_mark = self.completions.len();
-        if !matches!(self.sm.state(), QpState::Err | QpState::Reset) {
-            let attr = QpAttr {
-                qp_state: QpState::Err,
-                ..QpAttr::default()
-            };
-            let _ = self.modify(&attr, QpAttrMask::STATE);
+        if self.sm.state() != QpState::Reset {
+            self.enter_error();
         }
     }
 

@@ -310,7 +310,7 @@ impl<Mr> Requester<Mr> {
     }
 }
 
-fn timeout_of<M: MemAccess>(qp: &RcQp<M>) -> Option<Duration> {
+pub(crate) fn timeout_of<M: MemAccess>(qp: &RcQp<M>) -> Option<Duration> {
     ack_timeout(qp.sm.attrs().timeout).map(|t| t.max(qp.cfg.min_ack_timeout))
 }
 

@@ -422,16 +422,11 @@ impl Inner {
         self.rx.until_eof()
     }
 
-    /// How long a payload part-way read may wait for its next byte: the QP's ack timeout
-    /// (at least the reliable link's floor) times its tries, as long as a requester
-    /// waits for an answer; `None` with an infinite ack timeout (`timeout` 0).
+    /// How long a payload part-way read may wait for its next byte: as long as a
+    /// requester waits for an answer (the engine's retry budget); `None` with an infinite
+    /// ack timeout.
     fn stall_bound(&self) -> Option<std::time::Duration> {
-        let a = self.engine.attrs();
-        let ack = (a.timeout != 0).then(|| {
-            std::time::Duration::from_nanos(4096u64 << a.timeout.min(31))
-                .max(self.engine.config().min_ack_timeout)
-        })?;
-        Some(ack * (u32::from(a.retry_cnt) + 1))
+        self.engine.retry_budget()
     }
 
     /// Closes the stream, dropping the frames queued for it and the one half received.

@@ -10,13 +10,12 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use mio::net::TcpListener;
-
-use super::stream::StreamError;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use parking_lot::Mutex;
 use slab::Slab;
 
 use super::qp::TcpQp;
+use super::stream::StreamError;
 use super::*;
 use crate::soft::{Handover, Waiting};
 

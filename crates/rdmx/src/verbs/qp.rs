@@ -773,9 +773,7 @@ impl Srq {
         self.shared.limit.store(false, Ordering::Release);
         let limit = u32::try_from(limit)
             .map_err(|_| crate::Error::InvalidArgument("an SRQ limit past u32"))?;
-        self.hw
-            .arm_limit(limit)
-            .map_err(|e| crate::Error::Io("ibv_modify_srq (limit)", e))
+        self.hw.arm_limit(limit).map_err(verb("ibv_modify_srq"))
     }
 
     /// Takes the limit event if it fired.

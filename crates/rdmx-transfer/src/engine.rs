@@ -151,6 +151,15 @@ impl Shared {
         conn
     }
 
+    /// The open connection with the engine named `name`, if any.
+    pub(crate) fn open_conn(&self, name: &str) -> Option<Arc<Conn>> {
+        self.conns
+            .lock()
+            .get(name)
+            .filter(|c| !c.closed.load(Ordering::Acquire))
+            .cloned()
+    }
+
     pub(crate) fn drop_conn(&self, c: &Arc<Conn>) {
         c.closed.store(true, Ordering::Release);
         for p in &c.paths {
@@ -415,14 +424,7 @@ impl Engine {
             // The peer refused because it holds a connection with this engine (one it
             // opened, perhaps at once with this open): that connection serves either side.
             Err(Error::Refused { peer: name, why }) => {
-                let held = self
-                    .shared
-                    .conns
-                    .lock()
-                    .get(&name)
-                    .filter(|c| !c.closed.load(Ordering::Acquire))
-                    .cloned();
-                return match held.or_else(open) {
+                return match self.shared.open_conn(&name).or_else(open) {
                     Some(conn) => {
                         if self.shared.meta.is_p2p() {
                             self.shared

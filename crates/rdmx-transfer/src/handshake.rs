@@ -445,11 +445,7 @@ fn serve(shared: &Arc<Shared>, mut s: TcpStream) -> Result<()> {
             }
         }
         Msg::Probe { name, secret } => {
-            let holds = shared
-                .conns
-                .lock()
-                .get(&name)
-                .is_some_and(|c| c.secret == secret && !c.closed.load(Ordering::Acquire));
+            let holds = shared.open_conn(&name).is_some_and(|c| c.secret == secret);
             match holds {
                 true => Msg::Ready.send(&mut s),
                 false => Msg::Refused("no such connection here".into()).send(&mut s),
@@ -468,12 +464,7 @@ fn serve(shared: &Arc<Shared>, mut s: TcpStream) -> Result<()> {
 /// holds none, or the engine it was made with no longer answers for it (it went, or
 /// restarted: it does not know the connection's secret), so the newcomer replaces it.
 fn held_elsewhere(shared: &Shared, name: &str) -> Option<String> {
-    let old = shared
-        .conns
-        .lock()
-        .get(name)
-        .filter(|c| !c.closed.load(Ordering::Acquire))
-        .cloned()?;
+    let old = shared.open_conn(name)?;
     probe(shared, &old).then(|| {
         format!(
             "an engine named {name:?} is connected here already (its control listener at {} \

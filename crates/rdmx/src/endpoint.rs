@@ -36,9 +36,11 @@ pub enum PeerAddr {
 /// What a peer needs to connect to a queue pair (the fields `ibv_rc_pingpong` exchanges out
 /// of band), plus a connection secret.
 ///
-/// The secret is drawn at random for each queue pair; a transport that strangers can reach
-/// (tcp) accepts a peer only if it presents it, so nobody joins a connection they were not
-/// given. Keep endpoints as private as the data the connection carries.
+/// The secret is drawn at random for each connection: when the queue pair is created, and
+/// again (with the first PSN) whenever it goes back to RESET. A transport that strangers
+/// can reach (tcp, shm) accepts a peer only if it presents it, so nobody joins a connection
+/// they were not given, including the peer of the queue pair's previous one. Keep
+/// endpoints as private as the data the connection carries.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct QpEndpoint {

@@ -728,6 +728,59 @@ fn peers_that_connect_and_stall_are_dropped() {
 }
 
 #[test]
+fn a_reset_queue_pair_refuses_the_secret_of_its_last_connection() {
+    // A QP back in RESET draws a new secret: a peer still holding the endpoint of its
+    // last connection (here it claims the QP number of the next connection's peer) is
+    // refused, and the next connection's peer, given the new endpoint, joins.
+    let mut srv = Server::new();
+    let v = srv.victim();
+    let old = v.qp.endpoint();
+    for state in [QpState::Err, QpState::Reset] {
+        let attr = rdmx::QpAttr {
+            qp_state: state,
+            ..rdmx::QpAttr::default()
+        };
+        v.qp.modify(&attr, rdmx::QpAttrMask::STATE).expect("modify");
+    }
+    let new = v.qp.endpoint();
+    assert_ne!(old.secret, new.secret, "the reset kept the secret");
+    assert_ne!(old.psn, new.psn, "the reset kept the first PSN");
+    // Parked before the QP expects its peer, then after.
+    let mut early = srv.connect_raw();
+    early
+        .write_all(&hello(v.qp.qp_num(), FAKE_QPN, old.secret))
+        .expect("hello");
+    wait_closed(&mut early);
+    wait_logged("WARN", &["did not present the QP's secret"]);
+    let fake = QpEndpoint {
+        qp_num: FAKE_QPN,
+        psn: FAKE_PSN,
+        mtu: 65536,
+        secret: 0,
+        addr: PeerAddr::Ip(SocketAddr::from(([127, 0, 0, 1], 9))),
+    };
+    v.qp.connect(fake, &ConnectOptions::default())
+        .expect("connect");
+    let mut late = srv.connect_raw();
+    late.write_all(&hello(v.qp.qp_num(), FAKE_QPN, old.secret))
+        .expect("hello");
+    wait_closed(&mut late);
+    // The peer with the new endpoint is taken: a WRITE on its stream is acknowledged.
+    let mut s = srv.dial(&v);
+    s.write_all(&write_frame(
+        v.qp.qp_num(),
+        FAKE_PSN,
+        v.mr.addr() as u64,
+        v.mr.rkey(),
+        &pattern(6, 32),
+    ))
+    .expect("send");
+    assert_eq!(nak_of(&read_frame(&mut s)), None);
+    assert_eq!(v.qp.state(), QpState::Rts);
+    srv.check_healthy();
+}
+
+#[test]
 fn stalled_peer_fails_outstanding_requests_with_retry_exceeded() {
     // The peer says hello and then never answers: every request the victim sends must
     // complete with an error within timeout × (retries + 1), not hang (on tcp the ack

@@ -226,6 +226,43 @@ fn a_connection_without_the_secret_is_refused() {
     assert!(v.cq.poll_one().unwrap().is_none());
 }
 
+#[test]
+fn a_reset_queue_pair_refuses_the_secret_of_its_last_connection() {
+    // A QP back in RESET draws a new secret: a peer holding the endpoint of its last
+    // connection cannot connect to it with that.
+    let (v, old_peer) = pair();
+    let old = v.qp.endpoint();
+    for state in [QpState::Err, QpState::Reset] {
+        let attr = rdmx::QpAttr {
+            qp_state: state,
+            ..rdmx::QpAttr::default()
+        };
+        v.qp.modify(&attr, rdmx::QpAttrMask::STATE).unwrap();
+    }
+    drop(old_peer);
+    let new = v.qp.endpoint();
+    assert_ne!(old.secret, new.secret, "the reset kept the secret");
+    // A peer that connects rather than waits, whichever PSN it is given.
+    let mallory = (0..1000)
+        .map(|_| side(false))
+        .find(|m| {
+            let me = m.qp.endpoint();
+            (me.qp_num, me.psn) < (old.qp_num, old.psn.min(new.psn))
+        })
+        .expect("a QP that connects rather than waits");
+    let opts = ConnectOptions::default();
+    v.qp.connect(mallory.qp.endpoint(), &opts).unwrap();
+    assert!(
+        mallory.qp.connect(old, &opts).is_err(),
+        "the reset QP took a connection with its old secret"
+    );
+    wait_logged(
+        "WARN",
+        &["refusing an shm connection", "did not present its secret"],
+    );
+    assert!(v.cq.poll_one().unwrap().is_none());
+}
+
 /// The data path of `qp` once it has its connection (the side that waits for its peer
 /// gets it moments after the peer reached RTR).
 fn data_path(qp: &QueuePair) -> &'static str {

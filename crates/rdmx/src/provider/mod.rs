@@ -286,6 +286,11 @@ pub(crate) trait Qp: Send + Sync + fmt::Debug + Any {
     fn dropped(&self) -> Option<u64> {
         None
     }
+    /// The queue pair went back to RESET, and the facade drew a new first PSN and
+    /// connection secret for its next connection: from now on a peer must present
+    /// `secret`, and a connection that presented the old one and waits for the queue pair
+    /// goes. Providers without a secret (their transport admits no strangers) ignore it.
+    fn rekey(&self, _psn: u32, _secret: u64) {}
     /// `ibv_post_recv`.
     ///
     /// # Safety

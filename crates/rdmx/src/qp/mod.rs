@@ -31,11 +31,30 @@ pub struct QueuePair {
     imp: Box<dyn provider::Qp>,
     pd: ProtectionDomain,
     qp_type: QpType,
-    psn: u32,
-    secret: u64,
+    /// The first PSN and the secret of the QP's next (or current) connection.
+    keys: parking_lot::Mutex<ConnKeys>,
     caps: QpCaps,
     /// The CQs, and the owned buffers of requests in flight.
     parked: InFlight,
+}
+
+/// What a QP's endpoint gives a peer for one connection, drawn at random when the QP is
+/// created and again each time it goes back to RESET.
+#[derive(Debug, Clone, Copy)]
+struct ConnKeys {
+    psn: u32,
+    secret: u64,
+}
+
+impl ConnKeys {
+    fn draw() -> Result<ConnKeys> {
+        let mut random = [0u8; 12];
+        getrandom::fill(&mut random).map_err(|e| Error::Seed(e.to_string()))?;
+        Ok(ConnKeys {
+            psn: u32::from_ne_bytes([random[0], random[1], random[2], 0]) & 0xff_ffff,
+            secret: u64::from_ne_bytes(random[4..].try_into().expect("8 bytes")),
+        })
+    }
 }
 
 /// The owned buffers of a queue pair's requests in flight, and the CQs their completions
@@ -143,10 +162,7 @@ impl ProtectionDomain {
         if caps.max_send_wr == 0 || caps.max_recv_wr == 0 {
             return Err(Error::InvalidArgument("queue depths must be at least 1"));
         }
-        let mut random = [0u8; 12];
-        getrandom::fill(&mut random).map_err(|e| Error::Seed(e.to_string()))?;
-        let psn = u32::from_ne_bytes([random[0], random[1], random[2], 0]) & 0xff_ffff;
-        let secret = u64::from_ne_bytes(random[4..].try_into().expect("8 bytes"));
+        let keys = ConnKeys::draw()?;
         let imp = self.context().device().create_qp(QpInit {
             pd: self.id(),
             qp_type,
@@ -154,14 +170,13 @@ impl ProtectionDomain {
             recv_cq: &recv_cq.parts,
             srq: srq.map(|s| s.imp()),
             caps,
-            psn,
-            secret,
+            psn: keys.psn,
+            secret: keys.secret,
         })?;
         Ok(QueuePair {
             pd: self.clone(),
             qp_type,
-            psn,
-            secret,
+            keys: parking_lot::Mutex::new(keys),
             caps,
             parked: InFlight {
                 bufs: Parking::with_capacity(caps.max_send_wr + caps.max_recv_wr),
@@ -200,7 +215,8 @@ impl QueuePair {
                 "activate is for UD queue pairs; connect RC and UC queue pairs",
             ));
         }
-        for (attr, mask) in rdmx_core::ud_steps(qkey, self.psn) {
+        let psn = self.keys.lock().psn;
+        for (attr, mask) in rdmx_core::ud_steps(qkey, psn) {
             self.modify(&attr, mask)?;
         }
         Ok(())
@@ -286,8 +302,25 @@ impl QueuePair {
     /// On tcp, entering RTR establishes the stream to the peer: the QP dials the peer
     /// given to [`bind_peer`](Self::bind_peer) or waits for the RTR destination QP to
     /// dial it.
+    ///
+    /// Moving a QP in another state back to RESET draws a new first PSN and secret for
+    /// its next connection (see [`endpoint`](Self::endpoint)).
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
-        self.imp.modify(attr, mask)
+        let to_reset = mask.contains(QpAttrMask::STATE) && attr.qp_state == QpState::Reset;
+        // The state before, read under the keys' lock: of two threads resetting at once,
+        // at least the second draws new keys.
+        let mut keys = self.keys.lock();
+        let was_reset = to_reset && self.imp.state() == QpState::Reset;
+        if !to_reset {
+            drop(keys);
+            return self.imp.modify(attr, mask);
+        }
+        self.imp.modify(attr, mask)?;
+        if !was_reset {
+            *keys = ConnKeys::draw()?;
+            self.imp.rekey(keys.psn, keys.secret);
+        }
+        Ok(())
     }
 
     /// Names the peer QP before a manual move to RTR (the address vector of verbs).
@@ -298,12 +331,17 @@ impl QueuePair {
     }
 
     /// This side's endpoint, to hand to the peer.
+    ///
+    /// A QP moved back to RESET draws a new first PSN and secret for its next
+    /// connection: take its endpoint again after the reset. A peer holding the endpoint
+    /// of an earlier connection cannot join the next one.
     pub fn endpoint(&self) -> QpEndpoint {
+        let keys = *self.keys.lock();
         QpEndpoint {
             qp_num: self.qp_num(),
-            psn: self.psn,
+            psn: keys.psn,
             mtu: self.pd.context().capabilities().active_mtu.bytes(),
-            secret: self.secret,
+            secret: keys.secret,
             addr: self.imp.address(),
         }
     }
@@ -356,7 +394,7 @@ impl QueuePair {
             mtu,
             dest_qpn: peer.qp_num,
             rq_psn: peer.psn,
-            sq_psn: self.psn,
+            sq_psn: self.keys.lock().psn,
             max_rd_atomic: opts.max_rd_atomic.min(caps.max_qp_init_rd_atom),
             max_dest_rd_atomic: opts.max_dest_rd_atomic.min(caps.max_qp_rd_atom),
             timeout: opts.timeout,

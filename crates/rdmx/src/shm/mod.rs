@@ -568,6 +568,9 @@ impl Transport for Link {
     fn address(&self) -> PeerAddr {
         self.qp.driver.addr()
     }
+    fn rekey(&self, psn: u32, secret: u64) {
+        self.qp.driver.rekey(&self.qp, psn, secret);
+    }
     fn bind_peer(&self, peer: &QpEndpoint, timeout: Duration) -> Result<()> {
         let PeerAddr::Unix { pid, id } = peer.addr else {
             return Err(Error::InvalidArgument(

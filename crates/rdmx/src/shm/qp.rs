@@ -133,8 +133,6 @@ impl Conn {
 /// An shm queue pair, shared by its handle and the driver.
 pub(crate) struct ShmQp {
     pub(crate) qpn: u32,
-    /// The secret a peer connecting to this QP must present.
-    pub(crate) secret: u64,
     pub(crate) token: usize,
     pub(crate) driver: Arc<Driver>,
     pub(crate) inner: Mutex<Inner>,
@@ -184,6 +182,9 @@ pub(crate) struct Inner {
     pub(crate) expect_peer: Option<u32>,
     pub(crate) peer: Option<Peer>,
     pub(crate) my_psn: u32,
+    /// The secret a peer connecting to this QP must present (its endpoint's, drawn again
+    /// when the QP goes back to RESET).
+    pub(crate) secret: u64,
     pub(crate) connect_timeout: Duration,
     /// The deadlines of this QP's entries in the driver's timer heap (see `soft::Armed`).
     timer: soft::Armed,
@@ -212,7 +213,6 @@ impl ShmQp {
     ) -> ShmQp {
         ShmQp {
             qpn,
-            secret,
             token,
             driver,
             inner: Mutex::new(Inner {
@@ -237,6 +237,7 @@ impl ShmQp {
                 expect_peer: None,
                 peer: None,
                 my_psn: 0,
+                secret,
                 connect_timeout: Duration::from_secs(10),
                 timer: soft::Armed::default(),
                 executed_at_post: 0,

@@ -9,7 +9,7 @@ use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use super::qp::{Conn, ShmQp};
+use super::qp::{Conn, Inner, ShmQp};
 use super::ring::Segment;
 use super::{hs_token, local_peer, mapped, socket_name, sys, Driver, HANDSHAKE_TIMEOUT, MIN_RING};
 use crate::{Error, Result};
@@ -283,11 +283,16 @@ impl Driver {
         let Some(qp) = qp else {
             return Err(format!("QP {to} (from QP {from}) does not exist"));
         };
-        if secret != qp.secret {
-            return Err(format!(
-                "the connection to QP {to} from QP {from} did not present its secret"
-            ));
-        }
+        let presented = |g: &Inner| {
+            if secret == g.secret {
+                Ok(())
+            } else {
+                Err(format!(
+                    "the connection to QP {to} from QP {from} did not present its secret"
+                ))
+            }
+        };
+        presented(&qp.inner.lock())?;
         let mut fds = fds.into_iter();
         let Some(memfd) = fds.next() else {
             return Err("the hello lacks the segment".into());
@@ -321,7 +326,11 @@ impl Driver {
             mapped,
             peer_gone: Arc::default(),
         };
+        // Checked again under the lock that a reset's new secret takes, under which the
+        // connection is attached or parked: none presenting the old secret outlives the
+        // reset ([`Driver::rekey`]).
         let mut g = qp.inner.lock();
+        presented(&g)?;
         if g.attached() {
             return Err(format!("a second connection for connected QP {to}"));
         }
@@ -335,6 +344,15 @@ impl Driver {
             self.pending.park(to, from, conn);
         }
         Ok(())
+    }
+
+    /// `qp` went back to RESET with first PSN `psn` and secret `secret`: a connection
+    /// parked for it presented the old secret, and goes.
+    pub(super) fn rekey(&self, qp: &ShmQp, psn: u32, secret: u64) {
+        let mut g = qp.inner.lock();
+        g.my_psn = psn;
+        g.secret = secret;
+        self.pending.remove(qp.qpn);
     }
 
     /// Closes handshakes and parked connections that waited too long.

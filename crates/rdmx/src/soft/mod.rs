@@ -362,6 +362,9 @@ pub(crate) trait Transport: Send + Sync + std::fmt::Debug + 'static {
     fn quiesce(&self) -> bool {
         true
     }
+    /// The queue pair went back to RESET with a new first PSN and secret
+    /// ([`provider::Qp::rekey`]).
+    fn rekey(&self, _psn: u32, _secret: u64) {}
 }
 
 /// A software queue pair: the RC engine over transport `T`.
@@ -400,6 +403,9 @@ impl<T: Transport> provider::Qp for SoftQp<T> {
     }
     fn quiesce(&self) -> bool {
         self.transport.quiesce()
+    }
+    fn rekey(&self, psn: u32, secret: u64) {
+        self.transport.rekey(psn, secret)
     }
     unsafe fn post_send(&self, wr: &SendWr, inline: Option<&[u8]>) -> Result<()> {
         self.transport.post_send(wr, inline)

@@ -414,6 +414,15 @@ impl Driver {
         Ok(())
     }
 
+    /// `qp` went back to RESET with first PSN `psn` and secret `secret`: a stream parked
+    /// for it presented the old secret, and goes.
+    pub(super) fn rekey(&self, qp: &TcpQp, psn: u32, secret: u64) {
+        let mut g = qp.inner.lock();
+        g.my_psn = psn;
+        g.secret = secret;
+        self.pending.remove(qp.qpn);
+    }
+
     /// Lets QP `from` dial `qp`, taking its stream if it already did.
     pub(super) fn expect(&self, qp: &TcpQp, from: u32) -> Result<()> {
         let mut g = qp.inner.lock();
@@ -667,7 +676,11 @@ impl Driver {
             );
             return;
         };
-        if secret != qp.secret {
+        // The secret is checked under the QP's lock, which a reset's new secret takes
+        // too, and the stream is attached or parked under it: none presenting the old
+        // secret outlives the reset ([`Driver::rekey`]).
+        let mut g = qp.inner.lock();
+        if secret != g.secret {
             tracing::warn!(
                 to,
                 from,
@@ -675,7 +688,6 @@ impl Driver {
             );
             return;
         }
-        let mut g = qp.inner.lock();
         if TcpQp::attached(&g) {
             tracing::warn!(to, from, "closing a second connection for a connected QP");
         } else if g.expect_peer == Some(from) {

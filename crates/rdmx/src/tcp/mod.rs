@@ -258,6 +258,9 @@ impl Transport for Link {
     fn address(&self) -> PeerAddr {
         PeerAddr::Ip(self.qp.driver.local_addr())
     }
+    fn rekey(&self, psn: u32, secret: u64) {
+        self.qp.driver.rekey(&self.qp, psn, secret);
+    }
     fn bind_peer(&self, peer: &QpEndpoint, timeout: Duration) -> Result<()> {
         let PeerAddr::Ip(addr) = peer.addr else {
             return Err(Error::InvalidArgument(

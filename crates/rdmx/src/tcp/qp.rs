@@ -22,8 +22,6 @@ pub(super) const READ_BUDGET: u64 = 1 << 20;
 /// A tcp queue pair, shared by its handle and the driver.
 pub(crate) struct TcpQp {
     pub(crate) qpn: u32,
-    /// The secret a peer dialing this QP must present.
-    pub(crate) secret: u64,
     pub(crate) token: usize,
     pub(crate) driver: Arc<Driver>,
     pub(crate) inner: Mutex<Inner>,
@@ -53,6 +51,9 @@ pub(crate) struct Inner {
     pub(crate) peer: Option<(std::net::SocketAddr, u32, u32, u64)>,
     /// This QP's first PSN, as its endpoint gives it.
     pub(crate) my_psn: u32,
+    /// The secret a peer dialing this QP must present (its endpoint's, drawn again when
+    /// the QP goes back to RESET).
+    pub(crate) secret: u64,
     pub(crate) connect_timeout: std::time::Duration,
     writable: bool,
     /// Transmission deferred to the driver's next busy-poll round ([`TcpQp::readable`]).
@@ -81,7 +82,6 @@ impl TcpQp {
     ) -> TcpQp {
         TcpQp {
             qpn,
-            secret,
             token,
             driver,
             inner: Mutex::new(Inner {
@@ -98,6 +98,7 @@ impl TcpQp {
                 expect_peer: None,
                 peer: None,
                 my_psn: 0,
+                secret,
                 connect_timeout: std::time::Duration::from_secs(10),
                 writable: false,
                 owed: false,

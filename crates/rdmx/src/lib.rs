@@ -177,7 +177,7 @@ pub use cq::CompletionQueue;
 pub use endpoint::{ConnectOptions, PeerAddr, QpEndpoint, RemoteRegion};
 pub use error::{Error, Result};
 pub use mr::MemoryRegion;
-pub use owned::{CachedBuf, OwnedBuf};
+pub use owned::{CachedBuf, OwnedBuf, RESERVED_WR_IDS};
 pub use provider::{AtomicCap, Capabilities, DeviceInfo, MrRef, ProviderConfig, QpCaps, Transport};
 pub use qp::{LocalSge, QueuePair, RecvRequest, SendRequest};
 pub use rdmx_core::{

@@ -206,31 +206,88 @@ pub(crate) enum Side {
     Recv,
 }
 
-/// The buffers a queue pair holds for requests in flight (`None`: a slot reserved by a
-/// post that has not parked its buffer yet).
+/// Request ids rdmx keeps for its own requests: an owned-buffer request goes to the
+/// provider under one of these, and its completion comes back with the id it was posted
+/// with. Posts naming one ([`QueuePair::post_send`](crate::QueuePair::post_send) and the
+/// rest, owned ones included) are refused, so that no other request's completion can be
+/// taken for an owned request's and give its buffer back while the provider still
+/// reaches it.
+pub const RESERVED_WR_IDS: std::ops::RangeInclusive<u64> =
+    0xfffe_0000_0000_0000..=0xfffe_ffff_ffff_ffff;
+const RESERVED_MASK: u64 = 0xffff << 48;
+/// The ids of the async API's operations: this and the operation's slot.
+#[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+pub(crate) const ASYNC_IDS: u64 = *RESERVED_WR_IDS.start() | 1 << 47;
+#[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+const ASYNC_MASK: u64 = RESERVED_MASK | 1 << 47;
+
+/// Whether `wr_id` is one of [`RESERVED_WR_IDS`].
+pub(crate) fn is_reserved(wr_id: u64) -> bool {
+    wr_id & RESERVED_MASK == *RESERVED_WR_IDS.start()
+}
+
+/// The async operation's slot `wr_id` names, if it names one.
+#[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+pub(crate) fn async_slot(wr_id: u64) -> Option<u64> {
+    (wr_id & ASYNC_MASK == ASYNC_IDS).then_some(wr_id & !ASYNC_MASK)
+}
+
+/// Refuses a request id the application may not post ([`RESERVED_WR_IDS`]).
+pub(crate) fn check_wr_id(wr_id: u64) -> Result<()> {
+    if is_reserved(wr_id) {
+        return Err(Error::InvalidArgument(
+            "request ids 0xfffe_0000_0000_0000 to 0xfffe_ffff_ffff_ffff are rdmx's own \
+             (RESERVED_WR_IDS)",
+        ));
+    }
+    Ok(())
+}
+
+/// The buffers a queue pair holds for requests in flight, by the id they were posted with
+/// and their queue, each with the reserved id it went to the provider under (`buf` `None`:
+/// a slot reserved by a post that has not parked its buffer yet).
 #[derive(Debug, Default)]
 pub(crate) struct Parking {
-    slots: Mutex<HashMap<(u64, Side), Option<Parked>>>,
+    slots: Mutex<HashMap<(u64, Side), Slot>>,
+    /// The next reserved id of an owned request posted through the blocking API.
+    next: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Debug)]
+struct Slot {
+    /// The id the provider has.
+    id: u64,
+    buf: Option<Parked>,
 }
 
 impl Parking {
     pub(crate) fn with_capacity(n: usize) -> Parking {
         Parking {
             slots: Mutex::new(HashMap::with_capacity(n)),
+            next: Default::default(),
         }
     }
 
-    /// Whether a buffer is parked (or a post reserved the slot) for `wr_id` on `side`.
-    pub(crate) fn holds(&self, wr_id: u64, side: Side) -> bool {
-        self.slots.lock().contains_key(&(wr_id, side))
+    /// A reserved id for an owned request posted through the blocking API (one not seen
+    /// before on this queue pair until 2^47 more such posts).
+    pub(crate) fn fresh_id(&self) -> u64 {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        *RESERVED_WR_IDS.start() | (n & ((1 << 47) - 1))
     }
 
-    /// Reserves the slot of `wr_id` on `side` for a post; false if it is taken.
-    pub(crate) fn reserve(&self, wr_id: u64, side: Side) -> bool {
+    /// The id the provider has for the request posted as `wr_id` on `side`, if a buffer
+    /// is parked (or a post reserved the slot) for it.
+    pub(crate) fn holds(&self, wr_id: u64, side: Side) -> Option<u64> {
+        self.slots.lock().get(&(wr_id, side)).map(|s| s.id)
+    }
+
+    /// Reserves the slot of `wr_id` on `side` for a post that gives the provider `id`;
+    /// false if it is taken.
+    pub(crate) fn reserve(&self, wr_id: u64, side: Side, id: u64) -> bool {
         match self.slots.lock().entry((wr_id, side)) {
             std::collections::hash_map::Entry::Occupied(_) => false,
             std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(None);
+                v.insert(Slot { id, buf: None });
                 true
             }
         }
@@ -239,38 +296,41 @@ impl Parking {
     /// Gives back a slot [`reserve`](Self::reserve) took, its post failed.
     pub(crate) fn unreserve(&self, wr_id: u64, side: Side) {
         let mut slots = self.slots.lock();
-        if let Some(None) = slots.get(&(wr_id, side)) {
+        if let Some(Slot { buf: None, .. }) = slots.get(&(wr_id, side)) {
             slots.remove(&(wr_id, side));
         }
     }
 
     /// Parks `buf` in the slot its post reserved.
     pub(crate) fn park(&self, wr_id: u64, side: Side, buf: Parked) {
-        self.slots.lock().insert((wr_id, side), Some(buf));
+        if let Some(slot) = self.slots.lock().get_mut(&(wr_id, side)) {
+            slot.buf = Some(buf);
+        }
     }
 
     /// Takes the buffer parked for `wr_id` on `side`, if it is a `B`.
     pub(crate) fn take<B: OwnedBuf>(&self, wr_id: u64, side: Side) -> Option<B> {
         let mut slots = self.slots.lock();
-        let p = slots.remove(&(wr_id, side))?;
-        match p.map(B::unpark) {
-            Some(Ok(b)) => Some(b),
+        let slot = slots.get_mut(&(wr_id, side))?;
+        match slot.buf.take().map(B::unpark) {
+            Some(Ok(b)) => {
+                slots.remove(&(wr_id, side));
+                Some(b)
+            }
             Some(Err(p)) => {
-                slots.insert((wr_id, side), Some(p));
+                slot.buf = Some(p);
                 None
             }
-            None => {
-                slots.insert((wr_id, side), None);
-                None
-            }
+            None => None,
         }
     }
 
-    /// Takes every parked buffer (the queue pair is being destroyed).
+    /// Takes every parked buffer (the queue pair is being destroyed), with the id the
+    /// provider had for its request.
     pub(crate) fn drain(&self) -> Vec<(u64, Side, Parked)> {
         std::mem::take(&mut *self.slots.lock())
             .into_iter()
-            .filter_map(|((w, s), p)| Some((w, s, p?)))
+            .filter_map(|((_, side), slot)| Some((slot.id, side, slot.buf?)))
             .collect()
     }
 }

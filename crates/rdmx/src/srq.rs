@@ -36,6 +36,7 @@ impl SharedReceiveQueue {
 
     /// Posts a receive (`ibv_post_srq_recv`).
     pub fn post_recv(&self, req: impl std::borrow::Borrow<RecvRequest>) -> Result<()> {
+        crate::owned::check_wr_id(req.borrow().wr().wr_id)?;
         // SAFETY: every element of a RecvRequest was made by LocalSge::new from a
         // registered region that owns its memory, which safe code only reaches through
         // copies.

@@ -162,6 +162,116 @@ fn a_send_s_completion_does_not_give_back_a_receive_with_the_same_id() {
     assert!(p.b.take_buf::<PoolBuf>(&c).is_some());
 }
 
+/// A plain request posted with the id of an owned one, before or after it, on the same
+/// queue: its completion does not give back the owned buffer, still posted; the owned
+/// request's own completion does, with the bytes that landed in it.
+#[test]
+fn a_plain_request_with_an_owned_request_s_id_does_not_give_its_buffer_back() {
+    let p = pair("loopback");
+    // Receives: a plain one (no elements) first, the owned one behind it.
+    p.b.post_recv(rdmx::RecvRequest::new(7)).unwrap();
+    let rx = p.pool_b.get(64).unwrap();
+    p.b.post_recv_buf(7, rx).map_err(|(e, _)| e).unwrap();
+    p.a.post_send(SendRequest::send(1)).unwrap();
+    let c = wait_one(&p.cq_b, "the empty SEND's receive");
+    assert_eq!((c.wr_id, c.status, c.byte_len), (7, WcStatus::Success, 0));
+    assert!(
+        p.b.take_buf::<PoolBuf>(&c).is_none(),
+        "the plain receive's completion gave back the owned receive's buffer"
+    );
+    assert_eq!(wait_one(&p.cq_a, "the empty SEND").wr_id, 1);
+    let mut tx = p.pool_a.get(5).unwrap();
+    tx.as_mut_slice().unwrap().copy_from_slice(b"owned");
+    p.a.post_send_buf(SendRequest::send(2), tx)
+        .map_err(|(e, _)| e)
+        .unwrap();
+    let c = wait_one(&p.cq_b, "the owned receive");
+    assert_eq!((c.wr_id, c.status, c.byte_len), (7, WcStatus::Success, 5));
+    let rx =
+        p.b.take_buf::<PoolBuf>(&c)
+            .expect("the owned receive's buffer");
+    assert_eq!(&rx.as_slice().unwrap()[..5], b"owned");
+    let c = wait_one(&p.cq_a, "the owned SEND");
+    assert_eq!(c.wr_id, 2);
+    assert!(p.a.take_buf::<PoolBuf>(&c).is_some());
+
+    // Sends: a plain SEND completes while the owned SEND behind it, with its id, waits
+    // for a receive (RNR).
+    p.b.post_recv(rdmx::RecvRequest::new(50)).unwrap();
+    p.a.post_send(SendRequest::send(3)).unwrap();
+    let tx = p.pool_a.get(5).unwrap();
+    p.a.post_send_buf(SendRequest::send(3), tx)
+        .map_err(|(e, _)| e)
+        .unwrap();
+    let c = wait_one(&p.cq_a, "the plain SEND");
+    assert_eq!((c.wr_id, c.status), (3, WcStatus::Success));
+    assert!(
+        p.a.take_buf::<PoolBuf>(&c).is_none(),
+        "the plain SEND's completion gave back the owned SEND's buffer"
+    );
+    assert_eq!(wait_one(&p.cq_b, "the plain SEND's receive").wr_id, 50);
+    let rx = p.pool_b.get(64).unwrap();
+    p.b.post_recv_buf(51, rx).map_err(|(e, _)| e).unwrap();
+    let c = wait_one(&p.cq_a, "the owned SEND");
+    assert_eq!((c.wr_id, c.status), (3, WcStatus::Success));
+    assert_eq!(p.a.take_buf::<PoolBuf>(&c).map(|b| b.len()), Some(5));
+}
+
+/// The ids rdmx keeps for its owned and async requests are refused on every post, so no
+/// request can complete under one of them but its own.
+#[test]
+fn reserved_request_ids_are_refused() {
+    let p = pair("loopback");
+    for r in 100..103 {
+        p.b.post_recv(rdmx::RecvRequest::new(r)).unwrap();
+    }
+    for id in [
+        *rdmx::RESERVED_WR_IDS.start(),
+        *rdmx::RESERVED_WR_IDS.end(),
+        *rdmx::RESERVED_WR_IDS.start() | 1 << 47,
+    ] {
+        let refused = |r: rdmx::Result<()>, what: &str| {
+            let e = r.expect_err(what);
+            assert!(e.to_string().contains("RESERVED_WR_IDS"), "{what}: {e}");
+        };
+        refused(p.a.post_send(SendRequest::send(id)), "post_send");
+        refused(
+            p.a.post_send_list(&[SendRequest::send(1), SendRequest::send(id)])
+                .map_err(|(i, e)| {
+                    assert_eq!(i, 1);
+                    e
+                }),
+            "post_send_list",
+        );
+        refused(p.b.post_recv(rdmx::RecvRequest::new(id)), "post_recv");
+        let rx = p.pool_b.get(64).unwrap();
+        refused(
+            p.b.post_recv_buf(id, rx).map_err(|(e, _)| e),
+            "post_recv_buf",
+        );
+        let tx = p.pool_a.get(64).unwrap();
+        refused(
+            p.a.post_send_buf(SendRequest::send(id), tx)
+                .map_err(|(e, _)| e),
+            "post_send_buf",
+        );
+    }
+    // Each list's first request went; the ids on either side of the range are anyone's.
+    for _ in 0..3 {
+        assert_eq!(wait_one(&p.cq_a, "a list's first SEND").wr_id, 1);
+        wait_one(&p.cq_b, "a list's first SEND's receive");
+    }
+    for id in [
+        *rdmx::RESERVED_WR_IDS.start() - 1,
+        *rdmx::RESERVED_WR_IDS.end() + 1,
+    ] {
+        p.b.post_recv(rdmx::RecvRequest::new(id)).unwrap();
+        p.a.post_send(SendRequest::send(id)).unwrap();
+        assert_eq!(wait_one(&p.cq_a, "a SEND").wr_id, id);
+        assert_eq!(wait_one(&p.cq_b, "a receive").wr_id, id);
+    }
+}
+
 /// Two threads post owned receives with the same id at once, 100 times: exactly one of
 /// each pair is taken, the other refused with its buffer (before, both could pass the
 /// check, and the second parked its buffer over the first's, which went back to the pool

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use parking_lot::Mutex;
 use rdmx_core::{Completion, WcStatus};
 
-use crate::owned::{side_of, Side};
+use crate::owned::{self, side_of, Side};
 
 use crate::{Error, Result};
 
@@ -30,10 +30,11 @@ struct CqState {
     overrun: bool,
     /// Armed: `Some(solicited_only)`.
     armed: Option<bool>,
-    /// Owned-buffer requests whose completions are watched for, by (QP number, request
-    /// id, queue): how many are still awaited, and how many were seen
-    /// and not yet taken. A send and a receive may share an id: a completion counts for
-    /// its own queue only (receives complete with a receive opcode, errors included).
+    /// Owned-buffer requests whose completions are watched for, by (QP number, the
+    /// reserved id the provider has, queue): how many are still awaited, how many were
+    /// seen and not yet taken, and the id the application posted it with, which the
+    /// completion is given back. A send and a receive may share an id: a completion counts
+    /// for its own queue only (receives complete with a receive opcode, errors included).
     watched: HashMap<(u32, u64, Side), Watch>,
 }
 
@@ -70,7 +71,7 @@ impl CqCore {
     }
 
     /// Adds a completion; returns false when the queue was full (now overrun).
-    pub(crate) fn push(&self, c: Completion, solicited: bool) -> bool {
+    pub(crate) fn push(&self, mut c: Completion, solicited: bool) -> bool {
         let mut st = self.state.lock();
         if st.overrun || st.entries.len() >= self.capacity {
             st.overrun = true;
@@ -82,16 +83,17 @@ impl CqCore {
             }
             return false;
         }
-        st.entries.push_back(c);
-        self.ready.store(true, Ordering::Release);
-        if !st.watched.is_empty() {
+        if !st.watched.is_empty() && owned::is_reserved(c.wr_id) {
             if let Some(w) = st.watched.get_mut(&(c.qp_num, c.wr_id, side_of(&c))) {
                 if w.awaited > 0 {
                     w.awaited -= 1;
                     w.seen += 1;
                 }
+                c.wr_id = w.wr_id;
             }
         }
+        st.entries.push_back(c);
+        self.ready.store(true, Ordering::Release);
         if let Some(only_solicited) = st.armed {
             if !only_solicited || solicited || c.status != WcStatus::Success {
                 st.armed = None;
@@ -172,15 +174,13 @@ impl CqCore {
         n == 8
     }
 
-    /// Watches for the completion of request `wr_id` on QP `qpn`'s queue `side` (an
-    /// owned-buffer post).
-    pub(crate) fn watch(&self, qpn: u32, wr_id: u64, side: Side) {
-        self.state
-            .lock()
-            .watched
-            .entry((qpn, wr_id, side))
-            .or_default()
-            .awaited += 1;
+    /// Watches for the completion of request `id` (reserved) on QP `qpn`'s queue `side`
+    /// (an owned-buffer post the application named `wr_id`).
+    pub(crate) fn watch(&self, qpn: u32, id: u64, side: Side, wr_id: u64) {
+        let mut st = self.state.lock();
+        let w = st.watched.entry((qpn, id, side)).or_default();
+        w.awaited += 1;
+        w.wr_id = wr_id;
     }
 
     /// Stops watching `wr_id` on `qpn` (its post failed).
@@ -232,4 +232,6 @@ impl CqCore {
 struct Watch {
     awaited: u32,
     seen: u32,
+    /// The id the application posted the request with.
+    wr_id: u64,
 }

@@ -85,14 +85,14 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         let qpn = self.qpn;
-        for (wr_id, side, buf) in self.bufs.drain() {
+        for (id, side, buf) in self.bufs.drain() {
             let cq = self.cq(side);
-            if cq.take_watched(qpn, wr_id, side) {
+            if cq.take_watched(qpn, id, side) {
                 continue;
             }
-            cq.unwatch(qpn, wr_id, side);
+            cq.unwatch(qpn, id, side);
             if self.keep {
-                tracing::warn!(qpn, wr_id, "leaking a buffer a peer may still read");
+                tracing::warn!(qpn, id, "leaking a buffer a peer may still read");
                 std::mem::forget(buf);
             }
         }
@@ -414,6 +414,7 @@ impl QueuePair {
     pub fn post_send<'a>(&self, req: impl Borrow<SendRequest<'a>>) -> Result<()> {
         let req = req.borrow();
         req.check_overflow()?;
+        owned::check_wr_id(req.wr.wr_id)?;
         self.check_type(&req.wr, req.inline, req.ah)?;
         // SAFETY: every element of a SendRequest was made by LocalSge::new from a
         // registered region that owns its memory, which safe code only reaches through
@@ -505,6 +506,7 @@ impl QueuePair {
         for (i, r) in reqs.iter().enumerate() {
             let checked = r
                 .check_overflow()
+                .and_then(|()| owned::check_wr_id(r.wr.wr_id))
                 .and_then(|()| self.check_type(&r.wr, r.inline, r.ah));
             if let Err(e) = checked {
                 refused = Some((i, e));
@@ -529,6 +531,7 @@ impl QueuePair {
     /// their keys. The caller must not hold Rust references to that memory while the
     /// request is outstanding (e.g. a pool buffer's slice in the same slab).
     pub unsafe fn post_send_raw(&self, wr: &SendWr, inline: Option<&[u8]>) -> Result<()> {
+        owned::check_wr_id(wr.wr_id)?;
         // SAFETY: forwarded; the caller upholds this function's contract.
         unsafe { self.imp.post_send(wr, inline) }
     }
@@ -543,6 +546,7 @@ impl QueuePair {
             }
             .into());
         }
+        owned::check_wr_id(req.wr.wr_id)?;
         // SAFETY: as in post_send.
         unsafe { self.imp.post_recv(&req.wr) }
     }
@@ -562,6 +566,7 @@ impl QueuePair {
     ///
     /// As [`post_send_raw`](Self::post_send_raw): the provider writes the named memory.
     pub unsafe fn post_recv_raw(&self, wr: &RecvWr) -> Result<()> {
+        owned::check_wr_id(wr.wr_id)?;
         // SAFETY: forwarded; the caller upholds this function's contract.
         unsafe { self.imp.post_recv(wr) }
     }
@@ -576,8 +581,23 @@ impl QueuePair {
         wr_id: u64,
         buf: B,
     ) -> std::result::Result<(), (Error, B)> {
-        let wr = owned::recv_wr(wr_id, buf.sge());
-        self.post_owned(wr_id, Side::Recv, buf, |imp| {
+        if let Err(e) = owned::check_wr_id(wr_id) {
+            return Err((e, buf));
+        }
+        self.recv_buf(wr_id, self.parked.bufs.fresh_id(), buf)
+    }
+
+    /// [`post_recv_buf`](Self::post_recv_buf), going to the provider as `id` (one of
+    /// [`RESERVED_WR_IDS`](crate::RESERVED_WR_IDS), unique among the queue pair's owned
+    /// requests in flight).
+    pub(crate) fn recv_buf<B: OwnedBuf>(
+        &self,
+        wr_id: u64,
+        id: u64,
+        buf: B,
+    ) -> std::result::Result<(), (Error, B)> {
+        let wr = owned::recv_wr(id, buf.sge());
+        self.post_owned(wr_id, id, Side::Recv, buf, |imp| {
             // SAFETY: the buffer's memory is registered and owned by `buf`, which the
             // queue pair holds (parked) until the request's completion has been polled;
             // nothing else can reach it meanwhile.
@@ -593,6 +613,20 @@ impl QueuePair {
         req: SendRequest<'_>,
         buf: B,
     ) -> std::result::Result<(), (Error, B)> {
+        if let Err(e) = owned::check_wr_id(req.wr.wr_id) {
+            return Err((e, buf));
+        }
+        self.send_buf(req, self.parked.bufs.fresh_id(), buf)
+    }
+
+    /// [`post_send_buf`](Self::post_send_buf), going to the provider as `id` (as in
+    /// [`recv_buf`](Self::recv_buf)).
+    pub(crate) fn send_buf<B: OwnedBuf>(
+        &self,
+        req: SendRequest<'_>,
+        id: u64,
+        buf: B,
+    ) -> std::result::Result<(), (Error, B)> {
         if let Err(e) = owned::check_send(req.wr.flags, req.wr.sges.len() + req.overflow) {
             return Err((e, buf));
         }
@@ -602,23 +636,29 @@ impl QueuePair {
             return Err((e, buf));
         }
         let wr_id = wr.wr_id;
+        wr.wr_id = id;
         let ah = req.ah;
-        self.post_owned(wr_id, Side::Send, buf, |imp| {
-            // SAFETY: as in post_recv_buf.
+        self.post_owned(wr_id, id, Side::Send, buf, |imp| {
+            // SAFETY: as in recv_buf.
             unsafe { self.post_imp(imp, &wr, None, ah) }
         })
     }
 
+    /// Posts an owned request the application names `wr_id`, which goes to the provider
+    /// as `id`: its completion comes back named `wr_id`, and it is the only completion
+    /// that returns the buffer (no other request can be posted as `id`).
     fn post_owned<B: OwnedBuf>(
         &self,
         wr_id: u64,
+        id: u64,
         side: Side,
         buf: B,
         post: impl FnOnce(&dyn provider::Qp) -> Result<()>,
     ) -> std::result::Result<(), (Error, B)> {
+        debug_assert!(owned::is_reserved(id));
         // The slot is taken before the post, so that two posts with one id at once
         // cannot both go (the second would park its buffer over the first's).
-        if !self.parked.bufs.reserve(wr_id, side) {
+        if !self.parked.bufs.reserve(wr_id, side, id) {
             return Err((
                 Error::InvalidArgument("an owned-buffer request with this wr_id is in flight"),
                 buf,
@@ -626,14 +666,14 @@ impl QueuePair {
         }
         let cq = self.cq_of(side);
         // Watched before the post: the completion may come inside it.
-        cq.watch(self.qp_num(), wr_id, side);
+        cq.watch(self.qp_num(), id, side, wr_id);
         match post(self.imp.as_ref()) {
             Ok(()) => {
                 self.parked.bufs.park(wr_id, side, buf.park());
                 Ok(())
             }
             Err(e) => {
-                cq.unwatch(self.qp_num(), wr_id, side);
+                cq.unwatch(self.qp_num(), id, side);
                 self.parked.bufs.unreserve(wr_id, side);
                 Err((e, buf))
             }
@@ -654,17 +694,17 @@ impl QueuePair {
     /// [`take_buf`](Self::take_buf) for a request whose queue the caller knows (the
     /// opcode of an error completion need not say it).
     pub(crate) fn take_buf_on<B: OwnedBuf>(&self, side: Side, wr_id: u64) -> Option<B> {
-        if !self.parked.bufs.holds(wr_id, side) {
-            return None;
-        }
-        if !self.cq_of(side).take_watched(self.qp_num(), wr_id, side) {
+        // Only the completion of the provider's request `id` counts: another request
+        // named `wr_id` (a plain one) completes under `wr_id` itself.
+        let id = self.parked.bufs.holds(wr_id, side)?;
+        if !self.cq_of(side).take_watched(self.qp_num(), id, side) {
             return None;
         }
         let buf = self.parked.bufs.take::<B>(wr_id, side);
         if buf.is_none() {
             // Another buffer type (or its post still parking it): watch again so that a
             // take with the right type works.
-            self.cq_of(side).rewatch_seen(self.qp_num(), wr_id, side);
+            self.cq_of(side).rewatch_seen(self.qp_num(), id, side);
         }
         buf
     }

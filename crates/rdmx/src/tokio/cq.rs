@@ -8,7 +8,8 @@
 //! polls (a busy-polled tcp context, chosen for the lowest latency) it polls instead,
 //! yielding to other tasks between polls, for as long as the queue is awaitable.
 //!
-//! Operations name their slot in the request id: [`TAG`] and the slot's index. A
+//! Operations name their slot in the request id: one of the reserved ids
+//! ([`RESERVED_WR_IDS`](crate::RESERVED_WR_IDS)), which no other post can name. A
 //! completion whose id names a slot of its queue pair wakes that operation (or, when the
 //! operation was dropped, gives the buffer back to its pool); every other completion goes
 //! to [`AsyncCq::next`].
@@ -32,9 +33,6 @@ use crate::owned::Side;
 use crate::provider::CqCore;
 use crate::{CompletionQueue, Error, Result};
 
-/// The request ids of the async API: this bit and the slot's index.
-pub(super) const TAG: u64 = 1 << 63;
-
 /// Completions the driver moves per poll.
 const BATCH: usize = 64;
 
@@ -43,8 +41,9 @@ const BATCH: usize = 64;
 /// completions (of requests posted through the blocking API). Cloning shares the queue.
 ///
 /// Its driver task polls the underlying [`CompletionQueue`]: do not poll that yourself
-/// while the `AsyncCq` lives, or operations miss their completions. Request ids with the
-/// top bit set are the async API's own: blocking posts on its queue pairs use others.
+/// while the `AsyncCq` lives, or operations miss their completions. The operations'
+/// request ids are among [`RESERVED_WR_IDS`](crate::RESERVED_WR_IDS), which no blocking
+/// post can name.
 #[derive(Clone)]
 pub struct AsyncCq {
     handle: Arc<Handle>,
@@ -243,7 +242,7 @@ impl Shared {
             return Err(f.error());
         }
         let i = st.slots.insert(Slot::Waiting { qpn, waker: None });
-        Ok((i, TAG | i as u64))
+        Ok((i, crate::owned::ASYNC_IDS | i as u64))
     }
 
     /// Frees slot `i`: its request was never posted, or its buffer has been taken.
@@ -316,11 +315,7 @@ impl Shared {
         let mut st = self.state.lock();
         let st = &mut *st;
         for c in batch {
-            let slot = if c.wr_id & TAG != 0 {
-                usize::try_from(c.wr_id & !TAG).ok()
-            } else {
-                None
-            };
+            let slot = crate::owned::async_slot(c.wr_id).and_then(|i| usize::try_from(i).ok());
             let ours = slot.filter(|&i| match st.slots.get(i) {
                 Some(Slot::Waiting { qpn, .. }) | Some(Slot::Abandoned { qpn, .. }) => {
                     *qpn == c.qp_num

@@ -265,9 +265,9 @@ fn post<B: OwnedBuf>(
     let posted = match req {
         Some(mut req) => {
             req.set_wr_id(wr_id);
-            qp.qp.post_send_buf(req, buf)
+            qp.qp.send_buf(req, wr_id, buf)
         }
-        None => qp.qp.post_recv_buf(wr_id, buf),
+        None => qp.qp.recv_buf(wr_id, wr_id, buf),
     };
     match posted {
         Ok(()) => State::Posted {

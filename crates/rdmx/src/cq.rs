@@ -82,7 +82,8 @@ impl CompletionQueue {
     /// `out`; returns how many (0 when the time ran out). Polls first, then arms the CQ,
     /// polls again (a completion that came before arming does not notify) and sleeps on
     /// the notification, so a waiting thread uses no CPU where the provider makes progress
-    /// by itself.
+    /// by itself. Each wake-up goes round again (poll, arm, poll), so several threads may
+    /// wait on one CQ: one whose wake-up another took arms the CQ again before it sleeps.
     pub fn wait(&self, out: &mut [Completion], timeout: Duration) -> Result<usize> {
         let deadline = Instant::now() + timeout;
         loop {
@@ -96,10 +97,39 @@ impl CompletionQueue {
                 return Ok(n);
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || !self.wait_event(left)? {
+            if left.is_zero() {
                 return self.poll(out);
             }
+            self.sleep_once(left)?;
         }
+    }
+
+    /// Consumes a notification if there is one; else sleeps until the descriptor is
+    /// readable or `left` has passed (a slice of it where completions move only when
+    /// someone polls, after which it polls the provider).
+    fn sleep_once(&self, left: Duration) -> Result<()> {
+        if self.get_event() {
+            return Ok(());
+        }
+        let slice = self.polling_slice();
+        if slice.is_none() {
+            self.parts.imp.idle();
+        }
+        wait_readable(self.fd(), slice.map_or(left, |s| s.min(left)))
+            .map_err(|e| Error::Io("poll", e))?;
+        if slice.is_some() {
+            self.parts.imp.progress(&self.parts.core)?;
+        }
+        Ok(())
+    }
+
+    /// How long a waiter sleeps before it polls, where completions move only when someone
+    /// polls (loopback, busy-polled contexts).
+    fn polling_slice(&self) -> Option<Duration> {
+        self.parts
+            .imp
+            .needs_polling()
+            .then_some(Duration::from_millis(1))
     }
 
     /// Arms notification (`ibv_req_notify_cq`): the next completion (or, with
@@ -143,11 +173,7 @@ impl CompletionQueue {
     /// itself, taking no completions.
     pub fn wait_event(&self, timeout: Duration) -> Result<bool> {
         let start = Instant::now();
-        let slice = self
-            .parts
-            .imp
-            .needs_polling()
-            .then_some(Duration::from_millis(1));
+        let slice = self.polling_slice();
         loop {
             if self.get_event() {
                 return Ok(true);

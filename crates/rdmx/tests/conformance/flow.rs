@@ -718,3 +718,45 @@ pub(crate) fn a_new_queue_pair_gets_no_completion_of_a_destroyed_one(p: &Provide
         }
     }
 }
+
+/// Two threads wait on one CQ (`CompletionQueue::wait`) for one completion each, the
+/// second completion coming after the first was taken: both return with one within a
+/// bounded time (before, the thread whose wake-up the other took slept on, unarmed, to its
+/// timeout).
+pub(crate) fn two_threads_waiting_on_one_cq(p: &Provider) {
+    const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+    let pair = p.pair();
+    let src = register(&pair.a.pd, 8, LOCAL);
+    let dst = register(&pair.b.pd, 8, ALL);
+    let what = format!("{}: two threads waiting on one CQ", p.name);
+    std::thread::scope(|s| {
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    let start = Instant::now();
+                    let mut c = [rdmx::Completion::default()];
+                    let n = pair.a.scq.wait(&mut c, TIMEOUT).unwrap();
+                    (n, c[0], start.elapsed())
+                })
+            })
+            .collect();
+        for id in 0..2 {
+            // Both asleep first; the second completion after the first was taken.
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let req = SendRequest::write(id, raddr(&dst, 0)).sge(sge(&src, 0, 8));
+            pair.a.qp.post_send(req).unwrap();
+        }
+        let mut ids = Vec::new();
+        for t in waiters {
+            let (n, c, took) = t.join().unwrap();
+            assert_eq!((n, c.status), (1, WcStatus::Success), "{what}: {c:?}");
+            assert!(
+                took < TIMEOUT / 2,
+                "{what}: a waiter returned after {took:?} (its timeout is {TIMEOUT:?})"
+            );
+            ids.push(c.wr_id);
+        }
+        ids.sort_unstable();
+        assert_eq!(ids, [0, 1], "{what}");
+    });
+}

@@ -84,6 +84,7 @@ macro_rules! conformance_suite {
             flow::notify_solicited_only,
             flow::wait_event_blocks_until_a_completion,
             flow::two_threads_polling_one_cq,
+            flow::two_threads_waiting_on_one_cq,
             flow::a_new_queue_pair_gets_no_completion_of_a_destroyed_one,
             errors::invalid_rkey,
             errors::out_of_bounds,

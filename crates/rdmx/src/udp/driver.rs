@@ -177,7 +177,7 @@ impl Driver {
     pub(crate) fn alloc_qpn(&self) -> u32 {
         loop {
             let n = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
-            if n > 1 && !self.qps.read().contains_key(&n) {
+            if assignable_qpn(n) && !self.qps.read().contains_key(&n) {
                 return n;
             }
         }
@@ -503,5 +503,25 @@ impl Driver {
         for (_, to, d) in due {
             self.send_now(to, &mut [d]);
         }
+    }
+}
+
+/// Whether QP number `n` may be given to a new QP: not 0 or 1 (special in every
+/// transport) nor the multicast QP number, to which datagrams for a group are sent.
+fn assignable_qpn(n: u32) -> bool {
+    n > 1 && n != rdmx_core::MULTICAST_QPN
+}
+
+#[cfg(test)]
+mod tests {
+    use super::assignable_qpn;
+
+    #[test]
+    fn the_special_queue_pair_numbers_are_never_assigned() {
+        assert!(!assignable_qpn(0));
+        assert!(!assignable_qpn(1));
+        assert!(!assignable_qpn(0xff_ffff));
+        assert!(assignable_qpn(2));
+        assert!(assignable_qpn(0xff_fffe));
     }
 }

@@ -85,7 +85,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdmx_core::Mtu;
+use rdmx_core::{Mtu, QpState};
 
 use self::driver::{Driver, Start};
 use self::qp::UdpQp;
@@ -553,6 +553,14 @@ impl Transport for Link {
             ));
         }
         let mut g = self.qp.inner.lock();
+        // A live QP keeps its peer: packets go to, and are taken from, the peer it
+        // connected to (a `connect` to another peer, refused at its move to INIT, must not
+        // redirect it first).
+        if !matches!(g.engine.state(), QpState::Reset | QpState::Init) {
+            return Err(Error::InvalidArgument(
+                "a udp queue pair is given its peer in RESET or INIT",
+            ));
+        }
         g.peer = Some(addr);
         g.any_port = matches!(peer.addr, PeerAddr::Gid(_));
         drop(g);

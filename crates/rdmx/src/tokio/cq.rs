@@ -277,13 +277,22 @@ impl Shared {
 
     /// The future of slot `i` was dropped with its request in flight: the buffer goes
     /// back (through `reclaim`) when the completion comes, or now if it came already.
-    pub(super) fn abandon(&self, i: usize, side: Side, qp: &Arc<QpShared>, reclaim: Reclaim) {
+    /// Returns true if the queue has failed, so that no completion will come (the buffer
+    /// then stays with the queue pair, and the caller gives back the request's room).
+    pub(super) fn abandon(
+        &self,
+        i: usize,
+        side: Side,
+        qp: &Arc<QpShared>,
+        reclaim: Reclaim,
+    ) -> bool {
         let mut st = self.state.lock();
         // The slots abandoned before whose queue pair is gone wait for a completion that
         // will not come (destroying a queue pair completes nothing): freed here, so that
         // a server dropping futures as connections come and go does not keep them all.
         st.slots
             .retain(|_, s| !matches!(s, Slot::Abandoned { qp, .. } if qp.strong_count() == 0));
+        let mut failed = false;
         let done = match st.slots.get(i) {
             Some(Slot::Done(c)) => Some(*c),
             Some(Slot::Waiting { qpn, .. }) => {
@@ -291,6 +300,7 @@ impl Shared {
                 if st.failed.is_some() {
                     // No completion will come: the buffer stays with the queue pair.
                     st.slots.remove(i);
+                    failed = true;
                 } else {
                     st.slots[i] = Slot::Abandoned {
                         qpn,
@@ -308,6 +318,7 @@ impl Shared {
             reclaim(qp, side, &c);
             self.free(i);
         }
+        failed
     }
 
     /// Routes `batch` to the operations that wait for it.

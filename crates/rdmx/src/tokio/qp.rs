@@ -371,7 +371,13 @@ impl<B: OwnedBuf> Future for Op<B> {
                             return Poll::Pending;
                         }
                         Poll::Ready(Ok(c)) => c,
-                        Poll::Ready(Err(e)) => return Poll::Ready(Err(OpError::Cq(e))),
+                        Poll::Ready(Err(e)) => {
+                            // The CQ failed: no completion will come. The buffer stays
+                            // with the queue pair; the room goes to an operation waiting
+                            // for it, whose post the failed CQ refuses at once.
+                            this.qp.room(this.side).add_permits(1);
+                            return Poll::Ready(Err(OpError::Cq(e)));
+                        }
                     };
                     let buf = this.qp.qp.take_buf_on::<B>(this.side, c.wr_id);
                     cq.free(slot);
@@ -398,9 +404,14 @@ impl<B: OwnedBuf> Future for Op<B> {
 impl<B: OwnedBuf> Drop for Op<B> {
     fn drop(&mut self) {
         if let State::Posted { slot, reclaim } = self.state {
-            self.qp
+            let failed = self
+                .qp
                 .cq(self.side)
                 .abandon(slot, self.side, &self.qp, reclaim);
+            if failed {
+                // As for an operation that saw the failure: its room goes back.
+                self.qp.room(self.side).add_permits(1);
+            }
         }
     }
 }

@@ -44,6 +44,7 @@ macro_rules! async_suite {
             connect_through_cm,
             refusals_give_the_buffer_back,
             waiting_uses_no_cpu,
+            a_failed_cq_fails_operations_waiting_for_room,
         );
         mod multi_thread {
             async_suite!(@multi $provider;
@@ -757,4 +758,44 @@ pub(crate) async fn waiting_uses_no_cpu(p: &Provider) {
         "{}: the runtime thread used {used} ticks of CPU in {quiet:?} of waiting",
         p.name
     );
+}
+
+/// An operation in flight (a SEND its peer has no receive for) and one waiting for room in
+/// a send queue of one; a blocking queue pair on the same CQ of 4 entries then overruns
+/// it. Both operations resolve with an error (before, the one waiting for room waited for
+/// good: the failed operation kept its room).
+pub(crate) async fn a_failed_cq_fails_operations_waiting_for_room(p: &Provider) {
+    let (sa, sb) = (p.side(4), p.side(64));
+    let (a, _b) = p.connect(&sa, &sb, QpCaps::default().max_send_wr(1).max_recv_wr(1));
+    // A blocking queue pair, on the same CQ, that can have more outstanding than it holds.
+    let caps = QpCaps::default().max_send_wr(64);
+    let c = sa.pd.create_qp(sa.cq.cq(), sa.cq.cq(), caps).unwrap();
+    let d = sb.pd.create_qp(sb.cq.cq(), sb.cq.cq(), caps).unwrap();
+    let (ec, ed) = (c.endpoint(), d.endpoint());
+    std::thread::scope(|s| {
+        let t = s.spawn(|| c.connect(ed, &ConnectOptions::default()));
+        d.connect(ec, &ConnectOptions::default()).unwrap();
+        t.join().unwrap().unwrap();
+    });
+    let mr = sb.pd.register(vec![0u8; 64], Access::ALL).unwrap();
+    let pool = BufferPool::new(sa.pd.clone(), PoolConfig::default()).unwrap();
+    let mut first = a.send(filled(&pool, b"first"));
+    assert!(poll_once(&mut first).is_pending(), "{}", p.name);
+    let mut second = a.send(filled(&pool, b"second"));
+    assert!(poll_once(&mut second).is_pending(), "{}", p.name);
+    let writes: Vec<_> = (0..64)
+        .map(|i| rdmx::SendRequest::write(i, mr.remote_at(0)).inline(b"x"))
+        .collect();
+    c.post_send_list(&writes).unwrap();
+    // The completions arrive (tcp: through its progress thread) while the driver task,
+    // on this thread, cannot reap them.
+    std::thread::sleep(Duration::from_millis(300));
+    let r = tokio::time::timeout(Duration::from_secs(10), first)
+        .await
+        .expect("the operation in flight resolves");
+    assert!(r.is_err(), "{}: {r:?}", p.name);
+    let r = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the operation waiting for room resolves");
+    assert!(r.is_err(), "{}: {r:?}", p.name);
 }

@@ -269,6 +269,17 @@ fn caps(max_mtu: Mtu, ipv4: bool) -> Capabilities {
     caps
 }
 
+/// The largest IB path MTU whose packets fit an interface MTU of `link` bytes, with their
+/// IPv6 (or IPv4), UDP and transport headers: 1024 on Ethernet's 1500, 4096 on jumbo
+/// frames and loopback; 256 at the least (below it the interface cannot carry RoCEv2).
+fn mtu_for_link(link: u32) -> Mtu {
+    let room = link.saturating_sub(40 + 8 + HEADROOM as u32);
+    [Mtu::Mtu4096, Mtu::Mtu2048, Mtu::Mtu1024, Mtu::Mtu512]
+        .into_iter()
+        .find(|m| m.bytes() <= room)
+        .unwrap_or(Mtu::Mtu256)
+}
+
 /// Bytes of a datagram's headers beyond the payload, at most (BTH, RETH, immediate data or
 /// the atomic headers, pad, ICRC), with room to spare.
 const HEADROOM: usize = 64;
@@ -401,7 +412,23 @@ impl Device {
             None => bind_loopback()?,
         };
         ud::prepare(&sock)?;
-        let ipv4 = sock.local_addr().is_ok_and(|a| a.is_ipv4());
+        let local = sock.local_addr().map_err(|e| Error::Io("getsockname", e))?;
+        let ipv4 = local.is_ipv4();
+        // As rxe: the path MTU a context offers fits its interface's MTU, so that no
+        // packet is refused on the way out (every datagram goes with DF set).
+        let link = sys::interface_mtu(local.ip());
+        let max_mtu = match link.map(mtu_for_link) {
+            Some(fits) if fits.bytes() < opts.max_mtu.bytes() => {
+                tracing::info!(
+                    ?link,
+                    path_mtu = fits.bytes(),
+                    "udp: the interface's MTU bounds the path MTU offered"
+                );
+                fits
+            }
+            _ => opts.max_mtu,
+        };
+        let mtu = max_mtu.bytes();
         crate::provider::copy::calibrate();
         let seed = soft::seed()?;
         let driver = Driver::start(Start {
@@ -416,8 +443,8 @@ impl Device {
         })?;
         Ok(Device {
             keys: Arc::new(Keys::new(seed)),
-            caps: caps(opts.max_mtu, ipv4),
-            max_mtu: opts.max_mtu,
+            caps: caps(max_mtu, ipv4),
+            max_mtu,
             send_window: opts.send_window,
             driver,
             groups: Arc::new(ud::Groups::default()),
@@ -575,5 +602,39 @@ impl Drop for Link {
     fn drop(&mut self) {
         self.groups.leave_all(self.qp.qpn);
         self.qp.driver.remove_qp(self.qp.qpn);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{mtu_for_link, sys, Mtu};
+
+    #[test]
+    fn the_path_mtu_fits_the_interface_s() {
+        for (link, path) in [
+            (65536, Mtu::Mtu4096),
+            (9000, Mtu::Mtu4096),
+            (4208, Mtu::Mtu4096),
+            (4207, Mtu::Mtu2048),
+            (1500, Mtu::Mtu1024),
+            (1280, Mtu::Mtu1024),
+            (1000, Mtu::Mtu512),
+            (576, Mtu::Mtu256),
+            (68, Mtu::Mtu256),
+        ] {
+            assert_eq!(mtu_for_link(link), path, "an interface MTU of {link}");
+        }
+    }
+
+    #[test]
+    fn the_loopback_interface_s_mtu_is_found_by_its_address() {
+        let lo: u32 = std::fs::read_to_string("/sys/class/net/lo/mtu")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(sys::interface_mtu([127, 0, 0, 1].into()), Some(lo));
+        // 192.0.2.0/24 is for documentation: no interface has it.
+        assert_eq!(sys::interface_mtu([192, 0, 2, 1].into()), None);
     }
 }

@@ -424,7 +424,16 @@ pub(crate) fn send_all<D: Wire>(
                 continue;
             }
             // The first message was refused (no route, no buffer): its datagrams are lost.
-            tracing::debug!("sendmmsg: {e}");
+            if e.raw_os_error() == Some(libc::EMSGSIZE) {
+                // Not a loss the retries can get past: the path's MTU is below the
+                // interface's (a router on the way said so).
+                tracing::warn!(
+                    "sendmmsg: a datagram is larger than the path's MTU ({e}): connect with \
+                     a smaller path MTU (ConnectOptions::mtu)"
+                );
+            } else {
+                tracing::debug!("sendmmsg: {e}");
+            }
             failed += runs[0].1;
             at += runs[0].1;
         } else {
@@ -605,6 +614,54 @@ pub(crate) fn wait(fd: RawFd, wake: RawFd, timeout_ms: libc::c_int) {
         // SAFETY: reads 8 bytes into `v`.
         unsafe { libc::read(wake, (&mut v as *mut u64).cast(), 8) };
     }
+}
+
+/// The MTU of the network interface that has address `ip` (its name looked up with
+/// `getifaddrs`, its MTU read from sysfs), if one has it.
+pub(crate) fn interface_mtu(ip: std::net::IpAddr) -> Option<u32> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list it allocated into `head`, freed below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return None;
+    }
+    let mut name = None;
+    let mut at = head;
+    while !at.is_null() && name.is_none() {
+        // SAFETY: `at` is a node of the list getifaddrs made, not yet freed.
+        let ifa = unsafe { &*at };
+        at = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: a non-null `ifa_addr` points to a socket address of the family it
+        // names, whose size that family gives.
+        let found = unsafe {
+            match i32::from((*ifa.ifa_addr).sa_family) {
+                libc::AF_INET => {
+                    let a = &*ifa.ifa_addr.cast::<libc::sockaddr_in>();
+                    std::net::IpAddr::from(u32::from_be(a.sin_addr.s_addr).to_be_bytes())
+                }
+                libc::AF_INET6 => {
+                    let a = &*ifa.ifa_addr.cast::<libc::sockaddr_in6>();
+                    std::net::IpAddr::from(a.sin6_addr.s6_addr)
+                }
+                _ => continue,
+            }
+        };
+        if found == ip {
+            // SAFETY: `ifa_name` is a NUL-terminated string of the list.
+            let n = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+            name = Some(n.to_string_lossy().into_owned());
+        }
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once, nothing of it kept.
+    unsafe { libc::freeifaddrs(head) };
+    let name = name?;
+    std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// A new eventfd (non-blocking, close-on-exec).

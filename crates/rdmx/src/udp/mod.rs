@@ -111,7 +111,9 @@ pub struct Options {
     /// The address to bind. It must be a specific address: the ICRC covers the IP source
     /// address. Default: the first free one of 127.0.0.1, 127.0.0.2, ... on port 4791.
     pub bind: Option<SocketAddr>,
-    /// The largest path MTU this side offers (256 to 4096 bytes; default 4096).
+    /// The largest path MTU this side offers (256 to 4096 bytes; default 4096). The
+    /// context offers less where its interface's MTU cannot carry packets of this size
+    /// (1024 on 1500-byte Ethernet), as rxe does.
     pub max_mtu: Mtu,
     /// Check the ICRC of every received datagram (default on). On IPv4 the check assumes
     /// the sender's IP identification is 0 to 63, as this provider's are (a datagram sent

@@ -50,6 +50,8 @@ pub trait OwnedBuf: Send + Sized + 'static + sealed::Sealed {
     /// The buffer as one scatter/gather element: its valid bytes and their local key.
     fn sge(&self) -> Sge;
     #[doc(hidden)]
+    fn byte_len(&self) -> usize;
+    #[doc(hidden)]
     fn park(self) -> Parked;
     #[doc(hidden)]
     fn unpark(p: Parked) -> std::result::Result<Self, Parked>;
@@ -78,6 +80,9 @@ impl OwnedBuf for PoolBuf {
             len: self.len() as u32,
             lkey: self.lkey(),
         }
+    }
+    fn byte_len(&self) -> usize {
+        self.len()
     }
     fn park(self) -> Parked {
         Parked::Pool(self)
@@ -147,11 +152,33 @@ impl CachedBuf {
     /// and is still cached).
     pub fn new(cache: &RegCache, buf: impl Into<Box<[u8]>>) -> Result<CachedBuf> {
         let mut buf: Box<[u8]> = buf.into();
-        // SAFETY: the box's memory stays where it is while `buf` lives in the returned
-        // value, which drops the handle first; it is reached only through this value
-        // (and by the local adapter while a request owns the value), and the handle grants
-        // no remote access.
-        let handle = unsafe { cache.get_raw(buf.as_mut_ptr(), buf.len(), Access::LOCAL_WRITE) }?;
+        if u32::try_from(buf.len()).is_err() {
+            return Err(Error::InvalidArgument(
+                "an owned buffer is at most 4 GiB - 1 (one scatter/gather element)",
+            ));
+        }
+        let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        let mut handle = None;
+        for _ in 0..2 {
+            // SAFETY: the box's memory stays where it is while `buf` lives in the returned
+            // value, which drops the handle first; it is reached only through this value
+            // (and by the local adapter while a request owns the value), and the handle
+            // grants no remote access (checked below).
+            let h = unsafe { cache.get_raw(buf.as_mut_ptr(), buf.len(), Access::LOCAL_WRITE) }?;
+            if !rdmx_mem::Region::access(h.region()).intersects(remote) {
+                handle = Some(h);
+                break;
+            }
+            // A cached registration that grants remote access covers this memory (an idle
+            // one, left by an earlier registration of it for remote use): a peer holding its
+            // rkey could change the bytes the slices give out. It goes, and the memory is
+            // registered anew, for local access only.
+            drop(h);
+            cache.invalidate(buf.as_ptr() as usize, buf.len());
+        }
+        let handle = handle.ok_or(Error::InvalidArgument(
+            "the memory is registered for remote access by a registration in use",
+        ))?;
         Ok(CachedBuf {
             handle,
             buf: Owned {
@@ -187,6 +214,9 @@ impl OwnedBuf for CachedBuf {
             len: self.buf.len() as u32,
             lkey: self.handle.lkey(),
         }
+    }
+    fn byte_len(&self) -> usize {
+        self.buf.len()
     }
     fn park(self) -> Parked {
         Parked::Cached(self)
@@ -333,6 +363,17 @@ impl Parking {
             .filter_map(|((_, side), slot)| Some((slot.id, side, slot.buf?)))
             .collect()
     }
+}
+
+/// Refuses a buffer longer than one scatter/gather element takes (its `sge` would name
+/// only the length's low 32 bits).
+pub(crate) fn check_len<B: OwnedBuf>(buf: &B) -> Result<()> {
+    if u32::try_from(buf.byte_len()).is_err() {
+        return Err(Error::InvalidArgument(
+            "an owned buffer is at most 4 GiB - 1 (one scatter/gather element)",
+        ));
+    }
+    Ok(())
 }
 
 /// The receive request of an owned post.

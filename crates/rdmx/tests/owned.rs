@@ -350,6 +350,59 @@ fn a_cached_buffer_posts_from_safe_code_and_comes_back() {
     drop(again);
 }
 
+/// Memory the cache holds a registration with remote access for (an earlier `get_raw` for
+/// remote use, idle now) is registered anew, for local access only, when it becomes a
+/// `CachedBuf`: a peer holding the old rkey cannot change the bytes its slices give out.
+#[test]
+fn a_cached_buffer_never_takes_a_registration_with_remote_access() {
+    let p = pair("loopback");
+    let cache = RegCache::new(
+        p.b.pd().clone(),
+        CacheConfig::default().invalidation(Invalidation::Explicit),
+    )
+    .unwrap();
+    let mut mem = vec![0u8; 4096].into_boxed_slice();
+    let addr = mem.as_ptr() as u64;
+    // SAFETY: `mem` stays allocated, in place, until after the handle is dropped.
+    let old = unsafe {
+        cache.get_raw(
+            mem.as_mut_ptr(),
+            mem.len(),
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )
+    }
+    .unwrap();
+    let rkey = old.region().rkey();
+    drop(old);
+    let buf = CachedBuf::new(&cache, mem).unwrap();
+    assert_eq!(buf.as_slice().as_ptr() as u64, addr);
+    let mut tx = p.pool_a.get(8).unwrap();
+    tx.as_mut_slice().unwrap().copy_from_slice(b"scribble");
+    p.a.post_send_buf(SendRequest::write(1, rdmx::RemoteAddr { addr, rkey }), tx)
+        .map_err(|(e, _)| e)
+        .unwrap();
+    let c = wait_one(&p.cq_a, "the WRITE through the old rkey");
+    assert_ne!(c.status, WcStatus::Success, "{c:?}");
+    assert!(
+        buf.as_slice().iter().all(|&b| b == 0),
+        "the peer wrote the buffer"
+    );
+}
+
+/// A buffer longer than one scatter/gather element takes (4 GiB - 1) is refused, not
+/// posted as its length's low 32 bits (its pages are never touched).
+#[test]
+fn a_cached_buffer_of_4_gib_is_refused() {
+    let p = pair("loopback");
+    let cache = RegCache::new(
+        p.b.pd().clone(),
+        CacheConfig::default().invalidation(Invalidation::Explicit),
+    )
+    .unwrap();
+    let e = CachedBuf::new(&cache, vec![0u8; 1 << 32]).unwrap_err();
+    assert!(e.to_string().contains("4 GiB"), "{e}");
+}
+
 /// A cached buffer dropped (its memory freed) takes its registration out of the cache,
 /// also without the cache's monitor: a later buffer at the same address must not hit it
 /// (on an adapter it pins the freed pages). One handed back with `into_inner` stays

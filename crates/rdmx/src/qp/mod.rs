@@ -656,6 +656,9 @@ impl QueuePair {
         post: impl FnOnce(&dyn provider::Qp) -> Result<()>,
     ) -> std::result::Result<(), (Error, B)> {
         debug_assert!(owned::is_reserved(id));
+        if let Err(e) = owned::check_len(&buf) {
+            return Err((e, buf));
+        }
         // The slot is taken before the post, so that two posts with one id at once
         // cannot both go (the second would park its buffer over the first's).
         if !self.parked.bufs.reserve(wr_id, side, id) {

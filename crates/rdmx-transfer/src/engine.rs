@@ -64,7 +64,14 @@ impl Shared {
             pid: std::process::id(),
             control: self.control,
             // Every rail, closed or not: peers address rails by their index here.
-            rails: self.rails.iter().map(|r| r.desc.clone()).collect(),
+            rails: self
+                .rails
+                .iter()
+                .map(|r| RailDesc {
+                    closed: r.closed.load(Ordering::Acquire),
+                    ..r.desc.clone()
+                })
+                .collect(),
             buffers: self.buffers.read().iter().map(|b| b.desc()).collect(),
         }
     }
@@ -213,6 +220,7 @@ fn open_rail(index: usize, rail: &Rail) -> Result<Arc<RailRt>> {
         device: ctx.device_name().to_string(),
         mtu: ctx.capabilities().active_mtu.bytes(),
         gid: ctx.gid().map(|(_, g)| g),
+        closed: false,
     };
     Ok(Arc::new(RailRt {
         index,
@@ -587,6 +595,7 @@ impl Engine {
             .get(index)
             .ok_or_else(|| Error::Invalid(format!("no rail {index}")))?;
         rail.closed.store(false, Ordering::Release);
+        self.shared.meta.publish(&self.shared.desc());
         Ok(())
     }
 
@@ -599,6 +608,7 @@ impl Engine {
             .get(index)
             .ok_or_else(|| Error::Invalid(format!("no rail {index}")))?;
         rail.closed.store(true, Ordering::Release);
+        self.shared.meta.publish(&self.shared.desc());
         let paths: Vec<_> = rail.paths.lock().clone();
         for p in paths {
             p.fail(&self.shared);

@@ -105,7 +105,7 @@ fn choose(shared: &Shared, theirs: &SegmentDesc, want: Option<Transport>) -> Res
         .rails
         .iter()
         .enumerate()
-        .filter(|(_, r)| r.kind == t)
+        .filter(|(_, r)| r.kind == t && !r.closed)
         .map(|(i, r)| (i as u8, r))
         .collect();
     let n = local.len().max(remote.len());
@@ -519,14 +519,18 @@ fn accept_paths(
             shared.name
         )));
     }
-    let mine = shared.open_rails();
     let mut out = Vec::with_capacity(paths.len());
     for &(their_rail, my_rail, ep) in paths {
-        let rail = mine.get(my_rail as usize).ok_or_else(|| {
-            Error::Descriptor(format!(
-                "a path on rail {my_rail}, which this engine has not"
-            ))
-        })?;
+        // Rails are numbered as in the descriptor: every rail, closed ones included.
+        let rail = shared
+            .rails
+            .get(my_rail as usize)
+            .filter(|r| !r.closed.load(Ordering::Acquire))
+            .ok_or_else(|| {
+                Error::Descriptor(format!(
+                    "a path on rail {my_rail}, which this engine has not in service"
+                ))
+            })?;
         let tr = theirs.rails.get(their_rail as usize).ok_or_else(|| {
             Error::Descriptor(format!(
                 "a path from rail {their_rail} the peer did not describe"

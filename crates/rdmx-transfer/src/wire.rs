@@ -39,6 +39,8 @@ pub struct RailDesc {
     pub mtu: u32,
     /// verbs: the GID its queue pairs use.
     pub gid: Option<Ipv6Addr>,
+    /// Taken out of service (`Engine::close_rail`): peers open no path on it.
+    pub closed: bool,
 }
 
 /// One registered buffer of a segment, as its peers see it.
@@ -101,12 +103,14 @@ impl SegmentDesc {
             w.u8(r.kind as u8);
             w.str(&r.device);
             w.u32(r.mtu);
+            // Bit 0: a GID follows; bit 1: the rail is closed.
+            let closed = (r.closed as u8) << 1;
             match r.gid {
                 Some(g) => {
-                    w.u8(1);
+                    w.u8(1 | closed);
                     w.bytes(&g.octets());
                 }
-                None => w.u8(0),
+                None => w.u8(closed),
             }
         }
         w.u32(self.buffers.len() as u32);
@@ -140,7 +144,8 @@ impl SegmentDesc {
             if rdmx::Mtu::from_bytes(mtu).is_none() {
                 return Err(bad(format!("a rail with MTU {mtu}")));
             }
-            let gid = match r.u8()? {
+            let flags = r.u8()?;
+            let gid = match flags & !2 {
                 0 => None,
                 1 => Some(Ipv6Addr::from(r.array::<16>()?)),
                 _ => return Err(bad("a malformed GID".into())),
@@ -150,6 +155,7 @@ impl SegmentDesc {
                 device,
                 mtu,
                 gid,
+                closed: flags & 2 != 0,
             });
         }
         let nbuf = r.u32()? as usize;
@@ -559,12 +565,14 @@ mod tests {
                     device: "tcp0".into(),
                     mtu: 4096,
                     gid: None,
+                    closed: false,
                 },
                 RailDesc {
                     kind: Transport::Verbs,
                     device: "rxe0".into(),
                     mtu: 1024,
                     gid: Some("::ffff:10.0.0.1".parse().unwrap()),
+                    closed: true,
                 },
             ],
             buffers: vec![

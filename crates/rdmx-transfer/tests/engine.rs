@@ -189,6 +189,23 @@ fn a_rail_broken_mid_batch_moves_its_slices_to_the_other() {
     assert_a_path_failed(&a);
 }
 
+/// An engine with its first rail out of service is still opened by new peers, which
+/// connect on its other rail only (before, rails were numbered without the closed one on
+/// the target's side, and every open was refused).
+#[test]
+fn an_engine_with_its_first_rail_closed_is_opened_on_the_other() {
+    let b = Engine::new("b", tcp_rails(2)).unwrap();
+    b.close_rail(0).unwrap();
+    let a = Engine::new("a", tcp_rails(2)).unwrap();
+    assert_eq!(round_trip(&a, &b, 3, 100 << 10), Transport::Tcp);
+    let paths = &a.status()[0].2;
+    assert!(!paths.is_empty() && paths.iter().all(|p| p.up), "{paths:?}");
+    assert!(
+        paths.iter().all(|p| p.name.ends_with("rail 1")),
+        "a path on the closed rail: {paths:?}"
+    );
+}
+
 /// A set-aside path is rebuilt on demand once its time is up: the target takes a rail
 /// out of service mid-batch and back; the next batch after the set-aside time brings
 /// the initiator's paths on it up again.

@@ -315,11 +315,14 @@ pub(crate) fn timeout_of<M: MemAccess>(qp: &RcQp<M>) -> Option<Duration> {
 }
 
 fn arm<M: MemAccess>(qp: &mut RcQp<M>, now: Instant) {
+    // Every request with a packet sent and not acknowledged, the one part-way sent
+    // included (a message longer than the send window waits there for acknowledgements
+    // that may never come).
     let outstanding = qp
         .req
         .sq
         .iter()
-        .take(qp.req.send_idx)
+        .take(qp.req.started())
         .any(|w| w.done.is_none());
     qp.req.timer = match (outstanding, timeout_of(qp)) {
         (true, Some(t)) => Some(now + t),
@@ -688,7 +691,7 @@ pub(crate) fn handle_timeout<M: MemAccess>(qp: &mut RcQp<M>, now: Instant) {
         qp.req.timer = None;
         return;
     };
-    if oldest >= qp.req.send_idx {
+    if oldest >= qp.req.started() {
         qp.req.timer = None;
         return;
     }

@@ -867,6 +867,61 @@ fn a_send_window_holds_packets_until_acknowledgements_arrive() {
     assert!(sent[..63].iter().filter(|x| x.ack_req).count() >= 64 / 2 - 1);
 }
 
+/// A message longer than the send window, to a peer that stopped answering: its first
+/// window goes, the rest waits for acknowledgements that never come, and the
+/// retransmission timer still runs out its retries (before, it was disarmed while the
+/// message was part-way sent, and the request never completed).
+#[test]
+fn a_message_held_by_the_send_window_times_out_on_a_dead_link() {
+    let mut p = Pair::with(PairConfig {
+        mtu: crate::Mtu::Mtu256,
+        send_window: 8,
+        retry_cnt: 2,
+        ..PairConfig::default()
+    });
+    let len: usize = 64 * 256;
+    let src = p.a.mem.register(len as u64, ALL);
+    let dst = p.b.mem.register(len as u64, ALL);
+    p.ab.down = true;
+    p.a.post(wr(
+        1,
+        SendOp::Write(dst.remote(0)),
+        vec![src.sge(0, len as u32)],
+    ))
+    .unwrap();
+    p.drive();
+    assert_eq!(p.a.sends(), vec![(1, WcStatus::RetryExcErr)]);
+}
+
+/// The same message with the acknowledgements from its 40th packet on lost, three times
+/// (the window holds the rest back each time): the timer sends again what went
+/// unacknowledged, and every byte lands.
+#[test]
+fn a_message_held_by_the_send_window_recovers_lost_acknowledgements() {
+    let mut p = Pair::with(PairConfig {
+        mtu: crate::Mtu::Mtu256,
+        send_window: 8,
+        ..PairConfig::default()
+    });
+    let len: usize = 64 * 256;
+    let src = p.a.mem.register(len as u64, ALL);
+    p.a.mem.fill(src.addr, &pattern(5, len));
+    let dst = p.b.mem.register(len as u64, ALL);
+    let from = rdmx_wire::psn_add(p.cfg.sq_psn_a, 40);
+    p.ba.drop_matching(3, move |x| {
+        x.is_ack() && rdmx_wire::psn_diff(x.psn, from) >= 0
+    });
+    p.a.post(wr(
+        1,
+        SendOp::Write(dst.remote(0)),
+        vec![src.sge(0, len as u32)],
+    ))
+    .unwrap();
+    p.drive();
+    assert_eq!(p.a.sends(), vec![(1, WcStatus::Success)]);
+    assert_eq!(p.b.mem.bytes(dst.addr, len), pattern(5, len));
+}
+
 // ---------------------------------------------------------------------------------------
 // Destroying a queue pair
 // ---------------------------------------------------------------------------------------

@@ -524,7 +524,7 @@ fn write<M: MemAccess>(
         });
     }
     let receive_ready = has_recv(qp, &srq);
-    let Some(p) = qp.resp.placing.as_mut() else {
+    let Some(p) = qp.resp.placing.as_ref() else {
         refuse(qp, attrs, hdr.bth.psn, NakCode::InvalidRequest);
         return;
     };
@@ -534,12 +534,27 @@ fn write<M: MemAccess>(
         refuse(qp, attrs, hdr.bth.psn, NakCode::InvalidRequest);
         return;
     }
-    if hdr.bth.opcode.has_immdt() && !receive_ready {
-        // The data may already be in place; the requester resends the message after the
-        // RNR wait and it is placed again.
-        rnr_nak(qp, attrs, hdr.bth.psn);
-        return;
-    }
+    // The receive a WRITE with immediate data consumes (with its last packet), taken
+    // before the packet's bytes are placed.
+    let imm_recv = if hdr.bth.opcode.has_immdt() {
+        let Some(wqe) = receive_ready.then(|| take_recv(qp, &mut srq)).flatten() else {
+            // The data may already be in place; the requester resends the message after
+            // the RNR wait and it is placed again.
+            rnr_nak(qp, attrs, hdr.bth.psn);
+            return;
+        };
+        if let Some(err) = wqe.error {
+            // A receive that failed its checks at post fails here, as for a SEND: both
+            // QPs go to ERR (it is not completed as a success nor left behind).
+            complete_recv(qp, &mut srq, wqe, err, 0, None, false);
+            refuse(qp, attrs, hdr.bth.psn, NakCode::RemoteOperationalError);
+            return;
+        }
+        Some(wqe)
+    } else {
+        None
+    };
+    let p = qp.resp.placing.as_mut().expect("checked above");
     if let Some(mr) = &p.mr {
         if !payload.is_empty() {
             payload.place(mem, mr, p.next, 0..payload.len());
@@ -551,16 +566,12 @@ fn write<M: MemAccess>(
         // Only the first packet carries the RETH: the length comes from the context.
         let len = p.total;
         qp.resp.placing = None;
-        if hdr.bth.opcode.has_immdt() {
-            let Some(wqe) = take_recv(qp, &mut srq) else {
-                unreachable!("a receive was checked for above")
-            };
-            let status = wqe.error.unwrap_or(WcStatus::Success);
+        if let Some(wqe) = imm_recv {
             let c = Completion {
                 wr_id: wqe.wr_id,
-                status,
+                status: WcStatus::Success,
                 opcode: WcOpcode::RecvRdmaWithImm,
-                byte_len: if status == WcStatus::Success { len } else { 0 },
+                byte_len: len,
                 imm_data: hdr.immdt.map(|i| i.imm),
                 qp_num: 0,
                 src_qp: 0,

@@ -629,6 +629,39 @@ fn receive_with_a_bad_lkey_fails_when_a_send_arrives() {
     assert_eq!(p.b.qp.state(), QpState::Err);
 }
 
+/// The same receive consumed by a WRITE with immediate data: it fails, and both QPs go to
+/// ERR, as for a SEND (before, the receive completed in error and the responder acknowledged
+/// the WRITE and stayed in RTS, so the next one completed a later receive with success).
+#[test]
+fn receive_with_a_bad_lkey_fails_when_a_write_with_imm_arrives() {
+    let mut p = Pair::new();
+    let src = p.a.mem.register(64, ALL);
+    let dst = p.b.mem.register(64, ALL);
+    let closed = p.b.mem.register(64, Access::empty());
+    p.b.recv(1, vec![closed.sge(0, 64)]).unwrap();
+    p.b.recv(2, vec![]).unwrap();
+    for id in [1, 2] {
+        p.a.post(wr(
+            id,
+            SendOp::WriteWithImm(dst.remote(0), 7),
+            vec![src.sge(0, 64)],
+        ))
+        .unwrap();
+    }
+    p.drive();
+    assert_eq!(
+        p.b.recvs(),
+        vec![(1, WcStatus::LocProtErr), (2, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(
+        p.a.sends(),
+        vec![(1, WcStatus::RemOpErr), (2, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(p.a.qp.state(), QpState::Err);
+    assert_eq!(p.b.qp.state(), QpState::Err);
+    assert_eq!(p.b.mem.bytes(dst.addr, 64), vec![0; 64], "the WRITE landed");
+}
+
 // ---------------------------------------------------------------------------------------
 // Local errors
 // ---------------------------------------------------------------------------------------

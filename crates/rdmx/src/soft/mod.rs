@@ -344,6 +344,11 @@ pub(crate) trait Transport: Send + Sync + std::fmt::Debug + 'static {
             Ok(())
         })
     }
+    /// The QP is about to be moved to RTR: what the transport needs for it (its peer) is
+    /// there, or the move is refused.
+    fn ready_for_rtr(&self) -> Result<()> {
+        Ok(())
+    }
     /// The QP just entered RTR.
     fn entered_rtr(&self) -> Result<()> {
         Ok(())
@@ -385,6 +390,9 @@ impl<T: Transport> provider::Qp for SoftQp<T> {
         self.transport.with(|e, _| e.attrs().clone())
     }
     fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        if mask.contains(QpAttrMask::STATE) && attr.qp_state == QpState::Rtr {
+            self.transport.ready_for_rtr()?;
+        }
         let entered_rtr = self.transport.with(|e, _| {
             let before = e.state();
             e.modify(attr, mask)

@@ -595,6 +595,17 @@ impl Transport for Link {
         drop(g);
         Ok(())
     }
+    fn ready_for_rtr(&self) -> Result<()> {
+        let g = self.qp.inner.lock();
+        if g.engine.config().qp_type != rdmx_core::QpType::Ud && g.peer.is_none() {
+            // Its packets would go nowhere (a UC send completing with success) and every
+            // packet that came would be from a stranger.
+            return Err(Error::InvalidArgument(
+                "a udp RC or UC queue pair needs its peer (bind_peer) before RTR",
+            ));
+        }
+        Ok(())
+    }
     fn multicast(&self, gid: [u8; 16], attach: bool) -> Result<()> {
         self.groups.attach(&self.qp, gid, attach, self.max_datagram)
     }

@@ -485,7 +485,17 @@ impl Engine {
             Msg::Desc(d) if d.name == seg.conn.peer => {
                 // The paths were made for the peer's rails as they were: a descriptor
                 // with other rails would name keys they cannot use.
-                if d.rails != seg.conn.desc.read().rails {
+                // (Whether a rail is in service may change; the rails may not.)
+                let same = |a: &[RailDesc], b: &[RailDesc]| {
+                    a.len() == b.len()
+                        && a.iter().zip(b).all(|(x, y)| {
+                            RailDesc {
+                                closed: y.closed,
+                                ..x.clone()
+                            } == *y
+                        })
+                };
+                if !same(&d.rails, &seg.conn.desc.read().rails) {
                     return Err(Error::Descriptor(format!(
                         "{}'s rails changed since its segment was opened; open it again",
                         seg.conn.peer

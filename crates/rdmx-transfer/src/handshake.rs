@@ -15,7 +15,7 @@ use crate::config::Transport;
 use crate::engine::Shared;
 use crate::error::{Error, Result};
 use crate::path::{Conn, Path, RailRt};
-use crate::wire::{Msg, RailDesc, SegmentDesc};
+use crate::wire::{ByDeadline, Msg, RailDesc, SegmentDesc};
 
 pub(crate) fn control_stream(shared: &Shared, peer: &str) -> Result<TcpStream> {
     let timeout = shared.config.connect_timeout;
@@ -165,6 +165,7 @@ pub(crate) fn connect(
     peer: &str,
     want: Option<Transport>,
 ) -> Result<Arc<Conn>> {
+    let t = shared.config.connect_timeout;
     let mut s = control_stream(shared, peer)?;
     let dialed = s
         .peer_addr()
@@ -175,7 +176,7 @@ pub(crate) fn connect(
         token: shared.token(),
     }
     .send(&mut s)?;
-    let theirs = match Msg::recv(&mut s)? {
+    let theirs = match Msg::recv(&mut ByDeadline::new(&s, t))? {
         Msg::Desc(d) => d,
         Msg::Refused(why) => {
             return Err(Error::Refused {
@@ -215,7 +216,7 @@ pub(crate) fn connect(
         paths: wire,
     }
     .send(&mut s)?;
-    let eps = match Msg::recv(&mut s)? {
+    let eps = match Msg::recv(&mut ByDeadline::new(&s, t))? {
         Msg::Accept(eps) if eps.len() == qps.len() => eps,
         Msg::Refused(why) => {
             return Err(Error::Refused {
@@ -231,7 +232,7 @@ pub(crate) fn connect(
     }
     let conn = build_conn(shared, &theirs, dialed, secret, transport, mtu, true, qps)?;
     Msg::Ready.send(&mut s)?;
-    match Msg::recv(&mut s)? {
+    match Msg::recv(&mut ByDeadline::new(&s, t))? {
         Msg::Ready => {}
         Msg::Refused(why) => {
             return Err(Error::Refused {
@@ -286,9 +287,19 @@ fn build_conn(
     }
 }
 
-/// The control listener: each peer's handshake on its own thread, bounded in time; a
-/// bad peer gets a refusal with the reason and the listener goes on.
+/// Control connections served at once, at most: beyond them, a new one closes the one
+/// that has waited longest (real peers' exchanges take milliseconds; a stranger that
+/// sends slowly holds one for at most the connect timeout per message).
+const MAX_HANDSHAKES: usize = 64;
+
+/// The control listener: each peer's handshake on its own thread, bounded in time (each
+/// message within the connect timeout, however slowly it comes) and in number; a bad
+/// peer gets a refusal with the reason and the listener goes on.
 pub(crate) fn listen(shared: Weak<Shared>, l: TcpListener) {
+    // The connections being served, oldest first, by a number of their own.
+    let serving: Arc<parking_lot::Mutex<std::collections::VecDeque<(u64, TcpStream)>>> =
+        Arc::default();
+    let mut next = 0u64;
     loop {
         let Some(s) = shared.upgrade() else { return };
         if s.stop.load(Ordering::Acquire) {
@@ -296,14 +307,37 @@ pub(crate) fn listen(shared: Weak<Shared>, l: TcpListener) {
         }
         match l.accept() {
             Ok((stream, from)) => {
+                let id = next;
+                next += 1;
+                {
+                    let mut q = serving.lock();
+                    if q.len() >= MAX_HANDSHAKES {
+                        if let Some((_, oldest)) = q.pop_front() {
+                            tracing::warn!(
+                                "{MAX_HANDSHAKES} control connections at once: closing the \
+                                 one that waited longest"
+                            );
+                            let _ = oldest.shutdown(std::net::Shutdown::Both);
+                        }
+                    }
+                    if let Ok(c) = stream.try_clone() {
+                        q.push_back((id, c));
+                    }
+                }
                 let s2 = s.clone();
-                let _ = std::thread::Builder::new()
+                let serving2 = serving.clone();
+                let spawned = std::thread::Builder::new()
                     .name("rdmx-te-handshake".into())
                     .spawn(move || {
                         if let Err(e) = serve(&s2, stream) {
                             tracing::warn!(%from, error = %e, "a control connection failed");
                         }
+                        serving2.lock().retain(|(i, _)| *i != id);
                     });
+                if let Err(e) = spawned {
+                    tracing::warn!(%from, error = %e, "no thread for a control connection");
+                    serving.lock().retain(|(i, _)| *i != id);
+                }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 drop(s);
@@ -328,7 +362,7 @@ fn serve(shared: &Arc<Shared>, mut s: TcpStream) -> Result<()> {
     s.set_nodelay(true).map_err(io)?;
     let from = s.peer_addr().map_err(io)?;
     let since = shared.conns_added.load(Ordering::Acquire);
-    let first = match Msg::recv(&mut s) {
+    let first = match Msg::recv(&mut ByDeadline::new(&s, t)) {
         Ok(m) => m,
         Err(e) => {
             let _ = Msg::Refused(e.to_string()).send(&mut s);
@@ -362,7 +396,7 @@ fn serve(shared: &Arc<Shared>, mut s: TcpStream) -> Result<()> {
             if describe_only {
                 return Ok(());
             }
-            let (secret, transport, mtu, paths) = match Msg::recv(&mut s)? {
+            let (secret, transport, mtu, paths) = match Msg::recv(&mut ByDeadline::new(&s, t))? {
                 Msg::Connect {
                     secret,
                     transport,
@@ -396,7 +430,7 @@ fn serve(shared: &Arc<Shared>, mut s: TcpStream) -> Result<()> {
                 }
             };
             Msg::Accept(qps.iter().map(|(_, _, q)| q.endpoint()).collect()).send(&mut s)?;
-            match Msg::recv(&mut s)? {
+            match Msg::recv(&mut ByDeadline::new(&s, t))? {
                 Msg::Ready => {}
                 _ => return Err(Error::Descriptor("the peer did not confirm".into())),
             }
@@ -430,7 +464,7 @@ fn serve(shared: &Arc<Shared>, mut s: TcpStream) -> Result<()> {
             match res {
                 Ok((p, qp)) => {
                     Msg::Accept(vec![qp.endpoint()]).send(&mut s)?;
-                    match Msg::recv(&mut s)? {
+                    match Msg::recv(&mut ByDeadline::new(&s, t))? {
                         Msg::Ready => {}
                         _ => return Err(Error::Descriptor("the peer did not confirm".into())),
                     }
@@ -490,7 +524,7 @@ fn probe(shared: &Shared, conn: &Conn) -> bool {
         secret: conn.secret,
     }
     .send(&mut s);
-    match asked.and_then(|()| Msg::recv(&mut s)) {
+    match asked.and_then(|()| Msg::recv(&mut ByDeadline::new(&s, t))) {
         Ok(Msg::Ready) => true,
         Err(Error::Io(_, e))
             if matches!(
@@ -605,6 +639,7 @@ pub(crate) fn repair(shared: &Arc<Shared>, p: &Arc<Path>) -> Result<()> {
         .conn
         .upgrade()
         .ok_or_else(|| Error::Invalid("the connection is closed".into()))?;
+    let t = shared.config.connect_timeout;
     let qp = shared.new_qp(&p.rail)?;
     let mut s = control_stream(shared, &conn.control.to_string())?;
     Msg::Repair {
@@ -614,7 +649,7 @@ pub(crate) fn repair(shared: &Arc<Shared>, p: &Arc<Path>) -> Result<()> {
         endpoint: qp.endpoint(),
     }
     .send(&mut s)?;
-    let ep = match Msg::recv(&mut s)? {
+    let ep = match Msg::recv(&mut ByDeadline::new(&s, t))? {
         Msg::Accept(eps) if eps.len() == 1 => eps[0],
         Msg::Refused(why) => {
             return Err(Error::Refused {
@@ -626,7 +661,7 @@ pub(crate) fn repair(shared: &Arc<Shared>, p: &Arc<Path>) -> Result<()> {
     };
     qp.connect(ep, &shared.connect_opts(conn.mtu))?;
     Msg::Ready.send(&mut s)?;
-    match Msg::recv(&mut s)? {
+    match Msg::recv(&mut ByDeadline::new(&s, t))? {
         Msg::Ready => {}
         _ => return Err(Error::Descriptor("the peer did not confirm".into())),
     }

@@ -429,10 +429,53 @@ impl Msg {
                 "a control message of {len} bytes (at most {MAX_MESSAGE})"
             )));
         }
-        let mut body = vec![0u8; len];
-        s.read_exact(&mut body)
+        // Grown as the bytes come, so that a length claimed and not sent costs nothing.
+        let mut body = Vec::with_capacity(len.min(64 << 10));
+        let got = s
+            .take(len as u64)
+            .read_to_end(&mut body)
             .map_err(|e| Error::Io("receive a control message", e))?;
+        if got != len {
+            return Err(Error::Io(
+                "receive a control message",
+                std::io::ErrorKind::UnexpectedEof.into(),
+            ));
+        }
         Msg::from_bytes(&body)
+    }
+}
+
+/// A stream read by a deadline: every read waits at most until `until`, so that a peer
+/// sending a message a byte at a time cannot make it last longer.
+pub(crate) struct ByDeadline<'a> {
+    s: &'a std::net::TcpStream,
+    until: std::time::Instant,
+}
+
+impl<'a> ByDeadline<'a> {
+    /// Reads from `s` until `within` from now.
+    pub(crate) fn new(s: &'a std::net::TcpStream, within: std::time::Duration) -> Self {
+        ByDeadline {
+            s,
+            until: std::time::Instant::now() + within,
+        }
+    }
+}
+
+impl Read for ByDeadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self
+            .until
+            .saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the peer did not send its message in time",
+            ));
+        }
+        self.s.set_read_timeout(Some(left))?;
+        let mut s = self.s;
+        s.read(buf)
     }
 }
 

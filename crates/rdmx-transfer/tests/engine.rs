@@ -337,6 +337,65 @@ fn the_control_listener_survives_garbage_and_strangers() {
     assert!(a.submit(batch).wait(T).unwrap().is_success());
 }
 
+/// Strangers that send a control message a byte at a time (its header claiming 16 MiB)
+/// are closed within the connect timeout, however steadily they send (before, each
+/// read's own timeout was all, and they were held for good, each with a thread); a real
+/// peer opens the engine meanwhile.
+#[test]
+fn strangers_that_send_a_byte_at_a_time_are_closed_within_the_connect_timeout() {
+    use std::io::Read;
+    let b = Engine::new("b", tcp_rails(1).connect_timeout(Duration::from_secs(1))).unwrap();
+    b.register("dst", 4096, Access::REMOTE_WRITE).unwrap();
+    let addr = b.control_addr();
+    let start = Instant::now();
+    std::thread::scope(|sc| {
+        let drips: Vec<_> = (0..8)
+            .map(|_| {
+                sc.spawn(move || {
+                    let mut s = std::net::TcpStream::connect(addr).unwrap();
+                    s.set_read_timeout(Some(Duration::from_millis(100)))
+                        .unwrap();
+                    let mut f = b"RDMXTE01".to_vec();
+                    f.extend_from_slice(&(16u32 << 20).to_be_bytes());
+                    s.write_all(&f).unwrap();
+                    let mut buf = [0u8; 256];
+                    loop {
+                        if start.elapsed() > Duration::from_secs(10) {
+                            return None;
+                        }
+                        match s.read(&mut buf) {
+                            Ok(_) => return Some(start.elapsed()),
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                            Err(_) => return Some(start.elapsed()),
+                        }
+                        if s.write_all(&[0]).is_err() {
+                            return Some(start.elapsed());
+                        }
+                    }
+                })
+            })
+            .collect();
+        let a = Engine::new("a", tcp_rails(1)).unwrap();
+        let src = a
+            .register("src", pattern(6, 4096), Access::LOCAL_WRITE)
+            .unwrap();
+        let seg = a.open_segment(&addr.to_string()).unwrap();
+        let mut batch = Batch::new();
+        batch
+            .write((&src, 0), &seg, Target::Offset(0), 4096)
+            .unwrap();
+        assert!(a.submit(batch).wait(T).unwrap().is_success());
+        for d in drips {
+            let closed = d.join().unwrap();
+            assert!(
+                closed.is_some_and(|t| t < Duration::from_secs(5)),
+                "a stranger sending a byte at a time was held for {closed:?}"
+            );
+        }
+    });
+}
+
 #[test]
 fn standalone_notifications_and_slot_pools() {
     let a = Engine::new("a", tcp_rails(1)).unwrap();

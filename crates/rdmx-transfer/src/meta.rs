@@ -133,12 +133,31 @@ mod etcd {
 
     /// An etcd client, this engine's lease, and the watch of every segment.
     pub(crate) struct Store {
-        rt: Runtime,
+        /// Taken only by `drop`.
+        rt: Option<Runtime>,
         client: Client,
         endpoints: String,
         key: String,
         lease: Arc<Mutex<i64>>,
         state: Arc<(Mutex<State>, Condvar)>,
+    }
+
+    /// Runs `f` on the store's runtime and waits for it: from this thread, or, when it is
+    /// itself a runtime's (the engine called from async code, where waiting for another
+    /// runtime in place is not allowed), from a thread of its own.
+    fn run<F>(rt: &Runtime, f: F) -> F::Output
+    where
+        F: std::future::Future + Send,
+        F::Output: Send,
+    {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return rt.block_on(f);
+        }
+        std::thread::scope(|s| {
+            s.spawn(|| rt.block_on(f))
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        })
     }
 
     fn unreachable(endpoints: &str, e: impl std::fmt::Display) -> Error {
@@ -158,17 +177,24 @@ mod etcd {
                 .with_connect_timeout(CALL)
                 .with_timeout(CALL);
             let ttl_s = ttl.as_secs().max(2) as i64;
-            let (client, lease) = rt
-                .block_on(async {
-                    tokio::time::timeout(CALL * 2, async {
-                        let mut c = Client::connect(&endpoints, Some(opts)).await?;
-                        let lease = c.lease_grant(ttl_s, None).await?.id();
-                        Ok::<_, etcd_client::Error>((c, lease))
-                    })
-                    .await
+            let connected = run(&rt, async {
+                tokio::time::timeout(CALL * 2, async {
+                    let mut c = Client::connect(&endpoints, Some(opts)).await?;
+                    let lease = c.lease_grant(ttl_s, None).await?.id();
+                    Ok::<_, etcd_client::Error>((c, lease))
                 })
-                .map_err(|_| unreachable(&list, "no answer"))?
-                .map_err(|e| unreachable(&list, e))?;
+                .await
+            });
+            let (client, lease) = match connected {
+                Ok(Ok(c)) => c,
+                failed => {
+                    shut_down(rt);
+                    return Err(match failed {
+                        Ok(Err(e)) => unreachable(&list, e),
+                        _ => unreachable(&list, "no answer"),
+                    });
+                }
+            };
             let state = Arc::new((
                 Mutex::new(State {
                     desc: None,
@@ -189,7 +215,7 @@ mod etcd {
             ));
             rt.spawn(watch(client.clone(), state.clone()));
             Ok(Store {
-                rt,
+                rt: Some(rt),
                 client,
                 endpoints: list,
                 key,
@@ -208,7 +234,7 @@ mod etcd {
             let mut c = self.client.clone();
             let lease = *self.lease.lock();
             let key = self.key.clone();
-            let res = self.rt.block_on(async {
+            let res = run(self.rt(), async {
                 tokio::time::timeout(
                     CALL,
                     c.put(key, bytes, Some(PutOptions::new().with_lease(lease))),
@@ -225,11 +251,11 @@ mod etcd {
         pub(crate) fn lookup(&self, name: &str) -> Result<SegmentDesc> {
             let mut c = self.client.clone();
             let key = format!("{PREFIX}{name}");
-            let resp = self
-                .rt
-                .block_on(async { tokio::time::timeout(CALL, c.get(key, None)).await })
-                .map_err(|_| unreachable(&self.endpoints, "no answer"))?
-                .map_err(|e| unreachable(&self.endpoints, e))?;
+            let resp = run(self.rt(), async {
+                tokio::time::timeout(CALL, c.get(key, None)).await
+            })
+            .map_err(|_| unreachable(&self.endpoints, "no answer"))?
+            .map_err(|e| unreachable(&self.endpoints, e))?;
             let kv = resp
                 .kvs()
                 .first()
@@ -242,6 +268,12 @@ mod etcd {
                 )));
             }
             Ok(d)
+        }
+
+        fn rt(&self) -> &Runtime {
+            self.rt
+                .as_ref()
+                .expect("the runtime goes only with the store")
         }
 
         pub(crate) fn segments(&self) -> Vec<String> {
@@ -268,9 +300,20 @@ mod etcd {
             // Leave at once rather than when the lease runs out.
             let mut c = self.client.clone();
             let lease = *self.lease.lock();
-            let _ = self.rt.block_on(async {
+            let _ = run(self.rt(), async {
                 tokio::time::timeout(Duration::from_secs(1), c.lease_revoke(lease)).await
             });
+            if let Some(rt) = self.rt.take() {
+                shut_down(rt);
+            }
+        }
+    }
+
+    /// Drops `rt`; from a runtime's thread, without waiting for its tasks (waiting there
+    /// is not allowed).
+    fn shut_down(rt: Runtime) {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            rt.shutdown_background();
         }
     }
 

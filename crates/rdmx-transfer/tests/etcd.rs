@@ -203,6 +203,38 @@ fn engines_find_each_other_in_etcd_and_leave_it() {
     assert!(e.to_string().contains("no segment named"), "{e}");
 }
 
+/// Called from async code (in a tokio task, as a server on tokio would call it), an engine
+/// with its metadata in etcd starts, publishes, looks its peer up, transfers and leaves
+/// (before, each etcd call panicked: "Cannot start a runtime from within a runtime").
+#[test]
+fn an_engine_with_etcd_works_from_async_code() {
+    let Some(etcd) = Etcd::start() else { return };
+    let url = etcd.url();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let a = Engine::new("a", cfg(&url)).unwrap();
+        let b = Engine::new("b", cfg(&url)).unwrap();
+        let dst = b.register("dst", 4096, Access::REMOTE_WRITE).unwrap();
+        let src = a
+            .register("src", vec![7u8; 4096], Access::LOCAL_WRITE)
+            .unwrap();
+        let seg = a.open_segment("b").unwrap();
+        let mut batch = Batch::new();
+        batch
+            .write((&src, 0), &seg, Target::Buffer("dst", 0), 4096)
+            .unwrap();
+        assert!(a.submit(batch).wait(T).unwrap().is_success());
+        let mut got = vec![0u8; 4096];
+        dst.read(0, &mut got).unwrap();
+        assert!(got.iter().all(|&x| x == 7));
+        drop(b);
+        wait_event(&a, &SegmentEvent::Removed("b".into()));
+    });
+}
+
 /// Not a test by itself: the engine process the next test kills (run only when the
 /// parent sets `RDMX_TE_CHILD_ETCD`).
 #[test]

@@ -288,6 +288,33 @@ impl<Mr> Requester<Mr> {
         self.send_off = 0;
     }
 
+    /// Restarts transmission at PSN `psn` of request `idx` when that is part-way through a
+    /// SEND or WRITE whose packets before it the peer has (a sequence NAK names the PSN
+    /// the peer expects; an ACK said it has those before): only the rest is sent again,
+    /// as rxe does, so a long message on a lossy path is not sent from its start after
+    /// every loss. Otherwise restarts at the request's first packet ([`rewind`]).
+    fn resume_at(&mut self, idx: usize, psn: u32, mtu: u64) {
+        if idx >= self.started() {
+            return;
+        }
+        let w = &self.sq[idx];
+        let k = psn_diff(psn, w.first_psn);
+        let midway = matches!(
+            w.op,
+            SendOp::Send | SendOp::SendWithImm(_) | SendOp::Write(_) | SendOp::WriteWithImm(..)
+        ) && w.npsn > 1
+            && k > 0
+            && (k as u32) < w.npsn;
+        let npsn = w.npsn;
+        self.rewind(idx);
+        if midway {
+            // The request keeps its PSNs; transmission goes on from packet `k`.
+            self.sq[idx].npsn = npsn;
+            self.next_psn = psn;
+            self.send_off = k as u64 * mtu;
+        }
+    }
+
     /// Marks everything strictly before `psn` as acknowledged (SENDs and WRITEs).
     fn ack_before(&mut self, psn: u32) -> bool {
         let mut progress = false;
@@ -555,9 +582,10 @@ pub(crate) fn handle_response<M: MemAccess>(
         Some(Syndrome::Ack { .. }) | None => qp.req.answered(psn_add(psn, 1)),
         Some(_) => qp.req.answered(psn),
     };
-    if moved && qp.cfg.send_window > 0 {
-        // Part of a long message arrived: that is progress too, or the ack timer would
-        // expire while the window holds the rest back.
+    if moved {
+        // PSNs the peer had not acknowledged before arrived: the path works, and the
+        // retries start over (part of a long message the window holds back, or requests
+        // behind a READ or atomic whose answer was lost and is being asked for again).
         progress(qp, now);
     }
     if let Some(Syndrome::Ack { credits }) = syndrome {
@@ -602,7 +630,10 @@ pub(crate) fn handle_response<M: MemAccess>(
                 return;
             }
             match nak {
-                NakCode::PsnSequenceError => qp.req.rewind(idx),
+                NakCode::PsnSequenceError => {
+                    let mtu = u64::from(qp.sm.attrs().path_mtu.bytes());
+                    qp.req.resume_at(idx, psn, mtu)
+                }
                 NakCode::InvalidRequest | NakCode::InvalidRdRequest => {
                     qp.req.sq[idx].done = Some(WcStatus::RemInvReqErr)
                 }
@@ -702,7 +733,10 @@ pub(crate) fn handle_timeout<M: MemAccess>(qp: &mut RcQp<M>, now: Instant) {
     }
     qp.req.retry_left -= 1;
     if !qp.cfg.reliable_link {
-        qp.req.rewind(oldest);
+        // From the first packet not acknowledged (the peer has those before it).
+        let mtu = u64::from(qp.sm.attrs().path_mtu.bytes());
+        let acked = qp.req.acked;
+        qp.req.resume_at(oldest, acked, mtu);
     }
     qp.req.timer = timeout_of(qp).map(|d| now + d);
 }

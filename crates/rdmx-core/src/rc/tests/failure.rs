@@ -953,6 +953,37 @@ fn a_message_held_by_the_send_window_recovers_lost_acknowledgements() {
     p.drive();
     assert_eq!(p.a.sends(), vec![(1, WcStatus::Success)]);
     assert_eq!(p.b.mem.bytes(dst.addr, len), pattern(5, len));
+    // Each timeout sends again from the first packet not acknowledged (the 40th), not
+    // from the message's start: at most a window's worth each time.
+    let sent = p.ab.sent().count();
+    assert!(sent <= 64 + 3 * 8, "{sent} packets sent for 64");
+}
+
+/// A packet lost in the middle of a long WRITE: the responder NAKs the PSN it expects,
+/// and the requester sends again from there, not from the message's start.
+#[test]
+fn a_sequence_nak_resumes_a_long_message_where_it_broke() {
+    let mut p = Pair::with(PairConfig {
+        mtu: crate::Mtu::Mtu256,
+        ..PairConfig::default()
+    });
+    let len: usize = 64 * 256;
+    let src = p.a.mem.register(len as u64, ALL);
+    p.a.mem.fill(src.addr, &pattern(8, len));
+    let dst = p.b.mem.register(len as u64, ALL);
+    let lost = rdmx_wire::psn_add(p.cfg.sq_psn_a, 30);
+    p.ab.drop_matching(1, move |x| x.psn == lost);
+    p.a.post(wr(
+        1,
+        SendOp::Write(dst.remote(0)),
+        vec![src.sge(0, len as u32)],
+    ))
+    .unwrap();
+    p.drive();
+    assert_eq!(p.a.sends(), vec![(1, WcStatus::Success)]);
+    assert_eq!(p.b.mem.bytes(dst.addr, len), pattern(8, len));
+    let sent = p.ab.sent().count();
+    assert!(sent <= 64 + (64 - 30), "{sent} packets sent for 64");
 }
 
 // ---------------------------------------------------------------------------------------

@@ -341,16 +341,23 @@ pub(crate) fn timeout_of<M: MemAccess>(qp: &RcQp<M>) -> Option<Duration> {
     ack_timeout(qp.sm.attrs().timeout).map(|t| t.max(qp.cfg.min_ack_timeout))
 }
 
+/// The requests the retransmission timer watches: those sent whole, and the one part-way
+/// sent when the send window holds the rest of it back (it waits there for
+/// acknowledgements that may never come). A message part-way sent for any other reason
+/// is still going out (a stream taking it as fast as it can): its packets are not
+/// acknowledged before its last one asks, and the timer starts once it is out, however
+/// long that takes.
+fn watched<M: MemAccess>(qp: &RcQp<M>) -> usize {
+    let w = qp.cfg.send_window;
+    let held = w > 0 && psn_diff(qp.req.next_psn, qp.req.acked) >= w as i32;
+    match held {
+        true => qp.req.started(),
+        false => qp.req.send_idx,
+    }
+}
+
 fn arm<M: MemAccess>(qp: &mut RcQp<M>, now: Instant) {
-    // Every request with a packet sent and not acknowledged, the one part-way sent
-    // included (a message longer than the send window waits there for acknowledgements
-    // that may never come).
-    let outstanding = qp
-        .req
-        .sq
-        .iter()
-        .take(qp.req.started())
-        .any(|w| w.done.is_none());
+    let outstanding = qp.req.sq.iter().take(watched(qp)).any(|w| w.done.is_none());
     qp.req.timer = match (outstanding, timeout_of(qp)) {
         (true, Some(t)) => Some(now + t),
         _ => None,
@@ -722,7 +729,7 @@ pub(crate) fn handle_timeout<M: MemAccess>(qp: &mut RcQp<M>, now: Instant) {
         qp.req.timer = None;
         return;
     };
-    if oldest >= qp.req.started() {
+    if oldest >= watched(qp) {
         qp.req.timer = None;
         return;
     }

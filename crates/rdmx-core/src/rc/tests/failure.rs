@@ -926,6 +926,36 @@ fn a_message_held_by_the_send_window_times_out_on_a_dead_link() {
     assert_eq!(p.a.sends(), vec![(1, WcStatus::RetryExcErr)]);
 }
 
+/// A message a slow transport takes out a packet at a time, over many ACK timeouts (a
+/// stream without a send window, as tcp and shm are): it completes; the timer does not
+/// run while the message is still going out (it did for a moment, and such a message
+/// failed with RETRY_EXC_ERR on a healthy link).
+#[test]
+fn a_message_still_going_out_is_not_timed_out() {
+    let mut p = Pair::with(PairConfig {
+        mtu: crate::Mtu::Mtu256,
+        retry_cnt: 1,
+        ..PairConfig::default()
+    });
+    let timeout = crate::qp::timeout_duration(p.cfg.timeout).unwrap();
+    p.a.burst = Some(1);
+    p.a.pace = timeout / 2;
+    let len: usize = 32 * 256;
+    let src = p.a.mem.register(len as u64, ALL);
+    p.a.mem.fill(src.addr, &pattern(4, len));
+    let dst = p.b.mem.register(len as u64, ALL);
+    p.a.post(wr(
+        1,
+        SendOp::Write(dst.remote(0)),
+        vec![src.sge(0, len as u32)],
+    ))
+    .unwrap();
+    p.drive();
+    assert_eq!(p.a.sends(), vec![(1, WcStatus::Success)]);
+    assert_eq!(p.b.mem.bytes(dst.addr, len), pattern(4, len));
+    assert_eq!(p.ab.sent().count(), 32, "each packet once");
+}
+
 /// The same message with the acknowledgements from its 40th packet on lost, three times
 /// (the window holds the rest back each time): the timer sends again what went
 /// unacknowledged, and every byte lands.

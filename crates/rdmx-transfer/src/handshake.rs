@@ -48,8 +48,10 @@ type Choice = (Transport, Vec<(Arc<RailRt>, u8)>, u32);
 /// descriptor) to connect, with the path MTU.
 fn choose(shared: &Shared, theirs: &SegmentDesc, want: Option<Transport>) -> Result<Choice> {
     let mine = shared.open_rails();
-    let has =
-        |t: Transport| mine.iter().any(|r| r.kind == t) && theirs.rails.iter().any(|r| r.kind == t);
+    // The peer's rails in service: it opens no path on a closed one.
+    let has = |t: Transport| {
+        mine.iter().any(|r| r.kind == t) && theirs.rails.iter().any(|r| r.kind == t && !r.closed)
+    };
     let same_host = theirs.host == shared.host;
     let kinds = |rails: &mut dyn Iterator<Item = Transport>| {
         let mut v: Vec<_> = rails.map(|t| t.name()).collect();
@@ -64,7 +66,7 @@ fn choose(shared: &Shared, theirs: &SegmentDesc, want: Option<Transport>) -> Res
                     why: format!(
                         "{t} asked for; rails here: {}; the peer's: {}",
                         kinds(&mut mine.iter().map(|r| r.kind)),
-                        kinds(&mut theirs.rails.iter().map(|r| r.kind))
+                        kinds(&mut theirs.rails.iter().filter(|r| !r.closed).map(|r| r.kind))
                     ),
                 });
             }
@@ -85,7 +87,7 @@ fn choose(shared: &Shared, theirs: &SegmentDesc, want: Option<Transport>) -> Res
                     why: format!(
                         "no transport in common (here: {}; the peer: {}; same host: {same_host})",
                         kinds(&mut mine.iter().map(|r| r.kind)),
-                        kinds(&mut theirs.rails.iter().map(|r| r.kind))
+                        kinds(&mut theirs.rails.iter().filter(|r| !r.closed).map(|r| r.kind))
                     ),
                 });
             }

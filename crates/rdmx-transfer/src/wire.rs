@@ -26,7 +26,9 @@ pub(crate) const MAX_TOKEN: usize = 64;
 /// Most paths one connection sets up.
 pub(crate) const MAX_PATHS: usize = 256;
 
-const MAGIC: &[u8; 8] = b"RDMXTE01";
+/// The control messages' magic: "RDMXTE" and the wire version (02: rails say whether
+/// they are in service).
+const MAGIC: &[u8; 8] = b"RDMXTE02";
 
 /// What one rail of an engine is, as its peers see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -421,6 +423,13 @@ impl Msg {
         s.read_exact(&mut head)
             .map_err(|e| Error::Io("receive a control message", e))?;
         if &head[..8] != MAGIC {
+            if head[..6] == MAGIC[..6] {
+                return Err(bad(format!(
+                    "the peer speaks wire version {} of the rdmx transfer engine, this one {}",
+                    String::from_utf8_lossy(&head[6..8]),
+                    String::from_utf8_lossy(&MAGIC[6..8])
+                )));
+            }
             return Err(bad("the peer is not an rdmx transfer engine".into()));
         }
         let len = u32::from_be_bytes([head[8], head[9], head[10], head[11]]) as usize;
@@ -734,5 +743,9 @@ mod tests {
         assert!(e.to_string().contains("at most"), "{e}");
         let e = Msg::recv(&mut &b"GET / HTTP/1.1\r\n\r\n"[..]).unwrap_err();
         assert!(e.to_string().contains("not an rdmx"), "{e}");
+        let mut older = b"RDMXTE01".to_vec();
+        older.extend_from_slice(&0u32.to_be_bytes());
+        let e = Msg::recv(&mut &older[..]).unwrap_err();
+        assert!(e.to_string().contains("wire version 01"), "{e}");
     }
 }

@@ -87,6 +87,22 @@ fn same_host_peers_use_shm_by_default() {
     assert_eq!(round_trip(&a, &b, 3, 1 << 20), Transport::Shm);
 }
 
+/// A same-host peer that closed its shm rail is reached over tcp, its other transport
+/// (before, the choice still counted the closed rail, found no rail of it in service, and
+/// the open panicked dividing by zero).
+#[test]
+fn a_peer_with_its_shm_rail_closed_is_reached_over_tcp() {
+    let cfg = || {
+        Config::default()
+            .rails(vec![Rail::Shm, Rail::tcp(local())])
+            .listen(local())
+    };
+    let a = Engine::new("a", cfg()).unwrap();
+    let b = Engine::new("b", cfg()).unwrap();
+    b.close_rail(0).unwrap();
+    assert_eq!(round_trip(&a, &b, 3, 64 << 10), Transport::Tcp);
+}
+
 #[test]
 fn a_forced_transport_is_used_or_refused_naming_both_sides() {
     let cfg = || {
@@ -319,7 +335,7 @@ fn the_control_listener_survives_garbage_and_strangers() {
     s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
     // A frame claiming 4 GiB.
     let mut s2 = std::net::TcpStream::connect(addr).unwrap();
-    let mut f = b"RDMXTE01".to_vec();
+    let mut f = b"RDMXTE02".to_vec();
     f.extend_from_slice(&u32::MAX.to_be_bytes());
     s2.write_all(&f).unwrap();
     // A connection that says nothing.
@@ -355,7 +371,7 @@ fn strangers_that_send_a_byte_at_a_time_are_closed_within_the_connect_timeout() 
                     let mut s = std::net::TcpStream::connect(addr).unwrap();
                     s.set_read_timeout(Some(Duration::from_millis(100)))
                         .unwrap();
-                    let mut f = b"RDMXTE01".to_vec();
+                    let mut f = b"RDMXTE02".to_vec();
                     f.extend_from_slice(&(16u32 << 20).to_be_bytes());
                     s.write_all(&f).unwrap();
                     let mut buf = [0u8; 256];

@@ -781,6 +781,46 @@ fn a_reset_queue_pair_refuses_the_secret_of_its_last_connection() {
 }
 
 #[test]
+fn a_reset_queue_pair_expects_no_peer_until_its_next_rtr() {
+    // A QP waiting in RTR for a peer that never came is reset: it expects that peer no
+    // more, so the next connection's peer, dialing before the QP is back in RTR, is kept
+    // for it (before, it was closed as "a QP other than the one expected").
+    let mut srv = Server::new();
+    let v = srv.victim();
+    for state in [QpState::Err, QpState::Reset] {
+        let attr = rdmx::QpAttr {
+            qp_state: state,
+            ..rdmx::QpAttr::default()
+        };
+        v.qp.modify(&attr, rdmx::QpAttrMask::STATE).expect("modify");
+    }
+    const NEXT_QPN: u32 = FAKE_QPN + 1;
+    let mut s = srv.connect_raw();
+    s.write_all(&hello(v.qp.qp_num(), NEXT_QPN, v.qp.endpoint().secret))
+        .expect("hello");
+    std::thread::sleep(Duration::from_millis(100));
+    let next = QpEndpoint {
+        qp_num: NEXT_QPN,
+        psn: FAKE_PSN,
+        mtu: 65536,
+        secret: 0,
+        addr: PeerAddr::Ip(SocketAddr::from(([127, 0, 0, 1], 9))),
+    };
+    v.qp.connect(next, &ConnectOptions::default())
+        .expect("connect");
+    s.write_all(&write_frame(
+        v.qp.qp_num(),
+        FAKE_PSN,
+        v.mr.addr() as u64,
+        v.mr.rkey(),
+        &pattern(7, 32),
+    ))
+    .expect("send");
+    assert_eq!(nak_of(&read_frame(&mut s)), None);
+    srv.check_healthy();
+}
+
+#[test]
 fn stalled_peer_fails_outstanding_requests_with_retry_exceeded() {
     // The peer says hello and then never answers: every request the victim sends must
     // complete with an error within timeout × (retries + 1), not hang (on tcp the ack

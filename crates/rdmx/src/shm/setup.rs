@@ -347,12 +347,23 @@ impl Driver {
     }
 
     /// `qp` went back to RESET with first PSN `psn` and secret `secret`: a connection
-    /// parked for it presented the old secret, and goes.
+    /// parked for it, or attached to it since the reset (the peer it last expected, with
+    /// the old secret), goes, and it expects no peer until its next move to RTR.
     pub(super) fn rekey(&self, qp: &ShmQp, psn: u32, secret: u64) {
         let mut g = qp.inner.lock();
         g.my_psn = psn;
         g.secret = secret;
+        g.expect_peer = None;
+        let late = g.conn.take();
         self.pending.remove(qp.qpn);
+        drop(g);
+        if let Some(c) = late {
+            tracing::warn!(
+                qpn = qp.qpn,
+                "closing a connection made with the secret the QP had before its reset"
+            );
+            self.reset_conn(qp, c);
+        }
     }
 
     /// Closes handshakes and parked connections that waited too long.

@@ -415,11 +415,20 @@ impl Driver {
     }
 
     /// `qp` went back to RESET with first PSN `psn` and secret `secret`: a stream parked
-    /// for it presented the old secret, and goes.
+    /// for it, or attached to it since the reset (the peer it last expected, with the old
+    /// secret), goes, and it expects no peer until its next move to RTR.
     pub(super) fn rekey(&self, qp: &TcpQp, psn: u32, secret: u64) {
         let mut g = qp.inner.lock();
         g.my_psn = psn;
         g.secret = secret;
+        g.expect_peer = None;
+        if TcpQp::attached(&g) {
+            tracing::warn!(
+                qpn = qp.qpn,
+                "closing a connection made with the secret the QP had before its reset"
+            );
+            g.close();
+        }
         self.pending.remove(qp.qpn);
     }
 

@@ -431,7 +431,7 @@ impl Inner {
     }
 
     /// Closes the stream, dropping the frames queued for it and the one half received.
-    fn close(&mut self) {
+    pub(super) fn close(&mut self) {
         if self.rx.mid_payload() {
             // What the payload's headers completed never arrived whole.
             self.engine.abort_payload();

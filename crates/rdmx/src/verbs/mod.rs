@@ -334,6 +334,23 @@ impl Device {
         self.qps.read().get(&qpn).and_then(Weak::upgrade)
     }
 
+    /// A receive completion of a QP already destroyed: if it took an SRQ's receive, that
+    /// receive's slot goes (each SRQ numbers its receives in a window of its own), so the
+    /// SRQ does not count it as posted for good and refuse posts it has room for.
+    fn release_srq_receive(&self, hw_wr_id: u64) {
+        let srqs: Vec<_> = self
+            .srqs
+            .lock()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for s in srqs {
+            if s.release(hw_wr_id) {
+                return;
+            }
+        }
+    }
+
     /// Takes every waiting async event: SRQ limit events are recorded on their SRQ.
     fn poll_async(&self) {
         while let Some((ty, element)) = self.ctx.next_async_event() {
@@ -470,7 +487,12 @@ impl Cq {
     /// completions of QPs already destroyed.
     fn complete(&self, wc: &sys::Wc) -> Option<Completion> {
         use sys::consts::{wc_opcode, wc_status};
-        let qp = self.dev.qp(wc.qp_num)?;
+        let Some(qp) = self.dev.qp(wc.qp_num) else {
+            if qp::is_recv(wc.wr_id) {
+                self.dev.release_srq_receive(wc.wr_id);
+            }
+            return None;
+        };
         let status = match wc.status {
             wc_status::IBV_WC_SUCCESS => WcStatus::Success,
             wc_status::IBV_WC_LOC_LEN_ERR => WcStatus::LocLenErr,

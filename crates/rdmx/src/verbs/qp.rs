@@ -680,6 +680,16 @@ impl SrqShared {
     pub(super) fn limit_fired(&self) {
         self.limit.store(true, Ordering::Release);
     }
+
+    /// Lets go of the receive the adapter numbered `hw_wr_id`, if it is this SRQ's;
+    /// returns whether it was.
+    pub(super) fn release(&self, hw_wr_id: u64) -> bool {
+        self.slots
+            .lock()
+            .slots
+            .remove(&(hw_wr_id & !RECV_BIT))
+            .is_some()
+    }
 }
 
 /// A shared receive queue on a verbs device.
@@ -718,8 +728,14 @@ impl Srq {
             sys::Srq::create(&hw_pd, max_wr as u32, max_sge.max(1) as u32)
                 .map_err(verb("ibv_create_srq"))?,
         );
+        // A window of numbers of its own, apart from every QP's and SRQ's: a receive
+        // completion whose QP is gone names its SRQ by its number alone.
+        let base = NEXT_SEQ_BASE.fetch_add(SEQ_WINDOW, Ordering::Relaxed) % (RECV_BIT / 2);
         let shared = Arc::new(SrqShared {
-            slots: Mutex::new(SrqSlots::default()),
+            slots: Mutex::new(SrqSlots {
+                next_seq: base,
+                slots: HashMap::new(),
+            }),
             limit: AtomicBool::new(false),
         });
         dev.srqs.lock().insert(hw.addr(), Arc::downgrade(&shared));

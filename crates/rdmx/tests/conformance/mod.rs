@@ -98,6 +98,7 @@ macro_rules! conformance_suite {
             errors::send_longer_than_receive,
             errors::inline_flag_with_a_stale_element,
             srq::shared_receive_queue,
+            srq::a_destroyed_qp_leaves_its_srq_receives_room,
             unreliable::ud_datagrams_to_several_qps,
             unreliable::ud_qkey_mismatch,
             unreliable::ud_oversize_refused,

@@ -133,3 +133,45 @@ pub(crate) fn shared_receive_queue(p: &Provider) {
         &what,
     );
 }
+
+/// Receives an SRQ gave a QP that is destroyed before their completions are polled leave
+/// the SRQ's room: it takes as many new receives as it holds (on verbs, the SRQ kept them
+/// counted as posted for good, and refused posts it had room for).
+pub(crate) fn a_destroyed_qp_leaves_its_srq_receives_room(p: &Provider) {
+    let (ctx_a, ctx_b) = (p.open(), p.open());
+    let (pd_a, pd_b) = (ctx_a.alloc_pd(), ctx_b.alloc_pd());
+    let cq_a = ctx_a.create_cq(64).unwrap();
+    let cq_b = ctx_b.create_cq(64).unwrap();
+    const DEPTH: usize = 4;
+    let srq = pd_b.create_srq(DEPTH, 1).unwrap();
+    let opts = p.options();
+    let caps = QpCaps::default();
+    let src = register(&pd_a, 64, LOCAL);
+    let inbox = register(&pd_b, 64 * DEPTH, LOCAL);
+    let what = format!("{}: SRQ receives of a destroyed QP", p.name);
+    for round in 0..3u64 {
+        let a = pd_a.create_qp(&cq_a, &cq_a, caps).unwrap();
+        let b = pd_b.create_qp_with_srq(&cq_b, &cq_b, &srq, caps).unwrap();
+        p.connect_qps(&a, &opts, &b, &opts);
+        for i in 0..DEPTH {
+            srq.post_recv(RecvRequest::new(round * 100 + i as u64).sge(sge(&inbox, i * 64, 64)))
+                .unwrap_or_else(|e| panic!("{what}: round {round}, receive {i}: {e}"));
+        }
+        for i in 0..DEPTH {
+            a.post_send(SendRequest::send(i as u64).sge(sge(&src, 0, 8)))
+                .unwrap();
+        }
+        // Every SEND is acknowledged: each took one of the SRQ's receives.
+        wait_n(&cq_a, DEPTH, &what);
+        // The receiving QP goes before its completions are polled.
+        drop(b);
+        drop(a);
+        // The CQ is polled on (the software providers still give what it holds of the
+        // QP; verbs gives nothing of a destroyed QP).
+        let start = std::time::Instant::now();
+        while start.elapsed() < std::time::Duration::from_millis(100) {
+            while cq_b.poll_one().unwrap().is_some() {}
+            std::thread::yield_now();
+        }
+    }
+}

@@ -340,10 +340,16 @@ fn the_control_listener_survives_garbage_and_strangers() {
     s2.write_all(&f).unwrap();
     // A connection that says nothing.
     let _idle = std::net::TcpStream::connect(addr).unwrap();
-    // A forged repair for a connection that does not exist: refused.
+    // A real peer still opens the engine and writes.
+    a_peer_writes_4_kib_to(addr, 5);
+}
+
+/// A new engine opens the engine whose control listener is at `addr` and WRITEs 4 KiB of
+/// `pattern(seed, ..)` to the start of its segment, which succeeds.
+fn a_peer_writes_4_kib_to(addr: std::net::SocketAddr, seed: u8) {
     let a = Engine::new("a", tcp_rails(1)).unwrap();
     let src = a
-        .register("src", pattern(5, 4096), Access::LOCAL_WRITE)
+        .register("src", pattern(seed, 4096), Access::LOCAL_WRITE)
         .unwrap();
     let seg = a.open_segment(&addr.to_string()).unwrap();
     let mut batch = Batch::new();
@@ -392,16 +398,7 @@ fn strangers_that_send_a_byte_at_a_time_are_closed_within_the_connect_timeout() 
                 })
             })
             .collect();
-        let a = Engine::new("a", tcp_rails(1)).unwrap();
-        let src = a
-            .register("src", pattern(6, 4096), Access::LOCAL_WRITE)
-            .unwrap();
-        let seg = a.open_segment(&addr.to_string()).unwrap();
-        let mut batch = Batch::new();
-        batch
-            .write((&src, 0), &seg, Target::Offset(0), 4096)
-            .unwrap();
-        assert!(a.submit(batch).wait(T).unwrap().is_success());
+        a_peer_writes_4_kib_to(addr, 6);
         for d in drips {
             let closed = d.join().unwrap();
             assert!(

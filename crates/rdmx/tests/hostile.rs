@@ -136,13 +136,7 @@ impl Server {
     fn victim(&self) -> Victim {
         let (qp, cq) = qp_in(&self.pd);
         let mr = region(&self.pd, 0x5A);
-        let fake = QpEndpoint {
-            qp_num: FAKE_QPN,
-            psn: FAKE_PSN,
-            mtu: 65536,
-            secret: 0,
-            addr: PeerAddr::Ip(SocketAddr::from(([127, 0, 0, 1], 9))),
-        };
+        let fake = fake_peer(FAKE_QPN);
         qp.connect(fake, &ConnectOptions::default())
             .expect("connect the victim to the fake peer");
         assert_eq!(qp.state(), QpState::Rts);
@@ -247,6 +241,29 @@ fn hello(to: u32, from: u32, secret: u64) -> [u8; 24] {
     h[12..16].copy_from_slice(&from.to_be_bytes());
     h[16..].copy_from_slice(&secret.to_be_bytes());
     h
+}
+
+/// The endpoint of a fake peer QP numbered `qp_num`: it dials (its number is the smaller),
+/// so the address it names is never used.
+fn fake_peer(qp_num: u32) -> QpEndpoint {
+    QpEndpoint {
+        qp_num,
+        psn: FAKE_PSN,
+        mtu: 65536,
+        secret: 0,
+        addr: PeerAddr::Ip(SocketAddr::from(([127, 0, 0, 1], 9))),
+    }
+}
+
+/// Moves `qp` to ERR, then back to RESET.
+fn reset(qp: &QueuePair) {
+    for state in [QpState::Err, QpState::Reset] {
+        let attr = rdmx::QpAttr {
+            qp_state: state,
+            ..rdmx::QpAttr::default()
+        };
+        qp.modify(&attr, rdmx::QpAttrMask::STATE).expect("modify");
+    }
 }
 
 #[track_caller]
@@ -735,13 +752,7 @@ fn a_reset_queue_pair_refuses_the_secret_of_its_last_connection() {
     let mut srv = Server::new();
     let v = srv.victim();
     let old = v.qp.endpoint();
-    for state in [QpState::Err, QpState::Reset] {
-        let attr = rdmx::QpAttr {
-            qp_state: state,
-            ..rdmx::QpAttr::default()
-        };
-        v.qp.modify(&attr, rdmx::QpAttrMask::STATE).expect("modify");
-    }
+    reset(&v.qp);
     let new = v.qp.endpoint();
     assert_ne!(old.secret, new.secret, "the reset kept the secret");
     assert_ne!(old.psn, new.psn, "the reset kept the first PSN");
@@ -752,13 +763,7 @@ fn a_reset_queue_pair_refuses_the_secret_of_its_last_connection() {
         .expect("hello");
     wait_closed(&mut early);
     wait_logged("WARN", &["did not present the QP's secret"]);
-    let fake = QpEndpoint {
-        qp_num: FAKE_QPN,
-        psn: FAKE_PSN,
-        mtu: 65536,
-        secret: 0,
-        addr: PeerAddr::Ip(SocketAddr::from(([127, 0, 0, 1], 9))),
-    };
+    let fake = fake_peer(FAKE_QPN);
     v.qp.connect(fake, &ConnectOptions::default())
         .expect("connect");
     let mut late = srv.connect_raw();
@@ -787,25 +792,13 @@ fn a_reset_queue_pair_expects_no_peer_until_its_next_rtr() {
     // for it (before, it was closed as "a QP other than the one expected").
     let mut srv = Server::new();
     let v = srv.victim();
-    for state in [QpState::Err, QpState::Reset] {
-        let attr = rdmx::QpAttr {
-            qp_state: state,
-            ..rdmx::QpAttr::default()
-        };
-        v.qp.modify(&attr, rdmx::QpAttrMask::STATE).expect("modify");
-    }
+    reset(&v.qp);
     const NEXT_QPN: u32 = FAKE_QPN + 1;
     let mut s = srv.connect_raw();
     s.write_all(&hello(v.qp.qp_num(), NEXT_QPN, v.qp.endpoint().secret))
         .expect("hello");
     std::thread::sleep(Duration::from_millis(100));
-    let next = QpEndpoint {
-        qp_num: NEXT_QPN,
-        psn: FAKE_PSN,
-        mtu: 65536,
-        secret: 0,
-        addr: PeerAddr::Ip(SocketAddr::from(([127, 0, 0, 1], 9))),
-    };
+    let next = fake_peer(NEXT_QPN);
     v.qp.connect(next, &ConnectOptions::default())
         .expect("connect");
     s.write_all(&write_frame(
@@ -832,13 +825,7 @@ fn stalled_peer_fails_outstanding_requests_with_retry_exceeded() {
     let mut opts = ConnectOptions::default();
     opts.timeout = 12; // 4.096 µs × 2^12 ≈ 17 ms
     opts.retry_cnt = 2;
-    let fake = QpEndpoint {
-        qp_num: FAKE_QPN,
-        psn: FAKE_PSN,
-        mtu: 65536,
-        secret: 0,
-        addr: PeerAddr::Ip(SocketAddr::from(([127, 0, 0, 1], 9))),
-    };
+    let fake = fake_peer(FAKE_QPN);
     qp.connect(fake, &opts).expect("connect");
     let mut s = srv.connect_raw();
     s.write_all(&hello(qp.qp_num(), FAKE_QPN, qp.endpoint().secret))
@@ -978,13 +965,7 @@ fn a_peer_stopped_mid_frame_fails_the_qp_within_its_retry_budget() {
     let mut opts = ConnectOptions::default();
     opts.timeout = 12; // 4.096 µs × 2^12 ≈ 17 ms, raised to the tcp floor of 0.5 s
     opts.retry_cnt = 2;
-    let fake = QpEndpoint {
-        qp_num: FAKE_QPN,
-        psn: FAKE_PSN,
-        mtu: 65536,
-        secret: 0,
-        addr: PeerAddr::Ip(SocketAddr::from(([127, 0, 0, 1], 9))),
-    };
+    let fake = fake_peer(FAKE_QPN);
     qp.connect(fake, &opts).expect("connect");
     qp.post_recv(RecvRequest::new(77).sge(LocalSge::new(&mr, 0, 64).expect("SGE")))
         .expect("post a receive");

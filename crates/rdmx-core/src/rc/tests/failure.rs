@@ -863,6 +863,22 @@ fn retry_counts_changed_in_sqd_apply() {
     }
 }
 
+/// Posts WRITE 1 of `packets` packets (at a 256-byte MTU) of `pattern(seed, ..)` from A
+/// into a region of B; returns where it lands and its length.
+fn post_long_write(p: &mut Pair, packets: usize, seed: u64) -> (u64, usize) {
+    let len = packets * 256;
+    let src = p.a.mem.register(len as u64, ALL);
+    p.a.mem.fill(src.addr, &pattern(seed, len));
+    let dst = p.b.mem.register(len as u64, ALL);
+    p.a.post(wr(
+        1,
+        SendOp::Write(dst.remote(0)),
+        vec![src.sge(0, len as u32)],
+    ))
+    .unwrap();
+    (dst.addr, len)
+}
+
 #[test]
 fn a_send_window_holds_packets_until_acknowledgements_arrive() {
     let mut p = Pair::with(PairConfig {
@@ -873,19 +889,10 @@ fn a_send_window_holds_packets_until_acknowledgements_arrive() {
     let lat = Duration::from_millis(1);
     p.ab.latency = lat;
     p.ba.latency = lat;
-    let len: usize = 64 * 256;
-    let src = p.a.mem.register(len as u64, ALL);
-    p.a.mem.fill(src.addr, &pattern(3, len));
-    let dst = p.b.mem.register(len as u64, ALL);
-    p.a.post(wr(
-        1,
-        SendOp::Write(dst.remote(0)),
-        vec![src.sge(0, len as u32)],
-    ))
-    .unwrap();
+    let (dst, len) = post_long_write(&mut p, 64, 3);
     p.drive();
     assert_eq!(p.a.sends(), vec![(1, WcStatus::Success)]);
-    assert_eq!(p.b.mem.bytes(dst.addr, len), pattern(3, len));
+    assert_eq!(p.b.mem.bytes(dst, len), pattern(3, len));
     let sent: Vec<_> = p.ab.sent().collect();
     assert_eq!(sent.len(), 64, "each packet once");
     // The first window leaves at once; the next packet waits for an acknowledgement,
@@ -912,16 +919,8 @@ fn a_message_held_by_the_send_window_times_out_on_a_dead_link() {
         retry_cnt: 2,
         ..PairConfig::default()
     });
-    let len: usize = 64 * 256;
-    let src = p.a.mem.register(len as u64, ALL);
-    let dst = p.b.mem.register(len as u64, ALL);
     p.ab.down = true;
-    p.a.post(wr(
-        1,
-        SendOp::Write(dst.remote(0)),
-        vec![src.sge(0, len as u32)],
-    ))
-    .unwrap();
+    post_long_write(&mut p, 64, 0);
     p.drive();
     assert_eq!(p.a.sends(), vec![(1, WcStatus::RetryExcErr)]);
 }
@@ -940,19 +939,10 @@ fn a_message_still_going_out_is_not_timed_out() {
     let timeout = crate::qp::timeout_duration(p.cfg.timeout).unwrap();
     p.a.burst = Some(1);
     p.a.pace = timeout / 2;
-    let len: usize = 32 * 256;
-    let src = p.a.mem.register(len as u64, ALL);
-    p.a.mem.fill(src.addr, &pattern(4, len));
-    let dst = p.b.mem.register(len as u64, ALL);
-    p.a.post(wr(
-        1,
-        SendOp::Write(dst.remote(0)),
-        vec![src.sge(0, len as u32)],
-    ))
-    .unwrap();
+    let (dst, len) = post_long_write(&mut p, 32, 4);
     p.drive();
     assert_eq!(p.a.sends(), vec![(1, WcStatus::Success)]);
-    assert_eq!(p.b.mem.bytes(dst.addr, len), pattern(4, len));
+    assert_eq!(p.b.mem.bytes(dst, len), pattern(4, len));
     assert_eq!(p.ab.sent().count(), 32, "each packet once");
 }
 
@@ -966,23 +956,14 @@ fn a_message_held_by_the_send_window_recovers_lost_acknowledgements() {
         send_window: 8,
         ..PairConfig::default()
     });
-    let len: usize = 64 * 256;
-    let src = p.a.mem.register(len as u64, ALL);
-    p.a.mem.fill(src.addr, &pattern(5, len));
-    let dst = p.b.mem.register(len as u64, ALL);
     let from = rdmx_wire::psn_add(p.cfg.sq_psn_a, 40);
     p.ba.drop_matching(3, move |x| {
         x.is_ack() && rdmx_wire::psn_diff(x.psn, from) >= 0
     });
-    p.a.post(wr(
-        1,
-        SendOp::Write(dst.remote(0)),
-        vec![src.sge(0, len as u32)],
-    ))
-    .unwrap();
+    let (dst, len) = post_long_write(&mut p, 64, 5);
     p.drive();
     assert_eq!(p.a.sends(), vec![(1, WcStatus::Success)]);
-    assert_eq!(p.b.mem.bytes(dst.addr, len), pattern(5, len));
+    assert_eq!(p.b.mem.bytes(dst, len), pattern(5, len));
     // Each timeout sends again from the first packet not acknowledged (the 40th), not
     // from the message's start: at most a window's worth each time.
     let sent = p.ab.sent().count();
@@ -997,21 +978,12 @@ fn a_sequence_nak_resumes_a_long_message_where_it_broke() {
         mtu: crate::Mtu::Mtu256,
         ..PairConfig::default()
     });
-    let len: usize = 64 * 256;
-    let src = p.a.mem.register(len as u64, ALL);
-    p.a.mem.fill(src.addr, &pattern(8, len));
-    let dst = p.b.mem.register(len as u64, ALL);
     let lost = rdmx_wire::psn_add(p.cfg.sq_psn_a, 30);
     p.ab.drop_matching(1, move |x| x.psn == lost);
-    p.a.post(wr(
-        1,
-        SendOp::Write(dst.remote(0)),
-        vec![src.sge(0, len as u32)],
-    ))
-    .unwrap();
+    let (dst, len) = post_long_write(&mut p, 64, 8);
     p.drive();
     assert_eq!(p.a.sends(), vec![(1, WcStatus::Success)]);
-    assert_eq!(p.b.mem.bytes(dst.addr, len), pattern(8, len));
+    assert_eq!(p.b.mem.bytes(dst, len), pattern(8, len));
     let sent = p.ab.sent().count();
     assert!(sent <= 64 + (64 - 30), "{sent} packets sent for 64");
 }

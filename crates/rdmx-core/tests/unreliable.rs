@@ -140,6 +140,7 @@ fn ud_delivers_after_the_grh_area_with_the_source_qpn() {
         sgid: [1; 16],
         dgid: [2; 16],
         roce_ipv4: false,
+        roce_ipv6: false,
     };
     b.handle_datagram(&mem, None, &info, &good_datagram(&mem, 100));
     let c = completions(&mut b);
@@ -159,6 +160,30 @@ fn ud_delivers_after_the_grh_area_with_the_source_qpn() {
 }
 
 #[test]
+fn over_roce_ipv6_the_grh_area_holds_the_ipv6_header_as_rxe_writes_it() {
+    let mem = Mem::new(4);
+    let mut b = ud(B);
+    let dst = mem.register(GRH_LEN + 100, Access::LOCAL_WRITE);
+    recv(&mut b, &mem, 7, dst.addr, (GRH_LEN + 100) as u32, dst.lkey);
+    let info = DatagramInfo {
+        sgid: std::net::Ipv6Addr::LOCALHOST.octets(),
+        dgid: std::net::Ipv6Addr::LOCALHOST.octets(),
+        roce_ipv4: false,
+        roce_ipv6: true,
+    };
+    let d = good_datagram(&mem, 100);
+    b.handle_datagram(&mem, None, &info, &d);
+    assert_eq!(completions(&mut b).len(), 1);
+    let area = mem.get(dst.addr, GRH_LEN);
+    let ip = rdmx_wire::GrhRepr::parse(&area).unwrap();
+    assert_eq!(area[0] >> 4, 6, "IPv6");
+    assert_eq!(ip.next_header, 17, "UDP");
+    // The UDP header, the packet and its ICRC (taken off before the engine saw it).
+    assert_eq!(usize::from(ip.payload_len), 8 + d.len() + 4);
+    assert_eq!((ip.sgid, ip.dgid), (info.sgid, info.dgid));
+}
+
+#[test]
 fn over_roce_ipv4_the_grh_area_holds_the_ipv4_header_as_rxe_writes_it() {
     let mem = Mem::new(3);
     let mut b = ud(B);
@@ -169,6 +194,7 @@ fn over_roce_ipv4_the_grh_area_holds_the_ipv4_header_as_rxe_writes_it() {
         sgid: v4([127, 0, 0, 1]),
         dgid: v4([127, 0, 0, 2]),
         roce_ipv4: true,
+        roce_ipv6: false,
     };
     let d = good_datagram(&mem, 100);
     b.handle_datagram(&mem, None, &info, &d);

@@ -75,7 +75,14 @@ pub struct DatagramInfo {
     /// what verbs puts there for it (Linux rxe's `rdma_network_hdr`), 20 bytes of zeros
     /// then the datagram's IPv4 header, instead of a GRH.
     pub roce_ipv4: bool,
+    /// The datagram came as RoCEv2 over IPv6: the GRH area gets the datagram's IPv6
+    /// header, as verbs puts it there (next header UDP, the payload length counting the
+    /// UDP header), rather than an InfiniBand GRH (next header the BTH).
+    pub roce_ipv6: bool,
 }
+
+/// The IPv6 next header (and IPv4 protocol) number of UDP.
+const UDP_NEXT_HEADER: u8 = 17;
 
 /// The IPv4 header of a RoCEv2 datagram carrying `packet_len` bytes (BTH to ICRC) from
 /// `src` to `dst`, as the receiver saw it (identification 0, DF, TTL 64: what user space
@@ -445,12 +452,17 @@ pub(crate) fn ud_receive<M: MemAccess>(
         area[20..].copy_from_slice(&roce_ipv4_header(&info.sgid, &info.dgid, bytes.len() + 4));
         area
     } else {
+        // From the BTH to the ICRC (which the transport took off) included; over IPv6
+        // the UDP header too, which comes first.
+        let (next_header, udp) = match info.roce_ipv6 {
+            true => (UDP_NEXT_HEADER, 8),
+            false => (GRH_NEXT_HEADER_BTH, 0),
+        };
         GrhRepr {
             traffic_class: 0,
             flow_label: 0,
-            // From the BTH to the ICRC (which the transport took off) included.
-            payload_len: (bytes.len() + 4).min(usize::from(u16::MAX)) as u16,
-            next_header: GRH_NEXT_HEADER_BTH,
+            payload_len: (udp + bytes.len() + 4).min(usize::from(u16::MAX)) as u16,
+            next_header,
             hop_limit: 64,
             sgid: info.sgid,
             dgid: info.dgid,

@@ -516,6 +516,7 @@ impl Fabric {
                 sgid: LOCAL_GID.octets(),
                 dgid,
                 roce_ipv4: false,
+                roce_ipv6: false,
             };
             peer.engine
                 .handle_datagram(&*peer.keys, srq.as_deref_mut(), &info, bytes);

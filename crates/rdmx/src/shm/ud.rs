@@ -362,6 +362,7 @@ impl Port {
                 sgid: crate::shm_gid(pid, id).octets(),
                 dgid: self.gid,
                 roce_ipv4: false,
+                roce_ipv6: false,
             };
             qp.deliver(&info, bytes, now);
         }

@@ -111,6 +111,7 @@ pub(crate) fn receive(g: &mut Inner, from: SocketAddr, to: SocketAddr, packet: &
         sgid: gid_of(from.ip()),
         dgid: gid_of(to.ip()),
         roce_ipv4: from.is_ipv4() && to.is_ipv4(),
+        roce_ipv6: from.is_ipv6() && to.is_ipv6(),
     };
     let Inner {
         engine, keys, srq, ..

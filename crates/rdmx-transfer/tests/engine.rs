@@ -75,15 +75,17 @@ fn write_read_and_notify_over_tcp_with_two_rails() {
     assert!(paths.iter().all(|p| p.up));
 }
 
+/// An engine with an shm rail and a tcp one, listening on this host.
+fn shm_and_tcp() -> Config {
+    Config::default()
+        .rails(vec![Rail::Shm, Rail::tcp(local())])
+        .listen(local())
+}
+
 #[test]
 fn same_host_peers_use_shm_by_default() {
-    let cfg = || {
-        Config::default()
-            .rails(vec![Rail::Shm, Rail::tcp(local())])
-            .listen(local())
-    };
-    let a = Engine::new("a", cfg()).unwrap();
-    let b = Engine::new("b", cfg()).unwrap();
+    let a = Engine::new("a", shm_and_tcp()).unwrap();
+    let b = Engine::new("b", shm_and_tcp()).unwrap();
     assert_eq!(round_trip(&a, &b, 3, 1 << 20), Transport::Shm);
 }
 
@@ -92,26 +94,16 @@ fn same_host_peers_use_shm_by_default() {
 /// the open panicked dividing by zero).
 #[test]
 fn a_peer_with_its_shm_rail_closed_is_reached_over_tcp() {
-    let cfg = || {
-        Config::default()
-            .rails(vec![Rail::Shm, Rail::tcp(local())])
-            .listen(local())
-    };
-    let a = Engine::new("a", cfg()).unwrap();
-    let b = Engine::new("b", cfg()).unwrap();
+    let a = Engine::new("a", shm_and_tcp()).unwrap();
+    let b = Engine::new("b", shm_and_tcp()).unwrap();
     b.close_rail(0).unwrap();
     assert_eq!(round_trip(&a, &b, 3, 64 << 10), Transport::Tcp);
 }
 
 #[test]
 fn a_forced_transport_is_used_or_refused_naming_both_sides() {
-    let cfg = || {
-        Config::default()
-            .rails(vec![Rail::Shm, Rail::tcp(local())])
-            .listen(local())
-    };
-    let a = Engine::new("a", cfg()).unwrap();
-    let b = Engine::new("b", cfg()).unwrap();
+    let a = Engine::new("a", shm_and_tcp()).unwrap();
+    let b = Engine::new("b", shm_and_tcp()).unwrap();
     let seg = a
         .open_segment_with(&b.control_addr().to_string(), Some(Transport::Tcp))
         .unwrap();

@@ -255,17 +255,6 @@ fn fake_peer(qp_num: u32) -> QpEndpoint {
     }
 }
 
-/// Moves `qp` to ERR, then back to RESET.
-fn reset(qp: &QueuePair) {
-    for state in [QpState::Err, QpState::Reset] {
-        let attr = rdmx::QpAttr {
-            qp_state: state,
-            ..rdmx::QpAttr::default()
-        };
-        qp.modify(&attr, rdmx::QpAttrMask::STATE).expect("modify");
-    }
-}
-
 #[track_caller]
 fn wait_one(cq: &CompletionQueue, what: &str) -> Completion {
     let start = Instant::now();
@@ -752,7 +741,8 @@ fn a_reset_queue_pair_refuses_the_secret_of_its_last_connection() {
     let mut srv = Server::new();
     let v = srv.victim();
     let old = v.qp.endpoint();
-    reset(&v.qp);
+    move_to(&v.qp, QpState::Err);
+    move_to(&v.qp, QpState::Reset);
     let new = v.qp.endpoint();
     assert_ne!(old.secret, new.secret, "the reset kept the secret");
     assert_ne!(old.psn, new.psn, "the reset kept the first PSN");
@@ -792,7 +782,8 @@ fn a_reset_queue_pair_expects_no_peer_until_its_next_rtr() {
     // for it (before, it was closed as "a QP other than the one expected").
     let mut srv = Server::new();
     let v = srv.victim();
-    reset(&v.qp);
+    move_to(&v.qp, QpState::Err);
+    move_to(&v.qp, QpState::Reset);
     const NEXT_QPN: u32 = FAKE_QPN + 1;
     let mut s = srv.connect_raw();
     s.write_all(&hello(v.qp.qp_num(), NEXT_QPN, v.qp.endpoint().secret))

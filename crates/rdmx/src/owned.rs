@@ -152,11 +152,7 @@ impl CachedBuf {
     /// and is still cached).
     pub fn new(cache: &RegCache, buf: impl Into<Box<[u8]>>) -> Result<CachedBuf> {
         let mut buf: Box<[u8]> = buf.into();
-        if u32::try_from(buf.len()).is_err() {
-            return Err(Error::InvalidArgument(
-                "an owned buffer is at most 4 GiB - 1 (one scatter/gather element)",
-            ));
-        }
+        check_len(buf.len())?;
         let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
         let mut handle = None;
         for _ in 0..2 {
@@ -365,10 +361,10 @@ impl Parking {
     }
 }
 
-/// Refuses a buffer longer than one scatter/gather element takes (its `sge` would name
-/// only the length's low 32 bits).
-pub(crate) fn check_len<B: OwnedBuf>(buf: &B) -> Result<()> {
-    if u32::try_from(buf.byte_len()).is_err() {
+/// Refuses an owned buffer of `len` bytes, longer than one scatter/gather element takes
+/// (its `sge` would name only the length's low 32 bits).
+pub(crate) fn check_len(len: usize) -> Result<()> {
+    if u32::try_from(len).is_err() {
         return Err(Error::InvalidArgument(
             "an owned buffer is at most 4 GiB - 1 (one scatter/gather element)",
         ));

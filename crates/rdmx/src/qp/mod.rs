@@ -306,15 +306,13 @@ impl QueuePair {
     /// Moving a QP in another state back to RESET draws a new first PSN and secret for
     /// its next connection (see [`endpoint`](Self::endpoint)).
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
-        let to_reset = mask.contains(QpAttrMask::STATE) && attr.qp_state == QpState::Reset;
+        if !(mask.contains(QpAttrMask::STATE) && attr.qp_state == QpState::Reset) {
+            return self.imp.modify(attr, mask);
+        }
         // The state before, read under the keys' lock: of two threads resetting at once,
         // at least the second draws new keys.
         let mut keys = self.keys.lock();
-        let was_reset = to_reset && self.imp.state() == QpState::Reset;
-        if !to_reset {
-            drop(keys);
-            return self.imp.modify(attr, mask);
-        }
+        let was_reset = self.imp.state() == QpState::Reset;
         self.imp.modify(attr, mask)?;
         if !was_reset {
             *keys = ConnKeys::draw()?;
@@ -656,7 +654,7 @@ impl QueuePair {
         post: impl FnOnce(&dyn provider::Qp) -> Result<()>,
     ) -> std::result::Result<(), (Error, B)> {
         debug_assert!(owned::is_reserved(id));
-        if let Err(e) = owned::check_len(&buf) {
+        if let Err(e) = owned::check_len(buf.byte_len()) {
             return Err((e, buf));
         }
         // The slot is taken before the post, so that two posts with one id at once

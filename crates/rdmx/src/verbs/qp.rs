@@ -117,6 +117,12 @@ struct Queue {
 static NEXT_SEQ_BASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 const SEQ_WINDOW: u64 = 1 << 40;
 
+/// The start of a new window of sequence numbers, for a queue pair or an SRQ. Below
+/// RECV_BIT: 2^23 windows before the numbers come round.
+fn next_seq_window() -> u64 {
+    NEXT_SEQ_BASE.fetch_add(SEQ_WINDOW, Ordering::Relaxed) % (RECV_BIT / 2)
+}
+
 impl Queue {
     fn starting_at(base: u64) -> Queue {
         Queue {
@@ -285,8 +291,7 @@ impl Qp {
             &mut cap,
         )
         .map_err(verb("ibv_create_qp"))?;
-        // Below RECV_BIT: 2^23 queue pairs' windows before the numbers come round.
-        let base = NEXT_SEQ_BASE.fetch_add(SEQ_WINDOW, Ordering::Relaxed) % (RECV_BIT / 2);
+        let base = next_seq_window();
         let shared = Arc::new(Shared {
             sq: Mutex::new(Queue::starting_at(base)),
             rq: Mutex::new(Queue::starting_at(base)),
@@ -730,7 +735,7 @@ impl Srq {
         );
         // A window of numbers of its own, apart from every QP's and SRQ's: a receive
         // completion whose QP is gone names its SRQ by its number alone.
-        let base = NEXT_SEQ_BASE.fetch_add(SEQ_WINDOW, Ordering::Relaxed) % (RECV_BIT / 2);
+        let base = next_seq_window();
         let shared = Arc::new(SrqShared {
             slots: Mutex::new(SrqSlots {
                 next_seq: base,

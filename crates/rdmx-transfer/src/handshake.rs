@@ -48,9 +48,17 @@ type Choice = (Transport, Vec<(Arc<RailRt>, u8)>, u32);
 /// descriptor) to connect, with the path MTU.
 fn choose(shared: &Shared, theirs: &SegmentDesc, want: Option<Transport>) -> Result<Choice> {
     let mine = shared.open_rails();
-    // The peer's rails in service: it opens no path on a closed one.
+    // The peer's rails in service, by their index in its descriptor: no path is opened
+    // on a closed one.
+    let in_service: Vec<(u8, &RailDesc)> = theirs
+        .rails
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| !r.closed)
+        .map(|(i, r)| (i as u8, r))
+        .collect();
     let has = |t: Transport| {
-        mine.iter().any(|r| r.kind == t) && theirs.rails.iter().any(|r| r.kind == t && !r.closed)
+        mine.iter().any(|r| r.kind == t) && in_service.iter().any(|(_, r)| r.kind == t)
     };
     let same_host = theirs.host == shared.host;
     let kinds = |rails: &mut dyn Iterator<Item = Transport>| {
@@ -66,7 +74,7 @@ fn choose(shared: &Shared, theirs: &SegmentDesc, want: Option<Transport>) -> Res
                     why: format!(
                         "{t} asked for; rails here: {}; the peer's: {}",
                         kinds(&mut mine.iter().map(|r| r.kind)),
-                        kinds(&mut theirs.rails.iter().filter(|r| !r.closed).map(|r| r.kind))
+                        kinds(&mut in_service.iter().map(|(_, r)| r.kind))
                     ),
                 });
             }
@@ -87,7 +95,7 @@ fn choose(shared: &Shared, theirs: &SegmentDesc, want: Option<Transport>) -> Res
                     why: format!(
                         "no transport in common (here: {}; the peer: {}; same host: {same_host})",
                         kinds(&mut mine.iter().map(|r| r.kind)),
-                        kinds(&mut theirs.rails.iter().filter(|r| !r.closed).map(|r| r.kind))
+                        kinds(&mut in_service.iter().map(|(_, r)| r.kind))
                     ),
                 });
             }
@@ -103,12 +111,10 @@ fn choose(shared: &Shared, theirs: &SegmentDesc, want: Option<Transport>) -> Res
         });
     }
     let local: Vec<_> = mine.iter().filter(|r| r.kind == t).cloned().collect();
-    let remote: Vec<(u8, &RailDesc)> = theirs
-        .rails
+    let remote: Vec<(u8, &RailDesc)> = in_service
         .iter()
-        .enumerate()
-        .filter(|(_, r)| r.kind == t && !r.closed)
-        .map(|(i, r)| (i as u8, r))
+        .copied()
+        .filter(|(_, r)| r.kind == t)
         .collect();
     let n = local.len().max(remote.len());
     let mut pairs = Vec::with_capacity(n);

@@ -174,7 +174,9 @@ impl Drop for Mapping {
 ///
 /// `as_raw` must return the same pointer and length every time, and the memory must stay
 /// valid and writable through that pointer for as long as the value lives, even after the
-/// value itself is moved. Implementors must not touch the memory themselves.
+/// value itself is moved. Implementors must not touch the memory themselves, and nothing
+/// may access it while a registration that owns it is being removed (a provider may copy
+/// it then).
 pub unsafe trait Memory: Send + Sync + 'static {
     /// Start and length of the memory, with write permission.
     fn as_raw(&mut self) -> (*mut u8, usize);

@@ -42,8 +42,18 @@ impl SharedFile {
     }
 }
 
-/// Live shared mappings: start, length, file.
-type Registry = Vec<(usize, usize, Arc<SharedFile>)>;
+/// A live shared mapping.
+struct Entry {
+    /// First byte.
+    start: usize,
+    /// Bytes mapped (whole pages).
+    map_len: usize,
+    /// Bytes its owner may use (the length asked for).
+    len: usize,
+    file: Arc<SharedFile>,
+}
+
+type Registry = Vec<Entry>;
 
 fn registry() -> MutexGuard<'static, Registry> {
     static REG: Mutex<Registry> = Mutex::new(Vec::new());
@@ -57,27 +67,35 @@ pub fn find(addr: usize, len: usize) -> Option<(Arc<SharedFile>, u64)> {
     let end = addr.checked_add(len)?;
     let reg = registry();
     reg.iter()
-        .find(|(start, n, _)| *start <= addr && end <= start + n)
-        .map(|(start, _, f)| (f.clone(), (addr - start) as u64))
+        .find(|e| e.start <= addr && end <= e.start + e.map_len)
+        .map(|e| (e.file.clone(), (addr - e.start) as u64))
 }
 
-/// Takes the shared mapping that holds `addr` back from every other process: its pages
-/// are replaced, at the same address and with the same contents, by private anonymous
-/// memory (`mremap` over it), so whatever a peer later writes through its own mapping of
-/// the file lands in pages this process no longer uses. The mapping is then no longer
-/// offered by [`find`]. Returns whether a mapping was detached.
+/// Whether `[addr, addr + len)` spans a live shared mapping, from its first byte to the
+/// last its owner may use: what [`detach`] needs to take it back.
+pub fn spans(addr: usize, len: usize) -> bool {
+    registry().iter().any(|e| e.start == addr && len >= e.len)
+}
+
+/// Takes the shared mapping that `[addr, addr + len)` spans back from every other
+/// process: its pages are replaced, at the same address and with the same contents, by
+/// private anonymous memory (`mremap` over it), so whatever a peer later writes through
+/// its own mapping of the file lands in pages this process no longer uses. The mapping
+/// is then no longer offered by [`find`]. Returns whether a mapping was detached: only
+/// one the range spans, from its first byte to the last its owner may use, is; a range
+/// that covers only part of one detaches nothing (the rest may be in use).
 ///
-/// Bytes this process writes into the mapping while it is being detached may be lost:
-/// call it when nothing uses the memory (a registration being removed).
-pub fn detach(addr: usize) -> std::io::Result<bool> {
+/// # Safety
+///
+/// Nothing in this process may read or write `[addr, addr + len)` while the call runs:
+/// the bytes are copied, and a write made meanwhile may be lost (a data race). Callers
+/// use it for memory whose registration is being removed and that nothing else holds.
+pub unsafe fn detach(addr: usize, len: usize) -> std::io::Result<bool> {
     let mut reg = registry();
-    let Some(i) = reg
-        .iter()
-        .position(|(start, n, _)| *start <= addr && addr < start + n)
-    else {
+    let Some(i) = reg.iter().position(|e| e.start == addr && len >= e.len) else {
         return Ok(false);
     };
-    let (start, n, _) = reg[i];
+    let (start, n) = (reg[i].start, reg[i].map_len);
     // SAFETY: an anonymous private mapping at an address of the kernel's choosing.
     let tmp = unsafe {
         libc::mmap(
@@ -94,6 +112,8 @@ pub fn detach(addr: usize) -> std::io::Result<bool> {
     }
     // SAFETY: `start..start + n` is the live shared mapping (the registry holds only live
     // ones, under its lock) and `tmp` the new one, both `n` bytes; they do not overlap.
+    // Nothing else accesses the mapping meanwhile: the caller promised so for the range,
+    // which spans all the bytes its owner may use.
     unsafe { std::ptr::copy_nonoverlapping(start as *const u8, tmp.cast::<u8>(), n) };
     // SAFETY: moves the private pages over the shared mapping's range, which the
     // `Mapping` owns and unmaps on drop (munmap works for any pages there).
@@ -163,7 +183,12 @@ impl Mapping {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             len: map_len,
         });
-        registry().push((p as usize, map_len, file));
+        registry().push(Entry {
+            start: p as usize,
+            map_len,
+            len,
+            file,
+        });
         Ok(Mapping::from_shared_parts(p, map_len, len))
     }
 
@@ -176,7 +201,7 @@ impl Mapping {
 
 /// A shared mapping at `base` goes: it leaves the registry.
 pub(crate) fn forget(base: usize) {
-    registry().retain(|(start, ..)| *start != base);
+    registry().retain(|e| e.start != base);
 }
 
 #[cfg(test)]
@@ -205,11 +230,15 @@ mod tests {
             )
         } as *mut u8;
         assert_ne!(peer as *mut libc::c_void, libc::MAP_FAILED);
-        // SAFETY: both views are 12 KiB long and live.
+        // SAFETY: both views are 12 KiB long and live, and the test touches neither while
+        // detaching.
         unsafe {
             *peer.add(5) = 42;
             assert_eq!(*m.as_ptr().add(5), 42, "the peer's writes are seen");
-            assert!(detach(a).unwrap());
+            assert!(!detach(a, 9_999).unwrap(), "a range short of the end");
+            assert!(!detach(a + 1, 9_999).unwrap(), "a range after the start");
+            assert!(m.is_shared());
+            assert!(detach(a, 10_000).unwrap());
             assert_eq!(*m.as_ptr().add(5), 42, "detaching keeps the bytes");
             *peer.add(5) = 7;
             assert_eq!(
@@ -220,7 +249,8 @@ mod tests {
             libc::munmap(peer.cast(), f.len());
         }
         assert!(!m.is_shared());
-        assert!(!detach(a).unwrap());
+        // SAFETY: nothing touches the mapping meanwhile.
+        assert!(!unsafe { detach(a, 10_000) }.unwrap());
     }
 
     /// Whether every page of `[start, end)` lies in a mapping the kernel holds locked.
@@ -255,7 +285,8 @@ mod tests {
         let (a, n) = (m.as_ptr() as usize, m.len());
         let guard = crate::pin::pin(a, n, crate::pin::Pinning::Pinned).unwrap();
         assert!(locked(a, a + n), "pinned");
-        assert!(detach(a).unwrap());
+        // SAFETY: nothing touches the mapping meanwhile.
+        assert!(unsafe { detach(a, n) }.unwrap());
         assert!(locked(a, a + n), "the detached pages are not locked");
         drop(guard);
     }

@@ -72,7 +72,9 @@ impl ProtectionDomain {
     /// `[addr, addr + len)` must stay mapped until the region and every [`MrRef`] to it are
     /// dropped, and for as long as the region grants `LOCAL_WRITE` or any remote access,
     /// the caller must not hold Rust references into it: the adapter or a peer may write
-    /// it at any time.
+    /// it at any time. Nor may it write the memory while the region is being dropped: a
+    /// provider may copy it then (shm takes memory in a
+    /// [`Mapping::shared`](rdmx_mem::Mapping::shared) back from a peer stalled mid-copy).
     pub unsafe fn register_raw(
         &self,
         addr: *mut u8,

@@ -520,6 +520,38 @@ fn a_file_offered_again_while_its_last_region_goes_stays_mapped() {
     assert_eq!(&bytes(&m)[LEN..LEN + 64], &[7u8; 64]);
 }
 
+/// A region that covers only part of its mapping cannot take the mapping back (the rest
+/// may be in use): its deregistration waits past the bound for a stalled claim, says so,
+/// and returns once the claim goes, the mapping still shared.
+#[test]
+fn a_stalled_claim_on_part_of_a_mapping_holds_its_deregistration_until_it_goes() {
+    let (a, b) = pair();
+    let src = a.pd.register(vec![5u8; 4096], Access::LOCAL_WRITE).unwrap();
+    let m = Mapping::shared(2 * LEN).unwrap();
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    // SAFETY: the region covers the first half of `m`, which outlives it (the
+    // deregistration is joined before the end of the test).
+    let half = unsafe {
+        b.pd.register_raw(m.as_ptr(), LEN, access, Pinning::Unpinned)
+    }
+    .unwrap();
+    let at = half.remote().at(0);
+    write_until_mapped(&a, &src, at);
+    testing::stall_claim(&a.qp, at.rkey).unwrap();
+    let going = std::thread::spawn(move || drop(half));
+    wait_logged("ERROR", &["covers only part of its shared mapping"]);
+    std::thread::sleep(DRAIN_BOUND);
+    assert!(
+        !going.is_finished(),
+        "deregistration returned under a claim"
+    );
+    assert!(m.is_shared(), "part of a mapping detached all of it");
+    testing::scribble_claim(&a.qp, 0).unwrap();
+    going.join().unwrap();
+    assert!(m.is_shared(), "the memory was detached");
+    assert_eq!(&bytes(&m)[..64], &[5u8; 64], "the mapped WRITE landed");
+}
+
 /// A second initiator on its own connection to the target context of `b`.
 fn second_initiator(b: &Side) -> (Side, QueuePair) {
     let a2 = side();
@@ -542,10 +574,10 @@ fn bytes_at(m: &Mapping, range: std::ops::Range<usize>) -> Vec<u8> {
     unsafe { std::slice::from_raw_parts(m.as_ptr().add(range.start), range.len()) }.to_vec()
 }
 
-/// Deregistering a region that a stalled initiator claims detaches its whole mapping.
-/// A second initiator was copying into another region of that mapping then: its copy
-/// ends before the mapping is copied and is in it, and the other region still takes
-/// WRITEs (through the rings) afterwards.
+/// Deregistering a region that spans its mapping, which a stalled initiator claims,
+/// detaches the mapping. A second initiator was copying into another region in that
+/// mapping then: its copy ends before the mapping is copied and is in it, and the other
+/// region still takes WRITEs (through the rings) afterwards.
 #[test]
 fn a_detached_mapping_keeps_what_peers_wrote_into_its_other_regions() {
     let (a, b) = pair();
@@ -557,12 +589,10 @@ fn a_detached_mapping_keeps_what_peers_wrote_into_its_other_regions() {
         .unwrap();
     let m = Mapping::shared(2 * LEN).unwrap();
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
-    // SAFETY: each region covers half of `m`, which outlives both.
-    let first = unsafe {
-        b.pd.register_raw(m.as_ptr(), LEN, access, Pinning::Unpinned)
-    }
-    .unwrap();
-    // SAFETY: as above.
+    // The first region spans the mapping; the second covers its second half.
+    let first = register(&b, &m, access);
+    // SAFETY: `m` outlives the region, and the test touches its memory only after the
+    // regions are gone or while the peers are idle.
     let second = unsafe {
         b.pd.register_raw(m.as_ptr().add(LEN), LEN, access, Pinning::Unpinned)
     }

@@ -203,9 +203,10 @@ impl crate::shm::Driver {
     }
 
     /// `mr` is being deregistered: unpublished, and once no peer copies through its key
-    /// (or [`DRAIN_BOUND`] has passed and its mapping was detached), returns. Where the
-    /// mapping cannot be detached, it waits for the claim to go however long that takes:
-    /// the memory must not return to its owner while a peer may still write it.
+    /// (or [`DRAIN_BOUND`] has passed and its mapping was detached), returns. Only a
+    /// region that spans its whole mapping can detach it (the rest may be in use); where
+    /// the mapping cannot be detached, it waits for the claim to go however long that
+    /// takes: the memory must not return to its owner while a peer may still write it.
     pub(crate) fn unpublish(&self, mr: &MrShared) {
         let Some(p) = self.published.as_ref() else {
             return;
@@ -213,41 +214,25 @@ impl crate::shm::Driver {
         let Some(w) = p.withdraw(mr) else { return };
         let mut forget_file = w.forget;
         if !drain(&self.watch, &[w.tag], DRAIN_BOUND) {
-            tracing::warn!(
-                rkey = mr.rkey,
-                "shm mapped: a peer still claims a key being deregistered after {DRAIN_BOUND:?}; \
-                 its memory is taken back from every peer (detached)"
-            );
-            // First nothing of the mapping stays published (the requests to its other
-            // regions take the rings from now on), and the copies peers were making into
-            // those end; then no queue pair of this context places a peer's bytes while
-            // the mapping is copied: what the peers wrote is in the copy.
-            let (offered, others) = p.take_back(w.file);
-            if offered {
-                forget_file = Some(w.file);
-            }
-            if !drain(&self.watch, &others, DRAIN_BOUND) {
-                tracing::warn!(
-                    "shm mapped: a peer still claims another region of the mapping being \
-                     detached after {DRAIN_BOUND:?}; what it writes there now is lost"
-                );
-            }
-            let detached =
-                self.with_queue_pairs_locked(|| rdmx_mem::shared::detach(mr.addr as usize));
-            if let Err(e) = detached {
-                // The memory cannot be taken back: it is not given back either, until the
-                // claim goes (or its connection does).
+            if rdmx_mem::shared::spans(mr.addr as usize, mr.len) {
+                let (offered, detached) = self.take_back_from_peers(p, mr, w.file);
+                if offered {
+                    forget_file = Some(w.file);
+                }
+                if !detached {
+                    // The memory cannot be taken back: it is not given back either,
+                    // until the claim goes (or its connection does).
+                    self.wait_for_claim(mr, w.tag);
+                }
+            } else {
+                // The rest of the mapping may be in use: copying it would race with that.
                 tracing::error!(
                     rkey = mr.rkey,
-                    "shm mapped: detaching the memory failed ({e}); waiting for the peer's \
-                     claim to go"
+                    "shm mapped: a peer still claims a key being deregistered after \
+                     {DRAIN_BOUND:?}; the region covers only part of its shared mapping, \
+                     which cannot be taken back: waiting for the claim to go"
                 );
-                while !drain(&self.watch, &[w.tag], DRAIN_BOUND) {
-                    tracing::error!(
-                        rkey = mr.rkey,
-                        "shm mapped: a peer still claims a key being deregistered"
-                    );
-                }
+                self.wait_for_claim(mr, w.tag);
             }
         }
         if let Some(id) = forget_file {
@@ -258,6 +243,59 @@ impl crate::shm::Driver {
                     forget(&s, id);
                 }
             }
+        }
+    }
+
+    /// Takes the mapping that `mr` spans back from every peer (a peer still claims `mr`'s
+    /// key past [`DRAIN_BOUND`]). Returns whether its file had been offered to them, and
+    /// whether the mapping was detached.
+    fn take_back_from_peers(&self, p: &Published, mr: &MrShared, file: u64) -> (bool, bool) {
+        tracing::warn!(
+            rkey = mr.rkey,
+            "shm mapped: a peer still claims a key being deregistered after {DRAIN_BOUND:?}; \
+             its memory is taken back from every peer (detached)"
+        );
+        // First nothing of the mapping stays published (the requests to its other
+        // regions take the rings from now on), and the copies peers were making into
+        // those end; then no queue pair of this context places a peer's bytes while
+        // the mapping is copied: what the peers wrote is in the copy.
+        let (offered, others) = p.take_back(file);
+        if !drain(&self.watch, &others, DRAIN_BOUND) {
+            tracing::warn!(
+                "shm mapped: a peer still claims another region of the mapping being \
+                 detached after {DRAIN_BOUND:?}; what it writes there now is lost"
+            );
+        }
+        let detached = self.with_queue_pairs_locked(|| {
+            // SAFETY: `mr`, being deregistered, spans the mapping (checked by the caller;
+            // `detach` checks again). Its memory is the region's own (`register`: pools
+            // deregister a slab only once all its buffers are back), or registered raw
+            // with remote access (it is published), whose caller neither holds
+            // references into it nor writes it while the region is dropped. Every queue
+            // pair of this context is held, so none places a peer's bytes meanwhile.
+            unsafe { rdmx_mem::shared::detach(mr.addr as usize, mr.len) }
+        });
+        let detached = match detached {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::error!(
+                    rkey = mr.rkey,
+                    "shm mapped: detaching the memory failed ({e})"
+                );
+                false
+            }
+        };
+        (offered, detached)
+    }
+
+    /// Waits, however long it takes, until no peer claims `tag` (the memory of `mr`, which
+    /// a peer may still write, must not return to its owner before).
+    fn wait_for_claim(&self, mr: &MrShared, tag: u64) {
+        while !drain(&self.watch, &[tag], DRAIN_BOUND) {
+            tracing::error!(
+                rkey = mr.rkey,
+                "shm mapped: a peer still claims a key being deregistered"
+            );
         }
     }
 }

@@ -6,6 +6,12 @@
 //! only locks pages whose count goes from 0 to 1 and unlocks pages whose count returns to 0.
 //! A deregistration therefore never unlocks pages another registration still needs.
 //!
+//! Registration locks its whole span every time, not only the pages whose count was 0:
+//! a count can outlive the pages it was for (an application that unmaps registered
+//! memory, whose registration the cache drops only once the monitor reports it), and a
+//! new mapping at the same addresses then needs its own lock. Locking a locked page
+//! again costs nothing in the limit: the kernel counts locked pages, not calls.
+//!
 //! When locking would exceed `RLIMIT_MEMLOCK`, the error ([`MemlockLimit`]) states the
 //! limit, the bytes asked for and how to raise it. Not pinning is an explicit choice
 //! ([`Pinning::Unpinned`]); it never happens silently.
@@ -120,16 +126,14 @@ impl PinCounts {
                 .into_iter()
                 .filter(|&(_, _, c)| c == 0),
         );
-        let mut done = Vec::with_capacity(gaps.len());
-        for &(s, e) in &gaps {
-            if let Err(err) = syscall!(mlock(s as *const libc::c_void, e - s)) {
-                for &(s, e) in &done {
-                    let _ = syscall!(munlock(s as *const libc::c_void, e - s));
-                }
-                let requested = gaps.iter().map(|(s, e)| e - s).sum();
-                return Err(classify(err, s, e - s, requested));
+        if let Err(err) = syscall!(mlock(start as *const libc::c_void, end - start)) {
+            // Part of the span may be locked now: unlock what no other registration
+            // counts on (the rest was locked before, or is meant to be).
+            for &(s, e) in &gaps {
+                let _ = syscall!(munlock(s as *const libc::c_void, e - s));
             }
-            done.push((s, e));
+            let requested = gaps.iter().map(|(s, e)| e - s).sum();
+            return Err(classify(err, start, end - start, requested));
         }
         self.add(start, end, 1);
         Ok(())
@@ -226,9 +230,75 @@ fn classify(err: io::Error, addr: usize, len: usize, requested: usize) -> Error 
     }
 }
 
+/// Whether every page of `[start, end)` lies in a mapping the kernel holds locked.
+#[cfg(test)]
+pub(crate) fn locked(start: usize, end: usize) -> bool {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut covered = 0;
+    let mut overlap = 0;
+    for line in smaps.lines() {
+        let range = line.split_once(' ').and_then(|(r, _)| {
+            let (a, b) = r.split_once('-')?;
+            Some((
+                usize::from_str_radix(a, 16).ok()?,
+                usize::from_str_radix(b, 16).ok()?,
+            ))
+        });
+        if let Some((a, b)) = range {
+            overlap = b.min(end).saturating_sub(a.max(start));
+        } else if let Some(flags) = line.strip_prefix("VmFlags:") {
+            if flags.split_ascii_whitespace().any(|f| f == "lo") {
+                covered += overlap;
+            }
+        }
+    }
+    covered >= end - start
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Memory unmapped while still counted as pinned (its registration not dropped yet)
+    /// and mapped again at the same address is locked by the next registration there,
+    /// and stays locked when the stale count goes.
+    #[test]
+    fn a_new_mapping_where_a_pinned_one_was_is_locked_again() {
+        let len = 4 * sys::page_size();
+        let map = |at: *mut libc::c_void, flags| {
+            // SAFETY: an anonymous private mapping, at `at` only with MAP_FIXED over the
+            // test's own earlier mapping.
+            let p = unsafe {
+                libc::mmap(
+                    at,
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED);
+            p
+        };
+        let p = map(std::ptr::null_mut(), 0);
+        let a = p as usize;
+        let stale = pin(a, len, Pinning::Pinned).unwrap();
+        assert!(locked(a, a + len));
+        // The owner unmaps it and maps new memory there, before the stale pin goes.
+        // SAFETY: the test's own mapping, which nothing references.
+        assert_eq!(unsafe { libc::munmap(p, len) }, 0);
+        map(p, libc::MAP_FIXED);
+        assert!(!locked(a, a + len), "a new mapping came locked");
+        let fresh = pin(a, len, Pinning::Pinned).unwrap();
+        assert!(locked(a, a + len), "the new mapping was not locked");
+        drop(stale);
+        assert!(locked(a, a + len), "the stale pin unlocked the new mapping");
+        drop(fresh);
+        assert!(!locked(a, a + len), "the last pin left it locked");
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::munmap(p, len) }, 0);
+    }
 
     // The step function alone, without system calls.
     fn counts() -> PinCounts {

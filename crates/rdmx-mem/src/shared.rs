@@ -253,30 +253,6 @@ mod tests {
         assert!(!unsafe { detach(a, 10_000) }.unwrap());
     }
 
-    /// Whether every page of `[start, end)` lies in a mapping the kernel holds locked.
-    fn locked(start: usize, end: usize) -> bool {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-        let mut covered = 0;
-        let mut overlap = 0;
-        for line in smaps.lines() {
-            let range = line.split_once(' ').and_then(|(r, _)| {
-                let (a, b) = r.split_once('-')?;
-                Some((
-                    usize::from_str_radix(a, 16).ok()?,
-                    usize::from_str_radix(b, 16).ok()?,
-                ))
-            });
-            if let Some((a, b)) = range {
-                overlap = b.min(end).saturating_sub(a.max(start));
-            } else if let Some(flags) = line.strip_prefix("VmFlags:") {
-                if flags.split_ascii_whitespace().any(|f| f == "lo") {
-                    covered += overlap;
-                }
-            }
-        }
-        covered >= end - start
-    }
-
     /// Detaching pinned memory keeps it locked: the pages that replace the shared ones
     /// are locked again for the registrations that pinned them.
     #[test]
@@ -284,10 +260,13 @@ mod tests {
         let m = Mapping::shared(8192).unwrap();
         let (a, n) = (m.as_ptr() as usize, m.len());
         let guard = crate::pin::pin(a, n, crate::pin::Pinning::Pinned).unwrap();
-        assert!(locked(a, a + n), "pinned");
+        assert!(crate::pin::locked(a, a + n), "pinned");
         // SAFETY: nothing touches the mapping meanwhile.
         assert!(unsafe { detach(a, n) }.unwrap());
-        assert!(locked(a, a + n), "the detached pages are not locked");
+        assert!(
+            crate::pin::locked(a, a + n),
+            "the detached pages are not locked"
+        );
         drop(guard);
     }
 

@@ -30,7 +30,8 @@
 //!
 //! A handle's region may be larger than the range asked for (a hit on a larger entry).
 //! The safe entry points ([`RegCache::get`], [`RegCache::get_mut`]) therefore grant no
-//! remote access and borrow the caller's buffer for the handle's lifetime; remote access
+//! remote access (they never take an entry that does, left by `get_raw`) and borrow the
+//! caller's buffer for the handle's lifetime; remote access
 //! to plain buffers goes through the `unsafe` [`RegCache::get_raw`].
 
 use std::collections::BTreeMap;
@@ -271,7 +272,7 @@ impl<R: Registrar> RegCache<R> {
     pub fn get<'a>(&self, buf: &'a [u8]) -> Result<Borrowed<'a, R>, Error> {
         // SAFETY: the borrow keeps `buf` alive and unchanged while the handle lives, and
         // the access grants nobody write permission.
-        let handle = unsafe { self.get_raw(buf.as_ptr(), buf.len(), Access::empty())? };
+        let handle = unsafe { self.lookup(buf.as_ptr(), buf.len(), Access::empty(), true)? };
         Ok(Borrowed {
             handle,
             _buf: PhantomData,
@@ -282,7 +283,8 @@ impl<R: Registrar> RegCache<R> {
     pub fn get_mut<'a>(&self, buf: &'a mut [u8]) -> Result<Borrowed<'a, R>, Error> {
         // SAFETY: the exclusive borrow keeps `buf` alive and out of reach of other Rust
         // code while the handle lives; only the local adapter may write it.
-        let handle = unsafe { self.get_raw(buf.as_mut_ptr(), buf.len(), Access::LOCAL_WRITE)? };
+        let handle =
+            unsafe { self.lookup(buf.as_mut_ptr(), buf.len(), Access::LOCAL_WRITE, true)? };
         Ok(Borrowed {
             handle,
             _buf: PhantomData,
@@ -306,6 +308,24 @@ impl<R: Registrar> RegCache<R> {
         len: usize,
         access: Access,
     ) -> Result<CacheHandle<R>, Error> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.lookup(addr, len, access, false) }
+    }
+
+    /// [`get_raw`](Self::get_raw); with `local_only`, a hit is an entry that grants no
+    /// remote access (what the safe entry points hand out: a key of theirs given to a
+    /// peer must not let it reach memory borrowed as `&[u8]` or `&mut [u8]`).
+    ///
+    /// # Safety
+    ///
+    /// As for [`get_raw`](Self::get_raw).
+    unsafe fn lookup(
+        &self,
+        addr: *const u8,
+        len: usize,
+        access: Access,
+        local_only: bool,
+    ) -> Result<CacheHandle<R>, Error> {
         let access = access.validate()?;
         let start = addr as usize;
         let end = match start.checked_add(len) {
@@ -316,7 +336,7 @@ impl<R: Registrar> RegCache<R> {
         let mut waited = false;
         let ticket = loop {
             let mut inner = shared.inner.lock();
-            let found = inner.find(start, end, access);
+            let found = inner.find(start, end, access, local_only);
             if let Some(m) = shared.monitor.filter(|m| !waited && m.busy()) {
                 // Events were read but not applied yet. One may concern a hit, or land on
                 // a miss while it registers and make it uncached for nothing. Once the
@@ -451,7 +471,10 @@ impl<R: Registrar> Drop for Shared<R> {
 }
 
 impl<R: Registrar> Inner<R> {
-    fn find(&self, start: usize, end: usize, access: Access) -> Option<usize> {
+    /// An entry covering `[start, end)` with at least `access`, and with no remote
+    /// access when `local_only`.
+    fn find(&self, start: usize, end: usize, access: Access, local_only: bool) -> Option<usize> {
+        let remote = Access::REMOTE_READ | Access::REMOTE_MUTATE;
         let from = start.saturating_sub(self.longest);
         self.by_start
             .range((from, 0)..=(start, usize::MAX))
@@ -459,7 +482,9 @@ impl<R: Registrar> Inner<R> {
             .map(|(&(_, index), _)| index)
             .find(|&i| {
                 let e = &self.entries[i];
-                e.end >= end && e.access.contains(access)
+                e.end >= end
+                    && e.access.contains(access)
+                    && !(local_only && e.access.intersects(remote))
             })
     }
 

@@ -115,6 +115,41 @@ fn safe_entry_points_borrow_the_buffer() {
     assert_eq!(w.len(), 1000);
 }
 
+/// An idle entry that grants remote access (left by `get_raw`) is never what the safe
+/// entry points hand out: its rkey, given to a peer, would reach memory the caller
+/// borrows as `&[u8]` or `&mut [u8]`. They register without remote access instead.
+#[test]
+fn safe_entry_points_never_take_an_entry_with_remote_access() {
+    let (c, live) = cache(CacheConfig::default().invalidation(Invalidation::Explicit));
+    let mut buf = vec![0u8; 4 * page()];
+    let remote = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    // SAFETY: `buf` outlives the handle, dropped at once; nothing else references it.
+    let key = unsafe { c.get_raw(buf.as_ptr(), buf.len(), remote) }
+        .unwrap()
+        .lkey();
+    for access in [
+        Access::REMOTE_READ,
+        Access::REMOTE_ATOMIC | Access::LOCAL_WRITE,
+    ] {
+        // SAFETY: as above.
+        drop(unsafe { c.get_raw(buf.as_ptr(), 64, access) }.unwrap());
+    }
+    let r = c.get(&buf[..100]).unwrap();
+    assert_ne!(r.lkey(), key, "get took an entry with remote access");
+    assert!(r.region().access().is_empty(), "{:?}", r.region().access());
+    drop(r);
+    let w = c.get_mut(&mut buf[..100]).unwrap();
+    assert_ne!(w.lkey(), key, "get_mut took an entry with remote access");
+    assert_eq!(w.region().access(), Access::LOCAL_WRITE);
+    drop(w);
+    // `get_raw` still hits the entry with remote access.
+    // SAFETY: as above.
+    let again = unsafe { c.get_raw(buf.as_ptr(), 100, remote) }.unwrap();
+    assert_eq!(again.lkey(), key);
+    drop(again);
+    assert_eq!(live.live().len(), 5);
+}
+
 #[test]
 fn explicit_invalidate_removes_overlapping_entries_only() {
     let (c, live) = cache(CacheConfig::default().invalidation(Invalidation::Explicit));

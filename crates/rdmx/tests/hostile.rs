@@ -1146,6 +1146,44 @@ fn a_write_part_way_read_stops_at_deregistration() {
     wait_logged("WARN", &["being deregistered"]);
 }
 
+/// A QP moved to ERR part-way through reading a peer's WRITE places nothing more of it:
+/// the rest, arriving after the move, does not reach the memory (a QP in ERR takes no
+/// more of its peer's bytes, so a fence through another channel is one).
+#[test]
+fn a_write_part_way_read_stops_when_the_qp_goes_to_err() {
+    let srv = Server::new();
+    let v = srv.victim();
+    let mut s = srv.dial(&v);
+    let f = write_frame(
+        v.qp.qp_num(),
+        FAKE_PSN,
+        v.mr.addr() as u64,
+        v.mr.rkey(),
+        &[0xEE; REGION],
+    );
+    let half = f.len() - REGION / 2;
+    s.write_all(&f[..half]).expect("send half of a WRITE");
+    let keep = v.mr.share();
+    wait_byte(
+        &keep,
+        REGION / 2 - 1 - 16,
+        0xEE,
+        "the first half never landed",
+    );
+    move_to(&v.qp, QpState::Err);
+    // The rest arrives after the move; the stream may be gone already.
+    let _ = s.write_all(&f[half..]);
+    let c = wait_one(&v.cq, "the victim's receive");
+    assert_eq!((c.wr_id, c.status), (77, WcStatus::WrFlushErr), "{c:?}");
+    std::thread::sleep(Duration::from_millis(100));
+    let mut now = vec![0u8; REGION];
+    keep.read_at(0, &mut now).expect("read");
+    assert!(
+        now[REGION / 2..] == v.before[REGION / 2..],
+        "bytes of the WRITE landed after the QP went to ERR"
+    );
+}
+
 /// A QP moved to RESET part-way through a peer's SEND payload does not complete its
 /// receive with success.
 #[test]

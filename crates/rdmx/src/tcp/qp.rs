@@ -117,6 +117,16 @@ impl TcpQp {
             // Back to RESET (to connect again, perhaps to another peer): the old stream
             // and whatever is queued or half read on it go.
             g.close();
+        } else if g.engine.state() == QpState::Err && g.rx.mid_payload() {
+            // A QP in ERR places nothing more of its peer's bytes, the rest of a payload
+            // part-way read included (it could arrive much later); the stream cannot skip
+            // it and stay in step, so it closes.
+            g.fail(
+                self.qpn,
+                &StreamError::Abandoned(
+                    "the QP went to ERR part-way through reading a payload; closing its stream",
+                ),
+            );
         }
         self.pump(&mut g, Instant::now());
         out

@@ -239,6 +239,9 @@ pub(crate) fn connect(
         qp.connect(*ep, &opts)?;
     }
     let conn = build_conn(shared, &theirs, dialed, secret, transport, mtu, true, qps)?;
+    for (p, ep) in conn.paths.iter().zip(&eps) {
+        p.peer_qpn.store(ep.qp_num, Ordering::Release);
+    }
     Msg::Ready.send(&mut s)?;
     match Msg::recv(&mut ByDeadline::new(&s, t))? {
         Msg::Ready => {}
@@ -447,6 +450,9 @@ fn serve(shared: &Arc<Shared>, mut s: TcpStream) -> Result<()> {
                 false => desc.control,
             };
             let conn = build_conn(shared, &desc, probe_at, secret, transport, mtu, false, qps)?;
+            for (p, (_, _, ep)) in conn.paths.iter().zip(&paths) {
+                p.peer_qpn.store(ep.qp_num, Ordering::Release);
+            }
             let kept = shared.add_conn(conn.clone(), since);
             if !Arc::ptr_eq(&kept, &conn) {
                 // Both engines opened each other at once and this one keeps the other
@@ -476,7 +482,7 @@ fn serve(shared: &Arc<Shared>, mut s: TcpStream) -> Result<()> {
                         Msg::Ready => {}
                         _ => return Err(Error::Descriptor("the peer did not confirm".into())),
                     }
-                    install(&p, qp);
+                    install(&p, qp, endpoint.qp_num);
                     Msg::Ready.send(&mut s)?;
                     Ok(())
                 }
@@ -486,6 +492,18 @@ fn serve(shared: &Arc<Shared>, mut s: TcpStream) -> Result<()> {
                 }
             }
         }
+        Msg::Fence {
+            name,
+            secret,
+            path,
+            qpn,
+        } => match fence_target(shared, &name, secret, path, qpn) {
+            Ok(()) => Msg::Ready.send(&mut s),
+            Err(e) => {
+                let _ = Msg::Refused(e.to_string()).send(&mut s);
+                Err(e)
+            }
+        },
         Msg::Probe { name, secret } => {
             let holds = shared.open_conn(&name).is_some_and(|c| c.secret == secret);
             match holds {
@@ -605,13 +623,13 @@ fn accept_paths(
     Ok(out)
 }
 
-fn repair_target(
+/// Path `path` of the connection with `name` that `secret` names.
+fn named_path(
     shared: &Shared,
     name: &str,
     secret: u64,
     path: u16,
-    ep: rdmx::QpEndpoint,
-) -> Result<(Arc<Path>, QueuePair)> {
+) -> Result<(Arc<Conn>, Arc<Path>)> {
     let conn = shared
         .conns
         .lock()
@@ -624,6 +642,17 @@ fn repair_target(
         .get(path as usize)
         .cloned()
         .ok_or_else(|| Error::Invalid(format!("no path {path}")))?;
+    Ok((conn, p))
+}
+
+fn repair_target(
+    shared: &Shared,
+    name: &str,
+    secret: u64,
+    path: u16,
+    ep: rdmx::QpEndpoint,
+) -> Result<(Arc<Path>, QueuePair)> {
+    let (conn, p) = named_path(shared, name, secret, path)?;
     if p.rail.closed.load(Ordering::Acquire) {
         return Err(Error::Invalid(format!("rail {} is closed", p.rail.index)));
     }
@@ -632,8 +661,68 @@ fn repair_target(
     Ok((p, qp))
 }
 
-/// Puts a rebuilt queue pair into a path and brings it up.
-fn install(p: &Path, qp: QueuePair) {
+/// The peer's side of a fence: its queue pair `qpn` of the path goes to the error state
+/// (and the path is set aside), so that nothing more of what the peer sent on it lands.
+/// A queue pair the path no longer has (rebuilt since, or its rail closed) takes nothing
+/// already.
+fn fence_target(shared: &Shared, name: &str, secret: u64, path: u16, qpn: u32) -> Result<()> {
+    let (_, p) = named_path(shared, name, secret, path)?;
+    let qp = p.qp.lock().clone();
+    let Some(qp) = qp.filter(|q| q.qp_num() == qpn) else {
+        return Ok(());
+    };
+    p.fail(shared);
+    if qp.state() != rdmx::QpState::Err {
+        let attr = rdmx::QpAttr {
+            qp_state: rdmx::QpState::Err,
+            ..Default::default()
+        };
+        qp.modify(&attr, rdmx::QpAttrMask::STATE)?;
+    }
+    tracing::info!(path = %p.name, "transfer path fenced at the peer's request");
+    Ok(())
+}
+
+/// Asks the peer to fence its side of path `p` (its queue pair `qpn`), which failed
+/// here with work in flight: `Ok` once it confirms.
+pub(crate) fn fence(shared: &Arc<Shared>, p: &Path, qpn: u32) -> Result<()> {
+    let conn = p
+        .conn
+        .upgrade()
+        .ok_or_else(|| Error::Invalid("the connection is closed".into()))?;
+    let t = shared.config.connect_timeout;
+    let mut s = control_stream(shared, &conn.probe_at.to_string())?;
+    Msg::Fence {
+        name: shared.name.clone(),
+        secret: conn.secret,
+        path: p.index,
+        qpn,
+    }
+    .send(&mut s)?;
+    match Msg::recv(&mut ByDeadline::new(&s, t))? {
+        Msg::Ready => Ok(()),
+        Msg::Refused(why) => Err(Error::Refused {
+            peer: conn.peer.clone(),
+            why,
+        }),
+        _ => Err(Error::Descriptor(
+            "expected the fence's confirmation".into(),
+        )),
+    }
+}
+
+/// Puts a rebuilt queue pair, connected to the peer's `peer_qpn`, into a path and brings
+/// it up.
+fn install(p: &Path, qp: QueuePair, peer_qpn: u32) {
+    p.peer_qpn.store(peer_qpn, Ordering::Release);
+    // The new queue pair needs a fence of its own when it fails. (A fence still being
+    // asked for, for the old one, finishes its work; the initiator rebuilds only after.)
+    {
+        let mut f = p.fence.lock();
+        if !f.running() {
+            *f = crate::path::Fence::default();
+        }
+    }
     *p.qp.lock() = Some(Arc::new(qp));
     let _ = p.post_recvs();
     *p.down_until.lock() = None;
@@ -673,7 +762,7 @@ pub(crate) fn repair(shared: &Arc<Shared>, p: &Arc<Path>) -> Result<()> {
         Msg::Ready => {}
         _ => return Err(Error::Descriptor("the peer did not confirm".into())),
     }
-    install(p, qp);
+    install(p, qp, ep.qp_num);
     tracing::info!(path = %p.name, "transfer path rebuilt");
     Ok(())
 }

@@ -110,6 +110,44 @@ pub(crate) struct Path {
     pub(crate) bw: AtomicU64,
     pub(crate) done_bytes: AtomicU64,
     pub(crate) recv_mr: MemoryRegion,
+    /// The number of the peer's queue pair this path's is connected to.
+    pub(crate) peer_qpn: AtomicU32,
+    /// Whether the peer confirmed that its queue pair takes nothing more, once this
+    /// path failed with work in flight.
+    pub(crate) fence: Mutex<Fence>,
+}
+
+/// A failed path's fence. Work that was in flight on a path is sent again on another
+/// only once the peer has moved its queue pair of the path to the error state: before,
+/// the first attempt's bytes may still be on their way (in a TCP stream's buffers on
+/// either end, after a stall or a link that dropped for a while) and would land after the
+/// second, perhaps after the batch was reported done and its memory reused. If the peer
+/// cannot confirm it (it does not answer within the connect timeout), that work fails.
+#[derive(Default)]
+pub(crate) struct Fence {
+    state: FenceState,
+    /// Work that failed on the path, with its status, waiting for the fence.
+    parked: Vec<(Work, WcStatus)>,
+}
+
+#[derive(Clone, Default)]
+enum FenceState {
+    /// Not asked for since the path's queue pair was (re)built.
+    #[default]
+    None,
+    /// Asked for; no answer yet.
+    Running,
+    /// The peer's queue pair takes nothing more.
+    Done,
+    /// The peer did not confirm it, and why.
+    Failed(String),
+}
+
+impl Fence {
+    /// Whether a fence is being asked for (the path is not rebuilt meanwhile).
+    pub(crate) fn running(&self) -> bool {
+        matches!(self.state, FenceState::Running)
+    }
 }
 
 impl Path {
@@ -151,8 +189,88 @@ impl Path {
             bw: AtomicU64::new(1 << 30),
             done_bytes: AtomicU64::new(0),
             recv_mr,
+            peer_qpn: AtomicU32::new(0),
+            fence: Mutex::new(Fence::default()),
             rail,
         }))
+    }
+
+    /// Sends `w`, which failed with `status` while in flight on this path, again on
+    /// another path once the peer has fenced this one (see [`Fence`]); fails it if the
+    /// peer does not confirm the fence.
+    pub(crate) fn retry_fenced(self: &Arc<Path>, shared: &Shared, w: Work, status: WcStatus) {
+        let mut f = self.fence.lock();
+        match f.state.clone() {
+            FenceState::Running => f.parked.push((w, status)),
+            FenceState::Done | FenceState::Failed(_) => {
+                let state = f.state.clone();
+                drop(f);
+                self.after_fence(shared, &state, w, status);
+            }
+            FenceState::None => {
+                f.state = FenceState::Running;
+                f.parked.push((w, status));
+                drop(f);
+                let qpn = self.peer_qpn.load(Ordering::Acquire);
+                let p = self.clone();
+                let me = shared.me.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("rdmx-te-fence".into())
+                    .spawn(move || {
+                        let Some(shared) = me.upgrade() else { return };
+                        let res = crate::handshake::fence(&shared, &p, qpn);
+                        p.fenced(&shared, res.map_err(|e| e.to_string()));
+                    });
+                if let Err(e) = spawned {
+                    self.fenced(shared, Err(format!("no thread to ask for it: {e}")));
+                }
+            }
+        }
+    }
+
+    /// The fence was confirmed, or not: the work waiting for it goes on, or fails.
+    fn fenced(&self, shared: &Shared, res: Result<(), String>) {
+        let state = match res {
+            Ok(()) => FenceState::Done,
+            Err(why) => {
+                tracing::warn!(
+                    path = %self.name,
+                    "the peer did not confirm that the failed path takes nothing more ({why}); \
+                     what was in flight on it is not sent again"
+                );
+                FenceState::Failed(why)
+            }
+        };
+        let parked = {
+            let mut f = self.fence.lock();
+            f.state = state.clone();
+            std::mem::take(&mut f.parked)
+        };
+        for (w, status) in parked {
+            self.after_fence(shared, &state, w, status);
+        }
+    }
+
+    fn after_fence(&self, shared: &Shared, state: &FenceState, w: Work, status: WcStatus) {
+        match (state, self.conn.upgrade()) {
+            (FenceState::Done, Some(conn)) => conn.reschedule(shared, w, self, Some(status)),
+            (FenceState::Failed(why), Some(_)) => fail_work(
+                shared,
+                w,
+                Failure {
+                    status: Some(status),
+                    path: self.name.clone(),
+                    reason: format!(
+                        "not sent again: the peer did not confirm that the path takes \
+                         nothing more of it ({why})"
+                    ),
+                },
+            ),
+            (_, conn) => {
+                let peer = conn.map(|c| c.peer.clone()).unwrap_or_default();
+                fail_work(shared, w, self.closed_failure(&peer, Some(status)))
+            }
+        }
     }
 
     /// Queues `w` and wakes the rail's worker.
@@ -412,6 +530,7 @@ impl Conn {
         if !due
             || p.outstanding.load(Ordering::Acquire) != 0
             || p.rail.closed.load(Ordering::Acquire)
+            || p.fence.lock().running()
             || p.repairing.swap(true, Ordering::AcqRel)
         {
             return;

@@ -262,6 +262,16 @@ pub(crate) enum Msg {
     /// hold a connection `secret` to `name` (the asker), open? `Ready` if so, `Refused`
     /// if not. Asked when another initiator names itself as that engine.
     Probe { name: String, secret: u64 },
+    /// Either side → the other's control listener: move your queue pair `qpn` of path
+    /// `path` of connection `secret` from `name` to the error state, so that nothing more
+    /// of what was sent to it lands (the sender is about to send it again on another
+    /// path). `Ready` once done, or when that queue pair is gone already.
+    Fence {
+        name: String,
+        secret: u64,
+        path: u16,
+        qpn: u32,
+    },
 }
 
 impl Msg {
@@ -331,6 +341,18 @@ impl Msg {
                 w.str(name);
                 w.u64(*secret);
             }
+            Msg::Fence {
+                name,
+                secret,
+                path,
+                qpn,
+            } => {
+                w.u8(9);
+                w.str(name);
+                w.u64(*secret);
+                w.u16(*path);
+                w.u32(*qpn);
+            }
         }
         w.0
     }
@@ -399,6 +421,12 @@ impl Msg {
             8 => Msg::Probe {
                 name: r.name("engine name")?,
                 secret: r.u64()?,
+            },
+            9 => Msg::Fence {
+                name: r.name("engine name")?,
+                secret: r.u64()?,
+                path: r.u16()?,
+                qpn: r.u32()?,
             },
             t => return Err(bad(format!("a control message of unknown type {t}"))),
         };
@@ -731,6 +759,12 @@ mod tests {
             Msg::Probe {
                 name: "y".into(),
                 secret: 11,
+            },
+            Msg::Fence {
+                name: "z".into(),
+                secret: 13,
+                path: 2,
+                qpn: 0x1234,
             },
         ] {
             let mut buf = Vec::new();

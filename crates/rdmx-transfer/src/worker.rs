@@ -312,7 +312,8 @@ impl Worker {
                 | WcStatus::LocLenErr
         );
         match p.conn.upgrade() {
-            Some(conn) if !refused => conn.reschedule(&self.shared, e.work, &p, Some(c.status)),
+            // Sent again elsewhere once the peer confirms this path takes nothing more.
+            Some(_) if !refused => p.retry_fenced(&self.shared, e.work, c.status),
             conn => crate::path::fail_work(
                 &self.shared,
                 e.work,

@@ -170,6 +170,9 @@ struct Entry<R: Registrar> {
     // LRU links, meaningful while refs == 0.
     older: Option<usize>,
     newer: Option<usize>,
+    /// Keeps the range watched while the entry is cached (unwatched when it goes, so
+    /// that memory areas the kernel split to watch it can join again).
+    _watch: Option<monitor::Watched>,
 }
 
 struct Inner<R: Registrar> {
@@ -355,10 +358,9 @@ impl<R: Registrar> RegCache<R> {
             break inner.in_flight.insert((start, end, false));
         };
 
-        let watched = match shared.monitor {
-            Some(m) => m.watch(start, len).is_ok(),
-            None => true,
-        };
+        let watch = shared.monitor.map(|m| m.watch_while(start, len));
+        let watched = !matches!(watch, Some(Err(_)));
+        let watch = watch.and_then(Result::ok);
         // SAFETY: forwarded from this function's contract.
         let region = match unsafe { shared.registrar.register(addr as *mut u8, len, access) } {
             Err(Error::MemlockLimit(_)) if self.flush() > 0 => {
@@ -375,7 +377,7 @@ impl<R: Registrar> RegCache<R> {
             inner.stats.uncached += 1;
             return Ok(self.handle(region, None, start, len));
         }
-        let slot = inner.insert(region.clone(), start, end, access);
+        let slot = inner.insert(region.clone(), start, end, access, watch);
         Ok(self.handle(region, Some(slot), start, len))
     }
 
@@ -503,6 +505,7 @@ impl<R: Registrar> Inner<R> {
         start: usize,
         end: usize,
         access: Access,
+        watch: Option<monitor::Watched>,
     ) -> (usize, u64) {
         let generation = self.next_generation;
         self.next_generation += 1;
@@ -515,6 +518,7 @@ impl<R: Registrar> Inner<R> {
             generation,
             older: None,
             newer: None,
+            _watch: watch,
         });
         self.by_start.insert((start, index), ());
         self.longest = self.longest.max(end - start);

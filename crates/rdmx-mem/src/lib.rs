@@ -28,6 +28,7 @@ pub mod mapping;
 pub mod monitor;
 pub mod pin;
 pub mod pool;
+mod ranges;
 pub mod registrar;
 pub mod shared;
 pub mod sys;

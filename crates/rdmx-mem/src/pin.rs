@@ -16,12 +16,12 @@
 //! limit, the bytes asked for and how to raise it. Not pinning is an explicit choice
 //! ([`Pinning::Unpinned`]); it never happens silently.
 
-use std::collections::BTreeMap;
 use std::io;
 
 use parking_lot::Mutex;
 
 use crate::error::{Error, MemlockLimit};
+use crate::ranges::{merge, RangeCounts};
 use crate::sys::{self, syscall};
 
 /// Whether a registration locks its pages.
@@ -51,7 +51,7 @@ impl PinGuard {
 
 impl Drop for PinGuard {
     fn drop(&mut self) {
-        PINS.lock().unpin(self.start, self.end);
+        unlock_span(&mut PINS.lock(), self.start, self.end);
     }
 }
 
@@ -67,7 +67,7 @@ pub fn pin(addr: usize, len: usize, pinning: Pinning) -> Result<Option<PinGuard>
     match pinning {
         Pinning::Unpinned => Ok(None),
         Pinning::Pinned => {
-            PINS.lock().pin(start, end)?;
+            lock_span(&mut PINS.lock(), start, end)?;
             Ok(Some(PinGuard { start, end }))
         }
     }
@@ -88,123 +88,48 @@ pub(crate) fn relock(start: usize, end: usize) {
 
 /// Bytes rdmx holds pinned in this process right now.
 pub fn pinned_bytes() -> usize {
-    PINS.lock().pinned_bytes()
+    PINS.lock().covered_bytes()
 }
 
-static PINS: Mutex<PinCounts> = Mutex::new(PinCounts {
-    steps: BTreeMap::new(),
-});
+static PINS: Mutex<RangeCounts> = Mutex::new(RangeCounts::new());
 
-/// A step function over addresses: at each key the pin count changes to the value, and it
-/// holds until the next key. Adjacent steps never share a value; the last step is 0.
-struct PinCounts {
-    steps: BTreeMap<usize, usize>,
+/// Locks `[start, end)` and counts it.
+fn lock_span(counts: &mut RangeCounts, start: usize, end: usize) -> Result<(), Error> {
+    let gaps = merge(
+        counts
+            .pieces(start, end)
+            .into_iter()
+            .filter(|&(_, _, c)| c == 0),
+    );
+    if let Err(err) = syscall!(mlock(start as *const libc::c_void, end - start)) {
+        // Part of the span may be locked now: unlock what no other registration
+        // counts on (the rest was locked before, or is meant to be).
+        for &(s, e) in &gaps {
+            let _ = syscall!(munlock(s as *const libc::c_void, e - s));
+        }
+        let requested = gaps.iter().map(|(s, e)| e - s).sum();
+        return Err(classify(err, start, end - start, requested));
+    }
+    counts.add(start, end, 1);
+    Ok(())
 }
 
-impl PinCounts {
-    fn count_at(&self, at: usize) -> usize {
-        self.steps.range(..=at).next_back().map_or(0, |(_, &c)| c)
-    }
-
-    /// The sub-ranges of `[start, end)` with their counts, in order.
-    fn pieces(&self, start: usize, end: usize) -> Vec<(usize, usize, usize)> {
-        let mut out = Vec::new();
-        let mut at = start;
-        let mut count = self.count_at(start);
-        for (&k, &c) in self.steps.range(start + 1..end) {
-            out.push((at, k, count));
-            at = k;
-            count = c;
-        }
-        out.push((at, end, count));
-        out
-    }
-
-    fn pin(&mut self, start: usize, end: usize) -> Result<(), Error> {
-        let gaps = merge(
-            self.pieces(start, end)
-                .into_iter()
-                .filter(|&(_, _, c)| c == 0),
-        );
-        if let Err(err) = syscall!(mlock(start as *const libc::c_void, end - start)) {
-            // Part of the span may be locked now: unlock what no other registration
-            // counts on (the rest was locked before, or is meant to be).
-            for &(s, e) in &gaps {
-                let _ = syscall!(munlock(s as *const libc::c_void, e - s));
-            }
-            let requested = gaps.iter().map(|(s, e)| e - s).sum();
-            return Err(classify(err, start, end - start, requested));
-        }
-        self.add(start, end, 1);
-        Ok(())
-    }
-
-    fn unpin(&mut self, start: usize, end: usize) {
-        let freed = merge(
-            self.pieces(start, end)
-                .into_iter()
-                .filter(|&(_, _, c)| c == 1),
-        );
-        self.add(start, end, -1);
-        for (s, e) in freed {
-            // The pages may already be unmapped (the owner freed them); the kernel then
-            // dropped the lock with the mapping and munlock reports ENOMEM, which is fine.
-            if let Err(err) = syscall!(munlock(s as *const libc::c_void, e - s)) {
-                tracing::debug!(addr = s, len = e - s, %err, "munlock failed");
-            }
+/// Counts `[start, end)` down, unlocking the pages no registration counts on any more.
+fn unlock_span(counts: &mut RangeCounts, start: usize, end: usize) {
+    let freed = merge(
+        counts
+            .pieces(start, end)
+            .into_iter()
+            .filter(|&(_, _, c)| c == 1),
+    );
+    counts.add(start, end, -1);
+    for (s, e) in freed {
+        // The pages may already be unmapped (the owner freed them); the kernel then
+        // dropped the lock with the mapping and munlock reports ENOMEM, which is fine.
+        if let Err(err) = syscall!(munlock(s as *const libc::c_void, e - s)) {
+            tracing::debug!(addr = s, len = e - s, %err, "munlock failed");
         }
     }
-
-    fn add(&mut self, start: usize, end: usize, delta: isize) {
-        let at_end = self.count_at(end);
-        let at_start = self.count_at(start);
-        self.steps.insert(end, at_end);
-        self.steps.insert(start, at_start);
-        for (_, c) in self.steps.range_mut(start..end) {
-            *c = c
-                .checked_add_signed(delta)
-                .expect("pin count out of balance");
-        }
-        // Normalise around the touched boundaries: drop steps equal to their predecessor.
-        for key in [start, end] {
-            let prev = self.steps.range(..key).next_back().map_or(0, |(_, &c)| c);
-            if self.steps.get(&key) == Some(&prev) {
-                self.steps.remove(&key);
-            }
-        }
-        let inner: Vec<usize> = self.steps.range(start + 1..end).map(|(&k, _)| k).collect();
-        for key in inner {
-            let prev = self.steps.range(..key).next_back().map_or(0, |(_, &c)| c);
-            if self.steps.get(&key) == Some(&prev) {
-                self.steps.remove(&key);
-            }
-        }
-    }
-
-    fn pinned_bytes(&self) -> usize {
-        let mut total = 0;
-        let mut prev: Option<(usize, usize)> = None;
-        for (&k, &c) in &self.steps {
-            if let Some((pk, pc)) = prev {
-                if pc > 0 {
-                    total += k - pk;
-                }
-            }
-            prev = Some((k, c));
-        }
-        total
-    }
-}
-
-fn merge(pieces: impl Iterator<Item = (usize, usize, usize)>) -> Vec<(usize, usize)> {
-    let mut out: Vec<(usize, usize)> = Vec::new();
-    for (s, e, _) in pieces {
-        match out.last_mut() {
-            Some(last) if last.1 == s => last.1 = e,
-            _ => out.push((s, e)),
-        }
-    }
-    out
 }
 
 fn classify(err: io::Error, addr: usize, len: usize, requested: usize) -> Error {
@@ -298,35 +223,5 @@ mod tests {
         assert!(!locked(a, a + len), "the last pin left it locked");
         // SAFETY: as above.
         assert_eq!(unsafe { libc::munmap(p, len) }, 0);
-    }
-
-    // The step function alone, without system calls.
-    fn counts() -> PinCounts {
-        PinCounts {
-            steps: BTreeMap::new(),
-        }
-    }
-
-    #[test]
-    fn step_function_counts_overlaps_and_normalises() {
-        let mut t = counts();
-        t.add(0x1000, 0x3000, 1);
-        t.add(0x2000, 0x4000, 1);
-        assert_eq!(
-            t.pieces(0x1000, 0x4000),
-            vec![
-                (0x1000, 0x2000, 1),
-                (0x2000, 0x3000, 2),
-                (0x3000, 0x4000, 1)
-            ]
-        );
-        assert_eq!(t.pinned_bytes(), 0x3000);
-        t.add(0x1000, 0x3000, -1);
-        assert_eq!(
-            t.pieces(0x1000, 0x4000),
-            vec![(0x1000, 0x2000, 0), (0x2000, 0x4000, 1)]
-        );
-        t.add(0x2000, 0x4000, -1);
-        assert!(t.steps.is_empty(), "{:?}", t.steps);
     }
 }

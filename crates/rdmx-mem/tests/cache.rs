@@ -355,6 +355,53 @@ fn munmap_then_mmap_at_same_address_never_returns_stale_registration() {
     assert_eq!(live.live().len() as u64, s.entries);
 }
 
+/// Memory areas (lines of `/proc/self/maps`) that overlap `[start, start + len)`.
+fn areas(start: usize, len: usize) -> usize {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .filter_map(|l| {
+            let (a, b) = l.split_once(' ')?.0.split_once('-')?;
+            Some((
+                usize::from_str_radix(a, 16).ok()?,
+                usize::from_str_radix(b, 16).ok()?,
+            ))
+        })
+        .filter(|&(a, b)| a < start + len && start < b)
+        .count()
+}
+
+/// Entries that go unwatch their pages: a mapping whose every other page was registered
+/// and evicted in turn is one memory area again, not split at each page the kernel
+/// watched (which, with enough buffers, ends at `vm.max_map_count` and refused `mmap`s).
+#[test]
+fn evicted_entries_unwatch_their_pages() {
+    let r = Counting::with_pinning(Pinning::Unpinned);
+    let config = CacheConfig::default()
+        .invalidation(Invalidation::Monitor)
+        .max_idle_entries(2);
+    let c = RegCache::new(r, config).unwrap();
+    let pages = 64;
+    let p = map(pages * page(), None).unwrap();
+    // Touched, so that the kernel has no reason of its own to keep pages apart.
+    // SAFETY: the test's own mapping, which nothing else references.
+    unsafe { ptr::write_bytes(p, 1, pages * page()) };
+    assert_eq!(areas(p as usize, pages * page()), 1);
+    for i in (0..pages).step_by(2) {
+        // SAFETY: the mapping outlives the handle, dropped at once.
+        drop(unsafe { c.get_raw(p.add(i * page()), 8, Access::empty()) }.unwrap());
+    }
+    let split = areas(p as usize, pages * page());
+    assert!(split > 1, "watching split nothing ({split} areas)");
+    c.flush();
+    assert_eq!(c.stats().entries, 0);
+    assert_eq!(
+        areas(p as usize, pages * page()),
+        1,
+        "the pages stayed watched after their entries went ({split} areas while cached)"
+    );
+    unmap(p, pages * page());
+}
+
 #[test]
 fn madvise_dontneed_invalidates_unpinned_entries() {
     let r = Counting::with_pinning(Pinning::Unpinned);

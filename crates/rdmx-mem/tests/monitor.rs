@@ -392,6 +392,35 @@ mod monitor {
         m.unsubscribe(id);
     }
 
+    // A guard unwatches only the pages nothing else holds: pages also held by another
+    // guard, or watched for good, are still reported when they go; its own others are not.
+    #[test]
+    fn a_dropped_watch_leaves_what_others_hold_watched() {
+        let m = monitor();
+        let (rec, id) = Recorder::subscribed();
+        let page = page_size();
+        let p = map(6);
+        // Page 0: the dropped guard alone; 1: also for good; 2: also another guard.
+        let dropped = m.watch_while(p, 3 * page).unwrap();
+        m.watch(p + page, page).unwrap();
+        let kept = m.watch_while(p + 2 * page, page).unwrap();
+        drop(dropped);
+        for (i, reported) in [(0, false), (1, true), (2, true)] {
+            let mark = rec.mark();
+            unmap(p + i * page, page);
+            m.wait_idle();
+            assert_eq!(
+                rec.covered_since(mark, p + i * page, p + (i + 1) * page),
+                reported,
+                "page {i}: saw {}",
+                rec.dump_since(mark)
+            );
+        }
+        drop(kept);
+        unmap(p + 3 * page, 3 * page);
+        m.unsubscribe(id);
+    }
+
     /// Blocks on `gate` when given a range overlapping `target`.
     struct Gated {
         gate: Arc<Mutex<()>>,

@@ -10,7 +10,10 @@
 //! # How
 //!
 //! One userfaultfd descriptor serves the whole process ([`global`]). The cache asks the
-//! monitor to [`watch`](Monitor::watch) every range it registers. Ranges are registered with
+//! monitor to watch every range it registers ([`watch_while`](Monitor::watch_while)),
+//! for as long as it caches the registration: the kernel splits memory areas where a
+//! watched range begins and ends, and pages no holder watches any more are unwatched so
+//! that they can join again (watches are counted per page). Ranges are registered with
 //! `UFFDIO_REGISTER_MODE_WP` only, never `MODE_MISSING`, and no page is ever
 //! write-protected, so no page fault is ever delivered to the monitor and touching watched
 //! memory costs nothing extra. What the monitor does receive are the non-cooperative events
@@ -101,6 +104,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::ranges::{merge, RangeCounts};
 use crate::sys;
 
 mod open;
@@ -167,19 +171,20 @@ impl Monitor {
     /// nothing mapped in it, `EBUSY` when another userfaultfd descriptor already watches
     /// part of it; `InvalidInput` for an empty or overflowing range.
     pub fn watch(&self, addr: usize, len: usize) -> io::Result<()> {
-        let (start, end) = match sys::page_span(addr, len) {
-            Some(span) if len > 0 => span,
-            _ => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("cannot watch {len} bytes at {addr:#x}: empty or overflowing range"),
-                ))
-            }
-        };
-        self.shared
-            .uffd
-            .register_write_protect(start, end - start)
-            .map(drop)
+        self.shared.watch(addr, len).map(drop)
+    }
+
+    /// [`watch`](Self::watch), until the returned guard is dropped: pages no guard (nor a
+    /// [`watch`](Self::watch) for good) holds any more are unwatched then, so that ranges
+    /// watched once do not split the process's memory areas for good (towards
+    /// `vm.max_map_count`) as registrations come and go.
+    pub fn watch_while(&self, addr: usize, len: usize) -> io::Result<Watched> {
+        let (start, end) = self.shared.watch(addr, len)?;
+        Ok(Watched {
+            shared: self.shared.clone(),
+            start,
+            end,
+        })
     }
 
     /// Subscribes `sink` to every range that goes away from now on. Returns an id for
@@ -271,6 +276,7 @@ impl Monitor {
             }),
             ready: Condvar::new(),
             subscribers: Mutex::new(Vec::new()),
+            watched: Mutex::new(RangeCounts::new()),
             next_id: AtomicU64::new(1),
             sink_epoch: AtomicU64::new(0),
         });
@@ -284,6 +290,64 @@ impl Monitor {
         spawn("rdmx-uffd-sink", deliver_loop)?;
         spawn("rdmx-uffd", read_loop)?;
         Ok(Monitor { shared })
+    }
+}
+
+/// Keeps a range watched ([`Monitor::watch_while`]) until dropped.
+#[must_use = "the range is unwatched when this is dropped"]
+pub struct Watched {
+    shared: Arc<Shared>,
+    start: usize,
+    end: usize,
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        let mut counts = self.shared.watched.lock();
+        let freed = merge(
+            counts
+                .pieces(self.start, self.end)
+                .into_iter()
+                .filter(|&(_, _, c)| c == 1),
+        );
+        counts.add(self.start, self.end, -1);
+        // Under the lock: a watch of the same pages meanwhile registers after this.
+        for (s, e) in freed {
+            // Pages unmapped since were unwatched by the kernel with their mapping.
+            if let Err(err) = self.shared.uffd.unregister(s, e - s) {
+                tracing::debug!(addr = s, len = e - s, %err, "unwatching failed");
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Watched {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Watched")
+            .field("start", &format_args!("{:#x}", self.start))
+            .field("end", &format_args!("{:#x}", self.end))
+            .finish()
+    }
+}
+
+impl Shared {
+    /// Registers the pages of `[addr, addr + len)` and counts them as watched once more;
+    /// returns the page span.
+    fn watch(&self, addr: usize, len: usize) -> io::Result<(usize, usize)> {
+        let (start, end) = match sys::page_span(addr, len) {
+            Some(span) if len > 0 => span,
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("cannot watch {len} bytes at {addr:#x}: empty or overflowing range"),
+                ))
+            }
+        };
+        // Under the lock: an unwatch of the same pages meanwhile unregisters before this.
+        let mut counts = self.watched.lock();
+        self.uffd.register_write_protect(start, end - start)?;
+        counts.add(start, end, 1);
+        Ok((start, end))
     }
 }
 
@@ -316,6 +380,8 @@ struct Shared {
     /// Signals the delivery thread that the queue has something.
     ready: Condvar,
     subscribers: Mutex<Vec<(u64, Weak<dyn InvalidationSink>)>>,
+    /// How many holders watch each page ([`Monitor::watch`] holds for good).
+    watched: Mutex<RangeCounts>,
     next_id: AtomicU64,
     /// Incremented under the subscriber lock when the delivery thread copies the list, and
     /// again when it has finished calling the sinks: odd while sinks are being called.

@@ -26,6 +26,13 @@
 //! instead. Memory the monitor cannot watch (file-backed mappings) is registered but not
 //! cached: such handles deregister when dropped ([`CacheHandle::is_cached`]).
 //!
+//! ## After `fork`
+//!
+//! A forked child inherits the cache but not the monitor's threads, and the monitor's
+//! descriptor still serves the parent's memory. In the child the cache therefore caches
+//! nothing: every handle is a registration of its own ([`CacheHandle::is_cached`] is
+//! false), and [`RegCache::monitoring`] says [`Monitoring::Explicit`].
+//!
 //! ## Safety of what is handed out
 //!
 //! A handle's region may be larger than the range asked for (a hit on a larger entry).
@@ -248,7 +255,7 @@ impl<R: Registrar> RegCache<R> {
 
     /// How invalidation works in this cache.
     pub fn monitoring(&self) -> Monitoring {
-        if self.shared.monitor.is_some() {
+        if self.shared.monitor.is_some_and(|m| !m.forked()) {
             Monitoring::Userfaultfd
         } else {
             Monitoring::Explicit
@@ -336,6 +343,14 @@ impl<R: Registrar> RegCache<R> {
             _ => return Err(Error::InvalidRange { addr: start, len }),
         };
         let shared = &self.shared;
+        if shared.monitor.is_some_and(|m| m.forked()) {
+            // A forked child: nothing tells this process's copy of the cache what its
+            // own memory does, so nothing is cached or looked up here.
+            // SAFETY: forwarded from this function's contract.
+            // (The cache's lock is not taken: a thread of the parent may have held it.)
+            let region = unsafe { shared.registrar.register(addr as *mut u8, len, access) }?;
+            return Ok(self.handle(Arc::new(region), None, start, len));
+        }
         let mut waited = false;
         let ticket = loop {
             let mut inner = shared.inner.lock();

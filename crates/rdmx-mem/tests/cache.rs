@@ -620,3 +620,64 @@ fn caches_created_concurrently_all_receive_invalidations() {
         t.join().unwrap();
     }
 }
+
+/// A forked child's copy of the cache caches nothing, and dropping it (its entries with
+/// it) leaves the parent's memory watched: the parent still learns when the memory goes.
+/// (The monitor's descriptor serves the parent's memory, whoever calls it.)
+#[test]
+fn a_forked_child_caches_nothing_and_leaves_the_parent_s_memory_watched() {
+    let r = Counting::with_pinning(Pinning::Unpinned);
+    let config = CacheConfig::default().invalidation(Invalidation::Monitor);
+    let c = RegCache::new(r, config).unwrap();
+    let len = 4 * page();
+    let p = map(len, None).unwrap();
+    // SAFETY: `p` stays mapped until unmapped below, after the handle is dropped.
+    drop(unsafe { c.get_raw(p, len, Access::empty()) }.unwrap());
+    assert_eq!(c.stats().entries, 1);
+    // SAFETY: the child only uses the cache (no lock another thread may hold), then
+    // leaves with `_exit`, running nothing of the parent's.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        let code = if c.monitoring() != Monitoring::Explicit {
+            2
+        } else {
+            // SAFETY: as in the parent.
+            match unsafe { c.get_raw(p, len, Access::empty()) } {
+                Ok(h) if h.is_cached() => 3,
+                Ok(_) => 0,
+                Err(_) => 4,
+            }
+        };
+        drop(c);
+        // SAFETY: ends the child at once.
+        unsafe { libc::_exit(code) };
+    }
+    let start = std::time::Instant::now();
+    let status = loop {
+        let mut status = 0;
+        // SAFETY: waits for the test's own child without blocking.
+        match unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } {
+            0 if start.elapsed() < std::time::Duration::from_secs(20) => {
+                std::thread::sleep(std::time::Duration::from_millis(10))
+            }
+            0 => {
+                // SAFETY: the test's own child.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                panic!("the forked child hung");
+            }
+            _ => break status,
+        }
+    };
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child failed: {status:#x} (2: it said the monitor works there; 3: it cached)"
+    );
+    unmap(p, len);
+    rdmx_mem::monitor::global().unwrap().wait_idle();
+    assert_eq!(
+        c.stats().entries,
+        0,
+        "the parent's unmap went unseen: the child unwatched its memory"
+    );
+}

@@ -104,14 +104,16 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::ranges::{merge, RangeCounts};
+use crate::ranges::RangeCounts;
 use crate::sys;
 
 mod open;
 mod uffd;
+mod watch;
 
 use open::{open_uffd, probe_write_protect};
 use uffd::{Event, EventBuffer, Uffd};
+pub use watch::Watched;
 
 /// Something that must forget about memory that went away, such as a registration cache.
 pub trait InvalidationSink: Send + Sync + 'static {
@@ -174,6 +176,12 @@ impl Monitor {
         self.shared.watch(addr, len).map(drop)
     }
 
+    /// Whether this is a forked child of the process the monitor serves: it reports
+    /// nothing here, and watching from here would act on the parent's memory.
+    pub fn forked(&self) -> bool {
+        std::process::id() != self.shared.pid
+    }
+
     /// [`watch`](Self::watch), until the returned guard is dropped: pages no guard (nor a
     /// [`watch`](Self::watch) for good) holds any more are unwatched then, so that ranges
     /// watched once do not split the process's memory areas for good (towards
@@ -211,6 +219,11 @@ impl Monitor {
     /// while holding a lock the sink takes. Called from within a sink, it does not wait (the
     /// current delivery may still call the unsubscribed sink).
     pub fn unsubscribe(&self, id: u64) {
+        if self.forked() {
+            // Nothing is delivered in a forked child, and a delivery the parent was
+            // making when it forked never ends here.
+            return;
+        }
         let epoch = {
             let mut subs = self.shared.subscribers.lock();
             subs.retain(|(i, w)| *i != id && w.strong_count() > 0);
@@ -231,6 +244,9 @@ impl Monitor {
     /// A cache that finds an entry must check this after the lookup; when it is set, it must
     /// release its lock, call [`wait_idle`](Self::wait_idle) and look up again.
     pub fn busy(&self) -> bool {
+        if self.forked() {
+            return false;
+        }
         // `finished` first: a round that is unfinished when this starts is then seen as
         // unfinished or, if it finishes meanwhile, `started` has moved past `finished`.
         let finished = self.shared.finished.load(SeqCst);
@@ -248,7 +264,7 @@ impl Monitor {
     /// Returns at once when called from within a sink, since the delivery in progress cannot
     /// finish before the sink returns.
     pub fn wait_idle(&self) {
-        if on_delivery_thread() {
+        if on_delivery_thread() || self.forked() {
             return;
         }
         let target = self.shared.started.load(SeqCst);
@@ -277,6 +293,7 @@ impl Monitor {
             ready: Condvar::new(),
             subscribers: Mutex::new(Vec::new()),
             watched: Mutex::new(RangeCounts::new()),
+            pid: std::process::id(),
             next_id: AtomicU64::new(1),
             sink_epoch: AtomicU64::new(0),
         });
@@ -290,64 +307,6 @@ impl Monitor {
         spawn("rdmx-uffd-sink", deliver_loop)?;
         spawn("rdmx-uffd", read_loop)?;
         Ok(Monitor { shared })
-    }
-}
-
-/// Keeps a range watched ([`Monitor::watch_while`]) until dropped.
-#[must_use = "the range is unwatched when this is dropped"]
-pub struct Watched {
-    shared: Arc<Shared>,
-    start: usize,
-    end: usize,
-}
-
-impl Drop for Watched {
-    fn drop(&mut self) {
-        let mut counts = self.shared.watched.lock();
-        let freed = merge(
-            counts
-                .pieces(self.start, self.end)
-                .into_iter()
-                .filter(|&(_, _, c)| c == 1),
-        );
-        counts.add(self.start, self.end, -1);
-        // Under the lock: a watch of the same pages meanwhile registers after this.
-        for (s, e) in freed {
-            // Pages unmapped since were unwatched by the kernel with their mapping.
-            if let Err(err) = self.shared.uffd.unregister(s, e - s) {
-                tracing::debug!(addr = s, len = e - s, %err, "unwatching failed");
-            }
-        }
-    }
-}
-
-impl fmt::Debug for Watched {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Watched")
-            .field("start", &format_args!("{:#x}", self.start))
-            .field("end", &format_args!("{:#x}", self.end))
-            .finish()
-    }
-}
-
-impl Shared {
-    /// Registers the pages of `[addr, addr + len)` and counts them as watched once more;
-    /// returns the page span.
-    fn watch(&self, addr: usize, len: usize) -> io::Result<(usize, usize)> {
-        let (start, end) = match sys::page_span(addr, len) {
-            Some(span) if len > 0 => span,
-            _ => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("cannot watch {len} bytes at {addr:#x}: empty or overflowing range"),
-                ))
-            }
-        };
-        // Under the lock: an unwatch of the same pages meanwhile unregisters before this.
-        let mut counts = self.watched.lock();
-        self.uffd.register_write_protect(start, end - start)?;
-        counts.add(start, end, 1);
-        Ok((start, end))
     }
 }
 
@@ -382,6 +341,9 @@ struct Shared {
     subscribers: Mutex<Vec<(u64, Weak<dyn InvalidationSink>)>>,
     /// How many holders watch each page ([`Monitor::watch`] holds for good).
     watched: Mutex<RangeCounts>,
+    /// The process the monitor serves: a forked child inherits the descriptor, whose
+    /// ioctls act on this process's memory, and none of the threads.
+    pid: u32,
     next_id: AtomicU64,
     /// Incremented under the subscriber lock when the delivery thread copies the list, and
     /// again when it has finished calling the sinks: odd while sinks are being called.

@@ -72,9 +72,10 @@ impl ProtectionDomain {
     /// `[addr, addr + len)` must stay mapped until the region and every [`MrRef`] to it are
     /// dropped, and for as long as the region grants `LOCAL_WRITE` or any remote access,
     /// the caller must not hold Rust references into it: the adapter or a peer may write
-    /// it at any time. Nor may it write the memory while the region is being dropped: a
-    /// provider may copy it then (shm takes memory in a
-    /// [`Mapping::shared`](rdmx_mem::Mapping::shared) back from a peer stalled mid-copy).
+    /// it at any time. (On shm's mapped path, deregistering such memory in a
+    /// [`Mapping::shared`](rdmx_mem::Mapping::shared) waits for a peer stalled mid-copy
+    /// into it however long that takes: it is not taken back from the peer by copying,
+    /// as memory the region owns is.)
     pub unsafe fn register_raw(
         &self,
         addr: *mut u8,

@@ -11,14 +11,15 @@
 mod logs;
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdmx::shm::testing::{self, PeerMapping};
 use rdmx::shm::DRAIN_BOUND;
 use rdmx::{
-    Access, Completion, CompletionQueue, ConnectOptions, Context, LocalSge, Mapping, MemoryRegion,
-    Pinning, ProtectionDomain, QpAttr, QpAttrMask, QpCaps, QpState, QueuePair, RecvRequest,
-    RemoteAddr, SendRequest, WcStatus,
+    Access, Completion, CompletionQueue, ConnectOptions, Context, LocalSge, Mapping, Memory,
+    MemoryRegion, Pinning, ProtectionDomain, QpAttr, QpAttrMask, QpCaps, QpState, QueuePair,
+    RecvRequest, RemoteAddr, SendRequest, WcStatus,
 };
 
 use logs::wait_logged;
@@ -99,16 +100,35 @@ fn write_until_mapped(a: &Side, src: &MemoryRegion, at: RemoteAddr) {
     }
 }
 
+/// A shared mapping a region owns, which the test still sees: it looks only once the
+/// region is gone, or while no peer writes (the regions' own memory, as pools' slabs).
+struct Owned(Arc<Mapping>);
+
+// SAFETY: the mapping stays at its address while any `Arc` to it lives, and the test
+// touches it only while nothing else does (never while its region is being removed).
+unsafe impl Memory for Owned {
+    fn as_raw(&mut self) -> (*mut u8, usize) {
+        (self.0.as_ptr(), self.0.len())
+    }
+}
+
+/// Registers a new shared mapping of `len` bytes on the target, owned by the region (so
+/// that a stalled peer's claim ends with it detached).
+fn register_owned(t: &Side, len: usize, access: Access) -> (Arc<Mapping>, MemoryRegion) {
+    let m = Arc::new(Mapping::shared(len).unwrap());
+    let mr = t.pd.register(Owned(m.clone()), access).unwrap();
+    (m, mr)
+}
+
 /// A pair on the mapped path with a 4 KiB source of `fill` bytes on the initiator and a
-/// shared mapping of `len` bytes registered for remote writes on the target. (Bound in
-/// this order, the region is dropped before the mapping it covers.)
-fn writable_pair(len: usize, fill: u8) -> (Side, Side, MemoryRegion, Mapping, MemoryRegion) {
+/// shared mapping of `len` bytes, owned by its region, registered for remote writes on
+/// the target.
+fn writable_pair(len: usize, fill: u8) -> (Side, Side, MemoryRegion, Arc<Mapping>, MemoryRegion) {
     let (a, b) = pair();
     let src =
         a.pd.register(vec![fill; 4096], Access::LOCAL_WRITE)
             .unwrap();
-    let m = Mapping::shared(len).unwrap();
-    let mr = register(&b, &m, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (m, mr) = register_owned(&b, len, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     (a, b, src, m, mr)
 }
 
@@ -520,36 +540,49 @@ fn a_file_offered_again_while_its_last_region_goes_stays_mapped() {
     assert_eq!(&bytes(&m)[LEN..LEN + 64], &[7u8; 64]);
 }
 
-/// A region that covers only part of its mapping cannot take the mapping back (the rest
-/// may be in use): its deregistration waits past the bound for a stalled claim, says so,
-/// and returns once the claim goes, the mapping still shared.
-#[test]
-fn a_stalled_claim_on_part_of_a_mapping_holds_its_deregistration_until_it_goes() {
+/// A region registered raw over `len` bytes of a shared mapping of twice [`LEN`], whose
+/// key a stalled peer claims: its deregistration waits past the bound, does not detach
+/// the mapping, and returns once the claim goes, the mapped WRITE in place.
+fn raw_region_waits_for_a_stalled_claim(len: usize) {
     let (a, b) = pair();
     let src = a.pd.register(vec![5u8; 4096], Access::LOCAL_WRITE).unwrap();
     let m = Mapping::shared(2 * LEN).unwrap();
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
-    // SAFETY: the region covers the first half of `m`, which outlives it (the
-    // deregistration is joined before the end of the test).
-    let half = unsafe {
-        b.pd.register_raw(m.as_ptr(), LEN, access, Pinning::Unpinned)
+    // SAFETY: the region covers the start of `m`, which outlives it (the deregistration
+    // is joined before the end of the test).
+    let mr = unsafe {
+        b.pd.register_raw(m.as_ptr(), len, access, Pinning::Unpinned)
     }
     .unwrap();
-    let at = half.remote().at(0);
+    let at = mr.remote().at(0);
     write_until_mapped(&a, &src, at);
     testing::stall_claim(&a.qp, at.rkey).unwrap();
-    let going = std::thread::spawn(move || drop(half));
-    wait_logged("ERROR", &["covers only part of its shared mapping"]);
-    std::thread::sleep(DRAIN_BOUND);
+    let going = std::thread::spawn(move || drop(mr));
+    std::thread::sleep(2 * DRAIN_BOUND);
     assert!(
         !going.is_finished(),
         "deregistration returned under a claim"
     );
-    assert!(m.is_shared(), "part of a mapping detached all of it");
+    assert!(m.is_shared(), "memory registered raw was detached");
     testing::scribble_claim(&a.qp, 0).unwrap();
     going.join().unwrap();
     assert!(m.is_shared(), "the memory was detached");
     assert_eq!(&bytes(&m)[..64], &[5u8; 64], "the mapped WRITE landed");
+}
+
+/// A raw region over part of its mapping cannot take the mapping back (the rest may be
+/// in use); it says so.
+#[test]
+fn a_stalled_claim_on_part_of_a_mapping_holds_its_deregistration_until_it_goes() {
+    raw_region_waits_for_a_stalled_claim(LEN);
+    wait_logged("ERROR", &["does not own all of its shared mapping"]);
+}
+
+/// Nor can a raw region over all of it: memory registered raw stays its owner's, who may
+/// write it at any time (copying it then would lose those writes).
+#[test]
+fn a_stalled_claim_on_memory_registered_raw_holds_its_deregistration_until_it_goes() {
+    raw_region_waits_for_a_stalled_claim(2 * LEN);
 }
 
 /// A second initiator on its own connection to the target context of `b`.
@@ -587,10 +620,9 @@ fn a_detached_mapping_keeps_what_peers_wrote_into_its_other_regions() {
         .pd
         .register(vec![2u8; 4096], Access::LOCAL_WRITE)
         .unwrap();
-    let m = Mapping::shared(2 * LEN).unwrap();
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
-    // The first region spans the mapping; the second covers its second half.
-    let first = register(&b, &m, access);
+    // The first region owns the mapping; the second covers its second half.
+    let (m, first) = register_owned(&b, 2 * LEN, access);
     // SAFETY: `m` outlives the region, and the test touches its memory only after the
     // regions are gone or while the peers are idle.
     let second = unsafe {

@@ -84,10 +84,12 @@
 //! and the claims made on them drained (within [`DRAIN_BOUND`] too), and while the
 //! mapping is copied every queue pair of the context is held, so that what peers wrote
 //! into it, through the mapping or the packets, is in the copy. Deregistration then
-//! returns. Only a region that spans its whole mapping detaches it: the rest of a
-//! mapping a region covers part of may be in use, and copying it would race with that.
-//! Such a region's deregistration waits for the claim to go (or the peer's connection),
-//! however long that takes, logging an error at each bound. (Regions of the same mapping registered on another context of this process
+//! returns. Only a region that owns its memory (`register`, as the pools' slabs) and
+//! spans its whole mapping detaches it: memory registered raw stays its owner's, who
+//! may write it at any time, and the rest of a mapping a region covers part of may be
+//! in use; copying either would race with that. Such a region's deregistration waits
+//! for the claim to go (or the peer's connection), however long that takes, logging an
+//! error at each bound. (Regions of the same mapping registered on another context of this process
 //! stay published there: registering one mapping on several contexts that run the
 //! mapped path, with a peer that stalls, is the one case the detaching does not cover.)
 //!

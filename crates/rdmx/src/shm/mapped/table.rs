@@ -204,9 +204,10 @@ impl crate::shm::Driver {
 
     /// `mr` is being deregistered: unpublished, and once no peer copies through its key
     /// (or [`DRAIN_BOUND`] has passed and its mapping was detached), returns. Only a
-    /// region that spans its whole mapping can detach it (the rest may be in use); where
-    /// the mapping cannot be detached, it waits for the claim to go however long that
-    /// takes: the memory must not return to its owner while a peer may still write it.
+    /// region that owns its memory and spans its whole mapping can detach it (memory
+    /// its owner keeps, or the rest of a mapping, may be in use); where the mapping
+    /// cannot be detached, it waits for the claim to go however long that takes: the
+    /// memory must not return to its owner while a peer may still write it.
     pub(crate) fn unpublish(&self, mr: &MrShared) {
         let Some(p) = self.published.as_ref() else {
             return;
@@ -214,7 +215,16 @@ impl crate::shm::Driver {
         let Some(w) = p.withdraw(mr) else { return };
         let mut forget_file = w.forget;
         if !drain(&self.watch, &[w.tag], DRAIN_BOUND) {
-            if rdmx_mem::shared::spans(mr.addr as usize, mr.len) {
+            let (addr, len) = (mr.addr as usize, mr.len);
+            if rdmx_mem::shared::find(addr, len).is_none() {
+                // Taken back already (detached for another region of it), or gone: the
+                // peer's writes no longer reach this process's memory.
+                tracing::warn!(
+                    rkey = mr.rkey,
+                    "shm mapped: a peer still claims a key being deregistered after \
+                     {DRAIN_BOUND:?}; its memory is no longer shared"
+                );
+            } else if mr._owner.is_some() && rdmx_mem::shared::spans(addr, len) {
                 let (offered, detached) = self.take_back_from_peers(p, mr, w.file);
                 if offered {
                     forget_file = Some(w.file);
@@ -225,11 +235,12 @@ impl crate::shm::Driver {
                     self.wait_for_claim(mr, w.tag);
                 }
             } else {
-                // The rest of the mapping may be in use: copying it would race with that.
+                // Memory its owner keeps (registered raw), or a mapping the region covers
+                // only part of, may be in use: copying it would race with that.
                 tracing::error!(
                     rkey = mr.rkey,
                     "shm mapped: a peer still claims a key being deregistered after \
-                     {DRAIN_BOUND:?}; the region covers only part of its shared mapping, \
+                     {DRAIN_BOUND:?}; the region does not own all of its shared mapping, \
                      which cannot be taken back: waiting for the claim to go"
                 );
                 self.wait_for_claim(mr, w.tag);
@@ -267,12 +278,12 @@ impl crate::shm::Driver {
             );
         }
         let detached = self.with_queue_pairs_locked(|| {
-            // SAFETY: `mr`, being deregistered, spans the mapping (checked by the caller;
-            // `detach` checks again). Its memory is the region's own (`register`: pools
-            // deregister a slab only once all its buffers are back), or registered raw
-            // with remote access (it is published), whose caller neither holds
-            // references into it nor writes it while the region is dropped. Every queue
-            // pair of this context is held, so none places a peer's bytes meanwhile.
+            // SAFETY: `mr`, being deregistered, owns its memory and spans the mapping
+            // (checked by the caller; `detach` checks the span again): the `Memory`
+            // contract says nothing accesses memory while a registration that owns it is
+            // removed (pools deregister a slab only once all its buffers are back).
+            // Every queue pair of this context is held, so none places a peer's bytes
+            // meanwhile.
             unsafe { rdmx_mem::shared::detach(mr.addr as usize, mr.len) }
         });
         let detached = match detached {

@@ -37,8 +37,9 @@
 //!
 //! A handle's region may be larger than the range asked for (a hit on a larger entry).
 //! The safe entry points ([`RegCache::get`], [`RegCache::get_mut`]) therefore grant no
-//! remote access (they never take an entry that does, left by `get_raw`) and borrow the
-//! caller's buffer for the handle's lifetime; remote access
+//! remote access, and `get` no write access (they take only an entry with exactly the
+//! access they ask for, never one left by `get_raw` with more) and borrow the caller's
+//! buffer for the handle's lifetime; remote access
 //! to plain buffers goes through the `unsafe` [`RegCache::get_raw`].
 
 use std::collections::BTreeMap;
@@ -322,9 +323,10 @@ impl<R: Registrar> RegCache<R> {
         unsafe { self.lookup(addr, len, access, false) }
     }
 
-    /// [`get_raw`](Self::get_raw); with `local_only`, a hit is an entry that grants no
-    /// remote access (what the safe entry points hand out: a key of theirs given to a
-    /// peer must not let it reach memory borrowed as `&[u8]` or `&mut [u8]`).
+    /// [`get_raw`](Self::get_raw); with `exact`, a hit is an entry that grants exactly
+    /// `access` (what the safe entry points hand out: a key of theirs given to a peer
+    /// must not let it reach memory borrowed as `&[u8]` or `&mut [u8]`, nor a receive
+    /// posted with it write memory borrowed as `&[u8]`).
     ///
     /// # Safety
     ///
@@ -334,7 +336,7 @@ impl<R: Registrar> RegCache<R> {
         addr: *const u8,
         len: usize,
         access: Access,
-        local_only: bool,
+        exact: bool,
     ) -> Result<CacheHandle<R>, Error> {
         let access = access.validate()?;
         let start = addr as usize;
@@ -354,7 +356,7 @@ impl<R: Registrar> RegCache<R> {
         let mut waited = false;
         let ticket = loop {
             let mut inner = shared.inner.lock();
-            let found = inner.find(start, end, access, local_only);
+            let found = inner.find(start, end, access, exact);
             if let Some(m) = shared.monitor.filter(|m| !waited && m.busy()) {
                 // Events were read but not applied yet. One may concern a hit, or land on
                 // a miss while it registers and make it uncached for nothing. Once the
@@ -488,10 +490,9 @@ impl<R: Registrar> Drop for Shared<R> {
 }
 
 impl<R: Registrar> Inner<R> {
-    /// An entry covering `[start, end)` with at least `access`, and with no remote
-    /// access when `local_only`.
-    fn find(&self, start: usize, end: usize, access: Access, local_only: bool) -> Option<usize> {
-        let remote = Access::REMOTE_READ | Access::REMOTE_MUTATE;
+    /// An entry covering `[start, end)` with at least `access`, and exactly `access`
+    /// when `exact`.
+    fn find(&self, start: usize, end: usize, access: Access, exact: bool) -> Option<usize> {
         let from = start.saturating_sub(self.longest);
         self.by_start
             .range((from, 0)..=(start, usize::MAX))
@@ -499,9 +500,7 @@ impl<R: Registrar> Inner<R> {
             .map(|(&(_, index), _)| index)
             .find(|&i| {
                 let e = &self.entries[i];
-                e.end >= end
-                    && e.access.contains(access)
-                    && !(local_only && e.access.intersects(remote))
+                e.end >= end && e.access.contains(access) && (!exact || e.access == access)
             })
     }
 

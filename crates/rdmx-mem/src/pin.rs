@@ -192,7 +192,7 @@ mod tests {
         let len = 4 * sys::page_size();
         let map = |at: *mut libc::c_void, flags| {
             // SAFETY: an anonymous private mapping, at `at` only with MAP_FIXED over the
-            // test's own earlier mapping.
+            // test's own earlier mapping, which nothing references.
             let p = unsafe {
                 libc::mmap(
                     at,
@@ -210,9 +210,8 @@ mod tests {
         let a = p as usize;
         let stale = pin(a, len, Pinning::Pinned).unwrap();
         assert!(locked(a, a + len));
-        // The owner unmaps it and maps new memory there, before the stale pin goes.
-        // SAFETY: the test's own mapping, which nothing references.
-        assert_eq!(unsafe { libc::munmap(p, len) }, 0);
+        // The owner maps new memory there (in one step, over the old: no other thread's
+        // mapping can take the hole), before the stale pin goes.
         map(p, libc::MAP_FIXED);
         assert!(!locked(a, a + len), "a new mapping came locked");
         let fresh = pin(a, len, Pinning::Pinned).unwrap();

@@ -115,11 +115,12 @@ fn safe_entry_points_borrow_the_buffer() {
     assert_eq!(w.len(), 1000);
 }
 
-/// An idle entry that grants remote access (left by `get_raw`) is never what the safe
-/// entry points hand out: its rkey, given to a peer, would reach memory the caller
-/// borrows as `&[u8]` or `&mut [u8]`. They register without remote access instead.
+/// An idle entry that grants more than the safe entry points ask for (left by
+/// `get_raw`) is never what they hand out: its rkey, given to a peer, would reach memory
+/// the caller borrows as `&[u8]` or `&mut [u8]`, and a receive posted with a writable
+/// entry's key would write memory borrowed as `&[u8]`. They register anew instead.
 #[test]
-fn safe_entry_points_never_take_an_entry_with_remote_access() {
+fn safe_entry_points_never_take_an_entry_with_more_access() {
     let (c, live) = cache(CacheConfig::default().invalidation(Invalidation::Explicit));
     let mut buf = vec![0u8; 4 * page()];
     let remote = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
@@ -138,6 +139,11 @@ fn safe_entry_points_never_take_an_entry_with_remote_access() {
     assert_ne!(r.lkey(), key, "get took an entry with remote access");
     assert!(r.region().access().is_empty(), "{:?}", r.region().access());
     drop(r);
+    // A writable entry, left by `get_mut`, is not what `get` takes either.
+    let w = c.get_mut(&mut buf[200..300]).unwrap().lkey();
+    let r = c.get(&buf[200..300]).unwrap();
+    assert_ne!(r.lkey(), w, "get took a writable entry");
+    drop(r);
     let w = c.get_mut(&mut buf[..100]).unwrap();
     assert_ne!(w.lkey(), key, "get_mut took an entry with remote access");
     assert_eq!(w.region().access(), Access::LOCAL_WRITE);
@@ -147,7 +153,7 @@ fn safe_entry_points_never_take_an_entry_with_remote_access() {
     let again = unsafe { c.get_raw(buf.as_ptr(), 100, remote) }.unwrap();
     assert_eq!(again.lkey(), key);
     drop(again);
-    assert_eq!(live.live().len(), 5);
+    assert_eq!(live.live().len(), 7);
 }
 
 #[test]

@@ -240,7 +240,7 @@ pub(crate) fn connect(
     }
     let conn = build_conn(shared, &theirs, dialed, secret, transport, mtu, true, qps)?;
     for (p, ep) in conn.paths.iter().zip(&eps) {
-        p.peer_qpn.store(ep.qp_num, Ordering::Release);
+        p.qp_pair.lock().1 = ep.qp_num;
     }
     Msg::Ready.send(&mut s)?;
     match Msg::recv(&mut ByDeadline::new(&s, t))? {
@@ -451,7 +451,7 @@ fn serve(shared: &Arc<Shared>, mut s: TcpStream) -> Result<()> {
             };
             let conn = build_conn(shared, &desc, probe_at, secret, transport, mtu, false, qps)?;
             for (p, (_, _, ep)) in conn.paths.iter().zip(&paths) {
-                p.peer_qpn.store(ep.qp_num, Ordering::Release);
+                p.qp_pair.lock().1 = ep.qp_num;
             }
             let kept = shared.add_conn(conn.clone(), since);
             if !Arc::ptr_eq(&kept, &conn) {
@@ -667,17 +667,20 @@ fn repair_target(
 /// already.
 fn fence_target(shared: &Shared, name: &str, secret: u64, path: u16, qpn: u32) -> Result<()> {
     let (_, p) = named_path(shared, name, secret, path)?;
-    let qp = p.qp.lock().clone();
-    let Some(qp) = qp.filter(|q| q.qp_num() == qpn) else {
+    let current = |p: &Path| p.qp.lock().as_ref().filter(|q| q.qp_num() == qpn).cloned();
+    let Some(qp) = current(&p) else {
         return Ok(());
     };
-    p.fail(shared);
     if qp.state() != rdmx::QpState::Err {
         let attr = rdmx::QpAttr {
             qp_state: rdmx::QpState::Err,
             ..Default::default()
         };
         qp.modify(&attr, rdmx::QpAttrMask::STATE)?;
+    }
+    // Set aside too, unless rebuilt meanwhile (a new queue pair is not this one).
+    if current(&p).is_some() {
+        p.fail(shared);
     }
     tracing::info!(path = %p.name, "transfer path fenced at the peer's request");
     Ok(())
@@ -714,16 +717,12 @@ pub(crate) fn fence(shared: &Arc<Shared>, p: &Path, qpn: u32) -> Result<()> {
 /// Puts a rebuilt queue pair, connected to the peer's `peer_qpn`, into a path and brings
 /// it up.
 fn install(p: &Path, qp: QueuePair, peer_qpn: u32) {
-    p.peer_qpn.store(peer_qpn, Ordering::Release);
-    // The new queue pair needs a fence of its own when it fails. (A fence still being
-    // asked for, for the old one, finishes its work; the initiator rebuilds only after.)
-    {
-        let mut f = p.fence.lock();
-        if !f.running() {
-            *f = crate::path::Fence::default();
-        }
-    }
+    // Fences are per queue pair: one for the old pair, if still asked for, finishes its
+    // work, and a failure of the new one asks for its own.
+    let mut pair = p.qp_pair.lock();
+    *pair = (qp.qp_num(), peer_qpn);
     *p.qp.lock() = Some(Arc::new(qp));
+    drop(pair);
     let _ = p.post_recvs();
     *p.down_until.lock() = None;
     p.up.store(true, Ordering::Release);

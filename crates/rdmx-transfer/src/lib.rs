@@ -20,12 +20,13 @@
 //!   set aside ([`Config::set_aside`]), its slices retried on others (up to
 //!   [`Config::max_retries`]), and it is rebuilt on demand later; a request fails only
 //!   when every path has, or when a slice is not even flushed within a second timeout,
-//!   with the work-completion status and the path ([`RequestStatus::Failed`]). Slices
-//!   that were in flight on the failed path go again only once the peer has moved its
-//!   side of the path to the error state (a fence, asked for over the control
-//!   connection with the connection's secret): the first attempt's bytes, still on their
-//!   way, cannot land after the retry. A peer that does not confirm the fence within
-//!   [`Config::connect_timeout`] fails those slices instead.
+//!   with the work-completion status and the path ([`RequestStatus::Failed`]). On tcp,
+//!   slices that were in flight on the failed path go again only once the peer has moved
+//!   its side of the path to the error state (a fence, asked for over the control
+//!   connection with the connection's secret): the first attempt's bytes, which TCP may
+//!   still hold, cannot land after the retry. A peer that does not confirm the fence
+//!   (within [`Config::connect_timeout`] to connect, and again to answer) fails those
+//!   slices instead.
 //! - Notifications: a batch may carry one the peer receives only after all its bytes are
 //!   in place ([`Batch::notify`]); [`Engine::notify`] sends one alone.
 //!

@@ -110,21 +110,26 @@ pub(crate) struct Path {
     pub(crate) bw: AtomicU64,
     pub(crate) done_bytes: AtomicU64,
     pub(crate) recv_mr: MemoryRegion,
-    /// The number of the peer's queue pair this path's is connected to.
-    pub(crate) peer_qpn: AtomicU32,
+    /// The numbers of this path's queue pair and of the peer's it is connected to
+    /// (set together when the path is built or rebuilt).
+    pub(crate) qp_pair: Mutex<(u32, u32)>,
     /// Whether the peer confirmed that its queue pair takes nothing more, once this
     /// path failed with work in flight.
     pub(crate) fence: Mutex<Fence>,
 }
 
-/// A failed path's fence. Work that was in flight on a path is sent again on another
-/// only once the peer has moved its queue pair of the path to the error state: before,
-/// the first attempt's bytes may still be on their way (in a TCP stream's buffers on
-/// either end, after a stall or a link that dropped for a while) and would land after the
-/// second, perhaps after the batch was reported done and its memory reused. If the peer
-/// cannot confirm it (it does not answer within the connect timeout), that work fails.
+/// A failed tcp path's fence. Work that was in flight on such a path is sent again on
+/// another only once the peer has moved its queue pair of the path to the error state:
+/// before, the first attempt's bytes may still be on their way (in a TCP stream's
+/// buffers on either end, after a stall or a link that dropped for a while) and would
+/// land after the second, perhaps after the batch was reported done and its memory
+/// reused. If the peer cannot confirm it (it does not answer within the connect
+/// timeout), that work fails. (verbs, shm and loopback paths hold no bytes once their
+/// queue pair is in the error state: their work goes again at once.)
 #[derive(Default)]
 pub(crate) struct Fence {
+    /// The queue pair of this path the fence is for.
+    qpn: u32,
     state: FenceState,
     /// Work that failed on the path, with its status, waiting for the fence.
     parked: Vec<(Work, WcStatus)>,
@@ -164,12 +169,10 @@ impl Path {
             vec![0u8; RECVS * crate::MAX_NOTIFY],
             rdmx::Access::LOCAL_WRITE,
         )?;
+        let qp_num = qp.qp_num();
         let name = format!(
-            "{}/{}#{} qp{:#x} -> {peer} rail {remote_rail}",
-            rail.kind,
-            rail.desc.device,
-            index,
-            qp.qp_num()
+            "{}/{}#{} qp{qp_num:#x} -> {peer} rail {remote_rail}",
+            rail.kind, rail.desc.device, index,
         );
         Ok(Arc::new(Path {
             conn,
@@ -189,47 +192,99 @@ impl Path {
             bw: AtomicU64::new(1 << 30),
             done_bytes: AtomicU64::new(0),
             recv_mr,
-            peer_qpn: AtomicU32::new(0),
+            qp_pair: Mutex::new((qp_num, 0)),
             fence: Mutex::new(Fence::default()),
             rail,
         }))
     }
 
-    /// Sends `w`, which failed with `status` while in flight on this path, again on
-    /// another path once the peer has fenced this one (see [`Fence`]); fails it if the
-    /// peer does not confirm the fence.
-    pub(crate) fn retry_fenced(self: &Arc<Path>, shared: &Shared, w: Work, status: WcStatus) {
+    /// Sends `w`, which failed with `status` while in flight on this path's queue pair
+    /// `qpn`, again on another path: on tcp once the peer has fenced this one (see
+    /// [`Fence`]), failing it if the peer does not confirm the fence.
+    pub(crate) fn retry_fenced(
+        self: &Arc<Path>,
+        shared: &Shared,
+        w: Work,
+        status: WcStatus,
+        qpn: u32,
+    ) {
+        if self.rail.kind != Transport::Tcp {
+            self.after_fence(shared, &FenceState::Done, w, status);
+            return;
+        }
         let mut f = self.fence.lock();
+        if f.qpn != qpn {
+            if f.running() {
+                // Not expected: a path is rebuilt only once its fence is over.
+                let why = FenceState::Failed(
+                    "a fence for another queue pair of the path \
+                                              is under way"
+                        .into(),
+                );
+                drop(f);
+                self.after_fence(shared, &why, w, status);
+                return;
+            }
+            *f = Fence {
+                qpn,
+                ..Fence::default()
+            };
+        }
         match f.state.clone() {
             FenceState::Running => f.parked.push((w, status)),
-            FenceState::Done | FenceState::Failed(_) => {
-                let state = f.state.clone();
+            state @ (FenceState::Done | FenceState::Failed(_)) => {
                 drop(f);
                 self.after_fence(shared, &state, w, status);
             }
             FenceState::None => {
+                let (mine, peer) = *self.qp_pair.lock();
+                let me = shared.me.upgrade();
+                let closing = shared.stop.load(Ordering::Acquire)
+                    || self
+                        .conn
+                        .upgrade()
+                        .map_or(true, |c| c.closed.load(Ordering::Acquire));
+                let state = if mine != qpn {
+                    // Rebuilt since: the peer replaced its queue pair of the path, whose
+                    // bytes no longer land.
+                    Some(FenceState::Done)
+                } else if closing || me.is_none() {
+                    Some(FenceState::Failed(
+                        "the engine or the connection is closing".into(),
+                    ))
+                } else {
+                    None
+                };
+                if let Some(state) = state {
+                    f.state = state.clone();
+                    drop(f);
+                    self.after_fence(shared, &state, w, status);
+                    return;
+                }
                 f.state = FenceState::Running;
                 f.parked.push((w, status));
                 drop(f);
-                let qpn = self.peer_qpn.load(Ordering::Acquire);
+                let shared = me.expect("checked above");
                 let p = self.clone();
-                let me = shared.me.clone();
                 let spawned = std::thread::Builder::new()
                     .name("rdmx-te-fence".into())
-                    .spawn(move || {
-                        let Some(shared) = me.upgrade() else { return };
-                        let res = crate::handshake::fence(&shared, &p, qpn);
-                        p.fenced(&shared, res.map_err(|e| e.to_string()));
+                    .spawn({
+                        let shared = shared.clone();
+                        move || {
+                            let res = crate::handshake::fence(&shared, &p, peer);
+                            p.fenced(&shared, qpn, res.map_err(|e| e.to_string()));
+                        }
                     });
                 if let Err(e) = spawned {
-                    self.fenced(shared, Err(format!("no thread to ask for it: {e}")));
+                    self.fenced(&shared, qpn, Err(format!("no thread to ask for it: {e}")));
                 }
             }
         }
     }
 
-    /// The fence was confirmed, or not: the work waiting for it goes on, or fails.
-    fn fenced(&self, shared: &Shared, res: Result<(), String>) {
+    /// The fence for queue pair `qpn` was confirmed, or not: the work waiting for it goes
+    /// on, or fails.
+    fn fenced(&self, shared: &Shared, qpn: u32, res: Result<(), String>) {
         let state = match res {
             Ok(()) => FenceState::Done,
             Err(why) => {
@@ -243,7 +298,9 @@ impl Path {
         };
         let parked = {
             let mut f = self.fence.lock();
-            f.state = state.clone();
+            if f.qpn == qpn {
+                f.state = state.clone();
+            }
             std::mem::take(&mut f.parked)
         };
         for (w, status) in parked {

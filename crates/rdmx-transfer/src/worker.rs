@@ -280,8 +280,10 @@ impl Worker {
         let e = self.slab.remove(key);
         let p = e.path;
         let len = e.work.len();
-        p.outstanding.fetch_sub(1, Ordering::AcqRel);
         sub_sat(&p.in_flight, len);
+        if c.status == WcStatus::Success || e.expired {
+            p.outstanding.fetch_sub(1, Ordering::AcqRel);
+        }
         if c.status == WcStatus::Success && !e.expired {
             p.done_bytes.fetch_add(len, Ordering::Relaxed);
             match e.work {
@@ -312,8 +314,8 @@ impl Worker {
                 | WcStatus::LocLenErr
         );
         match p.conn.upgrade() {
-            // Sent again elsewhere once the peer confirms this path takes nothing more.
-            Some(_) if !refused => p.retry_fenced(&self.shared, e.work, c.status),
+            // Sent again elsewhere (once the peer confirms this path takes nothing more).
+            Some(_) if !refused => p.retry_fenced(&self.shared, e.work, c.status, e.qp_num),
             conn => crate::path::fail_work(
                 &self.shared,
                 e.work,
@@ -327,6 +329,9 @@ impl Worker {
                 },
             ),
         }
+        // Only now: the path is not rebuilt while this work is on its way elsewhere (its
+        // fence asked for first).
+        p.outstanding.fetch_sub(1, Ordering::AcqRel);
     }
 
     fn received(&mut self, c: &Completion, path_id: u32, slot: usize) {

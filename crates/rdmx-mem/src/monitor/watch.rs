@@ -9,7 +9,8 @@ use super::Shared;
 use crate::ranges::merge;
 use crate::sys;
 
-/// Keeps a range watched ([`Monitor::watch_while`]) until dropped.
+/// Keeps a range watched ([`Monitor::watch_while`](super::Monitor::watch_while)) until
+/// dropped.
 #[must_use = "the range is unwatched when this is dropped"]
 pub struct Watched {
     pub(super) shared: Arc<Shared>,

@@ -1105,14 +1105,11 @@ fn flushed_requests_send_nothing_of_their_memory() {
     );
 }
 
-/// A region deregistered while a peer's WRITE into it is part-way read: once the
-/// deregistration returns, nothing more of the WRITE reaches the memory (the rest
-/// arrives after it), and the QP fails rather than completing the WRITE.
-#[test]
-fn a_write_part_way_read_stops_at_deregistration() {
-    let srv = Server::new();
-    let v = srv.victim();
-    let mut s = srv.dial(&v);
+/// A WRITE of `REGION` bytes into the victim's region, sent half: the first half is in
+/// place when this returns. Returns the stream, the rest of the frame, and a reference
+/// that keeps the region's memory readable.
+fn half_a_write(srv: &Server, v: &Victim) -> (TcpStream, Vec<u8>, rdmx::MrRef) {
+    let mut s = srv.dial(v);
     let f = write_frame(
         v.qp.qp_num(),
         FAKE_PSN,
@@ -1130,17 +1127,32 @@ fn a_write_part_way_read_stops_at_deregistration() {
         0xEE,
         "the first half never landed",
     );
+    (s, f[half..].to_vec(), keep)
+}
+
+/// Whether the second half of the victim's region still holds what it held before.
+fn second_half_unchanged(keep: &rdmx::MrRef, before: &[u8]) -> bool {
+    let mut now = vec![0u8; REGION];
+    keep.read_at(0, &mut now).expect("read");
+    now[REGION / 2..] == before[REGION / 2..]
+}
+
+/// A region deregistered while a peer's WRITE into it is part-way read: once the
+/// deregistration returns, nothing more of the WRITE reaches the memory (the rest
+/// arrives after it), and the QP fails rather than completing the WRITE.
+#[test]
+fn a_write_part_way_read_stops_at_deregistration() {
+    let srv = Server::new();
+    let v = srv.victim();
+    let (mut s, rest, keep) = half_a_write(&srv, &v);
     let Victim { qp, cq, mr, before } = v;
     drop(mr);
-    s.write_all(&f[half..]).expect("send the rest");
+    s.write_all(&rest).expect("send the rest");
     wait_state(&qp, QpState::Err);
     let c = wait_one(&cq, "the victim's receive");
     assert_eq!((c.wr_id, c.status), (77, WcStatus::WrFlushErr), "{c:?}");
-    let mut now = vec![0u8; REGION];
-    keep.read_at(0, &mut now).expect("read");
-    assert_eq!(
-        &now[REGION / 2..],
-        &before[REGION / 2..],
+    assert!(
+        second_half_unchanged(&keep, &before),
         "bytes of the WRITE landed after the region was deregistered"
     );
     wait_logged("WARN", &["being deregistered"]);
@@ -1153,33 +1165,15 @@ fn a_write_part_way_read_stops_at_deregistration() {
 fn a_write_part_way_read_stops_when_the_qp_goes_to_err() {
     let srv = Server::new();
     let v = srv.victim();
-    let mut s = srv.dial(&v);
-    let f = write_frame(
-        v.qp.qp_num(),
-        FAKE_PSN,
-        v.mr.addr() as u64,
-        v.mr.rkey(),
-        &[0xEE; REGION],
-    );
-    let half = f.len() - REGION / 2;
-    s.write_all(&f[..half]).expect("send half of a WRITE");
-    let keep = v.mr.share();
-    wait_byte(
-        &keep,
-        REGION / 2 - 1 - 16,
-        0xEE,
-        "the first half never landed",
-    );
+    let (mut s, rest, keep) = half_a_write(&srv, &v);
     move_to(&v.qp, QpState::Err);
     // The rest arrives after the move; the stream may be gone already.
-    let _ = s.write_all(&f[half..]);
+    let _ = s.write_all(&rest);
     let c = wait_one(&v.cq, "the victim's receive");
     assert_eq!((c.wr_id, c.status), (77, WcStatus::WrFlushErr), "{c:?}");
     std::thread::sleep(Duration::from_millis(100));
-    let mut now = vec![0u8; REGION];
-    keep.read_at(0, &mut now).expect("read");
     assert!(
-        now[REGION / 2..] == v.before[REGION / 2..],
+        second_half_unchanged(&keep, &v.before),
         "bytes of the WRITE landed after the QP went to ERR"
     );
 }

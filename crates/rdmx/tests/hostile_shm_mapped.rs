@@ -181,6 +181,41 @@ fn a_stalled_claim_ends_with_the_memory_detached() {
     assert_eq!(c.status, WcStatus::RemAccessErr, "{c:?}");
 }
 
+/// Handles to a region whose mapping is being detached read and write through its gate,
+/// which the copy holds: a counter incremented through one all along loses nothing to
+/// the copy (increments made between the copy and the remap would be).
+#[test]
+fn a_handle_loses_nothing_while_its_mapping_is_detached() {
+    let (a, _b, src, m, mr) = writable_pair(8 << 20, 9);
+    let at = mr.remote().at(0);
+    write_until_mapped(&a, &src, at);
+    testing::stall_claim(&a.qp, at.rkey).unwrap();
+    let h = mr.share();
+    h.write_at(4096, &0u64.to_ne_bytes()).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let counting = std::thread::spawn({
+        let (h, stop) = (h.clone(), stop.clone());
+        move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                h.fetch_add_u64(4096, 1).unwrap();
+                n += 1;
+            }
+            n
+        }
+    });
+    drop(mr);
+    assert!(!m.is_shared(), "the memory was not detached");
+    stop.store(true, Ordering::Relaxed);
+    let n = counting.join().unwrap();
+    assert_eq!(
+        h.load_u64(4096).unwrap(),
+        n,
+        "increments were lost to the copy"
+    );
+    testing::scribble_claim(&a.qp, 0).unwrap();
+}
+
 /// Garbage in the claim word that names no key of the target's delays nothing: the
 /// region is deregistered without detaching the memory.
 #[test]

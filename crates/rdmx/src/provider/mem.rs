@@ -23,6 +23,10 @@ pub(crate) struct MrShared {
     pub(crate) lkey: u32,
     pub(crate) rkey: u32,
     pub(crate) pd: PdId,
+    /// Held shared by the accessors that read or write the memory through a handle
+    /// (`read_at`, `write_at`, the atomics), and exclusively while the memory is copied
+    /// to take it back from a peer (shm's detach): none of them runs during the copy.
+    pub(crate) gate: parking_lot::RwLock<()>,
 }
 
 // SAFETY: the raw pointer is an address of memory kept valid by `owner` or by the
@@ -147,24 +151,29 @@ macro_rules! region_getters {
         }
         /// Copies `buf.len()` bytes starting at `offset` out of the region.
         pub fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
+            let _gate = self.shared.gate.read();
             self.shared.read_at(offset, buf)
         }
         /// Copies `data` into the region at `offset`.
         pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+            let _gate = self.shared.gate.read();
             self.shared.write_at(offset, data)
         }
         /// Atomically loads the 8-aligned `u64` at `offset`.
         pub fn load_u64(&self, offset: usize) -> Result<u64> {
+            let _gate = self.shared.gate.read();
             self.shared.fetch_add(offset, 0)
         }
         /// Atomically adds to the 8-aligned `u64` at `offset`, returning the old value;
         /// atomic against remote FETCH_ADD and COMPARE_SWAP on the same address.
         pub fn fetch_add_u64(&self, offset: usize, add: u64) -> Result<u64> {
+            let _gate = self.shared.gate.read();
             self.shared.fetch_add(offset, add)
         }
         /// Atomically replaces the 8-aligned `u64` at `offset` with `swap` if it equals
         /// `compare`, returning the old value.
         pub fn compare_swap_u64(&self, offset: usize, compare: u64, swap: u64) -> Result<u64> {
+            let _gate = self.shared.gate.read();
             self.shared.compare_swap(offset, compare, swap)
         }
     };

@@ -128,8 +128,9 @@ pub(crate) trait Device: Send + Sync + fmt::Debug {
     /// `[addr, addr + len)` stays mapped until the returned region and every [`MrRef`] to
     /// it are dropped.
     unsafe fn register(&self, reg: Registration) -> Result<Arc<MrShared>>;
-    /// Deregisters: the region's keys stop working now.
-    fn deregister(&self, mr: &MrShared);
+    /// Deregisters: the region's keys stop working now. (`mr` is the region's own
+    /// reference: what else holds it shows who may still use the memory.)
+    fn deregister(&self, mr: &Arc<MrShared>);
     /// Resolves a key as a QP of `pd` would before touching memory.
     fn check(
         &self,

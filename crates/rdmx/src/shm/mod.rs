@@ -469,6 +469,9 @@ impl SoftDevice for Device {
     fn deregistering(&self, mr: &provider::MrShared) {
         self.driver.unpublish(mr);
     }
+    fn deregistered(&self, mr: &Arc<provider::MrShared>) {
+        self.driver.unpublished(mr);
+    }
     fn create_qp(&self, init: provider::QpInit<'_>) -> Result<Box<dyn provider::Qp>> {
         let srq = SoftSrq::of(init.srq)?;
         let qpn = self.driver.alloc_qpn();

@@ -51,6 +51,7 @@ impl Keys {
                 lkey,
                 rkey,
                 pd,
+                gate: Default::default(),
             })
         })?;
         Ok(entry.payload.clone())

@@ -128,12 +128,12 @@ pub(crate) trait SoftDevice: Send + Sync + std::fmt::Debug + 'static {
     fn create_qp(&self, init: provider::QpInit<'_>) -> Result<Box<dyn provider::Qp>>;
     /// A region was just registered (its keys work).
     fn registered(&self, _mr: &Arc<provider::MrShared>) {}
-    /// A region is being deregistered: when this returns, no peer may reach its memory
-    /// any more (its keys stop working right after).
+    /// A region is being deregistered; its keys stop working right after this returns.
     fn deregistering(&self, _mr: &provider::MrShared) {}
     /// A region's keys stopped working: what a packet accepted before is still placing
-    /// into it must end before this returns (the region is deregistered after).
-    fn deregistered(&self, _mr: &provider::MrShared) {}
+    /// into it must end before this returns, and no peer may reach its memory any more
+    /// then (the region is deregistered after).
+    fn deregistered(&self, _mr: &Arc<provider::MrShared>) {}
 }
 
 impl<D: SoftDevice> provider::Device for D {
@@ -155,7 +155,7 @@ impl<D: SoftDevice> provider::Device for D {
         self.registered(&mr);
         Ok(mr)
     }
-    fn deregister(&self, mr: &provider::MrShared) {
+    fn deregister(&self, mr: &Arc<provider::MrShared>) {
         self.deregistering(mr);
         self.keys().deregister(mr);
         self.deregistered(mr);

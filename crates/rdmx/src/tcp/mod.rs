@@ -183,7 +183,7 @@ impl SoftDevice for Device {
             driver: self.driver.clone(),
         }))
     }
-    fn deregistered(&self, mr: &provider::MrShared) {
+    fn deregistered(&self, mr: &Arc<provider::MrShared>) {
         self.driver.deregistered(mr);
     }
     fn create_qp(&self, init: provider::QpInit<'_>) -> Result<Box<dyn provider::Qp>> {

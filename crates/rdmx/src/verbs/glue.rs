@@ -105,11 +105,12 @@ impl provider::Device for Dev {
             lkey,
             rkey,
             pd: reg.pd,
+            gate: Default::default(),
         });
         self.0.insert_mr(&shared, hw);
         Ok(shared)
     }
-    fn deregister(&self, mr: &MrShared) {
+    fn deregister(&self, mr: &Arc<MrShared>) {
         self.0.remove_mr(mr);
     }
     fn check(

@@ -38,10 +38,14 @@ struct PubState {
     /// Files taken back from the peers (their mapping detached, or being detached): no
     /// region of them is published again.
     detached: HashSet<u64>,
+    /// Regions being deregistered whose claim a peer still held past the bound, by
+    /// lkey: dealt with once their keys are gone ([`Driver::unpublished`]).
+    stalled: HashMap<u32, Withdrawn>,
 }
 
 /// What deregistering a region leaves to do: wait for claims of `tag`, and tell peers
 /// to unmap `forget`.
+#[derive(Debug)]
 struct Withdrawn {
     tag: u64,
     file: u64,
@@ -203,50 +207,67 @@ impl crate::shm::Driver {
     }
 
     /// `mr` is being deregistered: unpublished, and once no peer copies through its key
-    /// (or [`DRAIN_BOUND`] has passed and its mapping was detached), returns. Only a
-    /// region that owns its memory and spans its whole mapping can detach it (memory
-    /// its owner keeps, or the rest of a mapping, may be in use); where the mapping
-    /// cannot be detached, it waits for the claim to go however long that takes: the
-    /// memory must not return to its owner while a peer may still write it.
+    /// returns. A claim still held after [`DRAIN_BOUND`] is dealt with once the keys are
+    /// gone ([`unpublished`](Self::unpublished)).
     pub(crate) fn unpublish(&self, mr: &MrShared) {
         let Some(p) = self.published.as_ref() else {
             return;
         };
         let Some(w) = p.withdraw(mr) else { return };
+        if drain(&self.watch, &[w.tag], DRAIN_BOUND) {
+            self.forget_unoffered(p, w.forget);
+        } else {
+            p.state.lock().stalled.insert(mr.lkey, w);
+        }
+    }
+
+    /// `mr`'s keys are gone, and a peer still claimed it after [`DRAIN_BOUND`]: its
+    /// memory is taken back from the peers (its mapping detached) where that is sound, or
+    /// else waited for, however long it takes: the memory must not return to its owner
+    /// while a peer may still write it. Sound means the region owns its memory and spans
+    /// its whole mapping (memory registered raw stays its owner's, who may write it at
+    /// any time, and the rest of a mapping may be in use); handles to the region
+    /// ([`MrRef`](crate::MrRef)) read and write through its gate, which the copy holds.
+    pub(crate) fn unpublished(&self, mr: &Arc<MrShared>) {
+        let Some(p) = self.published.as_ref() else {
+            return;
+        };
+        let Some(w) = p.state.lock().stalled.remove(&mr.lkey) else {
+            return;
+        };
         let mut forget_file = w.forget;
-        if !drain(&self.watch, &[w.tag], DRAIN_BOUND) {
-            let (addr, len) = (mr.addr as usize, mr.len);
-            if rdmx_mem::shared::find(addr, len).is_none() {
-                // Taken back already (detached for another region of it), or gone: the
-                // peer's writes no longer reach this process's memory.
-                tracing::warn!(
-                    rkey = mr.rkey,
-                    "shm mapped: a peer still claims a key being deregistered after \
-                     {DRAIN_BOUND:?}; its memory is no longer shared"
-                );
-            } else if mr._owner.is_some() && rdmx_mem::shared::spans(addr, len) {
-                let (offered, detached) = self.take_back_from_peers(p, mr, w.file);
-                if offered {
-                    forget_file = Some(w.file);
-                }
-                if !detached {
-                    // The memory cannot be taken back: it is not given back either,
-                    // until the claim goes (or its connection does).
-                    self.wait_for_claim(mr, w.tag);
-                }
-            } else {
-                // Memory its owner keeps (registered raw), or a mapping the region covers
-                // only part of, may be in use: copying it would race with that.
-                tracing::error!(
-                    rkey = mr.rkey,
-                    "shm mapped: a peer still claims a key being deregistered after \
-                     {DRAIN_BOUND:?}; the region does not own all of its shared mapping, \
-                     which cannot be taken back: waiting for the claim to go"
-                );
+        let (addr, len) = (mr.addr as usize, mr.len);
+        if rdmx_mem::shared::find(addr, len).is_none() {
+            // Taken back already (detached for another region of it), or gone: the
+            // peer's writes no longer reach this process's memory.
+            tracing::warn!(
+                rkey = mr.rkey,
+                "shm mapped: a peer still claims a key being deregistered after \
+                 {DRAIN_BOUND:?}; its memory is no longer shared"
+            );
+        } else if mr._owner.is_some() && rdmx_mem::shared::spans(addr, len) {
+            let (offered, detached) = self.take_back_from_peers(p, mr, w.file);
+            if offered {
+                forget_file = Some(w.file);
+            }
+            if !detached {
                 self.wait_for_claim(mr, w.tag);
             }
+        } else {
+            tracing::error!(
+                rkey = mr.rkey,
+                "shm mapped: a peer still claims a key being deregistered after \
+                 {DRAIN_BOUND:?}; the region does not own all of its shared mapping, so \
+                 the memory cannot be taken back: waiting for the claim to go"
+            );
+            self.wait_for_claim(mr, w.tag);
         }
-        if let Some(id) = forget_file {
+        self.forget_unoffered(p, forget_file);
+    }
+
+    /// Tells the peers to unmap file `id`, unless a region of it was published again.
+    fn forget_unoffered(&self, p: &Published, id: Option<u64>) {
+        if let Some(id) = id {
             let watch = self.watch.lock();
             // A region of the file registered meanwhile offered it again: peers keep it.
             if !p.offered(id) {
@@ -278,11 +299,13 @@ impl crate::shm::Driver {
             );
         }
         let detached = self.with_queue_pairs_locked(|| {
+            let _gate = mr.gate.write();
             // SAFETY: `mr`, being deregistered, owns its memory and spans the mapping
             // (checked by the caller; `detach` checks the span again): the `Memory`
-            // contract says nothing accesses memory while a registration that owns it is
-            // removed (pools deregister a slab only once all its buffers are back).
-            // Every queue pair of this context is held, so none places a peer's bytes
+            // contract says nothing else accesses memory while a registration that owns
+            // it is removed (pools deregister a slab only once all its buffers are back).
+            // The handles to the region read and write only through its gate, held here,
+            // and every queue pair of this context is held, so none places a peer's bytes
             // meanwhile.
             unsafe { rdmx_mem::shared::detach(mr.addr as usize, mr.len) }
         });
@@ -300,9 +323,13 @@ impl crate::shm::Driver {
     }
 
     /// Waits, however long it takes, until no peer claims `tag` (the memory of `mr`, which
-    /// a peer may still write, must not return to its owner before).
+    /// a peer may still write, must not return to its owner before), or the memory is no
+    /// longer shared (detached for another region of it).
     fn wait_for_claim(&self, mr: &MrShared, tag: u64) {
         while !drain(&self.watch, &[tag], DRAIN_BOUND) {
+            if rdmx_mem::shared::find(mr.addr as usize, mr.len).is_none() {
+                return;
+            }
             tracing::error!(
                 rkey = mr.rkey,
                 "shm mapped: a peer still claims a key being deregistered"

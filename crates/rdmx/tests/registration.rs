@@ -214,3 +214,28 @@ fn key_variants_spread_over_contexts_and_slots() {
         steps.len()
     );
 }
+
+/// A region that borrows its memory (registered raw, as the registration cache's are)
+/// refuses the accessors that reach memory through a handle: safe code given one by the
+/// cache's `get` could otherwise write memory it borrows as `&[u8]`, or keep a handle
+/// (`share`) past the buffer.
+#[test]
+fn a_region_that_borrows_its_memory_refuses_the_handle_accessors() {
+    let ctx = Context::open_default().unwrap();
+    let pd = ctx.alloc_pd();
+    let config = rdmx::CacheConfig::default().invalidation(rdmx::Invalidation::Explicit);
+    let cache = rdmx::RegCache::new(pd, config).unwrap();
+    let buf = vec![7u8; 4096];
+    let h = cache.get(&buf).unwrap();
+    let r = h.region();
+    let refused = |e: Error| matches!(e, Error::InvalidArgument(_));
+    assert!(r.write_at(0, b"x").is_err_and(refused));
+    assert!(r.read_at(0, &mut [0u8; 1]).is_err_and(refused));
+    assert!(r.fetch_add_u64(0, 1).is_err_and(refused));
+    assert!(r.compare_swap_u64(0, 0, 1).is_err_and(refused));
+    let kept = r.share();
+    drop(h);
+    assert!(kept.load_u64(0).is_err_and(refused));
+    assert!(kept.write_at(0, b"x").is_err_and(refused));
+    assert_eq!(buf[0], 7);
+}

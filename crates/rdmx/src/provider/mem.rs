@@ -150,36 +150,55 @@ macro_rules! region_getters {
             self.shared.pin.is_some()
         }
         /// Copies `buf.len()` bytes starting at `offset` out of the region.
+        ///
+        /// This and the other accessors reach only memory the region owns: a region
+        /// registered raw refuses with [`Error::InvalidArgument`](crate::Error) (its
+        /// memory is its owner's, reached directly).
         pub fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
-            let _gate = self.shared.gate.read();
+            let _gate = self.shared.reachable()?;
             self.shared.read_at(offset, buf)
         }
         /// Copies `data` into the region at `offset`.
         pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
-            let _gate = self.shared.gate.read();
+            let _gate = self.shared.reachable()?;
             self.shared.write_at(offset, data)
         }
         /// Atomically loads the 8-aligned `u64` at `offset`.
         pub fn load_u64(&self, offset: usize) -> Result<u64> {
-            let _gate = self.shared.gate.read();
+            let _gate = self.shared.reachable()?;
             self.shared.fetch_add(offset, 0)
         }
         /// Atomically adds to the 8-aligned `u64` at `offset`, returning the old value;
         /// atomic against remote FETCH_ADD and COMPARE_SWAP on the same address.
         pub fn fetch_add_u64(&self, offset: usize, add: u64) -> Result<u64> {
-            let _gate = self.shared.gate.read();
+            let _gate = self.shared.reachable()?;
             self.shared.fetch_add(offset, add)
         }
         /// Atomically replaces the 8-aligned `u64` at `offset` with `swap` if it equals
         /// `compare`, returning the old value.
         pub fn compare_swap_u64(&self, offset: usize, compare: u64, swap: u64) -> Result<u64> {
-            let _gate = self.shared.gate.read();
+            let _gate = self.shared.reachable()?;
             self.shared.compare_swap(offset, compare, swap)
         }
     };
 }
 
 pub(crate) use region_getters;
+
+impl MrShared {
+    /// The gate, held shared, for an accessor that reaches the memory through a handle:
+    /// only memory the region owns is reached this way. Memory registered raw is its
+    /// owner's, who reaches it directly; a handle to it (given to safe code by the
+    /// registration cache, or made by `share`) may outlive the owner's promise.
+    pub(crate) fn reachable(&self) -> Result<parking_lot::RwLockReadGuard<'_, ()>> {
+        if self._owner.is_none() {
+            return Err(Error::InvalidArgument(
+                "the region borrows its memory (register_raw): reach the memory directly",
+            ));
+        }
+        Ok(self.gate.read())
+    }
+}
 
 /// A reference to registered memory that keeps it alive, even past deregistration.
 ///

@@ -604,7 +604,8 @@ impl Inner {
                 if a < inline {
                     let e = b.min(inline);
                     let at = (p.addr as usize).wrapping_sub(p.mr.addr());
-                    p.mr.write_at(at, &self.prefix[h + a..h + e])
+                    p.mr.shared()
+                        .write_at(at, &self.prefix[h + a..h + e])
                         .expect("the engine places inside resolved regions");
                 }
                 // ... and the part in the peer's memory (gathered for one pull) ...
@@ -621,7 +622,8 @@ impl Inner {
                         // Pad bytes: zeros.
                         let z = b - (inline + far).max(a);
                         let at = (p.addr as usize).wrapping_sub(p.mr.addr()) + (b - a - z);
-                        p.mr.write_at(at, &[0; 3][..z])
+                        p.mr.shared()
+                            .write_at(at, &[0; 3][..z])
                             .expect("the engine places inside resolved regions");
                     }
                     continue;

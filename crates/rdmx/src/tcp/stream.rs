@@ -237,11 +237,12 @@ impl TxQueue {
         for s in &f.gather {
             let at = bytes.len();
             bytes.resize(at + s.len as usize, 0);
-            s.mr.read_at(
-                (s.addr as usize).wrapping_sub(s.mr.addr()),
-                &mut bytes[at..],
-            )
-            .expect("the engine gathers inside resolved regions");
+            s.mr.shared()
+                .read_at(
+                    (s.addr as usize).wrapping_sub(s.mr.addr()),
+                    &mut bytes[at..],
+                )
+                .expect("the engine gathers inside resolved regions");
         }
         bytes.resize(bytes.len() + f.pad as usize, 0);
         let rest = &bytes[f.written..];
@@ -456,7 +457,8 @@ impl Rx {
                 let (lo, hi) = (a.max(*off), b.min(*off + n));
                 if lo < hi {
                     let at = (p.addr as usize + (lo - a)).wrapping_sub(p.mr.addr());
-                    p.mr.write_at(at, &bytes[lo - *off..hi - *off])
+                    p.mr.shared()
+                        .write_at(at, &bytes[lo - *off..hi - *off])
                         .expect("the engine places inside resolved regions");
                 }
             }

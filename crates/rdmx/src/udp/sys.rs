@@ -243,7 +243,7 @@ impl Packet {
             for s in std::mem::take(&mut self.t.gather) {
                 let at = self.t.header.len();
                 self.t.header.resize(at + s.len as usize, 0);
-                let r = s.mr.read_at(
+                let r = s.mr.shared().read_at(
                     (s.addr as usize).wrapping_sub(s.mr.addr()),
                     &mut self.t.header[at..],
                 );
@@ -285,7 +285,8 @@ impl Packet {
             let at = v.len();
             v.resize(at + s.len as usize, 0);
             let r =
-                s.mr.read_at((s.addr as usize).wrapping_sub(s.mr.addr()), &mut v[at..]);
+                s.mr.shared()
+                    .read_at((s.addr as usize).wrapping_sub(s.mr.addr()), &mut v[at..]);
             debug_assert!(r.is_ok(), "the engine gathers inside resolved regions");
         }
         v.extend_from_slice(&self.tail[..self.tail_len()]);

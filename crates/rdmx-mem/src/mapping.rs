@@ -174,12 +174,19 @@ impl Drop for Mapping {
 ///
 /// `as_raw` must return the same pointer and length every time, and the memory must stay
 /// valid and writable through that pointer for as long as the value lives, even after the
-/// value itself is moved. Implementors must not touch the memory themselves, and nothing
-/// may access it while a registration that owns it is being removed (a provider may copy
-/// it then).
+/// value itself is moved. Implementors must not touch the memory themselves; and unless
+/// [`shared_with_others`](Memory::shared_with_others) says so, nothing else may access it
+/// while a registration that owns it is being removed (a provider may copy it then).
 pub unsafe trait Memory: Send + Sync + 'static {
     /// Start and length of the memory, with write permission.
     fn as_raw(&mut self) -> (*mut u8, usize);
+
+    /// Whether others may reach the memory while a registration that owns this value is
+    /// removed (the same memory registered again elsewhere, say): a provider then never
+    /// copies it to take it back from a peer, and waits for the peer instead.
+    fn shared_with_others(&self) -> bool {
+        false
+    }
 }
 
 // SAFETY: moving a Vec moves only its header; the heap buffer stays put, and the pointer

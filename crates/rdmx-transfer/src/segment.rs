@@ -38,6 +38,11 @@ unsafe impl Memory for Share {
         let _ = &self.owner;
         (self.ptr, self.len)
     }
+
+    /// Every rail registers the memory: the others reach it while one is removed.
+    fn shared_with_others(&self) -> bool {
+        true
+    }
 }
 
 /// A buffer of this engine's segment.

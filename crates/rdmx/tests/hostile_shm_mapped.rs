@@ -620,6 +620,44 @@ fn a_stalled_claim_on_memory_registered_raw_holds_its_deregistration_until_it_go
     raw_region_waits_for_a_stalled_claim(2 * LEN);
 }
 
+/// Memory a region owns but others may reach while it is removed (as the transfer
+/// engine's buffers, registered on every rail).
+struct OwnedWithOthers(Arc<Mapping>);
+
+// SAFETY: as `Owned`; it says that others may reach the memory.
+unsafe impl Memory for OwnedWithOthers {
+    fn as_raw(&mut self) -> (*mut u8, usize) {
+        (self.0.as_ptr(), self.0.len())
+    }
+    fn shared_with_others(&self) -> bool {
+        true
+    }
+}
+
+/// Nor can a region whose memory others may reach while it is removed, though it owns
+/// it: its deregistration waits for a stalled claim too.
+#[test]
+fn a_stalled_claim_on_memory_shared_with_others_holds_its_deregistration_until_it_goes() {
+    let (a, b) = pair();
+    let src = a.pd.register(vec![6u8; 4096], Access::LOCAL_WRITE).unwrap();
+    let m = Arc::new(Mapping::shared(LEN).unwrap());
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let mr = b.pd.register(OwnedWithOthers(m.clone()), access).unwrap();
+    let at = mr.remote().at(0);
+    write_until_mapped(&a, &src, at);
+    testing::stall_claim(&a.qp, at.rkey).unwrap();
+    let going = std::thread::spawn(move || drop(mr));
+    std::thread::sleep(2 * DRAIN_BOUND);
+    assert!(
+        !going.is_finished(),
+        "deregistration returned under a claim"
+    );
+    assert!(m.is_shared(), "memory shared with others was detached");
+    testing::scribble_claim(&a.qp, 0).unwrap();
+    going.join().unwrap();
+    assert!(m.is_shared(), "the memory was detached");
+}
+
 /// A second initiator on its own connection to the target context of `b`.
 fn second_initiator(b: &Side) -> (Side, QueuePair) {
     let a2 = side();

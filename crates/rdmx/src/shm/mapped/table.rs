@@ -224,7 +224,8 @@ impl crate::shm::Driver {
     /// `mr`'s keys are gone, and a peer still claimed it after [`DRAIN_BOUND`]: its
     /// memory is taken back from the peers (its mapping detached) where that is sound, or
     /// else waited for, however long it takes: the memory must not return to its owner
-    /// while a peer may still write it. Sound means the region owns its memory and spans
+    /// while a peer may still write it. Sound means the region owns its memory, alone
+    /// ([`Memory::shared_with_others`](rdmx_mem::Memory::shared_with_others)), and spans
     /// its whole mapping (memory registered raw stays its owner's, who may write it at
     /// any time, and the rest of a mapping may be in use); handles to the region
     /// ([`MrRef`](crate::MrRef)) read and write through its gate, which the copy holds.
@@ -245,7 +246,9 @@ impl crate::shm::Driver {
                 "shm mapped: a peer still claims a key being deregistered after \
                  {DRAIN_BOUND:?}; its memory is no longer shared"
             );
-        } else if mr._owner.is_some() && rdmx_mem::shared::spans(addr, len) {
+        } else if mr._owner.as_ref().is_some_and(|o| !o.shared_with_others())
+            && rdmx_mem::shared::spans(addr, len)
+        {
             let (offered, detached) = self.take_back_from_peers(p, mr, w.file);
             if offered {
                 forget_file = Some(w.file);

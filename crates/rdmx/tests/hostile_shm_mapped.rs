@@ -575,20 +575,14 @@ fn a_file_offered_again_while_its_last_region_goes_stays_mapped() {
     assert_eq!(&bytes(&m)[LEN..LEN + 64], &[7u8; 64]);
 }
 
-/// A region registered raw over `len` bytes of a shared mapping of twice [`LEN`], whose
-/// key a stalled peer claims: its deregistration waits past the bound, does not detach
-/// the mapping, and returns once the claim goes, the mapped WRITE in place.
-fn raw_region_waits_for_a_stalled_claim(len: usize) {
+/// A region over a shared mapping of twice [`LEN`], registered by `register`, whose key
+/// a stalled peer claims: its deregistration waits past the bound, does not detach the
+/// mapping, and returns once the claim goes, the mapped WRITE in place.
+fn waits_for_a_stalled_claim(register: impl FnOnce(&Side, &Arc<Mapping>) -> MemoryRegion) {
     let (a, b) = pair();
     let src = a.pd.register(vec![5u8; 4096], Access::LOCAL_WRITE).unwrap();
-    let m = Mapping::shared(2 * LEN).unwrap();
-    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
-    // SAFETY: the region covers the start of `m`, which outlives it (the deregistration
-    // is joined before the end of the test).
-    let mr = unsafe {
-        b.pd.register_raw(m.as_ptr(), len, access, Pinning::Unpinned)
-    }
-    .unwrap();
+    let m = Arc::new(Mapping::shared(2 * LEN).unwrap());
+    let mr = register(&b, &m);
     let at = mr.remote().at(0);
     write_until_mapped(&a, &src, at);
     testing::stall_claim(&a.qp, at.rkey).unwrap();
@@ -598,11 +592,24 @@ fn raw_region_waits_for_a_stalled_claim(len: usize) {
         !going.is_finished(),
         "deregistration returned under a claim"
     );
-    assert!(m.is_shared(), "memory registered raw was detached");
+    assert!(m.is_shared(), "the memory was detached under a claim");
     testing::scribble_claim(&a.qp, 0).unwrap();
     going.join().unwrap();
     assert!(m.is_shared(), "the memory was detached");
     assert_eq!(&bytes(&m)[..64], &[5u8; 64], "the mapped WRITE landed");
+}
+
+/// [`waits_for_a_stalled_claim`] for a region registered raw over `len` bytes.
+fn raw_region_waits_for_a_stalled_claim(len: usize) {
+    waits_for_a_stalled_claim(|b, m| {
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        // SAFETY: the region covers the start of `m`, which outlives it (the
+        // deregistration is joined before the end of the test).
+        unsafe {
+            b.pd.register_raw(m.as_ptr(), len, access, Pinning::Unpinned)
+        }
+        .unwrap()
+    });
 }
 
 /// A raw region over part of its mapping cannot take the mapping back (the rest may be
@@ -638,24 +645,10 @@ unsafe impl Memory for OwnedWithOthers {
 /// it: its deregistration waits for a stalled claim too.
 #[test]
 fn a_stalled_claim_on_memory_shared_with_others_holds_its_deregistration_until_it_goes() {
-    let (a, b) = pair();
-    let src = a.pd.register(vec![6u8; 4096], Access::LOCAL_WRITE).unwrap();
-    let m = Arc::new(Mapping::shared(LEN).unwrap());
-    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
-    let mr = b.pd.register(OwnedWithOthers(m.clone()), access).unwrap();
-    let at = mr.remote().at(0);
-    write_until_mapped(&a, &src, at);
-    testing::stall_claim(&a.qp, at.rkey).unwrap();
-    let going = std::thread::spawn(move || drop(mr));
-    std::thread::sleep(2 * DRAIN_BOUND);
-    assert!(
-        !going.is_finished(),
-        "deregistration returned under a claim"
-    );
-    assert!(m.is_shared(), "memory shared with others was detached");
-    testing::scribble_claim(&a.qp, 0).unwrap();
-    going.join().unwrap();
-    assert!(m.is_shared(), "the memory was detached");
+    waits_for_a_stalled_claim(|b, m| {
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        b.pd.register(OwnedWithOthers(m.clone()), access).unwrap()
+    });
 }
 
 /// A second initiator on its own connection to the target context of `b`.

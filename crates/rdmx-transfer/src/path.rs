@@ -124,8 +124,8 @@ pub(crate) struct Path {
 /// buffers on either end, after a stall or a link that dropped for a while) and would
 /// land after the second, perhaps after the batch was reported done and its memory
 /// reused. If the peer cannot confirm it (it does not answer within the connect
-/// timeout), that work fails. (verbs, shm and loopback paths hold no bytes once their
-/// queue pair is in the error state: their work goes again at once.)
+/// timeout), that work fails. (verbs, shm and loopback paths go again at once: see
+/// RELIABILITY.md's open problems for what that leaves on shm and verbs.)
 #[derive(Default)]
 pub(crate) struct Fence {
     /// The queue pair of this path the fence is for.

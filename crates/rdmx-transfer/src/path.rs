@@ -118,14 +118,15 @@ pub(crate) struct Path {
     pub(crate) fence: Mutex<Fence>,
 }
 
-/// A failed tcp path's fence. Work that was in flight on such a path is sent again on
-/// another only once the peer has moved its queue pair of the path to the error state:
-/// before, the first attempt's bytes may still be on their way (in a TCP stream's
-/// buffers on either end, after a stall or a link that dropped for a while) and would
-/// land after the second, perhaps after the batch was reported done and its memory
-/// reused. If the peer cannot confirm it (it does not answer within the connect
-/// timeout), that work fails. (verbs, shm and loopback paths go again at once: see
-/// RELIABILITY.md's open problems for what that leaves on shm and verbs.)
+/// A failed path's fence. Work that was in flight on such a path is sent again on
+/// another only once the peer has moved its queue pair of the path to the error state,
+/// which drops whatever still arrives on it: before, the first attempt may still land,
+/// after the second, perhaps after the batch was reported done and its memory reused.
+/// Every transport can hold a first attempt back: a TCP stream's buffers on either end
+/// (after a stall, or a link that dropped for a while), an shm ring or a descriptor of
+/// the initiator's memory that a stalled peer reads late, packets held in a verbs fabric
+/// or a loopback fault. If the peer cannot confirm the fence (it does not answer within
+/// the connect timeout), that work fails.
 #[derive(Default)]
 pub(crate) struct Fence {
     /// The queue pair of this path the fence is for.
@@ -199,8 +200,8 @@ impl Path {
     }
 
     /// Sends `w`, which failed with `status` while in flight on this path's queue pair
-    /// `qpn`, again on another path: on tcp once the peer has fenced this one (see
-    /// [`Fence`]), failing it if the peer does not confirm the fence.
+    /// `qpn`, again on another path once the peer has fenced this one (see [`Fence`]),
+    /// failing it if the peer does not confirm the fence.
     pub(crate) fn retry_fenced(
         self: &Arc<Path>,
         shared: &Shared,
@@ -208,21 +209,13 @@ impl Path {
         status: WcStatus,
         qpn: u32,
     ) {
-        if self.rail.kind != Transport::Tcp {
-            self.after_fence(shared, &FenceState::Done, w, status);
-            return;
-        }
         let mut f = self.fence.lock();
         if f.qpn != qpn {
             if f.running() {
                 // Not expected: a path is rebuilt only once its fence is over.
-                let why = FenceState::Failed(
-                    "a fence for another queue pair of the path \
-                                              is under way"
-                        .into(),
-                );
                 drop(f);
-                self.after_fence(shared, &why, w, status);
+                let why = "a fence for another queue pair of the path is under way";
+                self.after_fence(shared, &FenceState::Failed(why.into()), w, status);
                 return;
             }
             *f = Fence {
@@ -238,33 +231,34 @@ impl Path {
             }
             FenceState::None => {
                 let (mine, peer) = *self.qp_pair.lock();
-                let me = shared.me.upgrade();
-                let closing = shared.stop.load(Ordering::Acquire)
-                    || self
-                        .conn
-                        .upgrade()
-                        .map_or(true, |c| c.closed.load(Ordering::Acquire));
-                let state = if mine != qpn {
+                let conn = self
+                    .conn
+                    .upgrade()
+                    .filter(|c| !c.closed.load(Ordering::Acquire));
+                let me = shared
+                    .me
+                    .upgrade()
+                    .filter(|_| !shared.stop.load(Ordering::Acquire));
+                let (Some(_), Some(shared)) = (conn, me) else {
+                    // The engine or the connection is closing: nothing goes again. (The
+                    // fence state stays unset: there is nothing to remember.)
+                    drop(f);
+                    let peer = self.conn.upgrade().map(|c| c.peer.clone());
+                    let peer = peer.unwrap_or_default();
+                    fail_work(shared, w, self.closed_failure(&peer, Some(status)));
+                    return;
+                };
+                if mine != qpn {
                     // Rebuilt since: the peer replaced its queue pair of the path, whose
                     // bytes no longer land.
-                    Some(FenceState::Done)
-                } else if closing || me.is_none() {
-                    Some(FenceState::Failed(
-                        "the engine or the connection is closing".into(),
-                    ))
-                } else {
-                    None
-                };
-                if let Some(state) = state {
-                    f.state = state.clone();
+                    f.state = FenceState::Done;
                     drop(f);
-                    self.after_fence(shared, &state, w, status);
+                    self.after_fence(&shared, &FenceState::Done, w, status);
                     return;
                 }
                 f.state = FenceState::Running;
                 f.parked.push((w, status));
                 drop(f);
-                let shared = me.expect("checked above");
                 let p = self.clone();
                 let spawned = std::thread::Builder::new()
                     .name("rdmx-te-fence".into())

@@ -379,6 +379,10 @@ impl ShmQp {
     /// Hands what arrived to the engine; a peer that broke the ring's rules fails the QP.
     /// Returns whether anything moved.
     fn read(&self, g: &mut Inner, now: Instant) -> bool {
+        #[cfg(feature = "testing")]
+        if super::testing::reads_held(g.engine.attrs().dest_qp_num) {
+            return false;
+        }
         match g.receive(now) {
             Ok(n) => n > 0,
             Err(e) => {

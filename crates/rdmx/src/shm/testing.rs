@@ -215,3 +215,37 @@ pub fn wakes_read(ctx: &crate::Context) -> Option<u32> {
 pub fn copy_calibrated() -> bool {
     crate::provider::copy::calibrated()
 }
+
+static HELD: parking_lot::Mutex<Vec<u32>> = parking_lot::Mutex::new(Vec::new());
+static ANY_HELD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Keeps the shm queue pairs of this process connected to the queue pair numbered
+/// `peer_qpn` from reading their incoming rings until the guard drops: what a peer whose
+/// progress stalled does. What arrives stays in the ring; verbs on those queue pairs
+/// (posts, state changes) go on. (Queue pair numbers are per context: a queue pair of
+/// another context with a peer of the same number is held too.)
+pub fn hold_reads_from(peer_qpn: u32) -> ReadsHeld {
+    let mut held = HELD.lock();
+    held.push(peer_qpn);
+    ANY_HELD.store(true, std::sync::atomic::Ordering::SeqCst);
+    ReadsHeld(peer_qpn)
+}
+
+/// What [`hold_reads_from`] returns: the reads go on once it drops.
+#[derive(Debug)]
+pub struct ReadsHeld(u32);
+
+impl Drop for ReadsHeld {
+    fn drop(&mut self) {
+        let mut held = HELD.lock();
+        if let Some(i) = held.iter().position(|&q| q == self.0) {
+            held.swap_remove(i);
+        }
+        ANY_HELD.store(!held.is_empty(), std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Whether reads of a queue pair connected to `peer_qpn` are held ([`hold_reads_from`]).
+pub(super) fn reads_held(peer_qpn: u32) -> bool {
+    ANY_HELD.load(std::sync::atomic::Ordering::Relaxed) && HELD.lock().contains(&peer_qpn)
+}

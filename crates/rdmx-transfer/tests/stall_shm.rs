@@ -1,0 +1,88 @@
+//! An shm rail whose peer stops reading its ring for a while (its progress stalled), then
+//! reads it again: the initiator's timeout sets the path aside and the slices in flight on
+//! it go again on the other rail; once the peer reads on, the first attempt is still in
+//! its ring. The peer fenced its side of the path before the retry was sent, so those
+//! bytes no longer land: what the application wrote into the memory after the batch
+//! completed stays.
+//!
+//! The test runs the shm rails on the ring data path (as between two processes): it is
+//! the only test of this binary, and sets `RDMX_SHM_DATA_PATH` before any context opens.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{open_peer, pattern, writes};
+use rdmx::Access;
+use rdmx_transfer::{Config, Engine, Rail, Target};
+
+const T: Duration = Duration::from_secs(20);
+
+/// The queue pair number in a path's name (`... qp0x1234 -> ...`).
+fn qpn_of(name: &str) -> u32 {
+    let hex = name
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("qp0x"))
+        .unwrap_or_else(|| panic!("no queue pair in {name:?}"));
+    u32::from_str_radix(hex, 16).unwrap()
+}
+
+#[test]
+fn a_stalled_shm_peer_s_late_reads_do_not_overwrite_what_came_after() {
+    std::env::set_var("RDMX_SHM_DATA_PATH", "ring");
+    let config = || {
+        Config::default()
+            .rails(vec![Rail::Shm, Rail::Shm])
+            .listen("127.0.0.1:0".parse().unwrap())
+            .connect_timeout(Duration::from_secs(1))
+            .qps_per_rail(1)
+            .timeout(Duration::from_secs(1))
+            .set_aside(Duration::from_secs(60))
+    };
+    let a = Engine::new("a", config()).unwrap();
+    let b = Engine::new("b", config()).unwrap();
+    let (n, len) = (16, 64 << 10);
+    let src = a
+        .register("src", pattern(1, n * len), Access::LOCAL_WRITE)
+        .unwrap();
+    let src2 = a
+        .register("src2", pattern(2, n * len), Access::LOCAL_WRITE)
+        .unwrap();
+    let dst = b.register("dst", n * len, Access::REMOTE_WRITE).unwrap();
+    let seg = open_peer(&a, &b);
+    let batch = |src| writes(src, &seg, n, len, |o| o, Target::Offset);
+    // Both rails carry a batch first: their queue pairs are connected.
+    let st = a.submit(batch(&src)).wait(T).unwrap();
+    assert!(st.is_success(), "{st:?}");
+    let paths = seg.paths();
+    assert!(
+        paths.len() == 2 && paths.iter().all(|p| p.up && p.failures == 0),
+        "{paths:?}"
+    );
+
+    // The peer's queue pair of the second path reads nothing for a while.
+    let held = rdmx::shm::testing::hold_reads_from(qpn_of(&paths[1].name));
+    let st = a.submit(batch(&src2)).wait(T).unwrap();
+    assert!(st.is_success(), "{st:?}");
+    assert!(
+        seg.paths().iter().any(|p| !p.up && p.failures > 0),
+        "the held path never failed: {:?}",
+        seg.paths()
+    );
+    let mut got = vec![0u8; n * len];
+    dst.read(0, &mut got).unwrap();
+    assert!(got == pattern(2, n * len), "the batch's bytes differ");
+    // The batch is done: the application writes something else there.
+    let after = pattern(200, n * len);
+    dst.write(0, &after).unwrap();
+
+    // The peer reads its ring again: the first attempt is there.
+    drop(held);
+    std::thread::sleep(Duration::from_millis(500));
+    dst.read(0, &mut got).unwrap();
+    let first = got.iter().zip(&after).position(|(g, w)| g != w);
+    assert!(
+        first.is_none(),
+        "the first attempt's bytes landed after the batch completed, from byte {first:?}"
+    );
+}

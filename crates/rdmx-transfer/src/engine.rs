@@ -533,11 +533,7 @@ impl Engine {
         let mut b = Batch::new();
         b.notify(msg)?;
         let state = b.into_state();
-        let w = crate::path::Work::Notify {
-            data: msg.into(),
-            batch: Some(state.clone()),
-            attempt: 0,
-        };
+        let w = seg.conn.notification(msg.into(), Some(state.clone()));
         state.notifying(1);
         match seg
             .conn

@@ -290,6 +290,8 @@ fn build_conn(
             paths,
             closed: AtomicBool::new(false),
             added: std::sync::atomic::AtomicU64::new(0),
+            notes_sent: std::sync::atomic::AtomicU32::new(0),
+            notes_seen: Default::default(),
         }
     });
     match err {

@@ -65,6 +65,7 @@ mod error;
 mod handshake;
 mod meta;
 mod path;
+mod seen;
 mod segment;
 mod wire;
 mod worker;

@@ -59,6 +59,9 @@ pub(crate) enum Work {
         data: Arc<[u8]>,
         batch: Option<Arc<BatchState>>,
         attempt: u32,
+        /// Its number on its connection (the SEND's immediate data), the same on every
+        /// attempt: the peer drops a second arrival.
+        seq: u32,
     },
 }
 
@@ -476,6 +479,10 @@ pub(crate) struct Conn {
     /// When it was added to the engine's connections (its count of them then; 0: not
     /// yet).
     pub(crate) added: std::sync::atomic::AtomicU64,
+    /// The number of the next notification sent on this connection.
+    pub(crate) notes_sent: AtomicU32,
+    /// The notifications from the peer that arrived on this connection.
+    pub(crate) notes_seen: Mutex<crate::seen::Seen>,
 }
 
 impl std::fmt::Debug for Conn {
@@ -489,6 +496,16 @@ impl std::fmt::Debug for Conn {
 }
 
 impl Conn {
+    /// Notification `data` of `batch` (if any), numbered on this connection.
+    pub(crate) fn notification(&self, data: Arc<[u8]>, batch: Option<Arc<BatchState>>) -> Work {
+        Work::Notify {
+            data,
+            batch,
+            attempt: 0,
+            seq: self.notes_sent.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
     /// The best usable path for `len` more bytes: the one that would finish them first
     /// given what it has queued and in flight and its bandwidth; `extra[i]` is what the
     /// caller is about to add to path `i`. Starts the rebuild of set-aside paths whose
@@ -634,11 +651,7 @@ pub(crate) fn send_notifications(shared: &Shared, batch: &Arc<BatchState>) {
     let conns = batch.conns();
     batch.notifying(conns.len());
     for c in conns {
-        let w = Work::Notify {
-            data: data.clone(),
-            batch: Some(batch.clone()),
-            attempt: 0,
-        };
+        let w = c.notification(data.clone(), Some(batch.clone()));
         match c.first_up(&me).map(|i| c.paths[i].enqueue(w)) {
             Some(Ok(())) => {}
             Some(Err(_)) => batch.notify_done(Err(format!("the connection to {} closed", c.peer))),

@@ -198,14 +198,14 @@ impl Worker {
                         }
                     }
                 }
-                Work::Notify { data, .. } => self
+                &Work::Notify { ref data, seq, .. } => self
                     .rail
                     .pd
                     .register(data.to_vec(), rdmx::Access::LOCAL_WRITE)
                     .map_err(crate::Error::from)
                     .and_then(|mr| {
                         let sge = LocalSge::new(&mr, 0, data.len())?;
-                        let mut req = SendRequest::send(wr_id);
+                        let mut req = SendRequest::send_with_imm(wr_id, seq);
                         if !data.is_empty() {
                             req = req.sge(sge);
                         }
@@ -362,8 +362,18 @@ impl Worker {
             .read_at(slot * crate::MAX_NOTIFY, &mut data)
             .is_ok()
         {
-            let from = p.conn.upgrade().map(|c| c.peer.clone()).unwrap_or_default();
-            self.shared.deliver(Notification { from, data });
+            // Numbered by the sender (immediate data): one sent again after its path
+            // failed, although the first attempt arrived, comes twice.
+            let conn = p.conn.upgrade();
+            let again = c.imm_data.zip(conn.as_ref()).is_some_and(|(seq, conn)| {
+                conn.notes_seen.lock().arrived(seq) == crate::seen::Verdict::Again
+            });
+            if again {
+                tracing::debug!(path = %p.name, "a notification that arrived before: dropped");
+            } else {
+                let from = conn.map(|c| c.peer.clone()).unwrap_or_default();
+                self.shared.deliver(Notification { from, data });
+            }
         }
         if let Err(e) = p.post_recv(&qp, slot) {
             tracing::debug!(path = %p.name, error = %e, "reposting a receive failed");

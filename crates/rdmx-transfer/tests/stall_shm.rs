@@ -1,12 +1,9 @@
-//! An shm rail whose peer stops reading its ring for a while (its progress stalled), then
-//! reads it again: the initiator's timeout sets the path aside and the slices in flight on
-//! it go again on the other rail; once the peer reads on, the first attempt is still in
-//! its ring. The peer fenced its side of the path before the retry was sent, so those
-//! bytes no longer land: what the application wrote into the memory after the batch
-//! completed stays.
+//! Two shm rails, one of whose queue pairs stops reading its ring for a while (its
+//! progress stalled), then reads it again, while the other rail carries on.
 //!
-//! The test runs the shm rails on the ring data path (as between two processes): it is
-//! the only test of this binary, and sets `RDMX_SHM_DATA_PATH` before any context opens.
+//! The tests run the shm rails on the ring data path (as between two processes): each
+//! sets `RDMX_SHM_DATA_PATH=ring` (the same value) before it opens any context, and no
+//! other test of this binary opens one.
 
 mod common;
 
@@ -18,6 +15,18 @@ use rdmx_transfer::{Config, Engine, Rail, Target};
 
 const T: Duration = Duration::from_secs(20);
 
+/// Two shm rails, a path on each, and a short timeout.
+fn config() -> Config {
+    std::env::set_var("RDMX_SHM_DATA_PATH", "ring");
+    Config::default()
+        .rails(vec![Rail::Shm, Rail::Shm])
+        .listen("127.0.0.1:0".parse().unwrap())
+        .connect_timeout(Duration::from_secs(1))
+        .qps_per_rail(1)
+        .timeout(Duration::from_secs(1))
+        .set_aside(Duration::from_secs(60))
+}
+
 /// The queue pair number in a path's name (`... qp0x1234 -> ...`).
 fn qpn_of(name: &str) -> u32 {
     let hex = name
@@ -27,18 +36,13 @@ fn qpn_of(name: &str) -> u32 {
     u32::from_str_radix(hex, 16).unwrap()
 }
 
+/// The target's queue pair of one path stalls: the initiator's timeout sets the path
+/// aside and the slices in flight on it go again on the other rail; once the target reads
+/// on, the first attempt is still in its ring. The target fenced its side of the path
+/// before the retry was sent, so those bytes no longer land: what the application wrote
+/// into the memory after the batch completed stays.
 #[test]
 fn a_stalled_shm_peer_s_late_reads_do_not_overwrite_what_came_after() {
-    std::env::set_var("RDMX_SHM_DATA_PATH", "ring");
-    let config = || {
-        Config::default()
-            .rails(vec![Rail::Shm, Rail::Shm])
-            .listen("127.0.0.1:0".parse().unwrap())
-            .connect_timeout(Duration::from_secs(1))
-            .qps_per_rail(1)
-            .timeout(Duration::from_secs(1))
-            .set_aside(Duration::from_secs(60))
-    };
     let a = Engine::new("a", config()).unwrap();
     let b = Engine::new("b", config()).unwrap();
     let (n, len) = (16, 64 << 10);
@@ -84,5 +88,55 @@ fn a_stalled_shm_peer_s_late_reads_do_not_overwrite_what_came_after() {
     assert!(
         first.is_none(),
         "the first attempt's bytes landed after the batch completed, from byte {first:?}"
+    );
+}
+
+/// The sender's queue pair of the path a notification takes stalls after the peer has
+/// received it: the acknowledgement is never read, the path is set aside and the
+/// notification goes again on the other rail. The peer delivers it once.
+#[test]
+fn a_notification_sent_again_after_it_arrived_is_delivered_once() {
+    let a = Engine::new("a", config()).unwrap();
+    let b = Engine::new("b", config()).unwrap();
+    let seg = open_peer(&a, &b);
+    let st = a.notify(&seg, b"first").unwrap().wait(T).unwrap();
+    assert!(st.is_success(), "{st:?}");
+    assert_eq!(b.recv_notification(T).unwrap().data, b"first");
+    let paths = seg.paths();
+    assert!(paths.len() == 2 && paths.iter().all(|p| p.up), "{paths:?}");
+
+    // `a` reads nothing more on the path notifications take (the first one up).
+    let index = |name: &str| {
+        name.split_whitespace()
+            .next()
+            .unwrap()
+            .rsplit('#')
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let theirs = &b.status()[0].2;
+    let peer_of_first = theirs
+        .iter()
+        .find(|p| index(&p.name) == index(&paths[0].name))
+        .unwrap_or_else(|| panic!("no path of b matches {:?}: {theirs:?}", paths[0].name));
+    let held = rdmx::shm::testing::hold_reads_from(qpn_of(&peer_of_first.name));
+    let st = a.notify(&seg, b"again?").unwrap().wait(T).unwrap();
+    assert!(st.is_success(), "{st:?}");
+    assert_eq!(b.recv_notification(T).unwrap().data, b"again?");
+    assert!(
+        seg.paths().iter().any(|p| !p.up && p.failures > 0),
+        "the held path never failed: {:?}",
+        seg.paths()
+    );
+    drop(held);
+    let st = a.notify(&seg, b"last").unwrap().wait(T).unwrap();
+    assert!(st.is_success(), "{st:?}");
+    let next = b.recv_notification(T).unwrap();
+    assert_eq!(
+        next.data,
+        b"last",
+        "got {:?}: a notification came twice",
+        String::from_utf8_lossy(&next.data)
     );
 }

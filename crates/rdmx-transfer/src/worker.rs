@@ -120,6 +120,19 @@ impl Worker {
                 }
             }
         }
+        // The engine is being dropped: what is in flight here gets no completion any
+        // more (its queue pairs are gone), and fails now rather than at its waiter's
+        // timeout.
+        for e in self.slab.drain() {
+            if !e.expired {
+                let f = Failure {
+                    status: None,
+                    path: e.path.name.clone(),
+                    reason: "the engine was dropped".into(),
+                };
+                crate::path::fail_work(&self.shared, e.work, f);
+            }
+        }
     }
 
     /// Posts what `p` has queued, up to its depth; returns how many.

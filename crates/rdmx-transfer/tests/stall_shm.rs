@@ -140,3 +140,39 @@ fn a_notification_sent_again_after_it_arrived_is_delivered_once() {
         String::from_utf8_lossy(&next.data)
     );
 }
+
+/// An engine dropped while its work waits on a stalled peer: that work fails at once,
+/// saying why (before, the rail's worker, asleep waiting for its completions, stopped
+/// without them and the batch waited for its waiter's timeout).
+#[test]
+fn dropping_an_engine_fails_its_work_waiting_on_a_stalled_peer() {
+    let config = || config().timeout(Duration::from_secs(60));
+    let a = Engine::new("a", config()).unwrap();
+    let b = Engine::new("b", config()).unwrap();
+    let (n, len) = (8, 64 << 10);
+    let src = a
+        .register("src", pattern(1, n * len), Access::LOCAL_WRITE)
+        .unwrap();
+    b.register("dst", n * len, Access::REMOTE_WRITE).unwrap();
+    let seg = open_peer(&a, &b);
+    let st = a
+        .submit(writes(&src, &seg, n, len, |o| o, Target::Offset))
+        .wait(T)
+        .unwrap();
+    assert!(st.is_success(), "{st:?}");
+    let held: Vec<_> = seg
+        .paths()
+        .iter()
+        .map(|p| rdmx::shm::testing::hold_reads_from(qpn_of(&p.name)))
+        .collect();
+    let h = a.submit(writes(&src, &seg, n, len, |o| o, Target::Offset));
+    // The rails' workers go to sleep waiting for completions that do not come.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!h.is_done() && seg.paths().iter().any(|p| p.in_flight > 0));
+    drop(a);
+    let st = h
+        .wait(Duration::from_secs(10))
+        .expect("work in flight waited past the engine's drop");
+    drop(held);
+    assert!(st.done && st.failed == n, "{st:?}");
+}

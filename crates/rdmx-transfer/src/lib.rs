@@ -20,15 +20,19 @@
 //!   set aside ([`Config::set_aside`]), its slices retried on others (up to
 //!   [`Config::max_retries`]), and it is rebuilt on demand later; a request fails only
 //!   when every path has, or when a slice is not even flushed within a second timeout,
-//!   with the work-completion status and the path ([`RequestStatus::Failed`]). On tcp,
-//!   slices that were in flight on the failed path go again only once the peer has moved
-//!   its side of the path to the error state (a fence, asked for over the control
-//!   connection with the connection's secret): the first attempt's bytes, which TCP may
-//!   still hold, cannot land after the retry. A peer that does not confirm the fence
-//!   (within [`Config::connect_timeout`] to connect, and again to answer) fails those
-//!   slices instead.
+//!   with the work-completion status and the path ([`RequestStatus::Failed`]). What was in
+//!   flight on the failed path goes again only once the peer has moved its side of the
+//!   path to the error state (a fence, asked for over the control connection with the
+//!   connection's secret): a first attempt that a TCP stream, an shm ring or a fabric
+//!   may still hold cannot land after the retry. A peer that does not confirm the fence
+//!   (within [`Config::connect_timeout`] to connect, and again to answer) fails that
+//!   work instead; failover therefore needs the peer's control listener reachable.
 //! - Notifications: a batch may carry one the peer receives only after all its bytes are
-//!   in place ([`Batch::notify`]); [`Engine::notify`] sends one alone.
+//!   in place ([`Batch::notify`]); [`Engine::notify`] sends one alone. Each is delivered
+//!   once: it carries a number of its connection, and the peer drops a second arrival
+//!   (a first attempt that arrived although its path failed). One sent again after a
+//!   failure may arrive after later ones, and fails instead if over 32,768 later ones
+//!   went meanwhile.
 //!
 //! Layers: this crate uses only rdmx's public facade (contexts, protection domains,
 //! regions, queue pairs, completion queues).

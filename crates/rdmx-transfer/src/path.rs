@@ -117,8 +117,9 @@ pub(crate) struct Path {
     /// (set together when the path is built or rebuilt).
     pub(crate) qp_pair: Mutex<(u32, u32)>,
     /// Whether the peer confirmed that its queue pair takes nothing more, once this
-    /// path failed with work in flight.
-    pub(crate) fence: Mutex<Fence>,
+    /// path failed with work in flight: one fence per queue pair of the path that did
+    /// (the current one's, and older ones' still under way).
+    pub(crate) fences: Mutex<Vec<Fence>>,
 }
 
 /// A failed path's fence. Work that was in flight on such a path is sent again on
@@ -130,7 +131,6 @@ pub(crate) struct Path {
 /// the initiator's memory that a stalled peer reads late, packets held in a verbs fabric
 /// or a loopback fault. If the peer cannot confirm the fence (it does not answer within
 /// the connect timeout), that work fails.
-#[derive(Default)]
 pub(crate) struct Fence {
     /// The queue pair of this path the fence is for.
     qpn: u32,
@@ -139,11 +139,8 @@ pub(crate) struct Fence {
     parked: Vec<(Work, WcStatus)>,
 }
 
-#[derive(Clone, Default)]
+#[derive(Clone)]
 enum FenceState {
-    /// Not asked for since the path's queue pair was (re)built.
-    #[default]
-    None,
     /// Asked for; no answer yet.
     Running,
     /// The peer's queue pair takes nothing more.
@@ -197,7 +194,7 @@ impl Path {
             done_bytes: AtomicU64::new(0),
             recv_mr,
             qp_pair: Mutex::new((qp_num, 0)),
-            fence: Mutex::new(Fence::default()),
+            fences: Mutex::new(Vec::new()),
             rail,
         }))
     }
@@ -212,71 +209,72 @@ impl Path {
         status: WcStatus,
         qpn: u32,
     ) {
-        let mut f = self.fence.lock();
-        if f.qpn != qpn {
-            if f.running() {
-                // Not expected: a path is rebuilt only once its fence is over.
-                drop(f);
-                let why = "a fence for another queue pair of the path is under way";
-                self.after_fence(shared, &FenceState::Failed(why.into()), w, status);
-                return;
+        let mut fences = self.fences.lock();
+        if let Some(f) = fences.iter_mut().find(|f| f.qpn == qpn) {
+            match f.state.clone() {
+                FenceState::Running => f.parked.push((w, status)),
+                state => {
+                    drop(fences);
+                    self.after_fence(shared, &state, w, status);
+                }
             }
-            *f = Fence {
+            return;
+        }
+        let Some(shared) = self.open(shared) else {
+            // The engine or the connection is closing: nothing goes again.
+            drop(fences);
+            self.after_fence(shared, &FenceState::Done, w, status);
+            return;
+        };
+        let (mine, peer) = *self.qp_pair.lock();
+        // Fences of older queue pairs are over (or their work is parked in them).
+        fences.retain(|f| f.running());
+        if mine != qpn {
+            // Rebuilt since: the peer replaced its queue pair of the path, whose bytes
+            // no longer land.
+            fences.push(Fence {
                 qpn,
-                ..Fence::default()
-            };
+                state: FenceState::Done,
+                parked: Vec::new(),
+            });
+            drop(fences);
+            self.after_fence(&shared, &FenceState::Done, w, status);
+            return;
         }
-        match f.state.clone() {
-            FenceState::Running => f.parked.push((w, status)),
-            state @ (FenceState::Done | FenceState::Failed(_)) => {
-                drop(f);
-                self.after_fence(shared, &state, w, status);
-            }
-            FenceState::None => {
-                let (mine, peer) = *self.qp_pair.lock();
-                let conn = self
-                    .conn
-                    .upgrade()
-                    .filter(|c| !c.closed.load(Ordering::Acquire));
-                let me = shared
-                    .me
-                    .upgrade()
-                    .filter(|_| !shared.stop.load(Ordering::Acquire));
-                let (Some(_), Some(shared)) = (conn, me) else {
-                    // The engine or the connection is closing: nothing goes again. (The
-                    // fence state stays unset: there is nothing to remember.)
-                    drop(f);
-                    let peer = self.conn.upgrade().map(|c| c.peer.clone());
-                    let peer = peer.unwrap_or_default();
-                    fail_work(shared, w, self.closed_failure(&peer, Some(status)));
-                    return;
-                };
-                if mine != qpn {
-                    // Rebuilt since: the peer replaced its queue pair of the path, whose
-                    // bytes no longer land.
-                    f.state = FenceState::Done;
-                    drop(f);
-                    self.after_fence(&shared, &FenceState::Done, w, status);
-                    return;
+        fences.push(Fence {
+            qpn,
+            state: FenceState::Running,
+            parked: vec![(w, status)],
+        });
+        drop(fences);
+        let p = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("rdmx-te-fence".into())
+            .spawn({
+                let shared = shared.clone();
+                move || {
+                    let res = crate::handshake::fence(&shared, &p, peer);
+                    p.fenced(&shared, qpn, res.map_err(|e| e.to_string()));
                 }
-                f.state = FenceState::Running;
-                f.parked.push((w, status));
-                drop(f);
-                let p = self.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("rdmx-te-fence".into())
-                    .spawn({
-                        let shared = shared.clone();
-                        move || {
-                            let res = crate::handshake::fence(&shared, &p, peer);
-                            p.fenced(&shared, qpn, res.map_err(|e| e.to_string()));
-                        }
-                    });
-                if let Err(e) = spawned {
-                    self.fenced(&shared, qpn, Err(format!("no thread to ask for it: {e}")));
-                }
-            }
+            });
+        if let Err(e) = spawned {
+            self.fenced(&shared, qpn, Err(format!("no thread to ask for it: {e}")));
         }
+    }
+
+    /// The engine, unless it or this path's connection is closing.
+    fn open(&self, shared: &Shared) -> Option<Arc<Shared>> {
+        let conn_open = self
+            .conn
+            .upgrade()
+            .is_some_and(|c| !c.closed.load(Ordering::Acquire));
+        let me = shared.me.upgrade()?;
+        (conn_open && !shared.stop.load(Ordering::Acquire)).then_some(me)
+    }
+
+    /// Whether a fence of this path is under way (the path is not rebuilt meanwhile).
+    pub(crate) fn fencing(&self) -> bool {
+        self.fences.lock().iter().any(Fence::running)
     }
 
     /// The fence for queue pair `qpn` was confirmed, or not: the work waiting for it goes
@@ -294,37 +292,61 @@ impl Path {
             }
         };
         let parked = {
-            let mut f = self.fence.lock();
-            if f.qpn == qpn {
-                f.state = state.clone();
+            let mut fences = self.fences.lock();
+            match fences.iter_mut().find(|f| f.qpn == qpn) {
+                Some(f) => {
+                    f.state = state.clone();
+                    std::mem::take(&mut f.parked)
+                }
+                None => Vec::new(),
             }
-            std::mem::take(&mut f.parked)
         };
         for (w, status) in parked {
             self.after_fence(shared, &state, w, status);
         }
     }
 
+    /// `w`, which failed with `status`, goes again once its fence ended in `state`, or
+    /// fails: the fence failed, the engine or the connection is closing, or (a
+    /// notification) the peer may have given it up.
     fn after_fence(&self, shared: &Shared, state: &FenceState, w: Work, status: WcStatus) {
-        match (state, self.conn.upgrade()) {
-            (FenceState::Done, Some(conn)) => conn.reschedule(shared, w, self, Some(status)),
-            (FenceState::Failed(why), Some(_)) => fail_work(
-                shared,
-                w,
+        let conn = self.conn.upgrade();
+        let Some(conn) = conn.filter(|_| self.open(shared).is_some()) else {
+            let peer = self.conn.upgrade().map(|c| c.peer.clone());
+            let failure = if shared.stop.load(Ordering::Acquire) {
                 Failure {
                     status: Some(status),
                     path: self.name.clone(),
-                    reason: format!(
-                        "not sent again: the peer did not confirm that the path takes \
-                         nothing more of it ({why})"
-                    ),
-                },
+                    reason: "the engine was dropped".into(),
+                }
+            } else {
+                self.closed_failure(&peer.unwrap_or_default(), Some(status))
+            };
+            return fail_work(shared, w, failure);
+        };
+        let reason = match (state, &w) {
+            (FenceState::Failed(why), _) => format!(
+                "not sent again: the peer did not confirm that the path takes nothing more \
+                 of it ({why})"
             ),
-            (_, conn) => {
-                let peer = conn.map(|c| c.peer.clone()).unwrap_or_default();
-                fail_work(shared, w, self.closed_failure(&peer, Some(status)))
+            (_, &Work::Notify { seq, .. })
+                if conn.notes_sent.load(Ordering::Relaxed).wrapping_sub(seq)
+                    > crate::seen::WINDOW / 2 =>
+            {
+                format!(
+                    "not sent again: over {} later notifications went to the peer meanwhile, \
+                     and it may have given this one up",
+                    crate::seen::WINDOW / 2
+                )
             }
-        }
+            _ => return conn.reschedule(shared, w, self, Some(status)),
+        };
+        let failure = Failure {
+            status: Some(status),
+            path: self.name.clone(),
+            reason,
+        };
+        fail_work(shared, w, failure);
     }
 
     /// Queues `w` and wakes the rail's worker.
@@ -598,7 +620,7 @@ impl Conn {
         if !due
             || p.outstanding.load(Ordering::Acquire) != 0
             || p.rail.closed.load(Ordering::Acquire)
-            || p.fence.lock().running()
+            || p.fencing()
             || p.repairing.swap(true, Ordering::AcqRel)
         {
             return;

@@ -5,9 +5,9 @@
 use std::collections::VecDeque;
 
 /// How far past the oldest missing notification the window reaches. A notification
-/// still missing once one this far beyond it has arrived is given up, with a warning (its
-/// sender failed it, or is still sending it again): should it come after all, it is
-/// taken for a duplicate and dropped.
+/// still missing once one this far beyond it has arrived is given up (its sender failed
+/// it): should it come after all, it is taken for a duplicate and dropped. A sender
+/// therefore does not send one again once half as many later ones went.
 pub(crate) const WINDOW: u32 = 1 << 16;
 
 /// The sequence numbers seen on one connection, in serial-number order (they wrap).
@@ -43,7 +43,9 @@ impl Seen {
             let k = d - WINDOW + 1;
             let drop = (k as usize).min(self.ahead.len());
             let missing = self.ahead.drain(..drop).filter(|&a| !a).count() + (k as usize - drop);
-            tracing::warn!(
+            // Most often notifications the sender failed (no usable path, retries used
+            // up), which it reported: no cause for a warning here.
+            tracing::debug!(
                 "{missing} notification(s) numbered before {} never arrived while {WINDOW} \
                  later ones did: given up (should one come after all, it is dropped)",
                 self.next.wrapping_add(k)

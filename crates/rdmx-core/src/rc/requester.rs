@@ -677,7 +677,10 @@ pub(crate) fn handle_response<M: MemAccess>(
                 true => op.starts_message(),
                 false => psn == w.resp_start() || !op.starts_message(),
             };
-            if payload.len() as u64 != expect || !starts_ok || op.ends_message() != last {
+            // FIRST, LAST and ONLY carry an AETH, which must say ACK: a NAK comes as an
+            // Acknowledge, so a response that says one is malformed.
+            let nak = !matches!(syndrome, Some(Syndrome::Ack { .. }) | None);
+            if payload.len() as u64 != expect || !starts_ok || op.ends_message() != last || nak {
                 w.done = Some(WcStatus::BadRespErr);
                 return;
             }
@@ -705,6 +708,11 @@ pub(crate) fn handle_response<M: MemAccess>(
             let Some(orig) = hdr.atomic_ack_eth.map(|a| a.orig_data) else {
                 return;
             };
+            if !matches!(syndrome, Some(Syndrome::Ack { .. })) {
+                // As for READ responses: a NAK comes as an Acknowledge.
+                w.done = Some(WcStatus::BadRespErr);
+                return;
+            }
             // From the header, so at hand whatever the packet's payload is.
             scatter(mem, &w.local, 0, &mut Payload::Bytes(&orig.to_ne_bytes()));
             w.done = Some(WcStatus::Success);

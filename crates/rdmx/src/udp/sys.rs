@@ -577,9 +577,14 @@ impl RxBatch {
         unsafe {
             let mut c = libc::CMSG_FIRSTHDR(&m.msg_hdr);
             while !c.is_null() {
-                if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
-                    let s = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<u16>());
-                    seg = Some(usize::from(s)).filter(|&s| s > 0);
+                // The kernel writes the segment size as an `int` (`udp_cmsg_recv`).
+                let int = std::mem::size_of::<libc::c_int>() as u32;
+                if (*c).cmsg_level == libc::SOL_UDP
+                    && (*c).cmsg_type == libc::UDP_GRO
+                    && (*c).cmsg_len as usize >= libc::CMSG_LEN(int) as usize
+                {
+                    let s = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
+                    seg = usize::try_from(s).ok().filter(|&s| s > 0);
                 }
                 c = libc::CMSG_NXTHDR(&m.msg_hdr, c);
             }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use rdmx_wire::{NakCode, RnrTimer, Syndrome};
+use rdmx_wire::{NakCode, Opcode, RnrTimer, Syndrome};
 
 use super::util::*;
 use crate::access::Access;
@@ -575,6 +575,46 @@ fn misaligned_atomic_is_refused_at_post() {
         want[16..24].copy_from_slice(&(old.wrapping_add(1)).to_le_bytes());
         assert_eq!(p.b.mem.bytes(target.addr, 64), want, "offset {off}");
         assert_eq!(p.a.qp.state(), QpState::Rts, "offset {off}");
+    }
+}
+
+/// A READ response or atomic acknowledgement whose AETH says NAK (which the responder
+/// never sends: a refused READ or atomic gets an Acknowledge NAK) is a bad response, as
+/// rxe takes it: the request completes with BAD_RESP_ERR, not with success.
+#[test]
+fn a_read_response_or_atomic_ack_with_a_nak_syndrome_is_a_bad_response() {
+    fn nak_syndrome(b: &mut [u8]) {
+        // The AETH follows the 12-byte BTH: NAK, remote access error.
+        b[12] = 0x62;
+    }
+    for atomic in [false, true] {
+        let mut p = Pair::new();
+        let target = p.b.mem.register(64, ALL);
+        let local = p.a.mem.register(64, ALL);
+        let (op, len, answer) = match atomic {
+            false => (
+                SendOp::Read(target.remote(0)),
+                64,
+                Opcode::RdmaReadResponseOnly,
+            ),
+            true => (
+                SendOp::FetchAdd {
+                    remote: target.remote(0),
+                    add: 1,
+                },
+                8,
+                Opcode::AtomicAcknowledge,
+            ),
+        };
+        p.ba.fate_matching(1, Fate::Altered(nak_syndrome), move |x| x.op == answer);
+        p.a.post(wr(1, op, vec![local.sge(0, len)])).unwrap();
+        p.drive();
+        assert_eq!(
+            p.a.sends(),
+            vec![(1, WcStatus::BadRespErr)],
+            "atomic {atomic}"
+        );
+        assert_eq!(p.a.qp.state(), QpState::Err, "atomic {atomic}");
     }
 }
 

@@ -215,7 +215,7 @@ impl Pkt {
 }
 
 /// What happens to a packet put on a link.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 pub(super) enum Fate {
     /// Arrives after the link's latency (and any random reordering delay).
     Deliver,
@@ -227,6 +227,8 @@ pub(super) enum Fate {
     Delay(Duration),
     /// Arrives on time, and a second copy this much later.
     DupDelayed(Duration),
+    /// Arrives on time, changed by this (a peer that sends what it should not).
+    Altered(fn(&mut [u8])),
 }
 
 /// A scripted fault: sees each packet and may decide its fate (`None`: the link's random
@@ -350,7 +352,7 @@ impl Link {
         let copies = match fate {
             Fate::Drop => 0,
             Fate::Duplicate | Fate::DupDelayed(_) => 2,
-            Fate::Deliver | Fate::Delay(_) => 1,
+            Fate::Deliver | Fate::Delay(_) | Fate::Altered(_) => 1,
         };
         for copy in 0..copies {
             let mut at = now + self.latency;
@@ -362,7 +364,11 @@ impl Link {
             if self.rng.chance(self.reorder) && !self.jitter.is_zero() {
                 at += Duration::from_nanos(self.rng.below(self.jitter.as_nanos() as u64 + 1));
             }
-            self.in_flight.push((at, self.seq, pkt.bytes.clone()));
+            let mut bytes = pkt.bytes.clone();
+            if let Fate::Altered(f) = fate {
+                f(&mut bytes);
+            }
+            self.in_flight.push((at, self.seq, bytes));
             self.seq += 1;
         }
         self.log.push((pkt, fate));
@@ -393,7 +399,7 @@ impl Link {
     pub(super) fn passed(&self) -> impl Iterator<Item = &Pkt> + '_ {
         self.log
             .iter()
-            .filter(|(_, f)| *f != Fate::Drop)
+            .filter(|(_, f)| !matches!(f, Fate::Drop))
             .map(|(p, _)| p)
     }
 

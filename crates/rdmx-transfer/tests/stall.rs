@@ -15,7 +15,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{open_peer, pattern, writes};
+use common::{open_peer, pattern, writes, LateBytes};
 use rdmx::Access;
 use rdmx_transfer::{Config, Engine, Rail, RequestStatus, Target};
 
@@ -116,41 +116,10 @@ fn a_stalled_rail_s_late_bytes_do_not_overwrite_what_came_after() {
     }
     let a = Engine::new("a", config("127.0.0.1")).unwrap();
     let b = Engine::new("b", config("127.0.0.1")).unwrap();
-    let (n, len) = (32, 256 << 10);
-    let src = a
-        .register("src", pattern(1, n * len), Access::LOCAL_WRITE)
-        .unwrap();
-    let src2 = a
-        .register("src2", pattern(2, n * len), Access::LOCAL_WRITE)
-        .unwrap();
-    let dst = b.register("dst", n * len, Access::REMOTE_WRITE).unwrap();
-    let seg = open_peer(&a, &b);
-    let batch = |src| writes(src, &seg, n, len, |o| o, Target::Offset);
-    // Both rails carry a batch first: their streams are up.
-    let st = a.submit(batch(&src)).wait(T).unwrap();
-    assert!(st.is_success(), "{st:?}");
-    let paths = seg.paths();
-    assert!(
-        paths.iter().all(|p| p.up && p.failures == 0) && paths.len() == 2,
-        "{paths:?}"
-    );
-
+    let t = LateBytes::new(&a, &b, 32, 256 << 10);
     // Rail 1 stalls: everything sent to or from its listeners is dropped.
     black_hole(&["127.0.0.2"]);
-    let st = a.submit(batch(&src2)).wait(T).unwrap();
-    assert!(st.is_success(), "{st:?}");
-    assert!(
-        seg.paths().iter().any(|p| !p.up && p.failures > 0),
-        "rail 1 never failed: {:?}",
-        seg.paths()
-    );
-    let mut got = vec![0u8; n * len];
-    dst.read(0, &mut got).unwrap();
-    assert!(got == pattern(2, n * len), "the batch's bytes differ");
-    // The batch is done: the application writes something else there.
-    let after = pattern(200, n * len);
-    dst.write(0, &after).unwrap();
-
+    let after = t.second_batch_then_overwrite(&a);
     // The rail comes back: TCP delivers what it held of the first attempt.
     restore(1);
     let start = Instant::now();
@@ -162,12 +131,7 @@ fn a_stalled_rail_s_late_bytes_do_not_overwrite_what_came_after() {
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(500));
-    dst.read(0, &mut got).unwrap();
-    let first = got.iter().zip(&after).position(|(g, w)| g != w);
-    assert!(
-        first.is_none(),
-        "the first attempt's bytes landed after the batch completed, from byte {first:?}"
-    );
+    t.assert_holds(&after);
 }
 
 /// A peer that cannot confirm the fence (its control listener is cut off too): what was

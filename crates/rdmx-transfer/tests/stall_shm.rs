@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{open_peer, pattern, writes};
+use common::{open_peer, pattern, writes, LateBytes};
 use rdmx::Access;
 use rdmx_transfer::{Config, Engine, Rail, Target};
 
@@ -45,50 +45,14 @@ fn qpn_of(name: &str) -> u32 {
 fn a_stalled_shm_peer_s_late_reads_do_not_overwrite_what_came_after() {
     let a = Engine::new("a", config()).unwrap();
     let b = Engine::new("b", config()).unwrap();
-    let (n, len) = (16, 64 << 10);
-    let src = a
-        .register("src", pattern(1, n * len), Access::LOCAL_WRITE)
-        .unwrap();
-    let src2 = a
-        .register("src2", pattern(2, n * len), Access::LOCAL_WRITE)
-        .unwrap();
-    let dst = b.register("dst", n * len, Access::REMOTE_WRITE).unwrap();
-    let seg = open_peer(&a, &b);
-    let batch = |src| writes(src, &seg, n, len, |o| o, Target::Offset);
-    // Both rails carry a batch first: their queue pairs are connected.
-    let st = a.submit(batch(&src)).wait(T).unwrap();
-    assert!(st.is_success(), "{st:?}");
-    let paths = seg.paths();
-    assert!(
-        paths.len() == 2 && paths.iter().all(|p| p.up && p.failures == 0),
-        "{paths:?}"
-    );
-
+    let t = LateBytes::new(&a, &b, 16, 64 << 10);
     // The peer's queue pair of the second path reads nothing for a while.
-    let held = rdmx::shm::testing::hold_reads_from(qpn_of(&paths[1].name));
-    let st = a.submit(batch(&src2)).wait(T).unwrap();
-    assert!(st.is_success(), "{st:?}");
-    assert!(
-        seg.paths().iter().any(|p| !p.up && p.failures > 0),
-        "the held path never failed: {:?}",
-        seg.paths()
-    );
-    let mut got = vec![0u8; n * len];
-    dst.read(0, &mut got).unwrap();
-    assert!(got == pattern(2, n * len), "the batch's bytes differ");
-    // The batch is done: the application writes something else there.
-    let after = pattern(200, n * len);
-    dst.write(0, &after).unwrap();
-
+    let held = rdmx::shm::testing::hold_reads_from(qpn_of(&t.seg.paths()[1].name));
+    let after = t.second_batch_then_overwrite(&a);
     // The peer reads its ring again: the first attempt is there.
     drop(held);
     std::thread::sleep(Duration::from_millis(500));
-    dst.read(0, &mut got).unwrap();
-    let first = got.iter().zip(&after).position(|(g, w)| g != w);
-    assert!(
-        first.is_none(),
-        "the first attempt's bytes landed after the batch completed, from byte {first:?}"
-    );
+    t.assert_holds(&after);
 }
 
 /// The sender's queue pair of the path a notification takes stalls after the peer has

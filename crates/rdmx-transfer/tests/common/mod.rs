@@ -71,3 +71,81 @@ pub(crate) fn assert_a_path_failed(a: &Engine) {
         "no path saw the failure: {paths:?}"
     );
 }
+
+/// A stalled path's late bytes (the stall tests): `a`'s segment of `b` over two paths,
+/// `a`'s sources (patterns 1 and 2) and `b`'s destination, `n` slices of `len` bytes.
+pub(crate) struct LateBytes {
+    pub(crate) seg: Segment,
+    pub(crate) dst: LocalBuf,
+    src: [LocalBuf; 2],
+    n: usize,
+    len: usize,
+}
+
+/// How long a stall test waits for a batch.
+const STALL_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+impl LateBytes {
+    /// Sets up and sends a first batch, from source 1: both paths are up after it.
+    pub(crate) fn new(a: &Engine, b: &Engine, n: usize, len: usize) -> LateBytes {
+        let reg = |name, seed| {
+            a.register(name, pattern(seed, n * len), rdmx::Access::LOCAL_WRITE)
+                .unwrap()
+        };
+        let src = [reg("src", 1), reg("src2", 2)];
+        let dst = b
+            .register("dst", n * len, rdmx::Access::REMOTE_WRITE)
+            .unwrap();
+        let t = LateBytes {
+            seg: open_peer(a, b),
+            dst,
+            src,
+            n,
+            len,
+        };
+        let st = a.submit(t.batch(0)).wait(STALL_WAIT).unwrap();
+        assert!(st.is_success(), "{st:?}");
+        let paths = t.seg.paths();
+        assert!(
+            paths.len() == 2 && paths.iter().all(|p| p.up && p.failures == 0),
+            "{paths:?}"
+        );
+        t
+    }
+
+    /// The whole of source `i` to the destination.
+    fn batch(&self, i: usize) -> Batch {
+        let len = self.len;
+        writes(&self.src[i], &self.seg, self.n, len, |o| o, Target::Offset)
+    }
+
+    /// With a path stalled: a batch from source 2, which completes once the stalled path
+    /// failed and its slices went on the other; then the application writes something
+    /// else into the destination, which it returns.
+    pub(crate) fn second_batch_then_overwrite(&self, a: &Engine) -> Vec<u8> {
+        let st = a.submit(self.batch(1)).wait(STALL_WAIT).unwrap();
+        assert!(st.is_success(), "{st:?}");
+        let paths = self.seg.paths();
+        assert!(
+            paths.iter().any(|p| !p.up && p.failures > 0),
+            "the stalled path never failed: {paths:?}"
+        );
+        let mut got = vec![0u8; self.n * self.len];
+        self.dst.read(0, &mut got).unwrap();
+        assert!(got == pattern(2, got.len()), "the batch's bytes differ");
+        let after = pattern(200, got.len());
+        self.dst.write(0, &after).unwrap();
+        after
+    }
+
+    /// Asserts that the destination still holds `after`: no late byte landed.
+    pub(crate) fn assert_holds(&self, after: &[u8]) {
+        let mut got = vec![0u8; after.len()];
+        self.dst.read(0, &mut got).unwrap();
+        let first = got.iter().zip(after).position(|(g, w)| g != w);
+        assert!(
+            first.is_none(),
+            "the first attempt's bytes landed after the batch completed, from byte {first:?}"
+        );
+    }
+}

@@ -15,3 +15,29 @@ mod async_loopback {
 
     async_suite!(LOOPBACK);
 }
+
+/// An operation whose queue's driver task is gone (made on a runtime that has since shut
+/// down) fails at once rather than waiting for a completion nobody routes.
+#[test]
+fn operations_fail_once_the_driver_s_runtime_is_gone() {
+    let rt = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = rt();
+    let pr = first.block_on(async { async_loopback::LOOPBACK.pair() });
+    drop(first);
+    let r = rt().block_on(async {
+        let buf = pr.pool_b.get(8).unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(10), pr.b.recv(buf)).await
+    });
+    let r = r.expect("the operation waited with no driver");
+    let e = r.expect_err("an operation with no driver succeeded");
+    let why = match &e {
+        rdmx::tokio::OpError::Post(rdmx::Error::Io(_, io), _) => io.to_string(),
+        other => panic!("{other:?}"),
+    };
+    assert!(why.contains("driver task ended"), "{why}");
+}

@@ -171,7 +171,15 @@ impl AsyncCq {
             polling,
             reserved: Mutex::new(0),
         });
-        let driver = rt.spawn(drive(shared.clone())).abort_handle();
+        // Owned by the task from the start: a task dropped before its first poll fails
+        // the queue too.
+        let (gone, sh) = (DriverGone(shared.clone()), shared.clone());
+        let driver = rt
+            .spawn(async move {
+                let _gone = gone;
+                drive(sh).await;
+            })
+            .abort_handle();
         Ok(AsyncCq {
             handle: Arc::new(Handle { shared, driver }),
         })
@@ -356,6 +364,11 @@ impl Shared {
     /// Stops the driver: every waiting operation and the stream see `why`.
     fn fail(&self, why: Failure) {
         tracing::warn!(?why, "async completion queue: the driver stops");
+        self.stop(why);
+    }
+
+    /// As [`fail`](Self::fail), without a warning.
+    fn stop(&self, why: Failure) {
         let mut wake = Vec::new();
         let mut st = self.state.lock();
         st.failed = Some(why);
@@ -400,6 +413,23 @@ fn reap(
         }
     }
     Ok(total)
+}
+
+/// Fails the queue if its driver task ends without having failed it: the task was
+/// dropped (its runtime shut down), and no completion would reach an operation any more.
+struct DriverGone(Arc<Shared>);
+
+impl Drop for DriverGone {
+    fn drop(&mut self) {
+        // (Also when the queue is dropped, which is no cause for a warning.)
+        if self.0.state.lock().failed.is_none() {
+            tracing::debug!("async completion queue: the driver task ended");
+            self.0.stop(Failure::Io(
+                std::io::ErrorKind::Other,
+                "the driver task ended (its runtime shut down, or the queue was dropped)".into(),
+            ));
+        }
+    }
 }
 
 /// The driver task.

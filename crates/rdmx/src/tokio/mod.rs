@@ -13,10 +13,16 @@
 //!   the buffer and the completion, or an [`OpError`] carrying both (io_uring style).
 //!   An operation ([`Op`]) posts its request when it is made, so requests go out in the
 //!   order the code makes them; a full queue is back-pressure: the operation waits for
-//!   room and posts when it gets it.
+//!   room, behind those that waited before it, and its request is posted as soon as a
+//!   slot frees for it (by whoever frees it: no poll of the operation is needed).
 //! - Cancellation is safe: a future dropped before its completion leaves the buffer with
 //!   the queue pair, and the driver returns it (to its pool) when the completion, or the
-//!   flush after an error, arrives.
+//!   flush after an error, arrives. The request itself still runs: a dropped `send` is
+//!   delivered, and a dropped `recv` stays posted and takes a message, which goes back
+//!   to the pool with its buffer (in a `select!` loop, keep a receive's future across
+//!   iterations rather than making a new one each time).
+//! - If the completion queue's driver task ends without the queue failing (its runtime
+//!   shut down), every operation fails at once rather than waiting.
 //! - [`cm`]: [`connect`](cm::connect) and [`Listener::accept`](cm::Listener::accept) as
 //!   futures.
 //!

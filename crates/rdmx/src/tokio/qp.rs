@@ -4,19 +4,21 @@
 //! registration) and posts the request with the buffer as its one element (an owned-buffer
 //! post, [`QueuePair::post_send_buf`]) at once, or, when its queue is full, as soon as
 //! room frees; it resolves with the buffer and the completion. Room is counted per queue
-//! with a semaphore of the queue's depth, taken before the post and given back when the
-//! completion has been reaped. Dropping the future before the completion leaves the buffer
+//! ([`Room`]): a slot is taken before the post and given back when the completion has
+//! been reaped, and whoever gives it back posts the oldest waiting request with it, so
+//! requests go out in the order their operations were made, whenever those are polled. Dropping the future before the completion leaves the buffer
 //! with the queue pair: the completion queue's driver gives it back (to its pool) when the
 //! completion, or the flush after an error, arrives. A buffer is never reachable by safe
 //! code while a provider may still touch it.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context as TaskContext, Poll};
+use std::task::{Context as TaskContext, Poll, Waker};
 
-use ::tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore, TryAcquireError};
+use parking_lot::Mutex;
 use rdmx_core::{Completion, RemoteAddr, SendOp, WcStatus};
 
 use super::cq::{AsyncCq, Reclaim, Shared};
@@ -101,8 +103,77 @@ pub(super) struct QpShared {
     qp: QueuePair,
     send: AsyncCq,
     recv: AsyncCq,
-    send_room: Arc<Semaphore>,
-    recv_room: Arc<Semaphore>,
+    send_room: Room,
+    recv_room: Room,
+}
+
+/// A queue's room: its free slots, and the requests waiting for one in the order their
+/// operations were made. A request is posted by whoever frees the slot it gets (an
+/// operation that reaped its completion, the driver giving back an abandoned request's
+/// buffer), under the room's lock, so that requests go out in that order whenever their
+/// operations are polled, or if they never are.
+pub(super) struct Room {
+    inner: Mutex<RoomInner>,
+}
+
+struct RoomInner {
+    free: usize,
+    waiting: VecDeque<Waiting>,
+    next_id: u64,
+}
+
+/// A request waiting for room: `post` posts it and says whether it took the slot (a
+/// refused post leaves it free).
+struct Waiting {
+    id: u64,
+    post: Box<dyn FnOnce(&QpShared) -> bool + Send>,
+}
+
+impl fmt::Debug for Room {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let g = self.inner.lock();
+        f.debug_struct("Room")
+            .field("free", &g.free)
+            .field("waiting", &g.waiting.len())
+            .finish()
+    }
+}
+
+impl Room {
+    fn new(depth: usize) -> Room {
+        Room {
+            inner: Mutex::new(RoomInner {
+                free: depth,
+                waiting: VecDeque::new(),
+                next_id: 0,
+            }),
+        }
+    }
+
+    /// Gives a slot back: the oldest waiting request that the provider takes gets it.
+    pub(super) fn release(&self, qp: &QpShared) {
+        let mut g = self.inner.lock();
+        while let Some(w) = g.waiting.pop_front() {
+            if (w.post)(qp) {
+                return;
+            }
+        }
+        g.free += 1;
+    }
+
+    /// Removes waiting request `id`, unless a freed slot took it already; returns it, to
+    /// drop outside the lock (its buffer goes back to its pool).
+    fn withdraw(&self, id: u64) -> Option<Waiting> {
+        let mut g = self.inner.lock();
+        let i = g.waiting.iter().position(|w| w.id == id)?;
+        g.waiting.remove(i)
+    }
+}
+
+/// Where a waiting request's post left its operation, and the operation's waker.
+struct Handoff<B> {
+    state: Option<State<B>>,
+    waker: Option<Waker>,
 }
 
 impl Drop for QpShared {
@@ -114,7 +185,7 @@ impl Drop for QpShared {
 }
 
 impl QpShared {
-    fn room(&self, side: Side) -> &Arc<Semaphore> {
+    fn room(&self, side: Side) -> &Room {
         match side {
             Side::Send => &self.send_room,
             Side::Recv => &self.recv_room,
@@ -152,8 +223,8 @@ impl AsyncQp {
                 qp,
                 send: send_cq.clone(),
                 recv: recv_cq.clone(),
-                send_room: Arc::new(Semaphore::new(caps.max_send_wr)),
-                recv_room: Arc::new(Semaphore::new(caps.max_recv_wr)),
+                send_room: Room::new(caps.max_send_wr),
+                recv_room: Room::new(caps.max_recv_wr),
             }),
         })
     }
@@ -226,28 +297,49 @@ impl AsyncQp {
 
     fn run<B: OwnedBuf>(&self, side: Side, req: Option<SendRequest<'static>>, buf: B) -> Op<B> {
         let qp = self.shared.clone();
-        let room = qp.room(side).clone();
-        let state = match room.clone().try_acquire_owned() {
-            Ok(permit) => {
-                // The room comes back with the completion (or with a refused post).
-                permit.forget();
-                post(&qp, side, req, buf)
+        let room = qp.room(side);
+        let mut g = room.inner.lock();
+        if g.waiting.is_empty() && g.free > 0 {
+            g.free -= 1;
+            drop(g);
+            let state = post(&qp, side, req, buf);
+            if matches!(state, State::Failed(_)) {
+                room.release(&qp);
             }
-            Err(TryAcquireError::NoPermits) => State::Room {
-                req: req.map(Box::new),
-                buf,
-                permit: Box::pin(room.acquire_owned()),
-            },
-            Err(TryAcquireError::Closed) => State::Failed(OpError::Post(
-                Error::InvalidArgument("the queue pair is closed"),
-                buf,
-            )),
-        };
-        Op { qp, side, state }
+            return Op { qp, side, state };
+        }
+        // Behind the requests already waiting: the slot that frees next posts the oldest.
+        let handoff = Arc::new(Mutex::new(Handoff {
+            state: None,
+            waker: None,
+        }));
+        let id = g.next_id;
+        g.next_id += 1;
+        let theirs = handoff.clone();
+        g.waiting.push_back(Waiting {
+            id,
+            post: Box::new(move |qp: &QpShared| {
+                let state = post(qp, side, req, buf);
+                let took = matches!(state, State::Posted { .. });
+                let mut h = theirs.lock();
+                h.state = Some(state);
+                let waker = h.waker.take();
+                drop(h);
+                waker.into_iter().for_each(Waker::wake);
+                took
+            }),
+        });
+        drop(g);
+        Op {
+            qp,
+            side,
+            state: State::Room { id, handoff },
+        }
     }
 }
 
-/// Posts `buf` (with `req`, on the send queue) once room has been taken.
+/// Posts `buf` (with `req`, on the send queue) once room has been taken. A refused post
+/// leaves the room to the caller.
 fn post<B: OwnedBuf>(
     qp: &QpShared,
     side: Side,
@@ -257,10 +349,7 @@ fn post<B: OwnedBuf>(
     let cq = qp.cq(side);
     let (slot, wr_id) = match cq.register(qp.qp.qp_num()) {
         Ok(s) => s,
-        Err(e) => {
-            qp.room(side).add_permits(1);
-            return State::Failed(OpError::Post(e, buf));
-        }
+        Err(e) => return State::Failed(OpError::Post(e, buf)),
     };
     let posted = match req {
         Some(mut req) => {
@@ -276,7 +365,6 @@ fn post<B: OwnedBuf>(
         },
         Err((e, buf)) => {
             cq.free(slot);
-            qp.room(side).add_permits(1);
             State::Failed(OpError::Post(e, buf))
         }
     }
@@ -284,9 +372,10 @@ fn post<B: OwnedBuf>(
 
 /// An operation: a future that resolves to the buffer and the completion.
 ///
-/// The request is posted when the operation is made, if its queue has room, so requests
-/// go out in the order the operations were made; otherwise the operation waits for room
-/// (operations get it in the order they asked) and posts when it is next polled. Dropping
+/// The request is posted when the operation is made, if its queue has room and no earlier
+/// operation waits for it; otherwise it waits, and is posted as soon as a slot frees for
+/// it, by whoever frees it: requests go out in the order their operations were made,
+/// whether or not those are polled meanwhile. Dropping
 /// it before it resolves is safe at any point: before the post the buffer simply drops;
 /// after it, the queue pair keeps the buffer until the completion comes, then gives it
 /// back to its pool.
@@ -297,16 +386,12 @@ pub struct Op<B: OwnedBuf> {
     state: State<B>,
 }
 
-type Acquire =
-    Pin<Box<dyn Future<Output = std::result::Result<OwnedSemaphorePermit, AcquireError>> + Send>>;
-
 enum State<B> {
-    /// Waiting for room in the queue.
+    /// Waiting for room in the queue: request `id` of the room's line, whose post leaves
+    /// the operation's next state in `handoff`.
     Room {
-        /// Boxed: a request with its inline element list is large, and this state is rare.
-        req: Option<Box<SendRequest<'static>>>,
-        buf: B,
-        permit: Acquire,
+        id: u64,
+        handoff: Arc<Mutex<Handoff<B>>>,
     },
     /// Posted; the completion goes to `slot`.
     Posted {
@@ -343,26 +428,24 @@ impl<B: OwnedBuf> Future for Op<B> {
         let this = self.get_mut();
         loop {
             match std::mem::replace(&mut this.state, State::Done) {
-                State::Room {
-                    req,
-                    buf,
-                    mut permit,
-                } => match permit.as_mut().poll(cx) {
-                    Poll::Pending => {
-                        this.state = State::Room { req, buf, permit };
-                        return Poll::Pending;
+                State::Room { id, handoff } => {
+                    let mut h = handoff.lock();
+                    match h.state.take() {
+                        Some(next) => {
+                            drop(h);
+                            this.state = next;
+                        }
+                        None => {
+                            match &mut h.waker {
+                                Some(w) => w.clone_from(cx.waker()),
+                                None => h.waker = Some(cx.waker().clone()),
+                            }
+                            drop(h);
+                            this.state = State::Room { id, handoff };
+                            return Poll::Pending;
+                        }
                     }
-                    Poll::Ready(Ok(permit)) => {
-                        permit.forget();
-                        this.state = post(&this.qp, this.side, req.map(|r| *r), buf);
-                    }
-                    Poll::Ready(Err(_)) => {
-                        return Poll::Ready(Err(OpError::Post(
-                            Error::InvalidArgument("the queue pair is closed"),
-                            buf,
-                        )))
-                    }
-                },
+                }
                 State::Posted { slot, reclaim } => {
                     let cq = this.qp.cq(this.side);
                     let c = match cq.poll_slot(slot, cx) {
@@ -375,13 +458,13 @@ impl<B: OwnedBuf> Future for Op<B> {
                             // The CQ failed: no completion will come. The buffer stays
                             // with the queue pair; the room goes to an operation waiting
                             // for it, whose post the failed CQ refuses at once.
-                            this.qp.room(this.side).add_permits(1);
+                            this.qp.room(this.side).release(&this.qp);
                             return Poll::Ready(Err(OpError::Cq(e)));
                         }
                     };
                     let buf = this.qp.qp.take_buf_on::<B>(this.side, c.wr_id);
                     cq.free(slot);
-                    this.qp.room(this.side).add_permits(1);
+                    this.qp.room(this.side).release(&this.qp);
                     return Poll::Ready(match buf {
                         Some(buf) if c.status == WcStatus::Success => Ok((buf, c)),
                         Some(buf) => Err(OpError::Completion(c, buf)),
@@ -403,14 +486,32 @@ impl<B: OwnedBuf> Future for Op<B> {
 
 impl<B: OwnedBuf> Drop for Op<B> {
     fn drop(&mut self) {
-        if let State::Posted { slot, reclaim } = self.state {
+        let state = std::mem::replace(&mut self.state, State::Done);
+        let posted = match state {
+            State::Room { id, handoff } => {
+                // Still waiting: it leaves the line (its buffer drops). Or a freed slot
+                // took it meanwhile, and it is posted (or was refused).
+                if let Some(w) = self.qp.room(self.side).withdraw(id) {
+                    drop(w);
+                    return;
+                }
+                let next = handoff.lock().state.take();
+                match next {
+                    Some(State::Posted { slot, reclaim }) => Some((slot, reclaim)),
+                    _ => None,
+                }
+            }
+            State::Posted { slot, reclaim } => Some((slot, reclaim)),
+            State::Failed(_) | State::Done => None,
+        };
+        if let Some((slot, reclaim)) = posted {
             let failed = self
                 .qp
                 .cq(self.side)
                 .abandon(slot, self.side, &self.qp, reclaim);
             if failed {
                 // As for an operation that saw the failure: its room goes back.
-                self.qp.room(self.side).add_permits(1);
+                self.qp.room(self.side).release(&self.qp);
             }
         }
     }
@@ -419,5 +520,5 @@ impl<B: OwnedBuf> Drop for Op<B> {
 /// Gives back the buffer of a request whose future was dropped, and its queue's room.
 fn reclaim<B: OwnedBuf>(qp: &QpShared, side: Side, c: &Completion) {
     drop(qp.qp.take_buf_on::<B>(side, c.wr_id));
-    qp.room(side).add_permits(1);
+    qp.room(side).release(qp);
 }

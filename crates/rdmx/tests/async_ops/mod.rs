@@ -38,6 +38,7 @@ macro_rules! async_suite {
             dropped_after_completion,
             dropped_in_flight_then_flushed,
             full_send_queue_waits,
+            requests_go_out_in_the_order_their_operations_were_made,
             other_completions_stream,
             many_tasks_many_qps,
             many_outstanding,
@@ -533,6 +534,36 @@ pub(crate) async fn full_send_queue_waits(p: &Provider) {
         .collect();
     got.sort();
     assert_eq!(got, (0..20).collect::<Vec<_>>());
+}
+
+/// An operation made while the queue is full waits for room behind those made before
+/// it, whether or not it is polled: a slot that frees posts the oldest waiting request
+/// (before, one made later could take the slot first, and its bytes arrived first).
+pub(crate) async fn requests_go_out_in_the_order_their_operations_were_made(p: &Provider) {
+    let caps = QpCaps::default().max_send_wr(1).max_recv_wr(8);
+    let pr = p.pair_with(caps, PoolConfig::default());
+    let recvs: Vec<_> = (0..3)
+        .map(|_| pr.b.recv(pr.pool_b.get(8).unwrap()))
+        .collect();
+    let t = Duration::from_secs(10);
+    let first = pr.a.send(filled(&pr.pool_a, b"first"));
+    // The queue is full: it waits, not polled.
+    let header = pr.a.send(filled(&pr.pool_a, b"header"));
+    tokio::time::timeout(t, first).await.unwrap().unwrap();
+    let body = pr.a.send(filled(&pr.pool_a, b"body"));
+    // The later one is polled first.
+    let (b, h) = tokio::time::timeout(t, async { tokio::join!(body, header) })
+        .await
+        .unwrap();
+    assert!(b.is_ok() && h.is_ok(), "{}: {b:?} {h:?}", p.name);
+    let mut got = Vec::new();
+    for r in recvs {
+        let (buf, c) = tokio::time::timeout(t, r).await.unwrap().unwrap();
+        got.push(
+            String::from_utf8_lossy(&buf.as_slice().unwrap()[..c.byte_len as usize]).into_owned(),
+        );
+    }
+    assert_eq!(got, ["first", "header", "body"], "{}", p.name);
 }
 
 pub(crate) async fn other_completions_stream(p: &Provider) {

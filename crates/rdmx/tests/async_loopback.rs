@@ -41,3 +41,33 @@ fn operations_fail_once_the_driver_s_runtime_is_gone() {
     };
     assert!(why.contains("driver task ended"), "{why}");
 }
+
+/// The same for an operation waiting for room that a dropped operation held: once the
+/// driver is gone, that room comes back (no completion will) and the waiting operation
+/// fails.
+#[test]
+fn an_operation_waiting_for_room_fails_once_the_driver_s_runtime_is_gone() {
+    let rt = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = rt();
+    let (pr, waiting) = first.block_on(async {
+        let caps = rdmx::QpCaps::default().max_send_wr(1);
+        let pr = async_loopback::LOOPBACK.pair_with(caps, rdmx::PoolConfig::default());
+        // Posted, then dropped in flight (the driver never ran to route its completion).
+        drop(pr.a.send(pr.pool_a.get(8).unwrap()));
+        // The queue is full: this one waits for the dropped one's room.
+        let waiting = pr.a.send(pr.pool_a.get(8).unwrap());
+        (pr, waiting)
+    });
+    drop(first);
+    let r = rt().block_on(async {
+        tokio::time::timeout(std::time::Duration::from_secs(10), waiting).await
+    });
+    let r = r.expect("the operation waited for room with no driver");
+    assert!(r.is_err(), "an operation with no driver succeeded");
+    drop(pr);
+}

@@ -377,9 +377,30 @@ impl Shared {
                 wake.extend(waker.take());
             }
         }
+        // Abandoned requests get no completion now: their room goes back (their buffers
+        // stay with their queue pairs), to operations waiting for it, whose posts the
+        // failed queue refuses.
+        let mut abandoned = Vec::new();
+        st.slots.retain(|_, s| match s {
+            Slot::Abandoned { qp, side, .. } => {
+                abandoned.push((qp.clone(), *side));
+                false
+            }
+            _ => true,
+        });
         wake.extend(st.other_waker.take());
         drop(st);
         wake.into_iter().for_each(Waker::wake);
+        for (qp, side) in abandoned {
+            if let Some(qp) = qp.upgrade() {
+                qp.room(side).release(&qp);
+            }
+        }
+    }
+
+    /// Whether the queue has failed (no completion reaches an operation any more).
+    pub(super) fn failed(&self) -> bool {
+        self.state.lock().failed.is_some()
     }
 }
 

@@ -123,11 +123,14 @@ struct RoomInner {
 }
 
 /// A request waiting for room: `post` posts it and says whether it took the slot (a
-/// refused post leaves it free).
+/// refused post leaves it free), and gives the operation's waker to wake once the
+/// room's lock is let go.
 struct Waiting {
     id: u64,
-    post: Box<dyn FnOnce(&QpShared) -> bool + Send>,
+    post: PostWaiting,
 }
+
+type PostWaiting = Box<dyn FnOnce(&QpShared) -> (bool, Option<Waker>) + Send>;
 
 impl fmt::Debug for Room {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -152,13 +155,22 @@ impl Room {
 
     /// Gives a slot back: the oldest waiting request that the provider takes gets it.
     pub(super) fn release(&self, qp: &QpShared) {
+        let mut wake = Vec::new();
         let mut g = self.inner.lock();
+        let mut took = false;
         while let Some(w) = g.waiting.pop_front() {
-            if (w.post)(qp) {
-                return;
+            let (posted, waker) = (w.post)(qp);
+            wake.extend(waker);
+            if posted {
+                took = true;
+                break;
             }
         }
-        g.free += 1;
+        if !took {
+            g.free += 1;
+        }
+        drop(g);
+        wake.into_iter().for_each(Waker::wake);
     }
 
     /// Removes waiting request `id`, unless a freed slot took it already; returns it, to
@@ -185,7 +197,7 @@ impl Drop for QpShared {
 }
 
 impl QpShared {
-    fn room(&self, side: Side) -> &Room {
+    pub(super) fn room(&self, side: Side) -> &Room {
         match side {
             Side::Send => &self.send_room,
             Side::Recv => &self.recv_room,
@@ -323,10 +335,7 @@ impl AsyncQp {
                 let took = matches!(state, State::Posted { .. });
                 let mut h = theirs.lock();
                 h.state = Some(state);
-                let waker = h.waker.take();
-                drop(h);
-                waker.into_iter().for_each(Waker::wake);
-                took
+                (took, h.waker.take())
             }),
         });
         drop(g);
@@ -441,6 +450,17 @@ impl<B: OwnedBuf> Future for Op<B> {
                                 None => h.waker = Some(cx.waker().clone()),
                             }
                             drop(h);
+                            if this.qp.cq(this.side).failed() {
+                                // No slot may free any more: it leaves the line, and its
+                                // post, which the failed queue refuses, gives its buffer
+                                // back (a freed slot may have posted it meanwhile).
+                                if let Some(w) = this.qp.room(this.side).withdraw(id) {
+                                    // (The waker is this task's: no need to wake it.)
+                                    let _ = (w.post)(&this.qp);
+                                }
+                                this.state = State::Room { id, handoff };
+                                continue;
+                            }
                             this.state = State::Room { id, handoff };
                             return Poll::Pending;
                         }

@@ -400,11 +400,12 @@ impl Engine {
 
     /// [`open_segment`](Self::open_segment) with a transport forced for this peer.
     pub fn open_segment_with(&self, peer: &str, transport: Option<Transport>) -> Result<Segment> {
-        // An open connection serves either side, whoever opened it.
+        // An open connection serves either side, whoever opened it. With p2p, by the
+        // address this engine dialed and the name that answered there: never by the
+        // control address a peer's own descriptor claims (anyone may claim any).
         let known = |c: &Arc<Conn>| {
             if self.shared.meta.is_p2p() {
-                c.control.to_string() == peer
-                    || self.shared.by_addr.lock().get(peer) == Some(&c.peer)
+                self.shared.by_addr.lock().get(peer) == Some(&c.peer)
             } else {
                 c.peer == peer
             }
@@ -474,14 +475,16 @@ impl Engine {
 
     /// Fetches `seg`'s descriptor again (buffers registered since it was opened).
     pub fn refresh(&self, seg: &Segment) -> Result<()> {
-        let mut s = control_stream(&self.shared, &seg.conn.control.to_string())?;
+        // Where this engine reaches the peer (not the address its descriptor claims).
+        let mut s = control_stream(&self.shared, &seg.conn.probe_at.to_string())?;
         Msg::Hello {
             desc: self.shared.desc(),
             describe_only: true,
             token: self.shared.token(),
         }
         .send(&mut s)?;
-        match Msg::recv(&mut s)? {
+        let t = self.shared.config.connect_timeout;
+        match Msg::recv(&mut crate::wire::ByDeadline::new(&s, t))? {
             Msg::Desc(d) if d.name == seg.conn.peer => {
                 // The paths were made for the peer's rails as they were: a descriptor
                 // with other rails would name keys they cannot use.

@@ -280,7 +280,6 @@ fn build_conn(
         }
         Conn {
             peer: theirs.name.clone(),
-            control: theirs.control,
             probe_at,
             secret,
             transport,
@@ -537,8 +536,11 @@ fn held_elsewhere(shared: &Shared, name: &str) -> Option<String> {
 }
 
 /// Whether the peer of `conn` still holds it: asked at its control listener. A listener
-/// that is not there, closes, or says no does not; one that takes the connection and
-/// does not answer in time is taken to (a stalled engine keeps its connections).
+/// that is not there, or says no (or answers something no engine says), does not; one
+/// that takes the connection and then does not answer in time, or closes it unanswered,
+/// is taken to: a stalled engine keeps its connections, and a listener full of others'
+/// connections closes the oldest (a stranger that fills it must not make this engine
+/// give the connection to whoever names itself as the peer).
 fn probe(shared: &Shared, conn: &Conn) -> bool {
     let t = shared.config.connect_timeout / 2;
     let Ok(mut s) = TcpStream::connect_timeout(&conn.probe_at, t) else {
@@ -554,14 +556,7 @@ fn probe(shared: &Shared, conn: &Conn) -> bool {
     .send(&mut s);
     match asked.and_then(|()| Msg::recv(&mut ByDeadline::new(&s, t))) {
         Ok(Msg::Ready) => true,
-        Err(Error::Io(_, e))
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-            ) =>
-        {
-            true
-        }
+        Err(Error::Io(..)) => true,
         _ => false,
     }
 }
@@ -739,7 +734,8 @@ pub(crate) fn repair(shared: &Arc<Shared>, p: &Arc<Path>) -> Result<()> {
         .ok_or_else(|| Error::Invalid("the connection is closed".into()))?;
     let t = shared.config.connect_timeout;
     let qp = shared.new_qp(&p.rail)?;
-    let mut s = control_stream(shared, &conn.control.to_string())?;
+    // Where this engine reaches the peer (not the address its descriptor claims).
+    let mut s = control_stream(shared, &conn.probe_at.to_string())?;
     Msg::Repair {
         name: shared.name.clone(),
         secret: conn.secret,

@@ -484,7 +484,6 @@ pub(crate) fn parse_recv(wr_id: u64) -> Option<(u32, usize)> {
 /// Every path to one peer, and what the peer told us.
 pub(crate) struct Conn {
     pub(crate) peer: String,
-    pub(crate) control: std::net::SocketAddr,
     /// Where this engine reaches the peer's control listener to ask whether it still
     /// holds this connection ([`Msg::Probe`](crate::wire::Msg::Probe)): the address the
     /// initiator dialed; on the target, the peer's control port at the address its

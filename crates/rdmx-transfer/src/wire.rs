@@ -172,6 +172,7 @@ impl SegmentDesc {
             )));
         }
         let mut buffers: Vec<BufferDesc> = Vec::with_capacity(nbuf);
+        let mut names = std::collections::HashSet::with_capacity(nbuf);
         for _ in 0..nbuf {
             let name = r.name("buffer name")?;
             let offset = r.u64()?;
@@ -202,7 +203,9 @@ impl SegmentDesc {
                     )));
                 }
             }
-            if buffers.iter().any(|b| b.name == name) {
+            // (A set: comparing every name with every other is quadratic in what a
+            // stranger may send before its token is checked.)
+            if !names.insert(name.clone()) {
                 return Err(bad(format!("two buffers named {name:?}")));
             }
             buffers.push(BufferDesc {

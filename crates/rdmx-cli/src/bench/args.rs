@@ -530,6 +530,11 @@ impl Args {
         if self.all || self.duration.is_some() {
             return refuse("one size for -n iterations (no -a, no -D)");
         }
+        if self.iters.is_some_and(|n| n < 5) {
+            // As perftest: its latency loops time each iteration from the one before, so
+            // a run of one has no sample at all.
+            return refuse("at least 5 iterations (-n), as perftest asks");
+        }
         if self.rdma_cm || self.connection != Conn::Rc {
             return refuse("RC queue pairs connected by the exchange (no -R, no -c)");
         }
@@ -680,6 +685,8 @@ mod tests {
             &["write_bw", "--perftest", "--json", "host"],
             &["write_bw", "--perftest", "--verify", "--server"],
             &["read_bw", "--perftest", "--verify", "host"],
+            &["write_lat", "--perftest", "-n", "1", "host"],
+            &["send_lat", "--perftest", "-n", "4", "--server"],
         ] {
             let e = resolve(line).expect_err(&format!("{line:?} should be refused"));
             assert!(e.contains("--perftest"), "{line:?}: {e}");

@@ -10,8 +10,9 @@
 //! `--verify` checks the bytes of every batch: with both roles in this process against
 //! the target's buffer itself; an initiator against a target elsewhere reads each
 //! WRITE's span back into a buffer of its own (and a READ reads a pattern it wrote
-//! first). An initiator ends its run with a notification to the target, which with
-//! `--runs N` exits after N of them.
+//! first); the time of each point then includes those checks, so its bandwidth reads
+//! low (the header and the JSON say so). An initiator ends its run with a notification
+//! to the target, which with `--runs N` exits after N of them.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -277,6 +278,12 @@ fn measure(
             },
             a.duration
         );
+        if a.verify {
+            println!(
+                "--verify: each point's time includes its checks (fills, reads back), so its \
+                 bandwidth reads low; measure without --verify"
+            );
+        }
         println!(
             "{:>10} {:>6} {:>10} {:>10} {:>12} {:>12} {:>12} {:>12}",
             "block", "batch", "GB/s", "MiB/s", "lat avg us", "lat p99 us", "submit us", "batches"
@@ -316,7 +323,12 @@ fn measure(
     if a.json {
         println!(
             "{}",
-            serde_json::json!({ "test": "transfer", "results": points })
+            serde_json::json!({
+                "test": "transfer",
+                // With --verify, the bandwidths' time includes the checks.
+                "time_includes_checks": a.verify,
+                "results": points,
+            })
         );
     }
     if let Some(path) = &a.plot {

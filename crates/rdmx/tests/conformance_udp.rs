@@ -119,6 +119,20 @@ fn a_send_window_past_a_quarter_of_the_psn_space_is_refused() {
     open_udp(rdmx::udp::Options::default().send_window(1 << 22)).unwrap();
 }
 
+/// An IPv4-mapped IPv6 address is refused when the context opens: its packets would go
+/// as IPv4 with an ICRC computed over an IPv6 header (every one dropped by the peer).
+/// The same address as IPv4 opens.
+#[test]
+fn an_ipv4_mapped_ipv6_address_is_refused() {
+    let mapped = SocketAddr::from((Ipv4Addr::LOCALHOST.to_ipv6_mapped(), 0));
+    match Context::open(rdmx::udp::Options::default().bind(mapped)) {
+        Err(rdmx::Error::InvalidArgument(why)) => assert!(why.contains("IPv4"), "{why}"),
+        other => panic!("bound to {mapped}: {other:?}"),
+    }
+    let plain = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    open_udp(rdmx::udp::Options::default().bind(plain)).unwrap();
+}
+
 #[test]
 fn gso_runs_arrive_joined() {
     let s = gso_write(true, 1, 65536);

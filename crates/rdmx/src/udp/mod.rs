@@ -410,6 +410,13 @@ impl Device {
                     "a udp context binds a specific address (the ICRC covers it)",
                 ))
             }
+            Some(std::net::SocketAddr::V6(a)) if a.ip().to_ipv4_mapped().is_some() => {
+                // Its packets go as IPv4 on the wire, and peers' come back as IPv4
+                // sources, while the ICRC would be computed over an IPv6 header.
+                return Err(Error::InvalidArgument(
+                    "a udp context binds an IPv4 address as IPv4, not IPv4-mapped IPv6",
+                ));
+            }
             Some(a) => sys::bind(a).map_err(|e| Error::Io("bind", e))?,
             None => bind_loopback()?,
         };

@@ -554,11 +554,10 @@ fn probe(shared: &Shared, conn: &Conn) -> bool {
         secret: conn.secret,
     }
     .send(&mut s);
-    match asked.and_then(|()| Msg::recv(&mut ByDeadline::new(&s, t))) {
-        Ok(Msg::Ready) => true,
-        Err(Error::Io(..)) => true,
-        _ => false,
-    }
+    matches!(
+        asked.and_then(|()| Msg::recv(&mut ByDeadline::new(&s, t))),
+        Ok(Msg::Ready) | Err(Error::Io(..))
+    )
 }
 
 /// Creates and connects the target's queue pairs for a connect request, after checking

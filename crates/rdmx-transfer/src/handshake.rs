@@ -719,6 +719,8 @@ fn install(p: &Path, qp: QueuePair, peer_qpn: u32) {
     *pair = (qp.qp_num(), peer_qpn);
     *p.qp.lock() = Some(Arc::new(qp));
     drop(pair);
+    // Finished fences were for older queue pairs (a number may come back, much later).
+    p.fences.lock().retain(crate::path::Fence::running);
     let _ = p.post_recvs();
     *p.down_until.lock() = None;
     p.up.store(true, Ordering::Release);

@@ -227,20 +227,16 @@ impl Path {
             return;
         };
         let (mine, peer) = *self.qp_pair.lock();
-        // Fences of older queue pairs are over (or their work is parked in them).
-        fences.retain(|f| f.running());
         if mine != qpn {
             // Rebuilt since: the peer replaced its queue pair of the path, whose bytes
             // no longer land.
-            fences.push(Fence {
-                qpn,
-                state: FenceState::Done,
-                parked: Vec::new(),
-            });
             drop(fences);
             self.after_fence(&shared, &FenceState::Done, w, status);
             return;
         }
+        // The current queue pair's first failure: the finished fences of older ones go
+        // (their late work is rebuilt-since work, above).
+        fences.retain(Fence::running);
         fences.push(Fence {
             qpn,
             state: FenceState::Running,

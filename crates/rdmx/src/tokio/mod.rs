@@ -14,7 +14,9 @@
 //!   An operation ([`Op`]) posts its request when it is made, so requests go out in the
 //!   order the code makes them; a full queue is back-pressure: the operation waits for
 //!   room, behind those that waited before it, and its request is posted as soon as a
-//!   slot frees for it (by whoever frees it: no poll of the operation is needed).
+//!   slot frees for it (by whoever frees it: no poll of the waiting operation is needed;
+//!   a slot frees when the operation holding it reaps its completion, or, dropped, when
+//!   the driver routes it).
 //! - Cancellation is safe: a future dropped before its completion leaves the buffer with
 //!   the queue pair, and the driver returns it (to its pool) when the completion, or the
 //!   flush after an error, arrives. The request itself still runs: a dropped `send` is
@@ -22,7 +24,9 @@
 //!   to the pool with its buffer (in a `select!` loop, keep a receive's future across
 //!   iterations rather than making a new one each time).
 //! - If the completion queue's driver task ends without the queue failing (its runtime
-//!   shut down), every operation fails at once rather than waiting.
+//!   shut down), the queue fails: operations in flight fail, and so do those waiting for
+//!   room, once it comes back (room a dropped operation held comes back at once; room a
+//!   live one holds, when that one is polled).
 //! - [`cm`]: [`connect`](cm::connect) and [`Listener::accept`](cm::Listener::accept) as
 //!   futures.
 //!

@@ -155,22 +155,24 @@ impl Room {
 
     /// Gives a slot back: the oldest waiting request that the provider takes gets it.
     pub(super) fn release(&self, qp: &QpShared) {
-        let mut wake = Vec::new();
         let mut g = self.inner.lock();
-        let mut took = false;
+        let wake = Self::release_locked(&mut g, qp);
+        drop(g);
+        wake.into_iter().for_each(Waker::wake);
+    }
+
+    /// [`release`](Self::release) under the lock; returns the wakers to wake after it.
+    fn release_locked(g: &mut RoomInner, qp: &QpShared) -> Vec<Waker> {
+        let mut wake = Vec::new();
         while let Some(w) = g.waiting.pop_front() {
             let (posted, waker) = (w.post)(qp);
             wake.extend(waker);
             if posted {
-                took = true;
-                break;
+                return wake;
             }
         }
-        if !took {
-            g.free += 1;
-        }
-        drop(g);
-        wake.into_iter().for_each(Waker::wake);
+        g.free += 1;
+        wake
     }
 
     /// Removes waiting request `id`, unless a freed slot took it already; returns it, to
@@ -312,12 +314,16 @@ impl AsyncQp {
         let room = qp.room(side);
         let mut g = room.inner.lock();
         if g.waiting.is_empty() && g.free > 0 {
+            // Posted under the lock, as `release` posts: no request made after this one
+            // can go out first.
             g.free -= 1;
-            drop(g);
             let state = post(&qp, side, req, buf);
-            if matches!(state, State::Failed(_)) {
-                room.release(&qp);
-            }
+            let wake = match state {
+                State::Failed(_) => Room::release_locked(&mut g, &qp),
+                _ => Vec::new(),
+            };
+            drop(g);
+            wake.into_iter().for_each(Waker::wake);
             return Op { qp, side, state };
         }
         // Behind the requests already waiting: the slot that frees next posts the oldest.
@@ -383,8 +389,9 @@ fn post<B: OwnedBuf>(
 ///
 /// The request is posted when the operation is made, if its queue has room and no earlier
 /// operation waits for it; otherwise it waits, and is posted as soon as a slot frees for
-/// it, by whoever frees it: requests go out in the order their operations were made,
-/// whether or not those are polled meanwhile. Dropping
+/// it, by whoever frees it (an earlier operation that reaped its completion, or the
+/// driver giving back a dropped one's buffer): requests go out in the order their
+/// operations were made, whether or not the waiting one is polled meanwhile. Dropping
 /// it before it resolves is safe at any point: before the post the buffer simply drops;
 /// after it, the queue pair keeps the buffer until the completion comes, then gives it
 /// back to its pool.

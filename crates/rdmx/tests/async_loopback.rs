@@ -20,12 +20,7 @@ mod async_loopback {
 /// down) fails at once rather than waiting for a completion nobody routes.
 #[test]
 fn operations_fail_once_the_driver_s_runtime_is_gone() {
-    let rt = || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-    };
+    let rt = || async_ops::runtime(false);
     let first = rt();
     let pr = first.block_on(async { async_loopback::LOOPBACK.pair() });
     drop(first);
@@ -47,12 +42,7 @@ fn operations_fail_once_the_driver_s_runtime_is_gone() {
 /// fails.
 #[test]
 fn an_operation_waiting_for_room_fails_once_the_driver_s_runtime_is_gone() {
-    let rt = || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-    };
+    let rt = || async_ops::runtime(false);
     let first = rt();
     let (pr, waiting) = first.block_on(async {
         let caps = rdmx::QpCaps::default().max_send_wr(1);

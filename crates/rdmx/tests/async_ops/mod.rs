@@ -96,9 +96,9 @@ pub(crate) struct Provider {
 /// How long a whole test may take.
 pub(crate) const DEADLINE: Duration = Duration::from_secs(60);
 
-/// Runs `test` on a current-thread or a two-worker runtime, under [`DEADLINE`].
-pub(crate) fn run(multi: bool, test: impl Future<Output = ()>) {
-    let rt = if multi {
+/// A current-thread or a two-worker runtime, with its IO and time drivers.
+pub(crate) fn runtime(multi: bool) -> tokio::runtime::Runtime {
+    if multi {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -108,8 +108,12 @@ pub(crate) fn run(multi: bool, test: impl Future<Output = ()>) {
             .enable_all()
             .build()
     }
-    .unwrap();
-    rt.block_on(async {
+    .unwrap()
+}
+
+/// Runs `test` on a current-thread or a two-worker runtime, under [`DEADLINE`].
+pub(crate) fn run(multi: bool, test: impl Future<Output = ()>) {
+    runtime(multi).block_on(async {
         tokio::time::timeout(DEADLINE, test)
             .await
             .expect("the test did not finish in time");

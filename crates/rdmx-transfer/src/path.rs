@@ -306,19 +306,17 @@ impl Path {
     /// fails: the fence failed, the engine or the connection is closing, or (a
     /// notification) the peer may have given it up.
     fn after_fence(&self, shared: &Shared, state: &FenceState, w: Work, status: WcStatus) {
-        let conn = self.conn.upgrade();
-        let Some(conn) = conn.filter(|_| self.open(shared).is_some()) else {
-            let peer = self.conn.upgrade().map(|c| c.peer.clone());
-            let failure = if shared.stop.load(Ordering::Acquire) {
-                Failure {
-                    status: Some(status),
-                    path: self.name.clone(),
-                    reason: "the engine was dropped".into(),
-                }
-            } else {
-                self.closed_failure(&peer.unwrap_or_default(), Some(status))
-            };
-            return fail_work(shared, w, failure);
+        let conn = match self.conn.upgrade() {
+            Some(conn) if self.open(shared).is_some() => conn,
+            conn => {
+                let failure = if shared.stop.load(Ordering::Acquire) {
+                    self.dropped_failure(Some(status))
+                } else {
+                    let peer = conn.map(|c| c.peer.clone()).unwrap_or_default();
+                    self.closed_failure(&peer, Some(status))
+                };
+                return fail_work(shared, w, failure);
+            }
         };
         let reason = match (state, &w) {
             (FenceState::Failed(why), _) => format!(
@@ -377,6 +375,15 @@ impl Path {
         self.queued.store(0, Ordering::Relaxed);
         for w in left {
             fail_work(shared, w, self.closed_failure(peer, None));
+        }
+    }
+
+    /// The failure of work on this path when its engine is dropped.
+    pub(crate) fn dropped_failure(&self, status: Option<WcStatus>) -> Failure {
+        Failure {
+            status,
+            path: self.name.clone(),
+            reason: "the engine was dropped".into(),
         }
     }
 

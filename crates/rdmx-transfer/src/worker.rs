@@ -125,11 +125,7 @@ impl Worker {
         // timeout.
         for e in self.slab.drain() {
             if !e.expired {
-                let f = Failure {
-                    status: None,
-                    path: e.path.name.clone(),
-                    reason: "the engine was dropped".into(),
-                };
+                let f = e.path.dropped_failure(None);
                 crate::path::fail_work(&self.shared, e.work, f);
             }
         }

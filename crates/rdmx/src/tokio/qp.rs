@@ -6,10 +6,11 @@
 //! room frees; it resolves with the buffer and the completion. Room is counted per queue
 //! ([`Room`]): a slot is taken before the post and given back when the completion has
 //! been reaped, and whoever gives it back posts the oldest waiting request with it, so
-//! requests go out in the order their operations were made, whenever those are polled. Dropping the future before the completion leaves the buffer
-//! with the queue pair: the completion queue's driver gives it back (to its pool) when the
-//! completion, or the flush after an error, arrives. A buffer is never reachable by safe
-//! code while a provider may still touch it.
+//! requests go out in the order their operations were made, whenever those are polled.
+//! Dropping the future before the completion leaves the buffer with the queue pair: the
+//! completion queue's driver gives it back (to its pool) when the completion, or the
+//! flush after an error, arrives. A buffer is never reachable by safe code while a
+//! provider may still touch it.
 
 use std::collections::VecDeque;
 use std::fmt;

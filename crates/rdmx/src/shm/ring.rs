@@ -16,7 +16,11 @@
 //!
 //! The consumer's head is a byte count that only grows; a position is the count modulo
 //! the capacity. A ring holds records, 16-aligned, never wrapping: a record that would
-//! not fit before the end is preceded by a wrap record that fills the rest. A record is a
+//! not fit before the end is preceded by a wrap record that fills the rest. A producer
+//! that finds the consumer has taken everything, once past the first [`early_wrap`]
+//! bytes, also wraps, so that a connection whose ring keeps draining (requests and
+//! answers in turn) cycles through a few cache-warm pages rather than through the whole
+//! ring, each page faulted in on its first lap. A record is a
 //! 16-byte header (kind, prefix length, payload offset, payload length), the packet's
 //! first bytes (its headers), then, at `payload offset`, the rest of the packet. Large
 //! payloads start at the same offset within a cache line as the memory they were copied
@@ -47,7 +51,7 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use super::sys;
 use crate::provider::copy::copy;
 
-const MAGIC: u64 = u64::from_be_bytes(*b"RDMXSHM2");
+const MAGIC: u64 = u64::from_be_bytes(*b"RDMXSHM3");
 const SLEEP_OFF: [usize; 2] = [64, 128];
 const HEAD_OFF: [usize; 2] = [384, 640];
 const DATA_OFF: usize = 4096;
@@ -315,18 +319,21 @@ impl Segment {
         // `cap` is a power of two (checked where the segment is made or opened): a mask, not
         // a division.
         let at = (p.tail & (cap as u64 - 1)) as usize;
-        let wrap = if cap - at < worst { cap - at } else { 0 };
+        let mut wrap = if cap - at < worst { cap - at } else { 0 };
+        // Past the first bytes, a drained ring starts over (module docs), if the record
+        // and the next header fit before `at`, where the consumer waits for the wrap
+        // record. The consumer's head is read at most once per `RECHECK` bytes pushed: it
+        // is a cache line the consumer writes.
+        if wrap == 0 && at >= early_wrap(cap) && worst + REC_HDR <= at && p.tail >= p.recheck {
+            p.recheck = p.tail + RECHECK;
+            if self.consumer_head(ring, p)? == p.tail {
+                wrap = cap - at;
+            }
+        }
         // Room for the record and for the next record's header, which is cleared ahead.
         let need = (wrap + worst + REC_HDR) as u64;
         if cap as u64 - (p.tail - p.head) < need {
-            let head = self.atomic64(HEAD_OFF[ring]).load(Ordering::Acquire);
-            if head > p.tail || p.tail - head > cap as u64 || head < p.head {
-                return Err(RingError::Index {
-                    what: "consumer index",
-                    value: head,
-                });
-            }
-            p.head = head;
+            self.consumer_head(ring, p)?;
             if cap as u64 - (p.tail - p.head) < need {
                 return Ok(false);
             }
@@ -344,7 +351,8 @@ impl Segment {
         // SAFETY: every position written lies inside this ring's data, 16-aligned, in bytes
         // the consumer has released (room checked above, the next header's included; with
         // a wrap, the record and the next header lie before `at`: size ≤ worst ≤ cap/2 <
-        // at). `fill` writes only the prefix and payload ranges.
+        // at, or on a drained ring worst + 16 ≤ at). `fill` writes only the prefix and
+        // payload ranges.
         unsafe {
             // The next record's kind first: the consumer, having read this record, must
             // find no record there until the next push publishes one.
@@ -372,6 +380,19 @@ impl Segment {
         Ok(true)
     }
 
+    /// Reads and checks the consumer's head of ring `ring` into `p`, and returns it.
+    fn consumer_head(&self, ring: usize, p: &mut Producer) -> Result<u64, RingError> {
+        let head = self.atomic64(HEAD_OFF[ring]).load(Ordering::Acquire);
+        if head > p.tail || p.tail - head > self.cap as u64 || head < p.head {
+            return Err(RingError::Index {
+                what: "consumer index",
+                value: head,
+            });
+        }
+        p.head = head;
+        Ok(head)
+    }
+
     /// The next record of ring `ring`, if one has arrived. Records the peer got wrong are
     /// errors; wrap records are skipped.
     pub(crate) fn peek(&self, ring: usize, c: &mut Consumer) -> Result<Option<Record>, RingError> {
@@ -384,9 +405,10 @@ impl Segment {
             match kind {
                 0 => return Ok(None),
                 KIND_WRAP => {
-                    // A producer wraps only when a record (at most half the ring) does
-                    // not fit before the end: never in the first half.
-                    if pos <= cap / 2 {
+                    // A producer wraps when a record (at most half the ring) does not
+                    // fit before the end, or when the ring is drained past its first
+                    // bytes: never within them (so never where the wrap leads).
+                    if pos < early_wrap(cap) {
                         return Err(RingError::Garbage("a wrap record in the wrong place"));
                     }
                     c.head += (cap - pos) as u64;
@@ -472,11 +494,22 @@ unsafe fn kind_word<'a>(data: *mut u8, pos: usize) -> &'a AtomicU32 {
     unsafe { AtomicU32::from_ptr(data.add(pos).cast()) }
 }
 
+/// Where, in a ring of `cap` bytes, a producer may start over once the ring is drained:
+/// past a quarter of the ring, at most 64 KiB in (16 pages).
+fn early_wrap(cap: usize) -> usize {
+    (cap / 4).min(64 << 10)
+}
+
+/// A producer looks whether its ring is drained at most once per this many bytes pushed.
+const RECHECK: u64 = 16 << 10;
+
 /// The producer's side of a ring: its own tail, and the consumer's head as last seen.
 #[derive(Debug, Default)]
 pub(crate) struct Producer {
     tail: u64,
     head: u64,
+    /// The tail from which the producer may look again whether the ring is drained.
+    recheck: u64,
 }
 
 /// The consumer's side of a ring: its own head.
@@ -624,6 +657,75 @@ mod tests {
             }
             assert!(seg.peek(0, &mut c).unwrap().is_none(), "lap {lap}");
         }
+    }
+
+    #[test]
+    fn a_drained_ring_starts_over_near_its_start() {
+        // Request and answer in turn: the ring drains after every record, so past its
+        // first bytes the producer wraps, and the records stay in the ring's first pages.
+        let cap = 1 << 20;
+        let (seg, _fd) = Segment::create(cap).unwrap();
+        let (mut p, mut c) = (Producer::default(), Consumer::default());
+        let mut furthest = 0;
+        for i in 0..20_000usize {
+            let body = [i as u8; 40];
+            roundtrip(&seg, &mut p, &mut c, &(i as u32).to_ne_bytes(), &body);
+            furthest = furthest.max((p.tail as usize - 1) & (cap - 1));
+        }
+        assert!(p.tail > cap as u64, "the producer went round");
+        assert!(
+            furthest < early_wrap(cap) + RECHECK as usize + 128,
+            "records reached byte {furthest}"
+        );
+        // A ring that does not drain goes on to its end, as before.
+        let (seg, _fd) = Segment::create(cap).unwrap();
+        let (mut p, mut c) = (Producer::default(), Consumer::default());
+        for i in 0..20_000u32 {
+            let pushed = seg.push(0, &mut p, false, 4, 40, 0, |a, b| {
+                // SAFETY: `push` hands out 4 bytes at `a` and 40 at `b`.
+                unsafe {
+                    copy(a, i.to_ne_bytes().as_ptr(), 4);
+                    std::ptr::write_bytes(b, i as u8, 40);
+                }
+            });
+            assert!(pushed.unwrap());
+            // The consumer takes the record before the newest: one always waits.
+            if i > 0 {
+                let rec = seg.peek(0, &mut c).unwrap().expect("a record");
+                let mut got = [0u8; 4];
+                // SAFETY: a local buffer of the prefix's length.
+                unsafe { seg.read(0, &rec, false, 0, got.as_mut_ptr(), 4) };
+                assert_eq!(u32::from_ne_bytes(got), i - 1);
+                seg.consume(0, &mut c, &rec);
+            }
+        }
+        assert!(
+            p.tail > (cap / 2) as u64,
+            "records went past the early wrap"
+        );
+    }
+
+    #[test]
+    fn a_wrap_record_where_no_producer_wraps_is_an_error() {
+        let cap = 1 << 20;
+        let (seg, _fd) = Segment::create(cap).unwrap();
+        let (_, data) = seg.layout(0);
+        let mut c = Consumer::default();
+        // At the start (it would lead to itself), and anywhere before the early wrap.
+        for pos in [0, 16, early_wrap(cap) - 16] {
+            seg.scribble(data + pos, &[2, 0, 0, 0]);
+            c.head = pos as u64;
+            assert!(
+                matches!(seg.peek(0, &mut c), Err(RingError::Garbage(_))),
+                "a wrap at {pos}"
+            );
+        }
+        // Where a drained ring's producer may wrap, it leads to the start.
+        seg.scribble(data, &[0; 16]);
+        seg.scribble(data + early_wrap(cap), &[2, 0, 0, 0]);
+        c.head = early_wrap(cap) as u64;
+        assert!(seg.peek(0, &mut c).unwrap().is_none());
+        assert_eq!(c.head, cap as u64);
     }
 
     #[test]

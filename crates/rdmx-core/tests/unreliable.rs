@@ -481,3 +481,42 @@ fn uc_sends_past_a_send_window_with_no_acknowledgement() {
     }
     assert_eq!(mem.get(dst.addr, len), pattern(5, len));
 }
+
+#[test]
+fn uc_drops_packets_whose_length_does_not_fit_the_path_mtu() {
+    // A sender at a path MTU of 512, a receiver at 256: every packet of the sender's
+    // two-packet message and its 300-byte ONLY packet is longer than the receiver's MTU
+    // allows, so both messages are dropped (counted) and nothing is placed; a message the
+    // receiver's MTU allows still arrives whole, into the same receive.
+    let mem = Mem::new(6);
+    let (mut a, _) = uc_pair(Mtu::Mtu512);
+    let (_, mut b) = uc_pair(Mtu::Mtu256);
+    let src = mem.register(1024, Access::LOCAL_WRITE);
+    mem.put(src.addr, &pattern(3, 1024));
+    let dst = mem.register(1024, Access::LOCAL_WRITE);
+    recv(&mut b, &mem, 50, dst.addr, 1024, dst.lkey);
+    for (i, len) in [(1u64, 700u32), (2, 300), (3, 200)] {
+        a.post_send(
+            &mem,
+            send_wr(i, SendOp::Send, src.addr, len, src.lkey, None),
+            None,
+        )
+        .unwrap();
+    }
+    let p = packets(&mut a, &mem);
+    assert_eq!(p.len(), 4, "FIRST and LAST, then two ONLY packets");
+    let now = Instant::now();
+    for pk in &p {
+        b.handle_packet(now, &mem, pk);
+    }
+    let c = completions(&mut b);
+    assert_eq!(c.len(), 1, "the last message only");
+    assert_eq!(
+        (c[0].wr_id, c[0].status, c[0].byte_len),
+        (50, WcStatus::Success, 200)
+    );
+    assert_eq!(mem.get(dst.addr, 200), pattern(3, 200));
+    assert!(mem.get(dst.addr + 200, 824).iter().all(|&x| x == 0));
+    // The FIRST packet (the LAST then goes with its message) and the long ONLY.
+    assert_eq!(b.dropped(), 2);
+}

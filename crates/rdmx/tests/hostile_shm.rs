@@ -279,9 +279,13 @@ fn data_path(qp: &QueuePair) -> &'static str {
     }
 }
 
-/// A ring record that carries an RDMA WRITE ONLY to `open` (all of it) as a descriptor
-/// naming `far` in the peer: a 16-byte record header, the packet's headers, and at
-/// offset 48 the descriptor (pad length, then address and length).
+/// The payload of [`write_descriptor`]'s WRITE: the path MTU of 64 KiB rings, the
+/// longest an ONLY packet may carry.
+const DESC_LEN: usize = 16 << 10;
+
+/// A ring record that carries an RDMA WRITE ONLY of [`DESC_LEN`] bytes to `open` as a
+/// descriptor naming `far` in the peer: a 16-byte record header, the packet's headers,
+/// and at offset 48 the descriptor (pad length, then address and length).
 fn write_descriptor(v: &Side, psn: u32, open: &rdmx::MemoryRegion, far: u64) -> Vec<u8> {
     use rdmx_wire::{BthRepr, Opcode, RcRepr, RethRepr};
     let mut r = RcRepr::new(BthRepr {
@@ -299,7 +303,7 @@ fn write_descriptor(v: &Side, psn: u32, open: &rdmx::MemoryRegion, far: u64) -> 
     r.reth = Some(RethRepr {
         va: open.addr() as u64,
         rkey: open.rkey(),
-        dma_len: open.len() as u32,
+        dma_len: DESC_LEN as u32,
     });
     let mut hdr = vec![0u8; r.buffer_len()];
     let n = r.emit_with_payload(&mut hdr).expect("emit a WRITE");
@@ -310,7 +314,7 @@ fn write_descriptor(v: &Side, psn: u32, open: &rdmx::MemoryRegion, far: u64) -> 
     }
     rec.extend_from_slice(&hdr);
     rec.resize(48, 0);
-    for x in [0, far, open.len() as u64] {
+    for x in [0, far, DESC_LEN as u64] {
         rec.extend_from_slice(&x.to_ne_bytes());
     }
     rec

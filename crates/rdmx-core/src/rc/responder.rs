@@ -450,6 +450,19 @@ fn has_recv<M: MemAccess>(qp: &RcQp<M>, srq: &Option<&mut Srq<M::Mr>>) -> bool {
     }
 }
 
+/// Whether a SEND or WRITE packet's payload of `len` bytes has a length its place in
+/// its message allows at a path MTU of `mtu` bytes, as IBTA requires and rxe checks: a
+/// FIRST or MIDDLE packet carries exactly the MTU, a LAST one 1 byte up to it, an ONLY
+/// one at most the MTU. A requester splits a message so; a packet that is not so comes
+/// from a peer that broke the protocol (or runs at another path MTU).
+pub(crate) fn length_fits(op: Opcode, len: usize, mtu: usize) -> bool {
+    match (op.starts_message(), op.ends_message()) {
+        (true, true) => len <= mtu,
+        (false, true) => (1..=mtu).contains(&len),
+        _ => len == mtu,
+    }
+}
+
 fn send<M: MemAccess>(
     qp: &mut RcQp<M>,
     mem: &M,
@@ -478,6 +491,17 @@ fn send<M: MemAccess>(
         let f = qp.resp.filling.take().expect("just seen");
         complete_recv(qp, &mut srq, f.wqe, err, 0, None, false);
         refuse(qp, attrs, hdr.bth.psn, NakCode::RemoteOperationalError);
+        return;
+    }
+    // Checked once the receive is taken, as rxe does: it completes with the error.
+    if !length_fits(
+        hdr.bth.opcode,
+        payload.len(),
+        attrs.path_mtu.bytes() as usize,
+    ) {
+        let f = qp.resp.filling.take().expect("just seen");
+        complete_recv(qp, &mut srq, f.wqe, WcStatus::RemInvReqErr, 0, None, false);
+        refuse(qp, attrs, hdr.bth.psn, NakCode::InvalidRequest);
         return;
     }
     if f.off + payload.len() as u64 > f.wqe.len {
@@ -512,6 +536,15 @@ fn write<M: MemAccess>(
     hdr: &RcRepr<'_>,
     payload: &mut Payload<'_, M::Mr>,
 ) {
+    // Before the rkey, as rxe checks.
+    if !length_fits(
+        hdr.bth.opcode,
+        payload.len(),
+        attrs.path_mtu.bytes() as usize,
+    ) {
+        refuse(qp, attrs, hdr.bth.psn, NakCode::InvalidRequest);
+        return;
+    }
     if hdr.bth.opcode.starts_message() {
         let Ok((va, len, mr)) = reth_target(qp, mem, attrs, hdr, Access::REMOTE_WRITE) else {
             return;

@@ -209,6 +209,15 @@ pub(crate) fn uc_request<M: MemAccess>(
     if qp.uc.resync {
         return;
     }
+    let mtu = qp.sm.attrs().path_mtu.bytes() as usize;
+    if !super::responder::length_fits(op, payload.len(), mtu) {
+        // A packet no requester at this path MTU sends: dropped with its message, as a
+        // gap drops it (rxe drops it too).
+        abort_message(qp, &mut srq);
+        qp.dropped += 1;
+        qp.uc.resync = !op.ends_message();
+        return;
+    }
     if op.is_send() {
         uc_send(qp, mem, srq, hdr, payload);
     } else {

@@ -227,3 +227,83 @@ fn requests_longer_than_the_longest_message_are_invalid() {
         assert_eq!(p.b.mem.bytes(region.addr, 64), vec![0; 64], "{op:?}");
     }
 }
+
+#[test]
+fn packets_whose_length_does_not_fit_their_place_at_the_path_mtu_are_invalid() {
+    // At a path MTU of 256: FIRST and MIDDLE carry exactly 256 bytes, LAST 1 to 256, ONLY
+    // at most 256 (IBTA; rxe checks the same). A packet that breaks this gets a NAK
+    // (Invalid Request) at its PSN, the QP goes to ERR, a SEND's receive completes with
+    // the error, and nothing of it is placed. Each case: good packets, then the bad one.
+    let mtu = 256;
+    let cases: [(&[(Opcode, usize)], &str); 8] = [
+        (&[(Opcode::SendOnly, mtu + 1)], "SEND ONLY past the MTU"),
+        (&[(Opcode::SendFirst, mtu - 4)], "SEND FIRST short"),
+        (&[(Opcode::SendFirst, mtu + 16)], "SEND FIRST long"),
+        (
+            &[(Opcode::SendFirst, mtu), (Opcode::SendMiddle, 100)],
+            "SEND MIDDLE short",
+        ),
+        (
+            &[(Opcode::SendFirst, mtu), (Opcode::SendLast, 0)],
+            "SEND LAST empty",
+        ),
+        (
+            &[(Opcode::SendFirst, mtu), (Opcode::SendLast, mtu + 1)],
+            "SEND LAST past the MTU",
+        ),
+        (
+            &[(Opcode::RdmaWriteOnly, mtu + 1)],
+            "WRITE ONLY past the MTU",
+        ),
+        (&[(Opcode::RdmaWriteFirst, 100)], "WRITE FIRST short"),
+    ];
+    for (packets, what) in cases {
+        let mut p = Pair::new();
+        assert_eq!(p.cfg.mtu.bytes() as usize, mtu);
+        let region = p.b.mem.register(4096, ALL);
+        p.b.recv(7, vec![region.sge(0, 4096)]).unwrap();
+        p.b.hold = true;
+        let e = p.cfg.sq_psn_a;
+        let bad_psn = psn_add(e, packets.len() as u32 - 1);
+        for (i, &(op, len)) in packets.iter().enumerate() {
+            let mut h = codec::header(op, QPN_B, psn_add(e, i as u32));
+            h.bth.ack_req = true;
+            if op.is_write() && op.starts_message() {
+                h.reth = Some(RethRepr {
+                    va: region.addr,
+                    rkey: region.rkey,
+                    dma_len: 4096,
+                });
+            }
+            let mut out = Vec::new();
+            codec::encode(&h, &vec![0xa5; len], &mut out);
+            p.b.qp.handle_packet(p.now, &p.b.mem, &out);
+        }
+        let answers = drain(&mut p);
+        let last =
+            rdmx_wire::RcRepr::parse_bytes(answers.last().expect("an answer")).expect("parses");
+        assert_eq!(last.bth.psn, bad_psn, "{what}");
+        assert!(
+            matches!(
+                last.aeth.map(|a| a.syndrome),
+                Some(rdmx_wire::Syndrome::Nak(rdmx_wire::NakCode::InvalidRequest))
+            ),
+            "{what}: {last}"
+        );
+        assert_eq!(p.b.qp.state(), QpState::Err, "{what}");
+        let recv =
+            p.b.qp
+                .poll_completion()
+                .map(|(_, c, _)| (c.wr_id, c.status));
+        let expect = match packets[0].0.is_send() {
+            true => crate::wr::WcStatus::RemInvReqErr,
+            // The WRITE took no receive: it is flushed with the QP.
+            false => crate::wr::WcStatus::WrFlushErr,
+        };
+        assert_eq!(recv, Some((7, expect)), "{what}");
+        // Only the good packets before the bad one were placed.
+        let good: usize = packets[..packets.len() - 1].iter().map(|p| p.1).sum();
+        let bytes = p.b.mem.bytes(region.addr, 4096);
+        assert!(bytes[good..].iter().all(|&b| b == 0), "{what}");
+    }
+}

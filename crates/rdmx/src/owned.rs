@@ -252,10 +252,25 @@ pub(crate) fn is_reserved(wr_id: u64) -> bool {
     wr_id & RESERVED_MASK == *RESERVED_WR_IDS.start()
 }
 
+/// Bits of an async operation's id that name its slot; the 23 above them hold the
+/// slot's generation, so that an id names one use of a slot and a late completion of an
+/// earlier use (a queue pair destroyed with the request in flight, its QP number reused
+/// on hardware) is never taken for a later operation's.
+#[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+pub(crate) const ASYNC_SLOT_BITS: u32 = 24;
+
+/// The id of an async operation in slot `slot` (below 2^[`ASYNC_SLOT_BITS`]), use `gen`.
+#[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+pub(crate) fn async_id(slot: usize, gen: u32) -> u64 {
+    debug_assert!(slot < 1 << ASYNC_SLOT_BITS);
+    let gen = u64::from(gen) & ((1 << (47 - ASYNC_SLOT_BITS)) - 1);
+    ASYNC_IDS | gen << ASYNC_SLOT_BITS | slot as u64
+}
+
 /// The async operation's slot `wr_id` names, if it names one.
 #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-pub(crate) fn async_slot(wr_id: u64) -> Option<u64> {
-    (wr_id & ASYNC_MASK == ASYNC_IDS).then_some(wr_id & !ASYNC_MASK)
+pub(crate) fn async_slot(wr_id: u64) -> Option<usize> {
+    (wr_id & ASYNC_MASK == ASYNC_IDS).then_some((wr_id & ((1 << ASYNC_SLOT_BITS) - 1)) as usize)
 }
 
 /// Refuses a request id the application may not post ([`RESERVED_WR_IDS`]).

@@ -8,11 +8,14 @@
 //! polls (a busy-polled tcp context, chosen for the lowest latency) it polls instead,
 //! yielding to other tasks between polls, for as long as the queue is awaitable.
 //!
-//! Operations name their slot in the request id: one of the reserved ids
-//! ([`RESERVED_WR_IDS`](crate::RESERVED_WR_IDS)), which no other post can name. A
-//! completion whose id names a slot of its queue pair wakes that operation (or, when the
-//! operation was dropped, gives the buffer back to its pool); every other completion goes
-//! to [`AsyncCq::next`].
+//! Operations name their slot, and the slot's use, in the request id: one of the reserved
+//! ids ([`RESERVED_WR_IDS`](crate::RESERVED_WR_IDS)), which no other post can name. A
+//! completion whose id names a slot of its queue pair, in the use it was posted in, wakes
+//! that operation (or, when the operation was dropped, gives the buffer back to its
+//! pool). One with an operation's id that no operation waits for any more (its queue
+//! pair was destroyed with the request in flight, and the slot freed, perhaps taken
+//! again by a queue pair that got the same number) is dropped, logged at debug level;
+//! every other completion goes to [`AsyncCq::next`].
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -95,6 +98,8 @@ impl AsRawFd for Fd {
 #[derive(Default)]
 struct State {
     slots: Slab<Slot>,
+    /// The generation of the next slot taken (see [`crate::owned::async_id`]).
+    next_gen: u32,
     /// Completions no operation waits for.
     other: VecDeque<Completion>,
     other_waker: Option<Waker>,
@@ -103,14 +108,19 @@ struct State {
 }
 
 enum Slot {
-    /// Posted (or about to be); its future waits.
-    Waiting { qpn: u32, waker: Option<Waker> },
+    /// Posted (or about to be) with request id `id`; its future waits.
+    Waiting {
+        qpn: u32,
+        id: u64,
+        waker: Option<Waker>,
+    },
     /// Completed; its future has not seen it yet.
     Done(Completion),
     /// Its future was dropped while the request was in flight: the queue pair keeps the
     /// buffer until the completion comes, then `reclaim` gives it back.
     Abandoned {
         qpn: u32,
+        id: u64,
         side: Side,
         qp: Weak<QpShared>,
         reclaim: Reclaim,
@@ -249,8 +259,22 @@ impl Shared {
         if let Some(f) = &st.failed {
             return Err(f.error());
         }
-        let i = st.slots.insert(Slot::Waiting { qpn, waker: None });
-        Ok((i, crate::owned::ASYNC_IDS | i as u64))
+        let st = &mut *st;
+        let entry = st.slots.vacant_entry();
+        let i = entry.key();
+        if i >= 1 << crate::owned::ASYNC_SLOT_BITS {
+            return Err(Error::InvalidArgument(
+                "too many async operations in flight on one completion queue",
+            ));
+        }
+        let id = crate::owned::async_id(i, st.next_gen);
+        entry.insert(Slot::Waiting {
+            qpn,
+            id,
+            waker: None,
+        });
+        st.next_gen = st.next_gen.wrapping_add(1);
+        Ok((i, id))
     }
 
     /// Frees slot `i`: its request was never posted, or its buffer has been taken.
@@ -303,8 +327,8 @@ impl Shared {
         let mut failed = false;
         let done = match st.slots.get(i) {
             Some(Slot::Done(c)) => Some(*c),
-            Some(Slot::Waiting { qpn, .. }) => {
-                let qpn = *qpn;
+            Some(Slot::Waiting { qpn, id, .. }) => {
+                let (qpn, id) = (*qpn, *id);
                 if st.failed.is_some() {
                     // No completion will come: the buffer stays with the queue pair.
                     st.slots.remove(i);
@@ -312,6 +336,7 @@ impl Shared {
                 } else {
                     st.slots[i] = Slot::Abandoned {
                         qpn,
+                        id,
                         side,
                         qp: Arc::downgrade(qp),
                         reclaim,
@@ -334,14 +359,18 @@ impl Shared {
         let mut st = self.state.lock();
         let st = &mut *st;
         for c in batch {
-            let slot = crate::owned::async_slot(c.wr_id).and_then(|i| usize::try_from(i).ok());
-            let ours = slot.filter(|&i| match st.slots.get(i) {
-                Some(Slot::Waiting { qpn, .. }) | Some(Slot::Abandoned { qpn, .. }) => {
-                    *qpn == c.qp_num
+            let Some(i) = owner(st, c) else {
+                if crate::owned::async_slot(c.wr_id).is_some() {
+                    // An operation's id, but no operation waits for it: its slot was
+                    // freed (its queue pair went with the request in flight) and maybe
+                    // taken again. Nobody is to see it.
+                    tracing::debug!(
+                        wr_id = c.wr_id,
+                        qpn = c.qp_num,
+                        "async completion queue: a completion for an operation that is gone"
+                    );
+                    continue;
                 }
-                _ => false,
-            });
-            let Some(i) = ours else {
                 st.other.push_back(*c);
                 if let Some(w) = st.other_waker.take() {
                     wake.push(w);
@@ -502,5 +531,60 @@ async fn drive(sh: Arc<Shared>) {
             }
         }
         sh.cq.get_event();
+    }
+}
+
+/// The slot of the operation `c` completes: the one its id names, if that slot holds the
+/// request posted with that very id (slot and generation) on `c`'s queue pair.
+fn owner(st: &State, c: &Completion) -> Option<usize> {
+    let i = crate::owned::async_slot(c.wr_id)?;
+    match st.slots.get(i)? {
+        Slot::Waiting { qpn, id, .. } | Slot::Abandoned { qpn, id, .. } => {
+            (*qpn == c.qp_num && *id == c.wr_id).then_some(i)
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn completion(wr_id: u64, qp_num: u32) -> Completion {
+        Completion {
+            wr_id,
+            qp_num,
+            ..Completion::default()
+        }
+    }
+
+    #[test]
+    fn a_late_completion_of_a_slot_s_earlier_use_is_not_the_later_operation_s() {
+        let mut st = State::default();
+        let take = |st: &mut State, qpn| {
+            let entry = st.slots.vacant_entry();
+            let (i, id) = (
+                entry.key(),
+                crate::owned::async_id(entry.key(), st.next_gen),
+            );
+            entry.insert(Slot::Waiting {
+                qpn,
+                id,
+                waker: None,
+            });
+            st.next_gen += 1;
+            (i, id)
+        };
+        // An operation on QP 7; its slot is freed with the request in flight (its queue
+        // pair went), then taken by an operation of a new QP 7 (the number reused).
+        let (i, old) = take(&mut st, 7);
+        st.slots.remove(i);
+        let (j, new) = take(&mut st, 7);
+        assert_eq!(i, j, "the slot is used again");
+        assert_ne!(old, new);
+        assert_eq!(owner(&st, &completion(old, 7)), None, "the old request's");
+        assert_eq!(owner(&st, &completion(new, 8)), None, "another QP's");
+        assert_eq!(owner(&st, &completion(new, 7)), Some(j));
+        assert_eq!(crate::owned::async_slot(new), Some(j));
     }
 }

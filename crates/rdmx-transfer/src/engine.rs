@@ -176,6 +176,7 @@ impl Shared {
             // leaves as it is) would wait where no worker looks any more.
             p.fail_queued(self, &c.peer);
         }
+        c.fail_held();
     }
 }
 
@@ -538,17 +539,7 @@ impl Engine {
         let state = b.into_state();
         let w = seg.conn.notification(msg.into(), Some(state.clone()));
         state.notifying(1);
-        match seg
-            .conn
-            .first_up(&self.shared)
-            .map(|i| seg.conn.paths[i].enqueue(w))
-        {
-            Some(Ok(())) => {}
-            Some(Err(_)) => {
-                state.notify_done(Err(format!("the connection to {} closed", seg.conn.peer)))
-            }
-            None => state.notify_done(Err(format!("no usable path to {}", seg.conn.peer))),
-        }
+        seg.conn.send_note(&self.shared, w);
         Ok(BatchHandle { state })
     }
 

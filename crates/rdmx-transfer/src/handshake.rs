@@ -291,6 +291,7 @@ fn build_conn(
             added: std::sync::atomic::AtomicU64::new(0),
             notes_sent: std::sync::atomic::AtomicU32::new(0),
             notes_seen: Default::default(),
+            gate: Default::default(),
         }
     });
     match err {

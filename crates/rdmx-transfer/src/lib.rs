@@ -68,6 +68,7 @@ mod engine;
 mod error;
 mod handshake;
 mod meta;
+mod notes;
 mod path;
 mod seen;
 mod segment;

@@ -120,6 +120,11 @@ pub(crate) struct Path {
     /// path failed with work in flight: one fence per queue pair of the path that did
     /// (the current one's, and older ones' still under way).
     pub(crate) fences: Mutex<Vec<Fence>>,
+    /// Notifications posted on this path and not completed.
+    pub(crate) notes_posted: AtomicU32,
+    /// Whether this path failed with notifications in flight, which hold the later ones
+    /// of its connection back until they complete (`notes`).
+    pub(crate) notes_gating: AtomicBool,
 }
 
 /// A failed path's fence. Work that was in flight on such a path is sent again on
@@ -195,6 +200,8 @@ impl Path {
             recv_mr,
             qp_pair: Mutex::new((qp_num, 0)),
             fences: Mutex::new(Vec::new()),
+            notes_posted: AtomicU32::new(0),
+            notes_gating: AtomicBool::new(false),
             rail,
         }))
     }
@@ -306,16 +313,25 @@ impl Path {
     /// fails: the fence failed, the engine or the connection is closing, or (a
     /// notification) the peer may have given it up.
     fn after_fence(&self, shared: &Shared, state: &FenceState, w: Work, status: WcStatus) {
+        // A notification in doubt: the later ones wait until it is settled here.
+        let note = match &w {
+            Work::Notify { seq, .. } => Some(*seq),
+            Work::Slice(_) => None,
+        };
         let conn = match self.conn.upgrade() {
             Some(conn) if self.open(shared).is_some() => conn,
             conn => {
                 let failure = if shared.stop.load(Ordering::Acquire) {
                     self.dropped_failure(Some(status))
                 } else {
-                    let peer = conn.map(|c| c.peer.clone()).unwrap_or_default();
+                    let peer = conn.as_ref().map(|c| c.peer.clone()).unwrap_or_default();
                     self.closed_failure(&peer, Some(status))
                 };
-                return fail_work(shared, w, failure);
+                fail_work(shared, w, failure);
+                if let (Some(c), Some(seq)) = (conn, note) {
+                    c.note_settled(shared, seq, None);
+                }
+                return;
             }
         };
         let reason = match (state, &w) {
@@ -341,6 +357,9 @@ impl Path {
             reason,
         };
         fail_work(shared, w, failure);
+        if let Some(seq) = note {
+            conn.note_settled(shared, seq, None);
+        }
     }
 
     /// Queues `w` and wakes the rail's worker.
@@ -433,6 +452,9 @@ impl Path {
             return false;
         }
         self.failures.fetch_add(1, Ordering::Relaxed);
+        if let Some(conn) = self.conn.upgrade() {
+            conn.note_path_failed(self);
+        }
         *self.down_until.lock() = Some(Instant::now() + shared.config.set_aside);
         tracing::info!(path = %self.name, "transfer path failed; set aside");
         if let Some(qp) = self.qp.lock().clone() {
@@ -507,6 +529,8 @@ pub(crate) struct Conn {
     pub(crate) notes_sent: AtomicU32,
     /// The notifications from the peer that arrived on this connection.
     pub(crate) notes_seen: Mutex<crate::seen::Seen>,
+    /// Notifications to the peer held back to keep their order (`notes`).
+    pub(crate) gate: Mutex<crate::notes::NoteGate>,
 }
 
 impl std::fmt::Debug for Conn {
@@ -584,10 +608,22 @@ impl Conn {
                 *attempt
             }
         };
+        // A notification in doubt (one that failed with this status) is settled here.
+        let doubt = match (&w, status) {
+            (Work::Notify { seq, .. }, Some(_)) => Some(*seq),
+            _ => None,
+        };
+        if attempt <= shared.config.max_retries {
+            if let Work::Notify { .. } = w {
+                // After every earlier one still in doubt, on the first usable path.
+                return match doubt {
+                    Some(seq) => self.note_settled(shared, seq, Some(w)),
+                    None => self.send_note(shared, w),
+                };
+            }
+        }
         let target = if attempt > shared.config.max_retries {
             None
-        } else if matches!(w, Work::Notify { .. }) {
-            self.first_up(&shared_arc)
         } else {
             self.pick(&shared_arc, &[], w.len())
         };
@@ -602,15 +638,20 @@ impl Conn {
                     fail_work(shared, w, failed_on.closed_failure(&self.peer, status));
                 }
             }
-            None => fail_work(
-                shared,
-                w,
-                Failure {
-                    status,
-                    path: failed_on.name.clone(),
-                    reason,
-                },
-            ),
+            None => {
+                fail_work(
+                    shared,
+                    w,
+                    Failure {
+                        status,
+                        path: failed_on.name.clone(),
+                        reason,
+                    },
+                );
+                if let Some(seq) = doubt {
+                    self.note_settled(shared, seq, None);
+                }
+            }
         }
     }
 
@@ -676,11 +717,7 @@ pub(crate) fn send_notifications(shared: &Shared, batch: &Arc<BatchState>) {
     batch.notifying(conns.len());
     for c in conns {
         let w = c.notification(data.clone(), Some(batch.clone()));
-        match c.first_up(&me).map(|i| c.paths[i].enqueue(w)) {
-            Some(Ok(())) => {}
-            Some(Err(_)) => batch.notify_done(Err(format!("the connection to {} closed", c.peer))),
-            None => batch.notify_done(Err(format!("no usable path to {}", c.peer))),
-        }
+        c.send_note(&me, w);
     }
 }
 

@@ -224,8 +224,9 @@ impl Worker {
             };
             match res {
                 Ok(mr) => {
-                    if let Work::Slice(s) = &w {
-                        mark_in_flight(&s.batch, s.req as usize);
+                    match &w {
+                        Work::Slice(s) => mark_in_flight(&s.batch, s.req as usize),
+                        Work::Notify { .. } => _ = p.notes_posted.fetch_add(1, Ordering::AcqRel),
                     }
                     p.outstanding.fetch_add(1, Ordering::AcqRel);
                     p.in_flight.fetch_add(len, Ordering::Relaxed);
@@ -305,6 +306,9 @@ impl Worker {
                     if let Some(b) = batch {
                         b.notify_done(Ok(()));
                     }
+                    if let Some(conn) = p.conn.upgrade() {
+                        conn.note_completed(&self.shared, &p);
+                    }
                 }
             }
             return;
@@ -312,7 +316,6 @@ impl Worker {
         if e.expired {
             return;
         }
-        p.fail(&self.shared);
         // A request the peer refused (its key, range or rights) or that is wrong in
         // itself gets the same answer on any path, and would take each down in turn.
         let refused = matches!(
@@ -322,6 +325,18 @@ impl Worker {
                 | WcStatus::LocProtErr
                 | WcStatus::LocLenErr
         );
+        // A notification to go again: the later ones wait for it (before the path's
+        // failure lets them take another).
+        let note = match (&e.work, p.conn.upgrade()) {
+            (&Work::Notify { seq, .. }, Some(conn)) => {
+                if !refused {
+                    conn.note_in_doubt(seq);
+                }
+                Some(conn)
+            }
+            _ => None,
+        };
+        p.fail(&self.shared);
         match p.conn.upgrade() {
             // Sent again elsewhere (once the peer confirms this path takes nothing more).
             Some(_) if !refused => p.retry_fenced(&self.shared, e.work, c.status, e.qp_num),
@@ -337,6 +352,9 @@ impl Worker {
                     },
                 },
             ),
+        }
+        if let Some(conn) = note {
+            conn.note_completed(&self.shared, &p);
         }
         // Only now: the path is not rebuilt while this work is on its way elsewhere (its
         // fence asked for first).
@@ -435,8 +453,15 @@ impl Worker {
                         send_notifications(&self.shared, &s.batch);
                     }
                 }
-                Work::Notify { batch: Some(b), .. } => b.notify_done(Err(f.to_string())),
-                Work::Notify { .. } => {}
+                Work::Notify { batch, .. } => {
+                    if let Some(b) = batch {
+                        b.notify_done(Err(f.to_string()));
+                    }
+                    // Given up: the later ones need not wait for its completion.
+                    if let Some(conn) = p.conn.upgrade() {
+                        conn.note_completed(&self.shared, &p);
+                    }
+                }
             }
             p.fail(&self.shared);
         }

@@ -105,6 +105,40 @@ fn a_notification_sent_again_after_it_arrived_is_delivered_once() {
     );
 }
 
+/// The peer stops reading the path notifications take, with one in its ring: the path
+/// is set aside, the peer fences it, and the notification goes again on the other rail.
+/// One sent once the path was set aside, while that fence is under way, arrives after it
+/// (before, it took the other rail at once and arrived first).
+#[test]
+fn a_notification_sent_while_an_earlier_one_waits_to_go_again_arrives_after_it() {
+    let a = Engine::new("a", config()).unwrap();
+    let b = Engine::new("b", config()).unwrap();
+    let seg = open_peer(&a, &b);
+    let st = a.notify(&seg, b"first").unwrap().wait(T).unwrap();
+    assert!(st.is_success(), "{st:?}");
+    assert_eq!(b.recv_notification(T).unwrap().data, b"first");
+    let paths = seg.paths();
+    assert!(paths.len() == 2 && paths.iter().all(|p| p.up), "{paths:?}");
+    // `b` reads nothing more on the path notifications take (the first one up).
+    let held = rdmx::shm::testing::hold_reads_from(qpn_of(&paths[0].name));
+    let one = a.notify(&seg, b"one").unwrap();
+    let start = std::time::Instant::now();
+    while seg.paths()[0].up {
+        assert!(start.elapsed() < T, "the path never failed");
+        std::thread::yield_now();
+    }
+    let two = a.notify(&seg, b"two").unwrap();
+    for (h, what) in [(one, "one"), (two, "two")] {
+        let st = h.wait(T).unwrap();
+        assert!(st.is_success(), "{what}: {st:?}");
+    }
+    let got: Vec<String> = (0..2)
+        .map(|_| String::from_utf8_lossy(&b.recv_notification(T).unwrap().data).into_owned())
+        .collect();
+    assert_eq!(got, ["one", "two"]);
+    drop(held);
+}
+
 /// An engine dropped while its work waits on a stalled peer: that work fails at once,
 /// saying why (before, the rail's worker, asleep waiting for its completions, stopped
 /// without them and the batch waited for its waiter's timeout).

@@ -721,7 +721,7 @@ fn install(p: &Path, qp: QueuePair, peer_qpn: u32) {
     *p.qp.lock() = Some(Arc::new(qp));
     drop(pair);
     // Finished fences were for older queue pairs (a number may come back, much later).
-    p.fences.lock().retain(crate::path::Fence::running);
+    p.fences.lock().retain(crate::fence::Fence::running);
     let _ = p.post_recvs();
     *p.down_until.lock() = None;
     p.up.store(true, Ordering::Release);

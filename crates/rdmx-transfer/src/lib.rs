@@ -66,6 +66,7 @@ mod batch;
 mod config;
 mod engine;
 mod error;
+mod fence;
 mod handshake;
 mod meta;
 mod notes;

@@ -3,7 +3,7 @@
 //! Notifications to a peer all take its connection's first usable path, so they arrive
 //! in the order they were sent while that path stays up. When it fails, the ones in
 //! flight on it go again on another path, but only once the peer has fenced the failed
-//! one (see [`Fence`](crate::path::Fence)); notifications sent meanwhile would take the
+//! one (see [`Fence`](crate::fence::Fence)); notifications sent meanwhile would take the
 //! new path at once and arrive first. The gate holds them back: from the moment a path
 //! fails with notifications in flight until all of those have completed, and while one
 //! that failed waits to go again, notifications wait here, in the order of their numbers

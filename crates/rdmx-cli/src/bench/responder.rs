@@ -14,8 +14,8 @@ use super::args::{Conn, Op, Params};
 use super::connect::Region;
 use super::lat;
 use super::setup::{
-    linger, poll, Abort, BoxError, Role, Side, BYE, CTL, EMPTY, READY, STALL, VERDICT_BAD,
-    VERDICT_OK,
+    linger, poll, verdict_for, Abort, BoxError, Role, Side, BYE, CTL, EMPTY, READY, STALL,
+    VERDICT_BAD, VERDICT_OK,
 };
 use super::verify::{check_region, stamp_for, Expect};
 
@@ -52,6 +52,7 @@ pub(crate) fn drive(
             abort.fail(Role::Responder);
             VERDICT_BAD
         };
+        let verdict = verdict_for(verdict, k, p.conn != Conn::Rc);
         last_verdict = Some(verdict);
         side.send_ctl(0, verdict)?;
         if let Err(e) = checked {

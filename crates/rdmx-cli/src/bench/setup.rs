@@ -12,7 +12,9 @@
 //! 2. after each size the requester sends `DONE` on every QP, with the number of
 //!    requests it issued on that QP in the immediate (modulo 2^32);
 //! 3. the responder, having checked its data (`--verify`), answers [`VERDICT_OK`] or
-//!    [`VERDICT_BAD`] on QP 0, which also says it is ready for the next size;
+//!    [`VERDICT_BAD`] on QP 0, which also says it is ready for the next size (over UC
+//!    and UD, where a control message may be lost, hence sent again and arrive twice,
+//!    `DONE` and the verdict carry the size's generation bit: [`verdict_for`]);
 //! 4. after the last size the requester sends [`BYE`] and waits for it to be
 //!    acknowledged, so neither side closes its QPs while the other still needs them.
 //!
@@ -41,6 +43,25 @@ pub(crate) const READY: u32 = 0x5245_4459;
 pub(crate) const VERDICT_OK: u32 = 0x4f4b_4f4b;
 /// The responder found wrong data.
 pub(crate) const VERDICT_BAD: u32 = 0x4241_4421;
+/// The verdict `v` as the responder sends it for size number `k`: over UC and UD
+/// (`lossy`) with the size's generation bit in bit 31, so that a verdict of the previous
+/// size, sent again for a DONE of it that came late, is not taken for this size's.
+pub(crate) fn verdict_for(v: u32, k: usize, lossy: bool) -> u32 {
+    match lossy {
+        true => v | (k as u32 % 2) << 31,
+        false => v,
+    }
+}
+
+/// The verdict in control message `msg` if it is size number `k`'s ([`verdict_for`]);
+/// `None` for the previous size's.
+pub(crate) fn verdict_of(msg: u32, k: usize, lossy: bool) -> Option<u32> {
+    match lossy {
+        true => (msg >> 31 == k as u32 % 2).then_some(msg & 0x7fff_ffff),
+        false => Some(msg),
+    }
+}
+
 /// The requester has the last verdict and is about to close.
 pub(crate) const BYE: u32 = 0x4259_4521;
 /// wr_id bit of control messages.
@@ -529,7 +550,10 @@ pub(crate) fn finish_size(
             for (i, &n) in counts.iter().enumerate() {
                 side.send_ctl(i, (n as u32 & 0x7fff_ffff) | gen)?;
             }
-            if let Some(v) = wait_ctl_for(side, abort, Duration::from_millis(100))? {
+            // (The previous size's verdict, sent again for its DONE that came late, is
+            // not this size's.)
+            let got = wait_ctl_for(side, abort, Duration::from_millis(100))?;
+            if let Some(v) = got.and_then(|m| verdict_of(m, k, lossy)) {
                 break v;
             }
             if since.elapsed() > STALL {
@@ -650,5 +674,21 @@ mod tests {
         p.cq_mod = 8;
         let l = Layout::new(&p, Role::Requester);
         assert_eq!((l.window, l.batch, l.signal_every), (2, 2, 2));
+    }
+
+    #[test]
+    fn a_verdict_sent_again_for_the_previous_size_is_not_taken_for_this_one_s() {
+        for lossy in [false, true] {
+            for v in [VERDICT_OK, VERDICT_BAD] {
+                for k in 0..4 {
+                    assert_eq!(verdict_of(verdict_for(v, k, lossy), k, lossy), Some(v));
+                }
+            }
+        }
+        // Over UC and UD: size 1's OK, sent again late, while size 2 waits for its
+        // verdict (which may be BAD).
+        let stale = verdict_for(VERDICT_OK, 1, true);
+        assert_eq!(verdict_of(stale, 2, true), None);
+        assert_eq!(verdict_of(stale, 1, true), Some(VERDICT_OK));
     }
 }

@@ -519,4 +519,22 @@ fn uc_drops_packets_whose_length_does_not_fit_the_path_mtu() {
     assert!(mem.get(dst.addr + 200, 824).iter().all(|&x| x == 0));
     // The FIRST packet (the LAST then goes with its message) and the long ONLY.
     assert_eq!(b.dropped(), 2);
+
+    // Mid-message: a LAST packet with no payload drops its message, counted once.
+    let (mut a, mut b) = uc_pair(Mtu::Mtu256);
+    recv(&mut b, &mem, 51, dst.addr, 1024, dst.lkey);
+    a.post_send(
+        &mem,
+        send_wr(4, SendOp::Send, src.addr, 300, src.lkey, None),
+        None,
+    )
+    .unwrap();
+    let mut p = packets(&mut a, &mem);
+    assert_eq!(p.len(), 2, "FIRST and LAST");
+    p[1].truncate(12); // the BTH alone
+    for pk in &p {
+        b.handle_packet(now, &mem, pk);
+    }
+    assert!(completions(&mut b).is_empty());
+    assert_eq!(b.dropped(), 1);
 }

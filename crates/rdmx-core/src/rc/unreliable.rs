@@ -174,7 +174,8 @@ fn recv_completion(status: WcStatus, opcode: WcOpcode, len: u32, imm: Option<u32
 }
 
 /// Drops the message in progress (and counts it): its receive goes back unreported.
-fn abort_message<M: MemAccess>(qp: &mut RcQp<M>, srq: &mut Option<&mut Srq<M::Mr>>) {
+/// Returns whether there was one.
+fn abort_message<M: MemAccess>(qp: &mut RcQp<M>, srq: &mut Option<&mut Srq<M::Mr>>) -> bool {
     let mut lost = qp.uc.placing.take().is_some();
     if let Some((wqe, _)) = qp.uc.filling.take() {
         give_back(qp, srq, wqe);
@@ -183,6 +184,7 @@ fn abort_message<M: MemAccess>(qp: &mut RcQp<M>, srq: &mut Option<&mut Srq<M::Mr
     if lost {
         qp.dropped += 1;
     }
+    lost
 }
 
 /// Handles a UC request packet (SEND or WRITE; the caller stripped the UC prefix).
@@ -213,8 +215,10 @@ pub(crate) fn uc_request<M: MemAccess>(
     if !super::responder::length_fits(op, payload.len(), mtu) {
         // A packet no requester at this path MTU sends: dropped with its message, as a
         // gap drops it (rxe drops it too).
-        abort_message(qp, &mut srq);
-        qp.dropped += 1;
+        // One drop for the message, whether or not it had begun here.
+        if !abort_message(qp, &mut srq) {
+            qp.dropped += 1;
+        }
         qp.uc.resync = !op.ends_message();
         return;
     }

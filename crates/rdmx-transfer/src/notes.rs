@@ -19,6 +19,9 @@ use crate::path::{Conn, Path, Work};
 /// A connection's notifications held back to keep their order.
 #[derive(Default)]
 pub(crate) struct NoteGate {
+    /// The path notifications go on while it stays up (a path rebuilt meanwhile does
+    /// not take them back: what is queued here would arrive after what goes there).
+    path: Option<usize>,
     /// Failed paths that still have notifications in flight.
     failing: u32,
     /// The numbers of notifications that failed on a path and wait for its fence.
@@ -42,6 +45,22 @@ fn seq_of(w: &Work) -> u32 {
 }
 
 impl NoteGate {
+    /// Holds notification `w` until nothing sent before it is in doubt.
+    pub(crate) fn hold(&mut self, w: Work) {
+        self.insert(w);
+    }
+
+    /// Path `p` failed (the caller holds the gate and took the path down): if it has
+    /// notifications in flight, the ones sent after wait until those have completed
+    /// (each then goes again, or fails).
+    pub(crate) fn path_failed(&mut self, p: &Path) {
+        if p.notes_posted.load(Ordering::Acquire) > 0
+            && !p.notes_gating.swap(true, Ordering::AcqRel)
+        {
+            self.failing += 1;
+        }
+    }
+
     fn insert(&mut self, w: Work) {
         let seq = seq_of(&w);
         let at = self
@@ -57,11 +76,14 @@ impl Conn {
     /// Sends notification `w` (a new one, or one to go again that is not in doubt): on
     /// the first usable path, after every one sent before it that is still in doubt.
     pub(crate) fn send_note(&self, shared: &Shared, w: Work) {
-        if self.closed.load(Ordering::Acquire) {
-            return fail_note(w, format!("the connection to {} closed", self.peer));
-        }
         let mut g = self.gate.lock();
         g.insert(w);
+        self.release(shared, &mut g);
+    }
+
+    /// Sends what nothing in doubt holds back any more.
+    pub(crate) fn release_notes(&self, shared: &Shared) {
+        let mut g = self.gate.lock();
         self.release(shared, &mut g);
     }
 
@@ -81,17 +103,6 @@ impl Conn {
             g.insert(w);
         }
         self.release(shared, &mut g);
-    }
-
-    /// Path `p` failed: if it has notifications in flight, the ones sent after wait until
-    /// those have completed (each then goes again, or fails).
-    pub(crate) fn note_path_failed(&self, p: &Path) {
-        let mut g = self.gate.lock();
-        if p.notes_posted.load(Ordering::Acquire) > 0
-            && !p.notes_gating.swap(true, Ordering::AcqRel)
-        {
-            g.failing += 1;
-        }
     }
 
     /// A notification posted on `p` completed, or was given up.
@@ -115,8 +126,15 @@ impl Conn {
     }
 
     /// Sends what nothing in doubt holds back, in order. Under the gate's lock, so that
-    /// notifications go out in that order.
+    /// notifications go out in that order. Once the connection is closed (it is marked
+    /// closed before its paths fail and its queues empty), everything held fails.
     fn release(&self, shared: &Shared, g: &mut NoteGate) {
+        if self.closed.load(Ordering::Acquire) {
+            for w in g.held.drain(..) {
+                fail_note(w, format!("the connection to {} closed", self.peer));
+            }
+            return;
+        }
         if g.failing > 0 {
             return;
         }
@@ -134,7 +152,9 @@ impl Conn {
             let Some(me) = shared.me.upgrade() else {
                 return fail_note(w, "the engine was dropped".into());
             };
-            match self.first_up(&me) {
+            let sticky = g.path.filter(|&i| self.paths[i].up.load(Ordering::Acquire));
+            g.path = sticky.or_else(|| self.first_up(&me));
+            match g.path {
                 Some(i) => {
                     if let Err(w) = self.paths[i].enqueue(w) {
                         fail_note(w, format!("the connection to {} closed", self.peer));

@@ -257,12 +257,16 @@ impl Path {
     /// queue pair is moved to the error state so that its requests flush at once; its
     /// queued work goes elsewhere. Returns whether this call took it down.
     pub(crate) fn fail(&self, shared: &Shared) -> bool {
+        let conn = self.conn.upgrade();
+        // Under its connection's notification gate: no later notification takes another
+        // path before the ones queued or in flight here are accounted for (`notes`).
+        let mut gate = conn.as_ref().map(|c| c.gate.lock());
         if !self.up.swap(false, Ordering::AcqRel) {
             return false;
         }
         self.failures.fetch_add(1, Ordering::Relaxed);
-        if let Some(conn) = self.conn.upgrade() {
-            conn.note_path_failed(self);
+        if let Some(g) = gate.as_mut() {
+            g.path_failed(self);
         }
         *self.down_until.lock() = Some(Instant::now() + shared.config.set_aside);
         tracing::info!(path = %self.name, "transfer path failed; set aside");
@@ -275,10 +279,19 @@ impl Path {
         }
         let queued: Vec<Work> = self.pending.lock().drain(..).collect();
         self.queued.store(0, Ordering::Relaxed);
-        if let Some(conn) = self.conn.upgrade() {
-            for w in queued {
+        // Queued notifications wait in the gate, in order, with those sent meanwhile.
+        let (notes, slices): (Vec<Work>, Vec<Work>) = queued
+            .into_iter()
+            .partition(|w| matches!(w, Work::Notify { .. }));
+        if let Some(g) = gate.as_mut() {
+            notes.into_iter().for_each(|w| g.hold(w));
+        }
+        drop(gate);
+        if let Some(conn) = conn {
+            for w in slices {
                 conn.reschedule(shared, w, self, None);
             }
+            conn.release_notes(shared);
         }
         true
     }

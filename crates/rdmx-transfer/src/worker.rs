@@ -207,26 +207,29 @@ impl Worker {
                         }
                     }
                 }
-                &Work::Notify { ref data, seq, .. } => self
-                    .rail
-                    .pd
-                    .register(data.to_vec(), rdmx::Access::LOCAL_WRITE)
-                    .map_err(crate::Error::from)
-                    .and_then(|mr| {
-                        let sge = LocalSge::new(&mr, 0, data.len())?;
-                        let mut req = SendRequest::send_with_imm(wr_id, seq);
-                        if !data.is_empty() {
-                            req = req.sge(sge);
-                        }
-                        qp.post_send(req)?;
-                        Ok(Some(mr))
-                    }),
+                &Work::Notify { ref data, seq, .. } => {
+                    // Counted before it can be in flight: a failure of the path from
+                    // another thread meanwhile holds the later ones back (`notes`).
+                    p.notes_posted.fetch_add(1, Ordering::AcqRel);
+                    self.rail
+                        .pd
+                        .register(data.to_vec(), rdmx::Access::LOCAL_WRITE)
+                        .map_err(crate::Error::from)
+                        .and_then(|mr| {
+                            let sge = LocalSge::new(&mr, 0, data.len())?;
+                            let mut req = SendRequest::send_with_imm(wr_id, seq);
+                            if !data.is_empty() {
+                                req = req.sge(sge);
+                            }
+                            qp.post_send(req)?;
+                            Ok(Some(mr))
+                        })
+                }
             };
             match res {
                 Ok(mr) => {
-                    match &w {
-                        Work::Slice(s) => mark_in_flight(&s.batch, s.req as usize),
-                        Work::Notify { .. } => _ = p.notes_posted.fetch_add(1, Ordering::AcqRel),
+                    if let Work::Slice(s) = &w {
+                        mark_in_flight(&s.batch, s.req as usize);
                     }
                     p.outstanding.fetch_add(1, Ordering::AcqRel);
                     p.in_flight.fetch_add(len, Ordering::Relaxed);
@@ -243,6 +246,10 @@ impl Worker {
                     n += 1;
                 }
                 Err(e) => {
+                    if let (Work::Notify { .. }, Some(conn)) = (&w, p.conn.upgrade()) {
+                        // Not in flight after all.
+                        conn.note_completed(&self.shared, p);
+                    }
                     // The local side refused (unregistered buffer, a queue pair in error):
                     // a request error if the buffer went away, else the path's failure.
                     match (&w, &e) {

@@ -202,6 +202,12 @@ pub struct ConnectOptions {
     /// Path MTU; `None` takes the smaller of this device's active MTU
     /// ([`Capabilities::active_mtu`]) and the MTU the peer's endpoint offers.
     ///
+    /// Both sides must end up with the same path MTU, as on InfiniBand: a responder
+    /// refuses a SEND or WRITE packet longer than its path MTU (or a FIRST or MIDDLE one
+    /// not exactly of it) with a NAK, and both queue pairs go to the error state. An
+    /// endpoint offers its device's active MTU, not a value set here, so set the same
+    /// one on both sides, or on neither.
+    ///
     /// [`Capabilities::active_mtu`]: crate::Capabilities::active_mtu
     pub mtu: Option<rdmx_core::Mtu>,
     /// Outstanding READs/atomics this side may issue.
@@ -245,7 +251,8 @@ impl ConnectOptions {
         self.access = access;
         self
     }
-    /// Sets the path MTU (`None`: the smaller of both sides').
+    /// Sets the path MTU (`None`: the smaller of both sides'); both sides must agree
+    /// (see [`ConnectOptions::mtu`](Self#structfield.mtu)).
     pub fn mtu(mut self, mtu: Option<rdmx_core::Mtu>) -> Self {
         self.mtu = mtu;
         self

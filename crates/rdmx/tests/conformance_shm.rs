@@ -651,3 +651,92 @@ mod execute_at_post {
         assert_eq!(count(&qa), 3, "WRITE_WITH_IMM took the packets");
     }
 }
+
+/// UC requests complete when sent: their buffers may be written again at once.
+mod uc_buffers {
+    use std::time::Duration;
+
+    use rdmx::shm::Options;
+    use rdmx::{Access, Context, QpCaps, QpType, RecvRequest, SendRequest, WcStatus};
+
+    use crate::conformance;
+
+    /// A UC SEND's buffer is written again as soon as the SEND completes, while the
+    /// receiver reads nothing (its ring fills, and a packet waits for room) or, on the
+    /// direct path, would copy the payload out of the sender's memory itself: every
+    /// message carries the bytes its buffer held when it was posted. (Before, the packet
+    /// that waited for room, or every descriptor, carried the buffer's later bytes.)
+    fn sends_carry_their_own_bytes(opts: Options, data_path: &str) {
+        const LEN: usize = 8 << 10;
+        const N: usize = 12;
+        let side = || {
+            let ctx = Context::open(opts.clone()).unwrap();
+            let pd = ctx.alloc_pd();
+            let scq = ctx.create_cq(64).unwrap();
+            let rcq = ctx.create_cq(64).unwrap();
+            let qp = pd
+                .create_qp_of_type(QpType::Uc, &scq, &rcq, None, QpCaps::default())
+                .unwrap();
+            (ctx, pd, scq, rcq, qp)
+        };
+        let (_ca, pa, sa, _ra, qa) = side();
+        let (_cb, pb, _sb, rb, qb) = side();
+        let o = rdmx::ConnectOptions::default();
+        qa.connect(qb.endpoint(), &o).unwrap();
+        qb.connect(qa.endpoint(), &o).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while rdmx::shm::data_path(&qa).is_none() || rdmx::shm::data_path(&qb).is_none() {
+            assert!(std::time::Instant::now() < deadline, "no connection");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(rdmx::shm::data_path(&qa), Some(data_path));
+        let src = conformance::register(&pa, LEN, Access::LOCAL_WRITE);
+        let dst = conformance::register(&pb, N * LEN, Access::LOCAL_WRITE);
+        for i in 0..N {
+            qb.post_recv(RecvRequest::new(i as u64).sge(conformance::sge(&dst, i * LEN, LEN)))
+                .unwrap();
+        }
+        // The receiver reads nothing of its ring for now.
+        let held = rdmx::shm::testing::hold_reads_from(qa.qp_num());
+        let mut posted = 0;
+        for i in 0..N {
+            src.write_at(0, &[i as u8 + 1; LEN]).unwrap();
+            qa.post_send(SendRequest::send(i as u64).sge(conformance::sge(&src, 0, LEN)))
+                .unwrap();
+            posted += 1;
+            // Done once sent; a SEND behind a packet waiting for room is not.
+            let mut c = [rdmx::Completion::default()];
+            match sa.wait(&mut c, Duration::from_millis(300)).unwrap() {
+                0 => break,
+                _ => assert_eq!((c[0].wr_id, c[0].status), (i as u64, WcStatus::Success)),
+            }
+        }
+        assert!(posted < N, "the ring never filled");
+        drop(held);
+        for i in 0..posted {
+            let c = conformance::wait_one(&rb, "a UC SEND");
+            assert_eq!((c.wr_id, c.status), (i as u64, WcStatus::Success), "{c:?}");
+            let mut got = vec![0u8; LEN];
+            dst.read_at(i * LEN, &mut got).unwrap();
+            assert!(
+                got.iter().all(|&b| b == i as u8 + 1),
+                "message {i} carries {} (of {} sent)",
+                got[0] as i64 - 1,
+                posted
+            );
+        }
+    }
+
+    #[test]
+    fn on_the_ring() {
+        sends_carry_their_own_bytes(
+            Options::default().ring_bytes(64 << 10).direct(false),
+            "ring",
+        );
+    }
+
+    #[test]
+    fn on_the_direct_path() {
+        sends_carry_their_own_bytes(Options::default().ring_bytes(64 << 10), "direct");
+    }
+}

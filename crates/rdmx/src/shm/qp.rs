@@ -166,6 +166,10 @@ pub(crate) struct Inner {
     /// The packet being sent; `held`: it waits for room in the ring.
     scratch: Transmit<MrRef>,
     held: bool,
+    /// The held packet's payload (and pad), copied out of registered memory, with the
+    /// address it came from (for its alignment in the ring); `None`: it is still there.
+    /// See [`Inner::own_held`].
+    held_payload: Option<(Vec<u8>, usize)>,
     place: Vec<Placement<MrRef>>,
     prefix: Vec<u8>,
     /// The peer reads descriptor records (seen in the segment).
@@ -226,6 +230,7 @@ impl ShmQp {
                 cons: Consumer::default(),
                 scratch: Transmit::default(),
                 held: false,
+                held_payload: None,
                 place: Vec::new(),
                 prefix: Vec::new(),
                 peer_pulls: false,
@@ -257,6 +262,7 @@ impl ShmQp {
         let gone = match g.engine.state() == QpState::Reset {
             true => g.conn.take().inspect(|_| {
                 g.held = false;
+                g.held_payload = None;
                 g.scratch = Transmit::default();
             }),
             false => None,
@@ -721,7 +727,10 @@ impl Inner {
             if gathered >= pull_min && !self.peer_pulls {
                 self.peer_pulls = conn.seg.pulls(1 - conn.side);
             }
-            if gathered >= pull_min && self.peer_pulls && t.gather.len() <= MAX_SPANS {
+            // (Never on UC: its requests complete when sent, and the peer would pull the
+            // payload after the application may have written its memory again.)
+            let uc = self.engine.config().qp_type == rdmx_core::QpType::Uc;
+            if gathered >= pull_min && self.peer_pulls && t.gather.len() <= MAX_SPANS && !uc {
                 // A descriptor: the pad length, then each span's address and length.
                 let len = 8 + 16 * t.gather.len();
                 let pushed = conn.seg.push(
@@ -755,8 +764,14 @@ impl Inner {
                 sent = true;
                 continue;
             }
-            let payload = gathered + usize::from(t.pad);
-            let align = t.gather.first().map_or(0, |s| s.addr as usize);
+            let owned = self.held_payload.as_ref();
+            let (payload, align) = match owned {
+                Some((bytes, from)) => (bytes.len(), *from),
+                None => (
+                    gathered + usize::from(t.pad),
+                    t.gather.first().map_or(0, |s| s.addr as usize),
+                ),
+            };
             let pushed = conn.seg.push(
                 ring,
                 &mut self.prod,
@@ -767,10 +782,15 @@ impl Inner {
                 |pre, pay| {
                     // SAFETY: `push` hands out `t.header.len()` writable bytes at `pre` and
                     // `payload` at `pay`, inside the segment; the sources are the packet's
-                    // own header buffer and registered memory kept alive by the spans'
-                    // MrRefs, inside the bounds raw_range checks.
+                    // own header buffer, its owned payload of `payload` bytes, or
+                    // registered memory kept alive by the spans' MrRefs, inside the bounds
+                    // raw_range checks.
                     unsafe {
                         copy(pre, t.header.as_ptr(), t.header.len());
+                        if let Some((bytes, _)) = owned {
+                            copy(pay, bytes.as_ptr(), bytes.len());
+                            return;
+                        }
                         let mut at = 0;
                         for s in &t.gather {
                             let src =
@@ -786,15 +806,45 @@ impl Inner {
                 },
             )?;
             if !pushed {
+                if uc && self.held_payload.is_none() {
+                    self.own_held();
+                }
                 break;
             }
             self.held = false;
+            self.held_payload = None;
             sent = true;
         }
         if sent {
             self.peer_may_wait();
         }
         Ok(sent)
+    }
+
+    /// Copies the held packet's payload out of registered memory. On UC the engine
+    /// completes a request when it sends its last packet, and its completion goes to the
+    /// CQ with this step's: the application may then write the memory again, while the
+    /// packet still waits for room in the ring. (RC completes a request only once the
+    /// peer acknowledged it, which it cannot before the packet is in the ring.)
+    fn own_held(&mut self) {
+        let t = &mut self.scratch;
+        let gathered: usize = t.gather.iter().map(|s| s.len as usize).sum();
+        let mut bytes = vec![0u8; gathered + usize::from(t.pad)];
+        let mut at = 0;
+        for s in &t.gather {
+            let src =
+                s.mr.raw_range(s.addr, s.len as usize)
+                    .expect("the engine gathers inside resolved regions");
+            // SAFETY: `src` is `s.len` bytes of registered memory kept alive by the
+            // span's MrRef (raw_range checked the bounds); `bytes` has room for every
+            // span (its length is their sum, and the pad).
+            unsafe { copy(bytes.as_mut_ptr().add(at), src, s.len as usize) };
+            at += s.len as usize;
+        }
+        let from = t.gather.first().map_or(0, |s| s.addr as usize);
+        // The regions are let go: nothing of the packet is read there any more.
+        t.gather.clear();
+        self.held_payload = Some((bytes, from));
     }
 
     /// The connection failed: drop it and move the QP to ERR, so every outstanding request
@@ -815,6 +865,7 @@ impl Inner {
         }
         self.conn = None;
         self.held = false;
+        self.held_payload = None;
         self.scratch = Transmit::default();
         if self.engine.state() != QpState::Err && self.engine.state() != QpState::Reset {
             let attr = QpAttr {

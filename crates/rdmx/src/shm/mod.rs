@@ -18,7 +18,10 @@
 //!   own engine has checked the packet's keys and resolved where the payload goes, looks
 //!   the source up in the sender's key table and copies it with one memcpy. The lookup
 //!   holds the source region for the copy, so a region deregistered meanwhile is never
-//!   read (the pull fails, as below). [`Options::direct`] turns it off.
+//!   read (the pull fails, as below). [`Options::direct`] turns it off. UC payloads
+//!   always take the ring, here and on `cma`: a UC request completes when sent, and its
+//!   memory may be written again before the peer would copy it (for the same reason a
+//!   UC packet that waits for room in the ring has its payload copied out first).
 //!
 //!   An RDMA WRITE or READ posted while nothing earlier is outstanding on its send queue
 //!   (UC: and the peer has read every packet sent before) does not take the rings at

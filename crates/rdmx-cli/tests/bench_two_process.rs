@@ -202,6 +202,38 @@ fn uc_tests_cross_processes_with_their_data_verified() {
     }
 }
 
+/// Ping-pongs over UC and UD through a sweep of sizes: from the second size on, `DONE`
+/// carries the generation bit (before, the answering side read it as part of the count
+/// and reported wrong data).
+#[test]
+fn uc_and_ud_ping_pongs_sweep_sizes_with_their_data_verified() {
+    for (conn, provider, test) in [
+        ("UC", "tcp", "write_lat"),
+        ("UC", "shm", "send_lat"),
+        ("UD", "shm", "send_lat"),
+    ] {
+        let args = [
+            "bench",
+            test,
+            "-c",
+            conn,
+            "--provider",
+            provider,
+            "-a",
+            "-n",
+            "5",
+            "--verify",
+            "--json",
+        ];
+        let (server, client) = pair(&args, &args);
+        ok("the server", &server);
+        let c: serde_json::Value =
+            serde_json::from_str(&ok("the client", &client)).expect("the client's JSON");
+        let rows = c["results"].as_array().expect("results");
+        assert!(rows.len() > 2, "{conn} {test}: {c}");
+    }
+}
+
 #[test]
 fn ud_tests_cross_processes_on_shm_and_udp_with_their_data_verified() {
     for provider in ["shm", "udp"] {

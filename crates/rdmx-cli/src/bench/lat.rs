@@ -16,10 +16,11 @@ use std::time::Instant;
 
 use rdmx::{LocalSge, SendRequest, WcOpcode};
 
-use super::args::{Budget, Op, Params};
+use super::args::{Budget, Conn, Op, Params};
 use super::connect::Region;
 use super::report::LatRecorder;
-use super::setup::{poll, Abort, BoxError, Layout, Role, Side, EMPTY, STALL};
+use super::responder::Sizing;
+use super::setup::{poll, Abort, BoxError, Layout, Role, Side, CTL, EMPTY, STALL};
 use super::verify::{check_region, stamp_for, tag, Expect};
 
 /// What one size measured: the recorder, and the requests issued (warm-up included).
@@ -143,6 +144,7 @@ pub(crate) fn ping(
 ) -> Result<LatRun, BoxError> {
     let (l, mr, qp) = (&side.layout, &side.mrs[0], &side.qps[0]);
     let write = p.test.op() == Op::Write;
+    let lossy = p.conn != Conn::Rc;
     let reads = last_byte_reads(side);
     let src = LocalSge::new(mr, l.src(0), size)?;
     let to = remote[0].at(Layout::new(p, Role::Responder).dst(0));
@@ -168,6 +170,11 @@ pub(crate) fn ping(
         spin(side, abort, |wc| {
             for c in wc {
                 match c.opcode {
+                    // Over UC and UD, the previous size's verdict sent again (for its
+                    // DONE, sent again before the verdict came): nothing to do.
+                    WcOpcode::Recv if lossy && side.ctl_value(c)?.is_some() => {
+                        side.post_recv(0, c.wr_id)?;
+                    }
                     WcOpcode::Recv if side.ctl_value(c)?.is_some() => {
                         return Err("a control message arrived in the middle of a round".into())
                     }
@@ -211,10 +218,12 @@ pub(crate) fn pong(
     side: &Side,
     remote: &[Region],
     round: &mut u64,
+    sizing: Sizing,
     abort: &Abort,
 ) -> Result<Result<(), String>, BoxError> {
     let (l, mr, qp) = (&side.layout, &side.mrs[0], &side.qps[0]);
     let write = p.test.op() == Op::Write;
+    let lossy = p.conn != Conn::Rc;
     let reads = last_byte_reads(side);
     let src = LocalSge::new(mr, l.src(0), size)?;
     let to = remote[0].at(Layout::new(p, Role::Requester).dst(0));
@@ -236,12 +245,17 @@ pub(crate) fn pong(
             let n = poll(&side.cq, &mut wc)?;
             for c in &wc[..n] {
                 if c.opcode != WcOpcode::Recv {
-                    unanswered = unanswered.saturating_sub(1);
+                    // (Not a verdict sent again, below: only answers count.)
+                    if c.wr_id & CTL == 0 {
+                        unanswered = unanswered.saturating_sub(1);
+                    }
                 } else {
                     let ctl = side.ctl_value(c)?;
                     side.post_recv(0, c.wr_id)?;
                     match ctl {
-                        Some(imm) => done = Some(imm),
+                        // Over UC and UD, a DONE of the previous size may come again: it
+                        // gets that size's verdict again (`Sizing::done`).
+                        Some(imm) => done = sizing.done(side, lossy, imm)?,
                         None => (ping, len) = (true, c.byte_len),
                     }
                 }
@@ -255,7 +269,9 @@ pub(crate) fn pong(
             }
         }
         if let Some(n) = done {
-            if p.verify && bad.is_none() && n != answered as u32 {
+            // (Over UC and UD the count is modulo 2^31: the top bit is the generation.)
+            let sent = answered as u32 & if lossy { 0x7fff_ffff } else { u32::MAX };
+            if p.verify && bad.is_none() && n != sent {
                 bad = Some(format!(
                     "--verify: {answered} pings arrived, the other side sent {n}"
                 ));

@@ -33,13 +33,13 @@ pub(crate) fn drive(
     let mut round = 0u64;
     let mut last_verdict = None;
     for (k, &size) in p.sizes.iter().enumerate() {
+        let sizing = Sizing {
+            gen: k as u32 % 2,
+            last_verdict,
+        };
         let checked = if p.test.is_ping_pong() {
-            lat::pong(p, size, side, remote, &mut round, abort)?
+            lat::pong(p, size, side, remote, &mut round, sizing, abort)?
         } else {
-            let sizing = Sizing {
-                gen: k as u32 % 2,
-                last_verdict,
-            };
             serve(p, size, side, &mut counters, sizing, abort)?
         };
         if let Some(&next) = p.sizes.get(k + 1) {
@@ -128,11 +128,29 @@ fn prepare(p: &Params, side: &Side, size: usize) -> Result<(), BoxError> {
 /// bit, so a DONE of the previous size is answered with its verdict again, not taken
 /// for this size's.
 #[derive(Clone, Copy, Debug)]
-struct Sizing {
+pub(crate) struct Sizing {
     /// This size's generation bit.
-    gen: u32,
+    pub(crate) gen: u32,
     /// The verdict of the previous size.
-    last_verdict: Option<u32>,
+    pub(crate) last_verdict: Option<u32>,
+}
+
+impl Sizing {
+    /// The count a `DONE` control message `imm` carries, if it is this size's; for one of
+    /// the previous size (over UC or UD, `lossy`, sent again before its verdict came),
+    /// sends that size's verdict again and returns `None`.
+    pub(crate) fn done(&self, side: &Side, lossy: bool, imm: u32) -> Result<Option<u32>, BoxError> {
+        if !lossy {
+            return Ok(Some(imm));
+        }
+        if imm >> 31 != self.gen {
+            if let Some(v) = self.last_verdict {
+                side.send_ctl(0, v)?;
+            }
+            return Ok(None);
+        }
+        Ok(Some(imm & 0x7fff_ffff))
+    }
 }
 
 /// Serves one size until `DONE` has come on every QP; returns the verdict of the checks.
@@ -170,14 +188,10 @@ fn serve(
             }
             let i = side.qp_index(c.qp_num);
             if let Some(imm) = side.ctl_value(c)? {
-                if lossy && imm >> 31 != sizing.gen {
+                let Some(n) = sizing.done(side, lossy, imm)? else {
                     side.post_recv(i, c.wr_id)?;
-                    if let Some(v) = sizing.last_verdict {
-                        side.send_ctl(0, v)?;
-                    }
                     continue;
-                }
-                let n = if lossy { imm & 0x7fff_ffff } else { imm };
+                };
                 counts[i] = Some(u64::from(n));
             } else if p.verify && bad.is_none() {
                 // A data message: its stamp must be the next sequence number (over UC and

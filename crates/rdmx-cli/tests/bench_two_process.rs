@@ -192,14 +192,19 @@ fn uc_tests_cross_processes_with_their_data_verified() {
             "--verify",
             "--json",
         ];
-        let (server, client) = pair(&args, &args);
-        ok("the server", &server);
-        let c: serde_json::Value =
-            serde_json::from_str(&ok("the client", &client)).expect("the client's JSON");
+        let c = both_ok(&args);
         assert_eq!(c["transport"], "UC", "{c}");
         let rows = c["results"].as_array().expect("results");
         check_row(test, &rows[0], size.parse().unwrap(), &c.to_string());
     }
+}
+
+/// Runs `args` (with `--json`) as server and client; both must succeed. Returns the
+/// client's JSON.
+fn both_ok(args: &[&str]) -> serde_json::Value {
+    let (server, client) = pair(args, args);
+    ok("the server", &server);
+    serde_json::from_str(&ok("the client", &client)).expect("the client's JSON")
 }
 
 /// Ping-pongs over UC and UD through a sweep of sizes: from the second size on, `DONE`
@@ -225,10 +230,7 @@ fn uc_and_ud_ping_pongs_sweep_sizes_with_their_data_verified() {
             "--verify",
             "--json",
         ];
-        let (server, client) = pair(&args, &args);
-        ok("the server", &server);
-        let c: serde_json::Value =
-            serde_json::from_str(&ok("the client", &client)).expect("the client's JSON");
+        let c = both_ok(&args);
         let rows = c["results"].as_array().expect("results");
         assert!(rows.len() > 2, "{conn} {test}: {c}");
     }
@@ -253,10 +255,7 @@ fn ud_tests_cross_processes_on_shm_and_udp_with_their_data_verified() {
                 "--verify",
                 "--json",
             ];
-            let (server, client) = pair(&args, &args);
-            ok("the server", &server);
-            let c: serde_json::Value =
-                serde_json::from_str(&ok("the client", &client)).expect("the client's JSON");
+            let c = both_ok(&args);
             assert_eq!(c["transport"], "UD", "{c}");
             assert_eq!(c["provider"], provider, "{c}");
             let rows = c["results"].as_array().expect("results");

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::{open_peer, pattern, writes, LateBytes};
 use rdmx::Access;
-use rdmx_transfer::{Config, Engine, Rail, Target};
+use rdmx_transfer::{Config, Engine, PathStatus, Rail, Segment, Target};
 
 const T: Duration = Duration::from_secs(20);
 
@@ -55,11 +55,9 @@ fn a_stalled_shm_peer_s_late_reads_do_not_overwrite_what_came_after() {
     t.assert_holds(&after);
 }
 
-/// The sender's queue pair of the path a notification takes stalls after the peer has
-/// received it: the acknowledgement is never read, the path is set aside and the
-/// notification goes again on the other rail. The peer delivers it once.
-#[test]
-fn a_notification_sent_again_after_it_arrived_is_delivered_once() {
+/// Two engines, `a` having opened `b`'s segment and sent it a first notification, which
+/// arrived; both paths up.
+fn notified_once() -> (Engine, Engine, Segment, Vec<PathStatus>) {
     let a = Engine::new("a", config()).unwrap();
     let b = Engine::new("b", config()).unwrap();
     let seg = open_peer(&a, &b);
@@ -68,6 +66,15 @@ fn a_notification_sent_again_after_it_arrived_is_delivered_once() {
     assert_eq!(b.recv_notification(T).unwrap().data, b"first");
     let paths = seg.paths();
     assert!(paths.len() == 2 && paths.iter().all(|p| p.up), "{paths:?}");
+    (a, b, seg, paths)
+}
+
+/// The sender's queue pair of the path a notification takes stalls after the peer has
+/// received it: the acknowledgement is never read, the path is set aside and the
+/// notification goes again on the other rail. The peer delivers it once.
+#[test]
+fn a_notification_sent_again_after_it_arrived_is_delivered_once() {
+    let (a, b, seg, paths) = notified_once();
 
     // `a` reads nothing more on the path notifications take (the first one up).
     let index = |name: &str| {
@@ -111,14 +118,7 @@ fn a_notification_sent_again_after_it_arrived_is_delivered_once() {
 /// (before, it took the other rail at once and arrived first).
 #[test]
 fn a_notification_sent_while_an_earlier_one_waits_to_go_again_arrives_after_it() {
-    let a = Engine::new("a", config()).unwrap();
-    let b = Engine::new("b", config()).unwrap();
-    let seg = open_peer(&a, &b);
-    let st = a.notify(&seg, b"first").unwrap().wait(T).unwrap();
-    assert!(st.is_success(), "{st:?}");
-    assert_eq!(b.recv_notification(T).unwrap().data, b"first");
-    let paths = seg.paths();
-    assert!(paths.len() == 2 && paths.iter().all(|p| p.up), "{paths:?}");
+    let (a, b, seg, paths) = notified_once();
     // `b` reads nothing more on the path notifications take (the first one up).
     let held = rdmx::shm::testing::hold_reads_from(qpn_of(&paths[0].name));
     let one = a.notify(&seg, b"one").unwrap();

@@ -604,18 +604,9 @@ mod execute_at_post {
     /// UC WRITEs run at post too; a UC WRITE with immediate data takes the packets.
     #[test]
     fn uc_writes_run_at_post() {
-        let side = || {
-            let ctx = FAST.open();
-            let pd = ctx.alloc_pd();
-            let scq = ctx.create_cq(64).unwrap();
-            let rcq = ctx.create_cq(64).unwrap();
-            let qp = pd
-                .create_qp_of_type(QpType::Uc, &scq, &rcq, None, QpCaps::default())
-                .unwrap();
-            (pd, scq, rcq, qp)
-        };
-        let (pa, sa, _ra, qa) = side();
-        let (pb, _sb, rb, qb) = side();
+        let side = || crate::uc_side(FAST.open());
+        let (_ca, pa, sa, _ra, qa) = side();
+        let (_cb, pb, _sb, rb, qb) = side();
         let opts = FAST.options();
         qa.connect(qb.endpoint(), &opts).unwrap();
         qb.connect(qa.endpoint(), &opts).unwrap();
@@ -657,7 +648,7 @@ mod uc_buffers {
     use std::time::Duration;
 
     use rdmx::shm::Options;
-    use rdmx::{Access, Context, QpCaps, QpType, RecvRequest, SendRequest, WcStatus};
+    use rdmx::{Access, Context, RecvRequest, SendRequest, WcStatus};
 
     use crate::conformance;
 
@@ -669,16 +660,7 @@ mod uc_buffers {
     fn sends_carry_their_own_bytes(opts: Options, data_path: &str) {
         const LEN: usize = 8 << 10;
         const N: usize = 12;
-        let side = || {
-            let ctx = Context::open(opts.clone()).unwrap();
-            let pd = ctx.alloc_pd();
-            let scq = ctx.create_cq(64).unwrap();
-            let rcq = ctx.create_cq(64).unwrap();
-            let qp = pd
-                .create_qp_of_type(QpType::Uc, &scq, &rcq, None, QpCaps::default())
-                .unwrap();
-            (ctx, pd, scq, rcq, qp)
-        };
+        let side = || crate::uc_side(Context::open(opts.clone()).unwrap());
         let (_ca, pa, sa, _ra, qa) = side();
         let (_cb, pb, _sb, rb, qb) = side();
         let o = rdmx::ConnectOptions::default();
@@ -739,4 +721,23 @@ mod uc_buffers {
     fn on_the_direct_path() {
         sends_carry_their_own_bytes(Options::default().ring_bytes(64 << 10), "direct");
     }
+}
+
+/// A UC queue pair of `ctx`, with its protection domain and its send and receive CQs.
+fn uc_side(
+    ctx: rdmx::Context,
+) -> (
+    rdmx::Context,
+    rdmx::ProtectionDomain,
+    rdmx::CompletionQueue,
+    rdmx::CompletionQueue,
+    rdmx::QueuePair,
+) {
+    let pd = ctx.alloc_pd();
+    let scq = ctx.create_cq(64).unwrap();
+    let rcq = ctx.create_cq(64).unwrap();
+    let qp = pd
+        .create_qp_of_type(rdmx::QpType::Uc, &scq, &rcq, None, rdmx::QpCaps::default())
+        .unwrap();
+    (ctx, pd, scq, rcq, qp)
 }

@@ -265,9 +265,6 @@ impl Path {
             return false;
         }
         self.failures.fetch_add(1, Ordering::Relaxed);
-        if let Some(g) = gate.as_mut() {
-            g.path_failed(self);
-        }
         *self.down_until.lock() = Some(Instant::now() + shared.config.set_aside);
         tracing::info!(path = %self.name, "transfer path failed; set aside");
         if let Some(qp) = self.qp.lock().clone() {
@@ -279,6 +276,11 @@ impl Path {
         }
         let queued: Vec<Work> = self.pending.lock().drain(..).collect();
         self.queued.store(0, Ordering::Relaxed);
+        // After the drain: a notification the worker took from the queue before it is
+        // counted as in flight by now (it counts under the queue's lock).
+        if let Some(g) = gate.as_mut() {
+            g.path_failed(self);
+        }
         // Queued notifications wait in the gate, in order, with those sent meanwhile.
         let (notes, slices): (Vec<Work>, Vec<Work>) = queued
             .into_iter()

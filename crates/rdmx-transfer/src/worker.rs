@@ -164,8 +164,18 @@ impl Worker {
         };
         let mut n = 0;
         while p.outstanding.load(Ordering::Acquire) < depth {
-            let Some(w) = p.pending.lock().pop_front() else {
-                break;
+            let w = {
+                let mut q = p.pending.lock();
+                let Some(w) = q.pop_front() else {
+                    break;
+                };
+                // A notification counts as in flight from when it leaves the queue, under
+                // the queue's lock: a failure of the path meanwhile (from another thread)
+                // either still finds it queued or sees it counted (`notes`).
+                if let Work::Notify { .. } = w {
+                    p.notes_posted.fetch_add(1, Ordering::AcqRel);
+                }
+                w
             };
             let len = w.len();
             sub_sat(&p.queued, len);
@@ -207,24 +217,20 @@ impl Worker {
                         }
                     }
                 }
-                &Work::Notify { ref data, seq, .. } => {
-                    // Counted before it can be in flight: a failure of the path from
-                    // another thread meanwhile holds the later ones back (`notes`).
-                    p.notes_posted.fetch_add(1, Ordering::AcqRel);
-                    self.rail
-                        .pd
-                        .register(data.to_vec(), rdmx::Access::LOCAL_WRITE)
-                        .map_err(crate::Error::from)
-                        .and_then(|mr| {
-                            let sge = LocalSge::new(&mr, 0, data.len())?;
-                            let mut req = SendRequest::send_with_imm(wr_id, seq);
-                            if !data.is_empty() {
-                                req = req.sge(sge);
-                            }
-                            qp.post_send(req)?;
-                            Ok(Some(mr))
-                        })
-                }
+                &Work::Notify { ref data, seq, .. } => self
+                    .rail
+                    .pd
+                    .register(data.to_vec(), rdmx::Access::LOCAL_WRITE)
+                    .map_err(crate::Error::from)
+                    .and_then(|mr| {
+                        let sge = LocalSge::new(&mr, 0, data.len())?;
+                        let mut req = SendRequest::send_with_imm(wr_id, seq);
+                        if !data.is_empty() {
+                            req = req.sge(sge);
+                        }
+                        qp.post_send(req)?;
+                        Ok(Some(mr))
+                    }),
             };
             match res {
                 Ok(mr) => {
@@ -246,10 +252,13 @@ impl Worker {
                     n += 1;
                 }
                 Err(e) => {
-                    if let (Work::Notify { .. }, Some(conn)) = (&w, p.conn.upgrade()) {
-                        // Not in flight after all.
-                        conn.note_completed(&self.shared, p);
-                    }
+                    // A notification not in flight after all: it stops counting once it
+                    // waits in the gate again (`reschedule`, after the path's failure), so
+                    // that the ones queued behind it do not go first.
+                    let note = match &w {
+                        Work::Notify { .. } => p.conn.upgrade(),
+                        Work::Slice(_) => None,
+                    };
                     // The local side refused (unregistered buffer, a queue pair in error):
                     // a request error if the buffer went away, else the path's failure.
                     match (&w, &e) {
@@ -274,6 +283,9 @@ impl Worker {
                                     let f = p.closed_failure("the peer", None);
                                     crate::path::fail_work(&self.shared, w, f);
                                 }
+                            }
+                            if let Some(conn) = note {
+                                conn.note_completed(&self.shared, p);
                             }
                             return n;
                         }

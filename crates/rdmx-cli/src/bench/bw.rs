@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use rdmx::{LocalSge, SendRequest};
+use rdmx::{LocalSge, SendRequest, WcOpcode};
 
 use super::args::{Budget, Op, Params};
 use super::connect::Region;
@@ -186,6 +186,16 @@ pub(crate) fn requester(
                     continue; // a control message's send completion, from before
                 }
                 let i = side.qp_index(c.qp_num);
+                if matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+                    // Over UC and UD, the previous size's verdict sent again (for its DONE,
+                    // sent again before the verdict came): its receive goes back, for the
+                    // verdict of this size. Nothing else arrives here during a run.
+                    if c.status == rdmx::WcStatus::Success && side.ctl_value(c)?.is_some() {
+                        side.post_recv(i, c.wr_id)?;
+                        continue;
+                    }
+                    return Err(format!("an unexpected receive completion: {c:?}").into());
+                }
                 let d = c.wr_id + 1;
                 if d > done[i] {
                     total += d - done[i];

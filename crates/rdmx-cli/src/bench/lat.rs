@@ -255,7 +255,11 @@ pub(crate) fn pong(
                     match ctl {
                         // Over UC and UD, a DONE of the previous size may come again: it
                         // gets that size's verdict again (`Sizing::done`).
-                        Some(imm) => done = sizing.done(side, lossy, imm)?,
+                        Some(imm) => {
+                            if let Some(n) = sizing.done(side, lossy, imm)? {
+                                done = Some(n);
+                            }
+                        }
                         None => (ping, len) = (true, c.byte_len),
                     }
                 }
@@ -299,8 +303,10 @@ pub(crate) fn pong(
                     if c.opcode == WcOpcode::Recv {
                         return Err("a message arrived before the answer to the last one".into());
                     }
-                    // Earlier sends (control messages) complete here too.
-                    unanswered = unanswered.saturating_sub(1);
+                    // (Control messages' sends complete here too: not answers.)
+                    if c.wr_id & CTL == 0 {
+                        unanswered = unanswered.saturating_sub(1);
+                    }
                 }
                 Ok(unanswered == 0)
             })?;

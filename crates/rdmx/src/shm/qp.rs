@@ -478,6 +478,7 @@ impl Inner {
     pub(crate) fn release(&mut self) {
         self.scratch = Transmit::default();
         self.held = false;
+        self.held_payload = None;
         self.place.clear();
         self.sources.clear();
         self.srq = None;

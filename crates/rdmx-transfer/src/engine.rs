@@ -176,7 +176,8 @@ impl Shared {
             // leaves as it is) would wait where no worker looks any more.
             p.fail_queued(self, &c.peer);
         }
-        c.fail_held();
+        // Marked closed above: what the gate holds fails.
+        c.release_notes(self);
     }
 }
 

@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
 use crate::engine::Shared;
-use crate::path::{Conn, Path, Work};
+use crate::path::{closed_reason, Conn, Path, Work};
 
 /// A connection's notifications held back to keep their order.
 #[derive(Default)]
@@ -45,11 +45,6 @@ fn seq_of(w: &Work) -> u32 {
 }
 
 impl NoteGate {
-    /// Holds notification `w` until nothing sent before it is in doubt.
-    pub(crate) fn hold(&mut self, w: Work) {
-        self.insert(w);
-    }
-
     /// Path `p` failed (the caller holds the gate and took the path down): if it has
     /// notifications in flight, the ones sent after wait until those have completed
     /// (each then goes again, or fails).
@@ -61,7 +56,8 @@ impl NoteGate {
         }
     }
 
-    fn insert(&mut self, w: Work) {
+    /// Holds notification `w` until nothing sent before it is in doubt.
+    pub(crate) fn insert(&mut self, w: Work) {
         let seq = seq_of(&w);
         let at = self
             .held
@@ -116,22 +112,13 @@ impl Conn {
         }
     }
 
-    /// Fails every notification held (the connection closed).
-    pub(crate) fn fail_held(&self) {
-        let held: Vec<Work> = self.gate.lock().held.drain(..).collect();
-        for w in held {
-            let why = format!("the connection to {} closed", self.peer);
-            fail_note(w, why);
-        }
-    }
-
     /// Sends what nothing in doubt holds back, in order. Under the gate's lock, so that
     /// notifications go out in that order. Once the connection is closed (it is marked
     /// closed before its paths fail and its queues empty), everything held fails.
     fn release(&self, shared: &Shared, g: &mut NoteGate) {
         if self.closed.load(Ordering::Acquire) {
             for w in g.held.drain(..) {
-                fail_note(w, format!("the connection to {} closed", self.peer));
+                fail_note(w, closed_reason(&self.peer));
             }
             return;
         }
@@ -157,7 +144,7 @@ impl Conn {
             match g.path {
                 Some(i) => {
                     if let Err(w) = self.paths[i].enqueue(w) {
-                        fail_note(w, format!("the connection to {} closed", self.peer));
+                        fail_note(w, closed_reason(&self.peer));
                     }
                 }
                 None => fail_note(w, format!("no usable path to {}", self.peer)),

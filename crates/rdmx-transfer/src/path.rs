@@ -220,7 +220,7 @@ impl Path {
         Failure {
             status,
             path: self.name.clone(),
-            reason: format!("the connection to {peer} closed"),
+            reason: closed_reason(peer),
         }
     }
 
@@ -286,7 +286,7 @@ impl Path {
             .into_iter()
             .partition(|w| matches!(w, Work::Notify { .. }));
         if let Some(g) = gate.as_mut() {
-            notes.into_iter().for_each(|w| g.hold(w));
+            notes.into_iter().for_each(|w| g.insert(w));
         }
         drop(gate);
         if let Some(conn) = conn {
@@ -306,6 +306,11 @@ pub(crate) const TAG_MASK: u32 = 0x7fff_ffff;
 
 /// The id of a send-queue request: its slab `key` in the low 32 bits, `tag` (31 bits)
 /// above.
+/// Why work to `peer` fails once its connection closed.
+pub(crate) fn closed_reason(peer: &str) -> String {
+    format!("the connection to {peer} closed")
+}
+
 pub(crate) fn send_wr_id(key: usize, tag: u32) -> u64 {
     (key as u64 & 0xffff_ffff) | u64::from(tag & TAG_MASK) << 32
 }

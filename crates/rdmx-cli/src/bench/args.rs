@@ -277,6 +277,12 @@ pub(crate) struct Params {
 }
 
 impl Params {
+    /// Whether messages may be lost (UC and UD): control messages then carry the size's
+    /// generation bit and go again until answered.
+    pub(crate) fn lossy(&self) -> bool {
+        self.conn != Conn::Rc
+    }
+
     /// The largest message.
     pub(crate) fn max_size(&self) -> usize {
         self.sizes.iter().copied().max().unwrap_or(1)

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use rdmx::{LocalSge, SendRequest, WcOpcode};
 
-use super::args::{Budget, Conn, Op, Params};
+use super::args::{Budget, Op, Params};
 use super::connect::Region;
 use super::report::LatRecorder;
 use super::responder::Sizing;
@@ -144,7 +144,7 @@ pub(crate) fn ping(
 ) -> Result<LatRun, BoxError> {
     let (l, mr, qp) = (&side.layout, &side.mrs[0], &side.qps[0]);
     let write = p.test.op() == Op::Write;
-    let lossy = p.conn != Conn::Rc;
+    let lossy = p.lossy();
     let reads = last_byte_reads(side);
     let src = LocalSge::new(mr, l.src(0), size)?;
     let to = remote[0].at(Layout::new(p, Role::Responder).dst(0));
@@ -223,7 +223,7 @@ pub(crate) fn pong(
 ) -> Result<Result<(), String>, BoxError> {
     let (l, mr, qp) = (&side.layout, &side.mrs[0], &side.qps[0]);
     let write = p.test.op() == Op::Write;
-    let lossy = p.conn != Conn::Rc;
+    let lossy = p.lossy();
     let reads = last_byte_reads(side);
     let src = LocalSge::new(mr, l.src(0), size)?;
     let to = remote[0].at(Layout::new(p, Role::Requester).dst(0));

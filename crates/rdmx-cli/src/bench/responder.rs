@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use rdmx::{WcOpcode, WcStatus};
 
-use super::args::{Conn, Op, Params};
+use super::args::{Op, Params};
 use super::connect::Region;
 use super::lat;
 use super::setup::{
@@ -52,7 +52,7 @@ pub(crate) fn drive(
             abort.fail(Role::Responder);
             VERDICT_BAD
         };
-        let verdict = verdict_for(verdict, k, p.conn != Conn::Rc);
+        let verdict = verdict_for(verdict, k, p.lossy());
         last_verdict = Some(verdict);
         side.send_ctl(0, verdict)?;
         if let Err(e) = checked {
@@ -76,7 +76,7 @@ pub(crate) fn drive(
                 bye = true;
                 break;
             }
-            if c.status == WcStatus::Success && c.imm_data.is_some() && p.conn != Conn::Rc {
+            if c.status == WcStatus::Success && c.imm_data.is_some() && p.lossy() {
                 // A DONE again: the last verdict was lost on the way.
                 side.post_recv(side.qp_index(c.qp_num), c.wr_id)?;
                 if let Some(v) = last_verdict {
@@ -165,7 +165,7 @@ fn serve(
     sizing: Sizing,
     abort: &Abort,
 ) -> Result<Result<(), String>, BoxError> {
-    let lossy = p.conn != Conn::Rc;
+    let lossy = p.lossy();
     let mut received = vec![0u64; side.qps.len()];
     let l = &side.layout;
     let op = p.test.op();

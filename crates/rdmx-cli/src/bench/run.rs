@@ -444,7 +444,7 @@ fn drive(
             };
             (row, vec![issued])
         };
-        finish_size(side, &counts, k, abort)?;
+        finish_size(side, &counts, k, p.lossy(), abort)?;
         on_row(row);
     }
     say_bye(side)

@@ -531,18 +531,15 @@ pub(crate) fn wait_ctl(side: &Side, abort: &Abort, what: &str) -> Result<u32, Bo
 }
 
 /// Requester, after size number `k`: DONE with `counts[i]` on every QP, then the
-/// verdict. Over UC and UD, where DONE or the verdict may be lost, DONE carries the
+/// verdict. Over UC and UD (`lossy`), where DONE or the verdict may be lost, DONE carries the
 /// size's generation bit and goes again until the verdict comes.
 pub(crate) fn finish_size(
     side: &Side,
     counts: &[u64],
     k: usize,
+    lossy: bool,
     abort: &Abort,
 ) -> Result<(), BoxError> {
-    let lossy = side
-        .qps
-        .first()
-        .is_some_and(|q| q.qp_type() != rdmx::QpType::Rc);
     let verdict = if lossy {
         let gen = (k as u32 % 2) << 31;
         let since = Instant::now();

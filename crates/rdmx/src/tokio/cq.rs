@@ -423,6 +423,7 @@ impl Shared {
         for (qp, side) in abandoned {
             if let Some(qp) = qp.upgrade() {
                 qp.room(side).release(&qp);
+                let_go(qp);
             }
         }
     }
@@ -430,6 +431,21 @@ impl Shared {
     /// Whether the queue has failed (no completion reaches an operation any more).
     pub(super) fn failed(&self) -> bool {
         self.state.lock().failed.is_some()
+    }
+}
+
+/// Drops the driver's handle of a queue pair, taken for a moment to give back a buffer or
+/// a request's room. If the application dropped its own handles meanwhile, this one is
+/// the last, and the queue pair is destroyed on a blocking thread rather than on the
+/// runtime's: destruction may wait for the peer (shm waits up to its drain bound for a
+/// peer stopped in the middle of a copy).
+fn let_go<T: Send + 'static>(handle: Arc<T>) {
+    let Some(last) = Arc::into_inner(handle) else {
+        return;
+    };
+    match ::tokio::runtime::Handle::try_current() {
+        Ok(rt) => drop(rt.spawn_blocking(move || drop(last))),
+        Err(_) => drop(last),
     }
 }
 
@@ -455,6 +471,7 @@ fn reap(
         for (i, qp, side, reclaim, c) in late.drain(..) {
             if let Some(qp) = qp.upgrade() {
                 reclaim(&qp, side, &c);
+                let_go(qp);
             }
             sh.free(i);
         }
@@ -556,6 +573,39 @@ mod tests {
             qp_num,
             ..Completion::default()
         }
+    }
+
+    /// Sends the id of the thread that drops it.
+    struct DroppedOn(std::sync::mpsc::Sender<std::thread::ThreadId>);
+
+    impl Drop for DroppedOn {
+        fn drop(&mut self) {
+            let _ = self.0.send(std::thread::current().id());
+        }
+    }
+
+    #[test]
+    fn the_driver_s_last_handle_of_a_queue_pair_is_dropped_off_the_runtime_thread() {
+        let rt = ::tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let app = Arc::new(DroppedOn(tx));
+        rt.block_on(async {
+            // The application still holds its handle: nothing is dropped.
+            let_go(app.clone());
+            assert!(rx.try_recv().is_err());
+            assert_eq!(Arc::strong_count(&app), 1);
+        });
+        let runtime_thread = std::thread::current().id();
+        rt.block_on(async move {
+            // The driver's handle is the last.
+            let_go(app);
+        });
+        let dropped_on = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the queue pair is dropped");
+        assert_ne!(dropped_on, runtime_thread);
     }
 
     #[test]

@@ -91,6 +91,55 @@ impl Faults {
     }
 }
 
+impl Faults {
+    /// Parses [`FAULTS_ENV`](super::FAULTS_ENV)'s value: comma-separated `KIND=PPM` for
+    /// `drop`, `duplicate`, `reorder`, `corrupt` and `mangle`, `delay=PPM@MICROS`, and
+    /// `seed=N`.
+    pub(crate) fn parse(spec: &str) -> Result<Faults, String> {
+        let mut f = Faults::default();
+        for item in spec.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (kind, value) = item
+                .split_once('=')
+                .ok_or_else(|| format!("`{item}` is not KIND=VALUE"))?;
+            let ppm = |v: &str| -> Result<u32, String> {
+                v.parse::<u32>()
+                    .ok()
+                    .filter(|&n| n <= PPM)
+                    .ok_or_else(|| format!("{kind}: `{v}` is not a rate of 0 to {PPM} ppm"))
+            };
+            match kind.trim() {
+                "seed" => {
+                    f.seed = value
+                        .parse()
+                        .map_err(|_| format!("seed: `{value}` is not a number"))?
+                }
+                "drop" => f.drop = ppm(value)?,
+                "duplicate" => f.duplicate = ppm(value)?,
+                "reorder" => f.reorder = ppm(value)?,
+                "corrupt" => f.corrupt = ppm(value)?,
+                "mangle" => f.mangle = ppm(value)?,
+                "delay" => {
+                    let (rate, us) = value
+                        .split_once('@')
+                        .ok_or_else(|| format!("delay: `{value}` is not PPM@MICROS"))?;
+                    f.delay = ppm(rate)?;
+                    f.delay_by = Duration::from_micros(
+                        us.parse()
+                            .map_err(|_| format!("delay: `{us}` is not microseconds"))?,
+                    );
+                }
+                other => {
+                    return Err(format!(
+                        "unknown fault `{other}` (drop, duplicate, reorder, corrupt, mangle, \
+                         delay, seed)"
+                    ))
+                }
+            }
+        }
+        Ok(f)
+    }
+}
+
 /// What a context's fault injection did so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -334,6 +383,27 @@ fn crc32(bytes: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fault_spec_parses_and_a_bad_one_says_why() {
+        let f = Faults::parse("drop=2000, seed=7,delay=10@150,reorder=5").expect("valid");
+        assert_eq!(
+            (f.drop, f.seed, f.delay, f.delay_by, f.reorder, f.duplicate),
+            (2000, 7, 10, Duration::from_micros(150), 5, 0)
+        );
+        assert_eq!(Faults::parse("").expect("empty"), Faults::default());
+        for (bad, says) in [
+            ("drop", "KIND=VALUE"),
+            ("drop=1000001", "0 to 1000000"),
+            ("drop=-1", "0 to 1000000"),
+            ("delay=10", "PPM@MICROS"),
+            ("seed=x", "not a number"),
+            ("lose=5", "unknown fault `lose`"),
+        ] {
+            let e = Faults::parse(bad).expect_err(bad);
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn crc32_matches_the_standard_check_value() {

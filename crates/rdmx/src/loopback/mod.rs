@@ -8,9 +8,10 @@
 //! complete as soon as either side calls in. The fabric is serialised by one lock; it is
 //! the reference for semantics, not for speed.
 //!
-//! With the `testing` feature, a context opened with `Options::faults` has the packets
-//! its queue pairs send dropped, delayed, duplicated, reordered or corrupted on their way
-//! (`faults`); delayed packets wait in the fabric until they are due.
+//! A context opened by name with [`FAULTS_ENV`] set (or, with the `testing` feature, with
+//! `Options::faults`) has the packets its queue pairs send dropped, delayed, duplicated,
+//! reordered or corrupted on their way (`faults`); delayed packets wait in the fabric
+//! until they are due.
 
 #[cfg(feature = "testing")]
 pub mod faults;
@@ -30,7 +31,7 @@ use rdmx_core::{QpType, MULTICAST_QPN};
 #[cfg(feature = "testing")]
 pub use faults::{FaultStats, Faults};
 
-use self::faults::{Injector, Rng, Wire};
+use self::faults::{Faults as FaultSpec, Injector, Rng, Wire};
 use crate::ah::LOCAL_GID;
 use crate::endpoint::PeerAddr;
 use crate::provider::{self, Capabilities, CqCore, MrRef, ProviderConfig};
@@ -39,6 +40,16 @@ use crate::{Error, Result};
 
 /// The provider's name.
 pub const NAME: &str = "loopback";
+
+/// The environment variable that gives a loopback context opened by name
+/// (`Context::open_provider("loopback")`, `rdmx bench --provider loopback`) faults on the
+/// packets its queue pairs send, to see an application (or a benchmark) under loss:
+/// comma-separated `KIND=PPM` (parts per million of packets) for `drop`, `duplicate`,
+/// `reorder`, `corrupt` (a bit flipped, caught by a CRC: a loss) and `mangle` (headers
+/// broken), `delay=PPM@MICROS`, and `seed=N` for the generators (0 by default, so a
+/// failing run repeats), e.g. `RDMX_LOOPBACK_FAULTS=drop=2000,seed=7`. A value that does
+/// not parse fails the open.
+pub const FAULTS_ENV: &str = "RDMX_LOOPBACK_FAULTS";
 const DEVICE: &str = "loopback0";
 
 /// How to open a loopback context.
@@ -73,18 +84,13 @@ impl From<Options> for ProviderConfig {
     fn from(opts: Options) -> ProviderConfig {
         ProviderConfig::new(NAME, move || {
             #[cfg(feature = "testing")]
-            let (seed, faults) = (opts.seed, opts.faults.map(|f| Arc::new(Injector::new(f))));
+            let (seed, faults) = (opts.seed, opts.faults);
             #[cfg(not(feature = "testing"))]
             let (seed, faults) = {
                 let _ = opts;
                 (None, None)
             };
-            let seed = match seed {
-                Some(s) => s,
-                None => soft::seed()?,
-            };
-            crate::provider::copy::calibrate();
-            Ok(Arc::new(Device::new(seed, faults)) as Arc<dyn provider::Device>)
+            open_device(seed, faults)
         })
     }
 }
@@ -106,9 +112,28 @@ pub(crate) const ENTRY: provider::Entry = provider::Entry {
                 "provider {NAME} has no device {d}; its device is {DEVICE}"
             )));
         }
-        ProviderConfig::from(Options::default()).open()
+        let faults = match std::env::var(FAULTS_ENV) {
+            Ok(spec) => Some(
+                FaultSpec::parse(&spec)
+                    .map_err(|e| crate::Error::NoDevice(format!("{NAME}: {FAULTS_ENV}: {e}")))?,
+            ),
+            Err(_) => None,
+        };
+        open_device(None, faults)
     },
 };
+
+/// Opens a device: its keys derived from `seed` (drawn at random if `None`), `faults`
+/// applied to its packets.
+fn open_device(seed: Option<u64>, faults: Option<FaultSpec>) -> Result<Arc<dyn provider::Device>> {
+    let seed = match seed {
+        Some(s) => s,
+        None => soft::seed()?,
+    };
+    crate::provider::copy::calibrate();
+    let faults = faults.map(|f| Arc::new(Injector::new(f)));
+    Ok(Arc::new(Device::new(seed, faults)) as Arc<dyn provider::Device>)
+}
 
 fn caps() -> Capabilities {
     let limits = limits();

@@ -47,11 +47,72 @@ const REP_MOVSB: u8 = 3;
 /// bytes, the ranges not overlapping. Either range may be shared memory another process
 /// writes concurrently: the bytes copied are then unspecified, nothing else goes wrong
 /// (no reference to either range is formed).
+#[inline]
 pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
-    // Callers split copies into pieces, some of them empty: no `memcpy` call for those.
-    if len == 0 {
+    // Packet headers, small payloads, and the empty pieces callers split copies into:
+    // a few moves in place, not a call into `memcpy` and its dispatch.
+    if len <= SMALL_MAX {
+        // SAFETY: forwarded.
+        unsafe { copy_small(dst, src, len) };
         return;
     }
+    // SAFETY: forwarded.
+    unsafe { copy_large(dst, src, len) };
+}
+
+/// Copies of at most this many bytes are made in place ([`copy_small`]).
+const SMALL_MAX: usize = 32;
+
+/// [`copy`] of at most [`SMALL_MAX`] bytes: two possibly overlapping moves of the widest
+/// size that fits (the first and the last bytes of the range), as `memcpy` itself copies
+/// small sizes, without its call and dispatch.
+///
+/// # Safety
+///
+/// As [`copy`], and `len` is at most [`SMALL_MAX`].
+#[inline(always)]
+unsafe fn copy_small(dst: *mut u8, src: *const u8, len: usize) {
+    debug_assert!(len <= SMALL_MAX);
+    /// Copies `N` bytes at `src` and the `N` ending at `src + len` (`N <= len <= 2N`).
+    ///
+    /// # Safety
+    ///
+    /// As [`copy`].
+    #[inline(always)]
+    unsafe fn ends<const N: usize>(dst: *mut u8, src: *const u8, len: usize) {
+        // SAFETY: both moves lie inside the `len` bytes of each range (N <= len); the
+        // loads are made before the stores, and unaligned accesses are allowed.
+        unsafe {
+            let head = src.cast::<[u8; N]>().read_unaligned();
+            let tail = src.add(len - N).cast::<[u8; N]>().read_unaligned();
+            dst.cast::<[u8; N]>().write_unaligned(head);
+            dst.add(len - N).cast::<[u8; N]>().write_unaligned(tail);
+        }
+    }
+    // SAFETY: each branch's `N` is at most `len` and `len` at most `2N`; forwarded.
+    unsafe {
+        match len {
+            0 => {}
+            1..=3 => {
+                // The first, the middle and the last byte (the same byte when len < 3).
+                let (a, b, c) = (*src, *src.add(len / 2), *src.add(len - 1));
+                *dst = a;
+                *dst.add(len / 2) = b;
+                *dst.add(len - 1) = c;
+            }
+            4..=7 => ends::<4>(dst, src, len),
+            8..=15 => ends::<8>(dst, src, len),
+            _ => ends::<16>(dst, src, len),
+        }
+    }
+}
+
+/// [`copy`] of more than [`SMALL_MAX`] bytes.
+///
+/// # Safety
+///
+/// As [`copy`].
+unsafe fn copy_large(dst: *mut u8, src: *const u8, len: usize) {
     if len >= LOOP_MIN {
         let offsets_differ = (dst as usize ^ src as usize) & 63 != 0;
         if offsets_differ && misaligned() == LOOP {
@@ -357,7 +418,7 @@ mod tests {
     #[test]
     fn every_alignment_pair_copies_exactly() {
         let src: Vec<u8> = (0..9000u32).map(|i| (i * 7 + 3) as u8).collect();
-        for len in [0, 1, 31, 1023, 1024, 1025, 4096, 5000] {
+        for len in (0..=40).chain([1023, 1024, 1025, 4096, 5000]) {
             for so in 0..66 {
                 for d_off in [0, 1, 15, 16, 33, 63, 64] {
                     let mut dst = vec![0xeeu8; len + 200];

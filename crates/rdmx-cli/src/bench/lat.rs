@@ -50,10 +50,11 @@ fn round_clock() -> quanta::Clock {
 
 /// Polls `side`'s CQ until `step`, handed each batch of completions (maybe none), says
 /// the wait is over; fails once the other side of this process fails or nothing ends the
-/// wait for [`STALL`].
+/// wait for [`STALL`] (saying so, then `stall_hint`).
 fn spin(
     side: &Side,
     abort: &Abort,
+    stall_hint: &str,
     mut step: impl FnMut(&[rdmx::Completion]) -> Result<bool, BoxError>,
 ) -> Result<(), BoxError> {
     let mut wc = [EMPTY; 8];
@@ -68,9 +69,21 @@ fn spin(
         if spins % 4096 == 0 {
             abort.check()?;
             if since.get_or_insert_with(Instant::now).elapsed() > STALL {
-                return Err(format!("the peer did not answer within {STALL:?}").into());
+                return Err(format!("the peer did not answer within {STALL:?}{stall_hint}").into());
             }
         }
+    }
+}
+
+/// What a ping that stalls adds to its error: over UC and UD nothing is sent again, so a
+/// lost ping or answer stops the ping-pong (as it stops perftest's).
+fn lost_hint(p: &Params) -> &'static str {
+    match p.lossy() {
+        true => {
+            " (over UC and UD a ping or an answer that is lost is not sent again, and the \
+             ping-pong stops)"
+        }
+        false => "",
     }
 }
 
@@ -172,7 +185,7 @@ pub(crate) fn ping(
         };
         qp.post_send(side.route(0, req.sge(src)))?;
         let (mut sent, mut got, mut len) = (false, false, size as u32);
-        spin(side, abort, |wc| {
+        spin(side, abort, lost_hint(p), |wc| {
             for c in wc {
                 match c.opcode {
                     // Over UC and UD, the previous size's verdict sent again (for its
@@ -303,7 +316,7 @@ pub(crate) fn pong(
         // No ping can come before this answer goes, so only completions of answers
         // arrive meanwhile.
         if unanswered > 0 {
-            spin(side, abort, |wc| {
+            spin(side, abort, "", |wc| {
                 for c in wc {
                     if c.opcode == WcOpcode::Recv {
                         return Err("a message arrived before the answer to the last one".into());
@@ -363,7 +376,7 @@ pub(crate) fn one_sided(
         let t = clock.raw();
         qp.post_send(req.sge(sge))?;
         let mut done = false;
-        spin(side, abort, |wc| {
+        spin(side, abort, "", |wc| {
             done |= wc.iter().any(|c| c.wr_id == g);
             Ok(done)
         })?;

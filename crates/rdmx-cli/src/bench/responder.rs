@@ -17,7 +17,7 @@ use super::setup::{
     linger, poll, verdict_for, Abort, BoxError, Role, Side, BYE, CTL, EMPTY, READY, STALL,
     VERDICT_BAD, VERDICT_OK,
 };
-use super::verify::{check_region, stamp_for, Expect};
+use super::verify::{check_lossy_slot, check_region, stamp_for, Expect};
 
 /// Runs the responder's side of every size, then returns; an error after a verdict was
 /// sent is the responder's own (wrong data, a failed request).
@@ -117,6 +117,17 @@ fn prepare(p: &Params, side: &Side, size: usize) -> Result<(), BoxError> {
     match p.test.op() {
         // READ sources: slot j stamped j.
         Op::Read => side.fill_sources(size, true),
+        // Over UC, what a WRITE that was dropped placed stays (see `check`): the slots
+        // of a bandwidth test start zeroed.
+        Op::Write if p.lossy() && !p.test.is_ping_pong() => {
+            let zeros = vec![0u8; size];
+            for mr in &side.mrs {
+                for j in 0..side.layout.dst_slots {
+                    mr.write_at(side.layout.dst(j), &zeros)?;
+                }
+            }
+            Ok(())
+        }
         // The answers of a ping-pong are stamped per round by lat::pong.
         _ if p.test.is_ping_pong() => side.fill_sources(size, false),
         _ => Ok(()),
@@ -318,6 +329,20 @@ fn check(
     for (i, mr) in side.mrs.iter().enumerate() {
         let n = counts[i];
         match p.test.op() {
+            Op::Write if p.lossy() => {
+                // Slot j took WRITEs j, j + slots, ...; any of them may have been dropped
+                // after some of its packets were placed.
+                let mtu = side.qps[i].attrs().path_mtu.bytes() as usize;
+                for j in 0..slots.min(n as usize) {
+                    buf.resize(size, 0);
+                    mr.read_at(l.dst(j), &mut buf[..size])
+                        .map_err(|e| e.to_string())?;
+                    let numbers = (j as u64..n).step_by(slots);
+                    check_lossy_slot(&buf[..size], size, mtu, numbers).map_err(|m| {
+                        format!("--verify: QP {i}: slot {j} of {size}-byte UC WRITEs: {m}")
+                    })?;
+                }
+            }
             Op::Write => {
                 // Slot j holds the last WRITE aimed at it: number j + slots * k.
                 for j in 0..slots.min(n as usize) {

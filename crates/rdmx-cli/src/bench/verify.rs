@@ -148,6 +148,51 @@ pub(crate) fn check_region(
         .map_err(|m| format!("--verify: {}: {m}", what()))
 }
 
+/// Checks a slot that `size`-byte UC WRITEs numbered `numbers` were aimed at, zeroed as
+/// the size began. A UC WRITE that loses a packet is dropped after the packets before it
+/// were placed, so each piece of `mtu` bytes (a packet's payload) holds that piece of one
+/// of those WRITEs, the first piece with its stamp, or is still zero.
+pub(crate) fn check_lossy_slot(
+    found: &[u8],
+    size: usize,
+    mtu: usize,
+    numbers: impl Iterator<Item = u64> + Clone,
+) -> Result<(), Mismatch> {
+    let plain = Expect::pattern(size, size);
+    let stamp_len = plain.stamp_len();
+    for start in (0..size).step_by(mtu.max(1)) {
+        let piece = &found[start..size.min(start + mtu)];
+        if piece.iter().all(|&b| b == 0) {
+            continue;
+        }
+        // The pattern past the stamp, then the stamp of some WRITE to the slot.
+        let from = if start == 0 { stamp_len } else { 0 };
+        for (i, &b) in piece.iter().enumerate().skip(from) {
+            let expected = plain.byte(start + i);
+            if b != expected {
+                return Err(Mismatch {
+                    offset: start + i,
+                    expected,
+                    found: b,
+                });
+            }
+        }
+        if start == 0 && stamp_len > 0 {
+            let stamped =
+                |n: u64| stamp_for(n, size).to_le_bytes()[..stamp_len] == piece[..stamp_len];
+            if !numbers.clone().any(stamped) {
+                let last = numbers.clone().last().unwrap_or(0);
+                return Err(Mismatch {
+                    offset: 0,
+                    expected: stamp_for(last, size).to_le_bytes()[0],
+                    found: piece[0],
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,6 +245,35 @@ mod tests {
         for g in 0..1000u64 {
             assert_ne!(tag(g), 0);
             assert_ne!(tag(g), tag(g + 1));
+        }
+    }
+
+    #[test]
+    fn a_lossy_slot_holds_pieces_of_its_writes_or_zeros_and_nothing_else() {
+        let (size, mtu) = (40, 16);
+        let write = |n: u64| {
+            Expect::pattern(size, size)
+                .stamped(stamp_for(n, size))
+                .bytes()
+        };
+        let numbers = || [3u64, 7, 11].into_iter();
+        // Whole WRITEs, a later one cut short over an earlier one, a piece never placed.
+        let mut mixed = write(3);
+        mixed[..16].copy_from_slice(&write(11)[..16]);
+        let mut hole = write(7);
+        hole[16..32].fill(0);
+        for ok in [write(3), write(11), mixed, hole, vec![0; size]] {
+            assert!(check_lossy_slot(&ok, size, mtu, numbers()).is_ok());
+        }
+        // A stamp of a WRITE aimed elsewhere, a piece half placed, a wrong byte.
+        let elsewhere = write(4);
+        let mut half = write(3);
+        half[20..32].fill(0);
+        let mut wrong = write(7);
+        wrong[35] ^= 1;
+        for (bad, at) in [(elsewhere, 0), (half, 20), (wrong, 35)] {
+            let m = check_lossy_slot(&bad, size, mtu, numbers()).expect_err("caught");
+            assert_eq!(m.offset, at);
         }
     }
 }

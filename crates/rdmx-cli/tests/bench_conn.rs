@@ -157,3 +157,68 @@ fn a_bad_loopback_fault_spec_is_refused() {
         "{stderr}"
     );
 }
+
+/// UD neither orders datagrams nor drops duplicates: with 2% of loopback's packets
+/// delivered twice and 2% after the next, `send_bw -c UD --verify` checks every datagram
+/// whole and counts each message once (the old check counted the duplicates as extra
+/// messages, 305 of 300 sent, and failed both seeds).
+#[test]
+fn ud_send_bw_verifies_over_a_link_that_duplicates_and_reorders() {
+    for seed in [1, 2] {
+        let out = common::command(&[
+            "bench",
+            "send_bw",
+            "-c",
+            "UD",
+            "--provider",
+            "loopback",
+            "-s",
+            "100",
+            "-n",
+            "300",
+            "--verify",
+            "--json",
+        ])
+        .env(
+            "RDMX_LOOPBACK_FAULTS",
+            format!("duplicate=20000,reorder=20000,seed={seed}"),
+        )
+        .output()
+        .expect("run rdmx");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "seed {seed}: {stderr}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert_eq!(v["verify"], true, "{v}");
+        assert_eq!(v["transport"], "UD", "{v}");
+    }
+}
+
+/// Over UC and UD the control messages around a run may be lost too: READY (sent again
+/// until the requester is heard from), DONE and the verdict (DONE sent again until the
+/// verdict comes), BYE and its answer (BYE sent again, for a while). With 30% of the
+/// packets lost, every run still starts and ends: on the old code the runs of seeds 3
+/// and 6 lost READY and stalled for the full minute.
+#[test]
+fn uc_runs_start_and_end_over_a_link_that_loses_control_messages() {
+    for seed in [3, 6, 8] {
+        let out = common::command(&[
+            "bench",
+            "send_bw",
+            "-c",
+            "UC",
+            "--provider",
+            "loopback",
+            "-s",
+            "1",
+            "-n",
+            "50",
+            "--verify",
+            "--json",
+        ])
+        .env("RDMX_LOOPBACK_FAULTS", format!("drop=300000,seed={seed}"))
+        .output()
+        .expect("run rdmx");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "seed {seed}: {stderr}");
+    }
+}

@@ -19,7 +19,7 @@ use rdmx::{LocalSge, SendRequest, WcOpcode};
 use super::args::{Budget, Op, Params};
 use super::connect::Region;
 use super::report::LatRecorder;
-use super::responder::Sizing;
+use super::responder::{ReadyAgain, Sizing};
 use super::setup::{poll, Abort, BoxError, Layout, Role, Side, CTL, EMPTY, STALL};
 use super::verify::{check_region, stamp_for, tag, Expect};
 
@@ -254,6 +254,7 @@ pub(crate) fn pong(
     // keeps, and the send queue never fills.
     let mut unanswered = 0u32;
     let mut wc = [EMPTY; 8];
+    let mut ready = ReadyAgain::new(p, &sizing);
     loop {
         let g = *round;
         let (mut ping, mut done, mut len) = (false, None, size as u32);
@@ -268,6 +269,7 @@ pub(crate) fn pong(
                         unanswered = unanswered.saturating_sub(1);
                     }
                 } else {
+                    ready.heard();
                     let ctl = side.ctl_value(c)?;
                     side.post_recv(0, c.wr_id)?;
                     match ctl {
@@ -288,6 +290,7 @@ pub(crate) fn pong(
             spins = spins.wrapping_add(1);
             if spins % 4096 == 0 {
                 abort.check()?;
+                ready.tick(side)?;
             }
         }
         if let Some(n) = done {

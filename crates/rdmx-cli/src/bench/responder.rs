@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use rdmx::{WcOpcode, WcStatus};
 
-use super::args::{Op, Params};
+use super::args::{Conn, Op, Params};
 use super::connect::Region;
 use super::lat;
 use super::setup::{
@@ -92,8 +92,9 @@ pub(crate) fn drive(
             }
         }
         if bye {
-            if !side.ctx.capabilities().remote_error_completions {
-                // The requester waits for this before it closes (see say_bye).
+            if p.lossy() || !side.ctx.capabilities().remote_error_completions {
+                // The requester waits for this before it closes (see say_bye); over UC
+                // and UD it sends BYE again until this comes.
                 side.send_ctl(0, BYE)?;
             }
             break;
@@ -164,11 +165,42 @@ impl Sizing {
     }
 }
 
+/// How often a responder over UC or UD sends READY again until the requester is heard.
+const READY_AGAIN: Duration = Duration::from_millis(100);
+
+/// READY sent again over UC and UD, where it may be lost: during the first size, every
+/// [`READY_AGAIN`] until a message of the requester arrives (the requester lets the
+/// copies that come after pass).
+pub(crate) struct ReadyAgain(Option<Instant>);
+
+impl ReadyAgain {
+    pub(crate) fn new(p: &Params, sizing: &Sizing) -> ReadyAgain {
+        ReadyAgain((p.lossy() && sizing.last_verdict.is_none()).then(Instant::now))
+    }
+
+    /// A message of the requester arrived: it has READY.
+    pub(crate) fn heard(&mut self) {
+        self.0 = None;
+    }
+
+    /// Sends READY again if it is due.
+    pub(crate) fn tick(&mut self, side: &Side) -> Result<(), BoxError> {
+        if let Some(at) = self.0 {
+            if at.elapsed() >= READY_AGAIN {
+                side.send_ctl(0, READY)?;
+                self.0 = Some(Instant::now());
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Serves one size until `DONE` has come on every QP; returns the verdict of the checks.
 ///
 /// Over UC and UD a message may be lost (no receive posted when it came, or a packet of
-/// it lost): messages are then checked to arrive whole and in order, and at most as many
-/// as were sent, each as it completes.
+/// it lost): messages are then checked to arrive whole, each as it completes, and in
+/// order, at most as many as were sent; over UD a duplicate or a late datagram is
+/// checked whole and not counted.
 fn serve(
     p: &Params,
     size: usize,
@@ -178,6 +210,7 @@ fn serve(
     abort: &Abort,
 ) -> Result<Result<(), String>, BoxError> {
     let lossy = p.lossy();
+    let ud = p.conn == Conn::Ud;
     let mut received = vec![0u64; side.qps.len()];
     let l = &side.layout;
     let op = p.test.op();
@@ -193,12 +226,14 @@ fn serve(
     let mut wc = [EMPTY; 64];
     let mut idle = 0u32;
     let mut armed = false;
+    let mut ready = ReadyAgain::new(p, &sizing);
     while counts.iter().any(Option::is_none) {
         let n = poll(&side.cq, &mut wc)?;
         for c in &wc[..n] {
             if !matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
                 continue; // a verdict's send completion
             }
+            ready.heard();
             let i = side.qp_index(c.qp_num);
             if let Some(imm) = side.ctl_value(c)? {
                 let Some(n) = sizing.done(side, lossy, imm)? else {
@@ -211,7 +246,11 @@ fn serve(
                 // UD, a later one: the ones between were lost).
                 let slot = c.wr_id as usize % slots;
                 side.mrs[i].read_at(l.dst(slot), &mut stamp[..stamp_len])?;
-                received[i] += 1;
+                // The message's number: the next one, or over UC and UD a later one (the
+                // ones between were lost); over UD an earlier one is a duplicate or came
+                // late (datagrams are neither ordered nor freed of duplicates), checked
+                // whole but not counted.
+                let (mut number, mut late) = (got[i], false);
                 if lossy {
                     let bits = 8 * stamp_len as u32;
                     let mask = if bits == 64 {
@@ -222,20 +261,24 @@ fn serve(
                     let mut raw = [0u8; 8];
                     raw[..stamp_len].copy_from_slice(&stamp[..stamp_len]);
                     let low = (u64::from_le_bytes(raw) ^ stamp_for(0, size)) & mask;
-                    got[i] += low.wrapping_sub(got[i]) & mask;
+                    let ahead = low.wrapping_sub(got[i]) & mask;
+                    if ud && ahead > mask / 2 {
+                        late = true;
+                        number = got[i].wrapping_sub(got[i].wrapping_sub(low) & mask);
+                    } else {
+                        number += ahead;
+                    }
                 }
-                let want = stamp_for(got[i], size).to_le_bytes();
+                let want = stamp_for(number, size).to_le_bytes();
                 if c.byte_len as usize != size + l.grh {
                     bad = Some(format!(
-                        "--verify: QP {i}: message {} has {} bytes, expected {size}",
-                        got[i],
+                        "--verify: QP {i}: message {number} has {} bytes, expected {size}",
                         c.byte_len as usize - l.grh.min(c.byte_len as usize)
                     ));
                 } else if stamp[..stamp_len] != want[..stamp_len] {
                     bad = Some(format!(
-                        "--verify: QP {i}: message {} of {size} bytes carries stamp {:02x?}, \
-                         expected {:02x?}",
-                        got[i],
+                        "--verify: QP {i}: message {number} of {size} bytes carries stamp \
+                         {:02x?}, expected {:02x?}",
                         &stamp[..stamp_len],
                         &want[..stamp_len]
                     ));
@@ -244,15 +287,18 @@ fn serve(
                     // Checked whole now: once reposted, the buffer may take part of a
                     // later message that is then lost (UC drops a message whose packets
                     // do not all arrive, after placing the ones that did).
-                    let e = Expect::pattern(size, size).stamped(stamp_for(got[i], size));
+                    let e = Expect::pattern(size, size).stamped(stamp_for(number, size));
                     bad = check_region(&side.mrs[i], l.dst(slot), &e, &mut buf, || {
-                        format!("QP {i}: message {} of {size} bytes", got[i])
+                        format!("QP {i}: message {number} of {size} bytes")
                     })
                     .err();
                 } else {
-                    last[i][slot] = Some(got[i]);
+                    last[i][slot] = Some(number);
                 }
-                got[i] += 1;
+                if !late {
+                    received[i] += 1;
+                    got[i] = number + 1;
+                }
             } else {
                 got[i] += 1;
                 received[i] += 1;
@@ -260,6 +306,7 @@ fn serve(
             side.post_recv(i, c.wr_id)?;
         }
         if n == 0 {
+            ready.tick(side)?;
             idle += 1;
             if idle % 1024 == 0 {
                 abort.check()?;

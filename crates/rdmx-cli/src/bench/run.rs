@@ -447,5 +447,5 @@ fn drive(
         finish_size(side, &counts, k, p.lossy(), abort)?;
         on_row(row);
     }
-    say_bye(side)
+    say_bye(side, p.lossy())
 }

@@ -8,7 +8,8 @@
 //! another process, so the sides synchronise in band, with SEND_WITH_IMM (data messages
 //! are plain SENDs, so the immediate tells the two apart):
 //!
-//! 1. the responder, once its receives are posted, sends [`READY`] on QP 0;
+//! 1. the responder, once its receives are posted, sends [`READY`] on QP 0 (over UC and
+//!    UD again every 100 ms until the requester is heard from, as it may be lost);
 //! 2. after each size the requester sends `DONE` on every QP, with the number of
 //!    requests it issued on that QP in the immediate (modulo 2^32);
 //! 3. the responder, having checked its data (`--verify`), answers [`VERDICT_OK`] or
@@ -37,7 +38,7 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// On iWARP, the requester's first message on every QP, which the responder waits for
 /// before it sends anything (see [`connect_remote`]).
 pub(crate) const HELLO: u32 = 0x4845_4c4f;
-/// The responder is ready (sent once, on QP 0).
+/// The responder is ready (sent on QP 0; over UC and UD again until the requester is heard).
 pub(crate) const READY: u32 = 0x5245_4459;
 /// The responder's data checked out.
 pub(crate) const VERDICT_OK: u32 = 0x4f4b_4f4b;
@@ -54,10 +55,12 @@ pub(crate) fn verdict_for(v: u32, k: usize, lossy: bool) -> u32 {
 }
 
 /// The verdict in control message `msg` if it is size number `k`'s ([`verdict_for`]);
-/// `None` for the previous size's.
+/// `None` for the previous size's, and over UC and UD for anything but a verdict (a READY
+/// sent again, see `ReadyAgain`).
 pub(crate) fn verdict_of(msg: u32, k: usize, lossy: bool) -> Option<u32> {
     match lossy {
-        true => (msg >> 31 == k as u32 % 2).then_some(msg & 0x7fff_ffff),
+        true => Some(msg & 0x7fff_ffff)
+            .filter(|v| msg >> 31 == k as u32 % 2 && matches!(*v, VERDICT_OK | VERDICT_BAD)),
         false => Some(msg),
     }
 }
@@ -598,8 +601,22 @@ fn wait_ctl_for(side: &Side, abort: &Abort, timeout: Duration) -> Result<Option<
     Ok(None)
 }
 
-/// Requester, at the end: BYE, acknowledged (or not: the run is over either way).
-pub(crate) fn say_bye(side: &Side) -> Result<(), BoxError> {
+/// Requester, at the end: BYE, acknowledged (or not: the run is over either way). Over UC
+/// and UD (`lossy`), where BYE or the peer's BYE in return may be lost, BYE goes again
+/// until the answer comes, for [`BYE_FOR`] at most.
+pub(crate) fn say_bye(side: &Side, lossy: bool) -> Result<(), BoxError> {
+    let answer = |c: &Completion| {
+        c.opcode == WcOpcode::Recv && side.ctl_value(c).ok().flatten() == Some(BYE)
+    };
+    if lossy {
+        let since = Instant::now();
+        loop {
+            side.send_ctl(0, BYE)?;
+            if linger(side, Duration::from_millis(100), answer) || since.elapsed() > BYE_FOR {
+                return Ok(());
+            }
+        }
+    }
     side.send_ctl(0, BYE)?;
     if side.ctx.capabilities().remote_error_completions {
         linger(side, Duration::from_secs(1), |c| {
@@ -608,25 +625,28 @@ pub(crate) fn say_bye(side: &Side) -> Result<(), BoxError> {
     } else {
         // A SEND that completed was only handed to the transport (iWARP), and closing
         // now could take BYE with it: wait for the peer's BYE in return.
-        linger(side, Duration::from_secs(5), |c| {
-            c.opcode == WcOpcode::Recv && side.ctl_value(c).ok().flatten() == Some(BYE)
-        });
+        linger(side, Duration::from_secs(5), answer);
     }
     Ok(())
 }
 
+/// How long a requester over UC or UD sends BYE again while no answer comes.
+const BYE_FOR: Duration = Duration::from_secs(2);
+
 /// Polls `side`'s CQ for up to `timeout` or until `until` picks a completion, ignoring
-/// error statuses: for the end of a run, when the peer may close at any moment.
-pub(crate) fn linger(side: &Side, timeout: Duration, until: impl Fn(&Completion) -> bool) {
+/// error statuses: for the end of a run, when the peer may close at any moment. Returns
+/// whether `until` picked one.
+pub(crate) fn linger(side: &Side, timeout: Duration, until: impl Fn(&Completion) -> bool) -> bool {
     let mut wc = [EMPTY; 16];
     let since = Instant::now();
     while since.elapsed() < timeout {
         match side.cq.poll(&mut wc) {
-            Ok(n) if wc[..n].iter().any(&until) => return,
+            Ok(n) if wc[..n].iter().any(&until) => return true,
             Ok(_) => std::thread::sleep(Duration::from_micros(20)),
-            Err(_) => return,
+            Err(_) => return false,
         }
     }
+    false
 }
 
 #[cfg(test)]
@@ -687,5 +707,9 @@ mod tests {
         let stale = verdict_for(VERDICT_OK, 1, true);
         assert_eq!(verdict_of(stale, 2, true), None);
         assert_eq!(verdict_of(stale, 1, true), Some(VERDICT_OK));
+        // A READY sent again, late, is no verdict of any size.
+        for k in 0..2 {
+            assert_eq!(verdict_of(READY, k, true), None);
+        }
     }
 }

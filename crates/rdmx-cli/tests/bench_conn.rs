@@ -101,6 +101,26 @@ fn what_a_connection_type_lacks_is_refused_by_name() {
     assert!(err.contains("path MTU"), "{err}");
 }
 
+/// Runs `rdmx bench TEST -c CONN --provider loopback --verify --json ARGS...` with
+/// `RDMX_LOOPBACK_FAULTS=faults`, which must pass; checks the JSON says what ran.
+fn verified_with_faults(test: &str, conn: &str, args: &[&str], faults: &str) {
+    let mut all = vec!["bench", test, "-c", conn, "--provider", "loopback"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--verify", "--json"]);
+    let out = common::command(&all)
+        .env("RDMX_LOOPBACK_FAULTS", faults)
+        .output()
+        .expect("run rdmx");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{test} -c {conn} with {faults}: {stderr}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["verify"], true, "{v}");
+    assert_eq!(v["transport"], conn, "{v}");
+}
+
 /// Over UC a message one of whose packets is lost is dropped after its other packets were
 /// placed: a SEND's into whatever receive was posted (a buffer whose message completed
 /// and was posted again may then hold part of a later, lost message), a WRITE's into its
@@ -116,30 +136,12 @@ fn uc_send_and_write_bw_verify_over_a_link_that_loses_packets() {
         ("write_bw", 1),
         ("write_bw", 2),
     ] {
-        let out = common::command(&[
-            "bench",
+        verified_with_faults(
             test,
-            "-c",
             "UC",
-            "--provider",
-            "loopback",
-            "-m",
-            "4096",
-            "-s",
-            "65536",
-            "-n",
-            "300",
-            "--verify",
-            "--json",
-        ])
-        .env("RDMX_LOOPBACK_FAULTS", format!("drop=10000,seed={seed}"))
-        .output()
-        .expect("run rdmx");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{test}, seed {seed}: {stderr}");
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-        assert_eq!(v["verify"], true, "{v}");
-        assert_eq!(v["transport"], "UC", "{v}");
+            &["-m", "4096", "-s", "65536", "-n", "300"],
+            &format!("drop=10000,seed={seed}"),
+        );
     }
 }
 
@@ -165,31 +167,12 @@ fn a_bad_loopback_fault_spec_is_refused() {
 #[test]
 fn ud_send_bw_verifies_over_a_link_that_duplicates_and_reorders() {
     for seed in [1, 2] {
-        let out = common::command(&[
-            "bench",
+        verified_with_faults(
             "send_bw",
-            "-c",
             "UD",
-            "--provider",
-            "loopback",
-            "-s",
-            "100",
-            "-n",
-            "300",
-            "--verify",
-            "--json",
-        ])
-        .env(
-            "RDMX_LOOPBACK_FAULTS",
-            format!("duplicate=20000,reorder=20000,seed={seed}"),
-        )
-        .output()
-        .expect("run rdmx");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "seed {seed}: {stderr}");
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-        assert_eq!(v["verify"], true, "{v}");
-        assert_eq!(v["transport"], "UD", "{v}");
+            &["-s", "100", "-n", "300"],
+            &format!("duplicate=20000,reorder=20000,seed={seed}"),
+        );
     }
 }
 
@@ -201,24 +184,11 @@ fn ud_send_bw_verifies_over_a_link_that_duplicates_and_reorders() {
 #[test]
 fn uc_runs_start_and_end_over_a_link_that_loses_control_messages() {
     for seed in [3, 6, 8] {
-        let out = common::command(&[
-            "bench",
+        verified_with_faults(
             "send_bw",
-            "-c",
             "UC",
-            "--provider",
-            "loopback",
-            "-s",
-            "1",
-            "-n",
-            "50",
-            "--verify",
-            "--json",
-        ])
-        .env("RDMX_LOOPBACK_FAULTS", format!("drop=300000,seed={seed}"))
-        .output()
-        .expect("run rdmx");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "seed {seed}: {stderr}");
+            &["-s", "1", "-n", "50"],
+            &format!("drop=300000,seed={seed}"),
+        );
     }
 }

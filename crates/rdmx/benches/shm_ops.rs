@@ -87,6 +87,9 @@ fn post_send(s: &Side, id: u64) {
 }
 
 /// Nanoseconds per SEND/RECV round trip, one batch of `iters`.
+/// (Out of line, so that a profiler can be pointed at it: `valgrind --tool=callgrind
+/// --toggle-collect=shm_ops::send`.)
+#[inline(never)]
 fn send(a: &Side, b: &Side, iters: u64) -> f64 {
     let t = Instant::now();
     for i in 0..iters {
@@ -108,6 +111,9 @@ fn send(a: &Side, b: &Side, iters: u64) -> f64 {
 }
 
 /// Nanoseconds per 8-byte WRITE posted and completed, one batch of `iters`.
+/// (Out of line, so that a profiler can be pointed at it: `valgrind --tool=callgrind
+/// --toggle-collect=shm_ops::write`.)
+#[inline(never)]
 fn write(a: &Side, b: &Side, iters: u64) -> f64 {
     let to = b.mr.remote_at(0);
     let t = Instant::now();
@@ -121,6 +127,9 @@ fn write(a: &Side, b: &Side, iters: u64) -> f64 {
 }
 
 /// Nanoseconds per poll that finds nothing, one batch of `iters`.
+/// (Out of line, so that a profiler can be pointed at it: `valgrind --tool=callgrind
+/// --toggle-collect=shm_ops::poll`.)
+#[inline(never)]
 fn poll(a: &Side, iters: u64) -> f64 {
     let mut wc = [Completion::default(); 8];
     let t = Instant::now();

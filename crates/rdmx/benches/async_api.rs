@@ -16,6 +16,8 @@
 //! [scale] [--rounds N] [--secs S] [--shared-cq]` (all three without a name; with
 //! `--shared-cq` the scale run puts every queue pair of a side on one CQ).
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,30 +31,18 @@ use rdmx::{
 const T: Duration = Duration::from_secs(10);
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let flag = |name: &str, default: u64| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let rounds = flag("--rounds", 7) as usize;
-    let secs = flag("--secs", 30);
-    let named: Vec<&str> = args
-        .iter()
-        .map(String::as_str)
-        .filter(|a| ["lat", "bw", "scale"].contains(a))
-        .collect();
-    let all = named.is_empty();
-    if all || named.contains(&"lat") {
+    let args = common::Args::from_env();
+    let rounds = args.flag("--rounds", 7) as usize;
+    let secs = args.flag("--secs", 30);
+    let runs = ["lat", "bw", "scale"];
+    if args.runs(&runs, "lat") {
         lat(rounds);
     }
-    if all || named.contains(&"bw") {
+    if args.runs(&runs, "bw") {
         bw(rounds);
     }
-    if all || named.contains(&"scale") {
-        scale(secs, args.iter().any(|a| a == "--shared-cq"));
+    if args.runs(&runs, "scale") {
+        scale(secs, args.has("--shared-cq"));
     }
 }
 

@@ -17,6 +17,8 @@
 //! (default 100000), in nanoseconds. Run: `cargo bench -p rdmx --bench shm_ops -- [send]
 //! [write] [poll] [--rounds N] [--iters N]` (all three without a name).
 
+mod common;
+
 use std::time::Instant;
 
 use rdmx::{
@@ -145,22 +147,10 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let flag = |name: &str, default: u64| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let rounds = flag("--rounds", 7).max(1);
-    let iters = flag("--iters", 100_000).max(1);
-    let named: Vec<&str> = args
-        .iter()
-        .map(String::as_str)
-        .filter(|a| ["send", "write", "poll"].contains(a))
-        .collect();
-    let run = |name: &str| named.is_empty() || named.contains(&name);
+    let args = common::Args::from_env();
+    let rounds = args.flag("--rounds", 7).max(1);
+    let iters = args.flag("--iters", 100_000).max(1);
+    let run = |name: &str| args.runs(&["send", "write", "poll"], name);
     if run("send") || run("poll") {
         let (a, b) = pair(rdmx::shm::Options::default().direct(false), false);
         for _ in 0..8 {

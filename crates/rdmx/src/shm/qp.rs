@@ -713,8 +713,8 @@ impl Inner {
         let mut sent = false;
         loop {
             if !self.held {
-                // (Asked first: a call that finds nothing costs a fifth of one that builds
-                // a packet, and every step that sent one ends with it.)
+                // (Asked first: every step that sends a packet would otherwise end with a
+                // call that finds nothing, some 120 of the 840 instructions a step took.)
                 if !self.engine.may_transmit() {
                     // The last packet's regions are let go, as that call would.
                     self.scratch.gather.clear();

@@ -304,13 +304,13 @@ const RECV_FLAG: u64 = 1 << 63;
 /// id stays clear, which receives' ids set.
 pub(crate) const TAG_MASK: u32 = 0x7fff_ffff;
 
-/// The id of a send-queue request: its slab `key` in the low 32 bits, `tag` (31 bits)
-/// above.
 /// Why work to `peer` fails once its connection closed.
 pub(crate) fn closed_reason(peer: &str) -> String {
     format!("the connection to {peer} closed")
 }
 
+/// The id of a send-queue request: its slab `key` in the low 32 bits, `tag` (31 bits)
+/// above.
 pub(crate) fn send_wr_id(key: usize, tag: u32) -> u64 {
     (key as u64 & 0xffff_ffff) | u64::from(tag & TAG_MASK) << 32
 }

@@ -89,9 +89,7 @@ impl Faults {
         self.mangle = ppm;
         self
     }
-}
 
-impl Faults {
     /// Parses [`FAULTS_ENV`](super::FAULTS_ENV)'s value: comma-separated `KIND=PPM` for
     /// `drop`, `duplicate`, `reorder`, `corrupt` and `mangle`, `delay=PPM@MICROS`, and
     /// `seed=N`.

@@ -78,12 +78,11 @@ fn spin(
 /// What a ping that stalls adds to its error: over UC and UD nothing is sent again, so a
 /// lost ping or answer stops the ping-pong (as it stops perftest's).
 fn lost_hint(p: &Params) -> &'static str {
-    match p.lossy() {
-        true => {
-            " (over UC and UD a ping or an answer that is lost is not sent again, and the \
-             ping-pong stops)"
-        }
-        false => "",
+    if p.lossy() {
+        " (over UC and UD a ping or an answer that is lost is not sent again, and the \
+         ping-pong stops)"
+    } else {
+        ""
     }
 }
 

@@ -13,7 +13,12 @@ pub(crate) use wire::{NakCode, Opcode, RcRepr, Syndrome};
 /// Headers for a packet of `op` to `dest_qpn` at `psn`, with no extension headers: the
 /// caller adds those the opcode needs.
 pub(crate) fn header(op: Opcode, dest_qpn: u32, psn: u32) -> RcRepr<'static> {
-    RcRepr::new(wire::BthRepr {
+    RcRepr::new(bth(op, dest_qpn, psn))
+}
+
+/// The BTH of [`header`].
+fn bth(op: Opcode, dest_qpn: u32, psn: u32) -> wire::BthRepr {
+    wire::BthRepr {
         opcode: op,
         solicited: false,
         migreq: false,
@@ -24,7 +29,7 @@ pub(crate) fn header(op: Opcode, dest_qpn: u32, psn: u32) -> RcRepr<'static> {
         dest_qpn: dest_qpn & wire::QPN_MASK,
         ack_req: false,
         psn: psn & wire::PSN_MASK,
-    })
+    }
 }
 
 /// The SEND opcode for a packet at this position.
@@ -81,6 +86,24 @@ pub(crate) fn aeth(syndrome: Syndrome, msn: u32) -> Option<wire::AethRepr> {
         syndrome,
         msn: msn & wire::MSN_MASK,
     })
+}
+
+/// Bytes of an acknowledgement: its BTH and AETH.
+pub(crate) const ACK_LEN: usize = wire::BTH_LEN + wire::AETH_LEN;
+
+/// The bytes of an ACKNOWLEDGE to `dest_qpn` at `psn` with `syndrome` and `msn` (BTH and
+/// AETH, no payload), as [`encode_header`] writes the headers [`header`] and [`aeth`]
+/// make, without its general checks and its growable buffer.
+pub(crate) fn ack_bytes(dest_qpn: u32, psn: u32, syndrome: Syndrome, msn: u32) -> [u8; ACK_LEN] {
+    let mut b = [0u8; ACK_LEN];
+    let (bth_bytes, aeth_bytes) = b.split_at_mut(wire::BTH_LEN);
+    bth(Opcode::Acknowledge, dest_qpn, psn).emit(&mut wire::Bth::new_unchecked(bth_bytes));
+    let a = wire::AethRepr {
+        syndrome,
+        msn: msn & wire::MSN_MASK,
+    };
+    a.emit(&mut wire::Aeth::new_unchecked(aeth_bytes));
+    b
 }
 
 /// Whether the engine implements `op`. SEND with invalidate needs memory windows, which

@@ -56,6 +56,9 @@ pub use mem::MemAccess;
 pub use srq::Srq;
 pub use unreliable::DatagramInfo;
 
+/// Bytes of an acknowledgement as [`RcQp::poll_ack`] gives it: BTH and AETH.
+pub const ACK_LEN: usize = codec::ACK_LEN;
+
 use crate::access::Access;
 use crate::mr::PdId;
 use crate::qp::{ModifyError, QpAttr, QpAttrMask, QpLimits, QpState, QpStateMachine, QpType};
@@ -412,6 +415,20 @@ impl<M: MemAccess> RcQp<M> {
     /// reading it takes, after a request that completed as it was posted.
     pub fn may_transmit(&self) -> bool {
         self.cfg.qp_type == QpType::Ud || self.resp.has_output() || self.req.has_work()
+    }
+
+    /// The next packet to send to the peer QP when it is a plain acknowledgement (an ACK
+    /// with no other answer before it), as its bytes: BTH and AETH, [`ACK_LEN`] bytes, no
+    /// payload. `None` when the next packet is anything else, or there is none; then
+    /// [`poll_transmit_parts`](Self::poll_transmit_parts) gives it. The packet is the one
+    /// that call would give, and taking it here changes the queue pair as that call would:
+    /// a transport may ask this first, and skip building a [`Transmit`] for the packet
+    /// sent most often (an RC responder acknowledges every message).
+    pub fn poll_ack(&mut self) -> Option<[u8; ACK_LEN]> {
+        if self.cfg.qp_type != QpType::Rc {
+            return None;
+        }
+        self.resp.poll_ack(self.sm.attrs(), self.credits())
     }
 
     /// The next packet to send to the peer QP into `out` (cleared first), its payload left

@@ -226,6 +226,25 @@ impl<Mr> Responder<Mr> {
         }
     }
 
+    /// The coalesced ACK as bytes, if it is the next answer ([`poll_transmit`]
+    /// (Self::poll_transmit) would give it now: no other answer waits before it).
+    pub(crate) fn poll_ack(
+        &mut self,
+        attrs: &QpAttr,
+        credits: Option<u32>,
+    ) -> Option<[u8; codec::ACK_LEN]> {
+        if !self.out.is_empty() {
+            return None;
+        }
+        let (psn, msn) = self.ack.take()?;
+        Some(codec::ack_bytes(
+            attrs.dest_qp_num,
+            psn,
+            codec::ack(credits),
+            msn,
+        ))
+    }
+
     /// The coalesced ACK, if one is due.
     #[inline]
     fn ack_packet(&mut self, attrs: &QpAttr, credits: Option<u32>) -> Option<RcRepr<'static>> {

@@ -7,7 +7,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use rdmx_core::rc::{Placement, Srq, Transmit};
+use rdmx_core::rc::{Placement, Srq, Transmit, ACK_LEN};
 use rdmx_core::{QpAttr, QpAttrMask, QpState};
 
 use std::sync::atomic::Ordering;
@@ -713,6 +713,30 @@ impl Inner {
         let mut sent = false;
         loop {
             if !self.held {
+                // A plain acknowledgement, the packet sent most often, goes as its bytes,
+                // with no `Transmit` built and gathered: it is on the way from a
+                // request's arrival to its completion, and this way costs about 290
+                // fewer instructions (callgrind, `shm_ops send`).
+                if let Some(ack) = self.engine.poll_ack() {
+                    let pushed =
+                        conn.seg
+                            .push(ring, &mut self.prod, false, ACK_LEN, 0, 0, |pre, _| {
+                                // SAFETY: `push` hands out `ACK_LEN` writable bytes at `pre`,
+                                // inside the segment; `ack` is a local array of as many.
+                                unsafe { copy(pre, ack.as_ptr(), ACK_LEN) }
+                            })?;
+                    if !pushed {
+                        // No room: held as any packet is, until there is.
+                        self.scratch.header.clear();
+                        self.scratch.header.extend_from_slice(&ack);
+                        self.scratch.gather.clear();
+                        self.scratch.pad = 0;
+                        self.held = true;
+                        break;
+                    }
+                    sent = true;
+                    continue;
+                }
                 // (Asked first: every step that sends a packet would otherwise end with a
                 // call that finds nothing, some 120 of the 840 instructions a step took.)
                 if !self.engine.may_transmit() {

@@ -2,6 +2,7 @@
 
 use super::util::*;
 use crate::wr::{SendOp, WcOpcode, WcStatus};
+use rdmx_wire as wire;
 
 /// 0, 1, MTU-1, MTU, MTU+1, 10×MTU+3.
 fn sizes(p: &Pair) -> [u32; 6] {
@@ -358,4 +359,86 @@ fn both_directions_at_once() {
     assert_eq!(p.b.sends(), vec![(20, WcStatus::Success)]);
     assert_eq!(p.a.mem.bytes(a_buf.addr + len as u64, len), db);
     assert_eq!(p.b.mem.bytes(b_buf.addr + len as u64, len), da);
+}
+
+/// `poll_ack` gives the packet `poll_transmit` would: the same bytes, the same state
+/// after; and nothing while answers are queued (here a READ's response, with the ACK
+/// queued ahead of it) or when the next packet is a request.
+#[test]
+fn poll_ack_gives_what_poll_transmit_would() {
+    // Two identical pairs run the same script: B's first answer is taken with
+    // `poll_ack` in one and `poll_transmit` in the other.
+    let script = |p: &mut Pair| {
+        let src = p.a.mem.register(64, ALL);
+        let dst = p.b.mem.register(64, ALL);
+        for i in 0..3 {
+            p.b.recv(i, vec![dst.sge(0, 64)]).unwrap();
+        }
+        p.a.post(wr(1, SendOp::Send, vec![src.sge(0, 8)])).unwrap();
+        deliver_a_to_b(p);
+    };
+    let (mut x, mut y) = (Pair::new(), Pair::new());
+    script(&mut x);
+    script(&mut y);
+    let now = y.now;
+    let by_ack = x.b.qp.poll_ack().expect("an ACK is due").to_vec();
+    let by_transmit = y.b.qp.poll_transmit(now, &y.b.mem).expect("an ACK is due");
+    assert_eq!(by_ack, by_transmit);
+    let ack = wire::RcRepr::parse_bytes(&by_ack).expect("a well-formed ACK");
+    assert_eq!(ack.bth.opcode, wire::Opcode::Acknowledge);
+    assert_eq!(ack.aeth.map(|a| a.msn), Some(1));
+    // Nothing more, either way.
+    assert_eq!(x.b.qp.poll_ack(), None);
+    assert!(x.b.qp.poll_transmit(now, &x.b.mem).is_none());
+    assert!(y.b.qp.poll_transmit(now, &y.b.mem).is_none());
+
+    // A READ's response queued: not a plain ACK, so `poll_ack` leaves it (and the ACK
+    // coalesced behind it) to `poll_transmit`, in order.
+    let mut p = Pair::new();
+    let src = p.a.mem.register(64, ALL);
+    let dst = p.b.mem.register(64, ALL);
+    p.b.recv(0, vec![dst.sge(0, 64)]).unwrap();
+    p.a.post(wr(1, SendOp::Send, vec![src.sge(0, 8)])).unwrap();
+    p.a.post(wr(2, SendOp::Read(dst.remote(0)), vec![src.sge(8, 8)]))
+        .unwrap();
+    deliver_a_to_b(&mut p);
+    let now = p.now;
+    let mut ops = Vec::new();
+    loop {
+        assert_eq!(p.b.qp.poll_ack(), None, "answers are queued");
+        let Some(pkt) = p.b.qp.poll_transmit(now, &p.b.mem) else {
+            break;
+        };
+        ops.push(
+            wire::RcRepr::parse_bytes(&pkt)
+                .expect("well formed")
+                .bth
+                .opcode,
+        );
+    }
+    // The SEND's ACK was queued ahead of the READ's response, to keep their order.
+    assert_eq!(
+        ops,
+        [
+            wire::Opcode::Acknowledge,
+            wire::Opcode::RdmaReadResponseOnly
+        ]
+    );
+    // A requester's packet is never a plain ACK.
+    p.a.post(wr(3, SendOp::Send, vec![src.sge(0, 8)])).unwrap();
+    assert_eq!(p.a.qp.poll_ack(), None);
+}
+
+/// Sends what A has and hands it to B, the clock moved on to its arrival; B sends
+/// nothing.
+fn deliver_a_to_b(p: &mut Pair) {
+    let now = p.now;
+    p.a.transmit(now, &mut p.ab);
+    while let Some(t) = p.ab.next_arrival() {
+        p.now = p.now.max(t);
+        let now = p.now;
+        while let Some(pkt) = p.ab.pop_due(now) {
+            deliver(&mut p.b.qp, now, &p.b.mem, &pkt);
+        }
+    }
 }

@@ -155,7 +155,7 @@ impl Endpoint {
     }
 
     /// Transmits everything the QP has now onto `link`.
-    fn transmit(&mut self, now: Instant, link: &mut Link) -> bool {
+    pub(super) fn transmit(&mut self, now: Instant, link: &mut Link) -> bool {
         let mut any = false;
         if self.hold || self.next_burst.is_some_and(|t| t > now) {
             return false;
@@ -170,7 +170,14 @@ impl Endpoint {
             // Every step of every scenario checks that `may_transmit` never says no
             // when there is work.
             let (may, done) = (self.qp.may_transmit(), self.qp.completions.len());
-            let Some(p) = self.qp.poll_transmit(now, &self.mem) else {
+            // B's transport asks for a plain acknowledgement first (`poll_ack`), as the
+            // shm provider's does; A's takes every packet through `poll_transmit`: every
+            // scenario runs both.
+            let ack = match self.qp.qpn() == QPN_B {
+                true => self.qp.poll_ack().map(|b| b.to_vec()),
+                false => None,
+            };
+            let Some(p) = ack.or_else(|| self.qp.poll_transmit(now, &self.mem)) else {
                 assert!(
                     may || self.qp.completions.len() == done,
                     "may_transmit said no, yet a request retired"
@@ -563,7 +570,7 @@ pub(super) fn split_sges(region: &Region, off: u64, len: u32, n: usize) -> Vec<S
 /// [`RcQp::handle_header`], then the payload copied to the placements the engine named.
 /// (The whole-packet path, `handle_packet`, is what the integration-test harness and the
 /// loopback provider use.)
-fn deliver(qp: &mut RcQp<TestMem>, now: Instant, mem: &TestMem, p: &[u8]) {
+pub(super) fn deliver(qp: &mut RcQp<TestMem>, now: Instant, mem: &TestMem, p: &[u8]) {
     let hlen = p
         .first()
         .and_then(|&b| rdmx_wire::Opcode::try_from(b).ok())

@@ -18,7 +18,7 @@ use rdmx_wire::{psn_add, psn_diff, AtomicEthRepr, RethRepr};
 
 use super::codec::{self, NakCode, Opcode, RcRepr, Syndrome};
 use super::io::{Payload, Span, Transmit};
-use super::{ack_timeout, for_each_span, psn_offset, Local, MemAccess, RcQp};
+use super::{ack_timeout, for_each_span, packets_of, psn_offset, Local, MemAccess, RcQp};
 use crate::wr::{SendFlags, SendOp, SendWr, WcStatus};
 
 /// A send request as the requester holds it.
@@ -430,7 +430,7 @@ pub(crate) fn transmit<M: MemAccess>(
             let last = req.send_off + chunk == w.len;
             if first {
                 w.first_psn = psn;
-                w.npsn = w.len.div_ceil(mtu).max(1) as u32;
+                w.npsn = packets_of(w.len, mtu).max(1) as u32;
             }
             payload = (req.send_off, chunk as usize);
             let imm = match w.op {
@@ -476,7 +476,7 @@ pub(crate) fn transmit<M: MemAccess>(
                 false => 0,
             };
             w.first_psn = psn;
-            w.npsn = w.len.div_ceil(mtu).max(1) as u32;
+            w.npsn = packets_of(w.len, mtu).max(1) as u32;
             w.resume = k.min(w.npsn - 1);
             let skip = u64::from(w.resume) * mtu;
             w.next_resp = w.resp_start();

@@ -17,7 +17,7 @@ use rdmx_wire::{psn_add, psn_diff, AtomicAckEthRepr, AtomicEthRepr, RethRepr};
 
 use super::codec::{self, NakCode, Opcode, RcRepr, Syndrome};
 use super::io::{Payload, Span, Transmit};
-use super::{for_each_span, psn_offset, CqSide, MemAccess, RcQp, RecvWqe, Srq};
+use super::{for_each_span, packets_of, psn_offset, CqSide, MemAccess, RcQp, RecvWqe, Srq};
 use crate::access::Access;
 use crate::mr::KeyUse;
 use crate::qp::QpAttr;
@@ -650,7 +650,7 @@ fn read<M: MemAccess>(
         return;
     };
     let mtu = attrs.path_mtu.bytes() as u64;
-    let n = u64::from(len).div_ceil(mtu).max(1);
+    let n = packets_of(u64::from(len), mtu).max(1);
     if let Some((first, packets, skip)) = again {
         // Its answer stays within the PSNs of the READ it repeats.
         if u64::from(skip) + n > u64::from(packets) {

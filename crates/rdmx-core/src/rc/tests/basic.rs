@@ -442,3 +442,26 @@ fn deliver_a_to_b(p: &mut Pair) {
         }
     }
 }
+
+#[test]
+fn packets_of_is_div_ceil_at_every_mtu() {
+    for shift in 8..=20 {
+        let mtu = 1u64 << shift;
+        for len in [
+            0,
+            1,
+            mtu - 1,
+            mtu,
+            mtu + 1,
+            7 * mtu,
+            7 * mtu + 3,
+            u64::from(u32::MAX),
+        ] {
+            assert_eq!(
+                crate::rc::packets_of(len, mtu),
+                len.div_ceil(mtu),
+                "{len} at {mtu}"
+            );
+        }
+    }
+}

@@ -589,10 +589,13 @@ pub(crate) fn handle_response<M: MemAccess>(
         Some(Syndrome::Ack { .. }) | None => qp.req.answered(psn_add(psn, 1)),
         Some(_) => qp.req.answered(psn),
     };
-    if moved {
+    let plain_ack =
+        hdr.bth.opcode == Opcode::Acknowledge && matches!(syndrome, Some(Syndrome::Ack { .. }));
+    if moved && !plain_ack {
         // PSNs the peer had not acknowledged before arrived: the path works, and the
         // retries start over (part of a long message the window holds back, or requests
         // behind a READ or atomic whose answer was lost and is being asked for again).
+        // (A plain ACK does so once, below, after the requests it completes.)
         progress(qp, now);
     }
     if let Some(Syndrome::Ack { credits }) = syndrome {
@@ -601,7 +604,8 @@ pub(crate) fn handle_response<M: MemAccess>(
     match (hdr.bth.opcode, syndrome) {
         (Opcode::Acknowledge, Some(Syndrome::Ack { .. })) => {
             let next = psn_add(psn, 1);
-            if qp.req.ack_before(next) {
+            // Not short-circuited: the requests before `next` complete either way.
+            if qp.req.ack_before(next) | moved {
                 progress(qp, now);
             }
         }

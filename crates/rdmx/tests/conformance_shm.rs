@@ -723,6 +723,70 @@ mod uc_buffers {
     }
 }
 
+/// An acknowledgement that finds the ring full waits for room, as any packet does.
+mod acks_wait_for_room {
+    use std::time::{Duration, Instant};
+
+    use rdmx::shm::Options;
+    use rdmx::{Access, Context, QpCaps, RecvRequest, SendRequest, WcOpcode, WcStatus};
+
+    use crate::conformance;
+
+    /// A sends SENDs one at a time while it reads nothing of its incoming ring: B
+    /// acknowledges each in a record of its own until the ring is full, then must keep
+    /// the next acknowledgement until A reads again. Every SEND then completes. (An
+    /// acknowledgement dropped for want of room left the SENDs after it without one.)
+    #[test]
+    fn every_send_completes_once_the_ring_drains() {
+        // More than a 64 KiB ring holds of 32-byte acknowledgement records.
+        const N: usize = 2600;
+        let opts = Options::default().ring_bytes(64 << 10).direct(false);
+        let mut caps = QpCaps::default();
+        caps.max_send_wr = 4096;
+        let side = || {
+            let ctx = Context::open(opts.clone()).unwrap();
+            let pd = ctx.alloc_pd();
+            let scq = ctx.create_cq(4096).unwrap();
+            let rcq = ctx.create_cq(64).unwrap();
+            let qp = pd.create_qp(&scq, &rcq, caps).unwrap();
+            (ctx, pd, scq, rcq, qp)
+        };
+        let (_ca, pa, sa, _ra, qa) = side();
+        let (_cb, pb, _sb, rb, qb) = side();
+        let o = rdmx::ConnectOptions::default();
+        qa.connect(qb.endpoint(), &o).unwrap();
+        qb.connect(qa.endpoint(), &o).unwrap();
+        let src = conformance::register(&pa, 8, Access::LOCAL_WRITE);
+        let dst = conformance::register(&pb, 8, Access::LOCAL_WRITE);
+        for i in 0..8 {
+            qb.post_recv(RecvRequest::new(i).sge(conformance::sge(&dst, 0, 8)))
+                .unwrap();
+        }
+        let held = rdmx::shm::testing::hold_reads_from(qb.qp_num());
+        for i in 0..N {
+            qa.post_send(SendRequest::send(i as u64).sge(conformance::sge(&src, 0, 8)))
+                .unwrap();
+            // B takes each SEND (and acknowledges it) before the next is posted.
+            let c = conformance::wait_one(&rb, "a SEND");
+            assert_eq!((c.opcode, c.status), (WcOpcode::Recv, WcStatus::Success));
+            qb.post_recv(RecvRequest::new(0).sge(conformance::sge(&dst, 0, 8)))
+                .unwrap();
+        }
+        let mut c = [rdmx::Completion::default(); 64];
+        assert_eq!(sa.poll(&mut c).unwrap(), 0, "no acknowledgement was read");
+        drop(held);
+        let (mut done, deadline) = (0, Instant::now() + Duration::from_secs(30));
+        while done < N {
+            assert!(Instant::now() < deadline, "{done} of {N} SENDs completed");
+            let n = sa.wait(&mut c, Duration::from_millis(100)).unwrap();
+            for wc in &c[..n] {
+                assert_eq!((wc.wr_id, wc.status), (done as u64, WcStatus::Success));
+                done += 1;
+            }
+        }
+    }
+}
+
 /// A UC queue pair of `ctx`, with its protection domain and its send and receive CQs.
 fn uc_side(
     ctx: rdmx::Context,

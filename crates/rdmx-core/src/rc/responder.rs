@@ -226,8 +226,9 @@ impl<Mr> Responder<Mr> {
         }
     }
 
-    /// The coalesced ACK as bytes, if it is the next answer ([`poll_transmit`]
-    /// (Self::poll_transmit) would give it now: no other answer waits before it).
+    /// The coalesced ACK as bytes, if it is the next answer: the one
+    /// [`poll_transmit`](Self::poll_transmit) would give now (no other answer waits
+    /// before it).
     pub(crate) fn poll_ack(
         &mut self,
         attrs: &QpAttr,

@@ -20,7 +20,10 @@
 //! After any call that may have changed the queue pair (a post, a packet, a timeout, a
 //! modify), the driver calls [`RcQp::poll_transmit`] until it returns `None`, sends what
 //! it returned to the peer's QP, drains [`RcQp::poll_completion`], and arms a timer for
-//! [`RcQp::poll_timeout`], calling [`RcQp::handle_timeout`] when it fires.
+//! [`RcQp::poll_timeout`], calling [`RcQp::handle_timeout`] when it fires. A transport
+//! may ask [`RcQp::poll_ack`] before each packet: it gives the next one as bytes when it
+//! is a plain acknowledgement, the packet sent most often, and changes the queue pair as
+//! `poll_transmit` would have.
 //!
 //! Memory is reached through [`MemAccess`]; local keys are resolved when a request is
 //! posted, and the resolved regions stay in the request until it completes.

@@ -13,12 +13,7 @@ pub(crate) use wire::{NakCode, Opcode, RcRepr, Syndrome};
 /// Headers for a packet of `op` to `dest_qpn` at `psn`, with no extension headers: the
 /// caller adds those the opcode needs.
 pub(crate) fn header(op: Opcode, dest_qpn: u32, psn: u32) -> RcRepr<'static> {
-    RcRepr::new(bth(op, dest_qpn, psn))
-}
-
-/// The BTH of [`header`].
-fn bth(op: Opcode, dest_qpn: u32, psn: u32) -> wire::BthRepr {
-    wire::BthRepr {
+    RcRepr::new(wire::BthRepr {
         opcode: op,
         solicited: false,
         migreq: false,
@@ -29,7 +24,7 @@ fn bth(op: Opcode, dest_qpn: u32, psn: u32) -> wire::BthRepr {
         dest_qpn: dest_qpn & wire::QPN_MASK,
         ack_req: false,
         psn: psn & wire::PSN_MASK,
-    }
+    })
 }
 
 /// The SEND opcode for a packet at this position.
@@ -109,18 +104,17 @@ fn bth_only(hdr: &RcRepr<'_>, payload_len: usize, pad: u8) -> bool {
 /// Bytes of an acknowledgement: its BTH and AETH.
 pub(crate) const ACK_LEN: usize = wire::BTH_LEN + wire::AETH_LEN;
 
-/// The bytes of an ACKNOWLEDGE to `dest_qpn` at `psn` with `syndrome` and `msn` (BTH and
-/// AETH, no payload), as [`encode_header`] writes the headers [`header`] and [`aeth`]
-/// make, without its general checks and its growable buffer.
-pub(crate) fn ack_bytes(dest_qpn: u32, psn: u32, syndrome: Syndrome, msn: u32) -> [u8; ACK_LEN] {
+/// The bytes of `ack`, an ACKNOWLEDGE (BTH and AETH, no payload), as [`encode_header`]
+/// writes them, without its general checks and its growable buffer.
+pub(crate) fn ack_bytes(ack: &RcRepr<'_>) -> [u8; ACK_LEN] {
+    debug_assert_eq!(ack.check(0), Ok(()));
+    debug_assert_eq!(ack.bth.opcode, Opcode::Acknowledge);
     let mut b = [0u8; ACK_LEN];
-    let (bth_bytes, aeth_bytes) = b.split_at_mut(wire::BTH_LEN);
-    bth(Opcode::Acknowledge, dest_qpn, psn).emit(&mut wire::Bth::new_unchecked(bth_bytes));
-    let a = wire::AethRepr {
-        syndrome,
-        msn: msn & wire::MSN_MASK,
-    };
-    a.emit(&mut wire::Aeth::new_unchecked(aeth_bytes));
+    let (bth, aeth) = b.split_at_mut(wire::BTH_LEN);
+    ack.bth.emit(&mut wire::Bth::new_unchecked(bth));
+    if let Some(a) = &ack.aeth {
+        a.emit(&mut wire::Aeth::new_unchecked(aeth));
+    }
     b
 }
 

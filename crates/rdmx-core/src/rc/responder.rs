@@ -237,13 +237,8 @@ impl<Mr> Responder<Mr> {
         if !self.out.is_empty() {
             return None;
         }
-        let (psn, msn) = self.ack.take()?;
-        Some(codec::ack_bytes(
-            attrs.dest_qp_num,
-            psn,
-            codec::ack(credits),
-            msn,
-        ))
+        self.ack_packet(attrs, credits)
+            .map(|p| codec::ack_bytes(&p))
     }
 
     /// The coalesced ACK, if one is due.

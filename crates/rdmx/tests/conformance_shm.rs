@@ -787,6 +787,109 @@ mod acks_wait_for_room {
     }
 }
 
+/// A peer that stops reading its ring, alive and connected, gets no acknowledgement
+/// through: the request fails after the retry budget, however the application waits. (A
+/// post starts no timer itself: the next round that visits the queue pair does, whether
+/// an application's poll or the progress thread's.)
+mod silent_peer {
+    use std::time::{Duration, Instant};
+
+    use rdmx::shm::Options;
+    use rdmx::{Access, Context, QpCaps, QpState, SendRequest, WcStatus};
+
+    use crate::conformance;
+
+    /// How the application waits for the failure.
+    #[derive(Clone, Copy, Debug)]
+    enum Waits {
+        /// It polls the send CQ without pause.
+        Polling,
+        /// It sleeps on the CQ's notification.
+        Blocking,
+        /// It does nothing for longer than the budget, then polls once.
+        Away,
+    }
+
+    fn request_fails_after_the_budget(waits: Waits) {
+        let opts = Options::default().direct(false);
+        let side = || {
+            let ctx = Context::open(opts.clone()).unwrap();
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(16).unwrap();
+            let qp = pd.create_qp(&cq, &cq, QpCaps::default()).unwrap();
+            (ctx, pd, cq, qp)
+        };
+        let (_ca, pa, cqa, qa) = side();
+        let (_cb, _pb, _cqb, qb) = side();
+        // No retries: the request fails when its first timer expires, after the ack
+        // timeout (at least the reliable link's 500 ms).
+        let mut o = rdmx::ConnectOptions::default();
+        o.retry_cnt = 0;
+        qa.connect(qb.endpoint(), &o).unwrap();
+        qb.connect(qa.endpoint(), &o).unwrap();
+        let src = conformance::register(&pa, 8, Access::LOCAL_WRITE);
+        let _held = rdmx::shm::testing::hold_reads_from(qa.qp_num());
+        let mut c = [rdmx::Completion::default(); 4];
+        // The application polls before it posts, as one that sends in a loop does: the
+        // progress thread leaves the rounds to it (it does not sleep, it naps).
+        let polled = Instant::now();
+        while polled.elapsed() < Duration::from_millis(20) {
+            assert_eq!(cqa.poll(&mut c).unwrap(), 0);
+        }
+        let start = Instant::now();
+        qa.post_send(SendRequest::send(7).sge(conformance::sge(&src, 0, 8)))
+            .unwrap();
+        let deadline = start + Duration::from_secs(20);
+        let n = loop {
+            assert!(Instant::now() < deadline, "{waits:?}: no completion");
+            let n = match waits {
+                Waits::Polling => cqa.poll(&mut c).unwrap(),
+                Waits::Blocking => cqa.wait(&mut c, Duration::from_millis(200)).unwrap(),
+                Waits::Away => {
+                    std::thread::sleep(Duration::from_secs(3));
+                    cqa.poll(&mut c).unwrap()
+                }
+            };
+            if n > 0 {
+                break n;
+            }
+        };
+        let at = start.elapsed();
+        assert_eq!(n, 1, "{waits:?}");
+        assert_eq!(
+            (c[0].wr_id, c[0].status),
+            (7, WcStatus::RetryExcErr),
+            "{waits:?}"
+        );
+        assert!(
+            at >= Duration::from_millis(500),
+            "{waits:?}: failed after {at:?}"
+        );
+        if !matches!(waits, Waits::Away) {
+            assert!(
+                at < Duration::from_secs(3),
+                "{waits:?}: failed after {at:?}"
+            );
+        }
+        assert_eq!(qa.state(), QpState::Err);
+    }
+
+    #[test]
+    fn while_the_application_polls() {
+        request_fails_after_the_budget(Waits::Polling);
+    }
+
+    #[test]
+    fn while_the_application_sleeps_on_the_cq() {
+        request_fails_after_the_budget(Waits::Blocking);
+    }
+
+    #[test]
+    fn while_the_application_is_away() {
+        request_fails_after_the_budget(Waits::Away);
+    }
+}
+
 /// A UC queue pair of `ctx`, with its protection domain and its send and receive CQs.
 fn uc_side(
     ctx: rdmx::Context,

@@ -384,13 +384,11 @@ fn arm<M: MemAccess>(qp: &mut RcQp<M>, now: Instant) {
 }
 
 /// Starts the timer a packet sent without the time left waiting (see `timer_unstamped`),
-/// at `now`: later than the packet went, never earlier, so it never expires early.
+/// at `now`: later than the packet went, never earlier, so it never expires early. (A
+/// waiting timer is never set: setting one clears the flag.)
 pub(crate) fn stamp_timer<M: MemAccess>(qp: &mut RcQp<M>, now: Instant) {
     if qp.req.timer_unstamped {
-        qp.req.timer_unstamped = false;
-        if qp.req.timer.is_none() {
-            qp.req.timer = timeout_of(qp).map(|t| now + t);
-        }
+        qp.req.set_timer(timeout_of(qp).map(|t| now + t));
     }
 }
 

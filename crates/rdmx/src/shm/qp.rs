@@ -427,12 +427,13 @@ impl ShmQp {
     /// [`pump`](Self::pump) after a post, without reading the clock: a reading (the
     /// time-stamp counter's) takes about 25 ns here, on the way of every SEND, and the
     /// engine needs the time after a post only to start its retransmission timer (or to
-    /// see an RNR wait out, which its own timer does). That timer then starts at the next round that visits the QP
-    /// ([`poll`](Self::poll)): an application's next poll, or the progress thread's,
-    /// which does not sleep while one waits ([`Inner::ready`]). Only if the thread
-    /// already sleeps is the clock read here. The timer so starts later than the packet
-    /// went, by at most the time to the next round, never earlier, and a reliable link's
-    /// timers are at least [`RELIABLE_LINK_MIN_ACK_TIMEOUT`](soft::RELIABLE_LINK_MIN_ACK_TIMEOUT).
+    /// see an RNR wait out, which its own timer does). That timer then starts at the next
+    /// round that visits the QP ([`poll`](Self::poll)): an application's next poll, or
+    /// the progress thread's, which does not sleep while one waits ([`Inner::ready`]).
+    /// Only if the thread already sleeps is the clock read here. The timer so starts
+    /// later than the packet went, by at most the time to the next round, never earlier,
+    /// and a reliable link's timers are at least
+    /// [`RELIABLE_LINK_MIN_ACK_TIMEOUT`](soft::RELIABLE_LINK_MIN_ACK_TIMEOUT).
     pub(crate) fn pump_posted(&self, g: &mut Inner) -> bool {
         let moved = self.pump_at(g, None);
         // The thread raises `sleeping` before it looks at the QPs (under their locks, as
@@ -462,10 +463,9 @@ impl ShmQp {
     /// [`pump_posted`](Self::pump_posted)).
     fn pump_at(&self, g: &mut Inner, now: Option<Instant>) -> bool {
         let send = match now {
-            Some(now) => g.send(Some(now)),
             // (`send` with nothing held and nothing from the engine sends nothing.)
-            None if g.held || g.engine.may_transmit() => g.send(None),
-            None => Ok(false),
+            None if !g.held && !g.engine.may_transmit() => Ok(false),
+            _ => g.send(now),
         };
         let mut moved = match send {
             Ok(sent) => sent,

@@ -177,7 +177,7 @@ impl Endpoint {
             // end of the step: every scenario runs both.
             let b = self.qp.qpn() == QPN_B;
             let ack = match b {
-                true => self.qp.poll_ack().map(|b| b.to_vec()),
+                true => self.qp.poll_ack().map(|ack| ack.to_vec()),
                 false => None,
             };
             let p = ack.or_else(|| match b {

@@ -788,9 +788,8 @@ mod acks_wait_for_room {
 }
 
 /// A peer that stops reading its ring, alive and connected, gets no acknowledgement
-/// through: the request fails after the retry budget, however the application waits. (A
-/// post starts no timer itself: the next round that visits the queue pair does, whether
-/// an application's poll or the progress thread's.)
+/// through: the request fails after the retry budget, however the application waits
+/// (the timer runs in its polls, or in the progress thread).
 mod silent_peer {
     use std::time::{Duration, Instant};
 

@@ -438,38 +438,6 @@ impl<M: MemAccess> RcQp<M> {
     /// in registered memory for the transport to gather; `false` when there is none. See
     /// [`io`] for the contract.
     pub fn poll_transmit_parts(&mut self, now: Instant, out: &mut Transmit<M::Mr>) -> bool {
-        requester::stamp_timer(self, now);
-        self.transmit_parts(Some(now), out)
-    }
-
-    /// [`poll_transmit_parts`](Self::poll_transmit_parts) without the time, for a
-    /// transport that would read the clock for this call alone (after a post). The only
-    /// differences: a request waiting out an RNR NAK does not go (the time says when the
-    /// wait is over: the transport's timer for [`poll_timeout`](Self::poll_timeout)
-    /// sends it), and the retransmission timer a packet starts waits, as
-    /// [`timer_unstamped`](Self::timer_unstamped) says, until the next call that gives
-    /// the time ([`stamp_timer`](Self::stamp_timer), or any that takes `now`) starts it
-    /// then: later than the packet went, so it never expires early, and the transport
-    /// makes that call soon.
-    pub fn poll_transmit_parts_untimed(&mut self, out: &mut Transmit<M::Mr>) -> bool {
-        self.transmit_parts(None, out)
-    }
-
-    /// Whether a packet sent by
-    /// [`poll_transmit_parts_untimed`](Self::poll_transmit_parts_untimed) left the
-    /// retransmission timer to start at the next time given; until then
-    /// [`poll_timeout`](Self::poll_timeout) does not include it.
-    pub fn timer_unstamped(&self) -> bool {
-        self.req.timer_unstamped()
-    }
-
-    /// Starts at `now` the retransmission timer a packet sent without the time left
-    /// waiting, if one did (see [`timer_unstamped`](Self::timer_unstamped)).
-    pub fn stamp_timer(&mut self, now: Instant) {
-        requester::stamp_timer(self, now);
-    }
-
-    fn transmit_parts(&mut self, now: Option<Instant>, out: &mut Transmit<M::Mr>) -> bool {
         if self.cfg.qp_type == QpType::Ud {
             out.clear();
             if !matches!(self.sm.state(), QpState::Rts) {
@@ -635,7 +603,6 @@ impl<M: MemAccess> RcQp<M> {
         hdr: &codec::RcRepr<'_>,
         payload: &mut Payload<'_, M::Mr>,
     ) {
-        requester::stamp_timer(self, now);
         if hdr.bth.dest_qpn != self.cfg.qpn {
             return;
         }

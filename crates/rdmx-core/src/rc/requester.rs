@@ -81,12 +81,6 @@ pub(crate) struct Requester<Mr> {
     retry_cnt: u8,
     rnr_retry: u8,
     timer: Option<Instant>,
-    /// A packet that starts the timer went without the time ([`RcQp::
-    /// poll_transmit_parts_untimed`]): the timer starts at the next time given
-    /// ([`stamp_timer`]). Cleared whenever the timer is set.
-    ///
-    /// [`RcQp::poll_transmit_parts_untimed`]: super::RcQp::poll_transmit_parts_untimed
-    timer_unstamped: bool,
     rnr_until: Option<Instant>,
     /// The peer's advertised receive credits, from its last ACK.
     pub(crate) peer_credits: Option<u32>,
@@ -107,7 +101,6 @@ impl<Mr> Requester<Mr> {
             retry_cnt: 0,
             rnr_retry: 0,
             timer: None,
-            timer_unstamped: false,
             rnr_until: None,
             peer_credits: None,
         }
@@ -180,7 +173,7 @@ impl<Mr> Requester<Mr> {
         self.send_off = 0;
         self.started_hw = 0;
         self.rd_atomic = 0;
-        self.set_timer(None);
+        self.timer = None;
         self.rnr_until = None;
     }
 
@@ -213,17 +206,6 @@ impl<Mr> Requester<Mr> {
     /// finished and waits to retire.
     pub(crate) fn has_work(&self) -> bool {
         self.send_idx < self.sq.len() || self.sq.front().is_some_and(|w| w.done.is_some())
-    }
-
-    /// Sets (or stops) the retransmission timer.
-    fn set_timer(&mut self, at: Option<Instant>) {
-        self.timer = at;
-        self.timer_unstamped = false;
-    }
-
-    /// Whether the timer waits to start at the next time given (see `timer_unstamped`).
-    pub(crate) fn timer_unstamped(&self) -> bool {
-        self.timer_unstamped
     }
 
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
@@ -376,20 +358,10 @@ fn watched<M: MemAccess>(qp: &RcQp<M>) -> usize {
 
 fn arm<M: MemAccess>(qp: &mut RcQp<M>, now: Instant) {
     let outstanding = qp.req.sq.iter().take(watched(qp)).any(|w| w.done.is_none());
-    let at = match (outstanding, timeout_of(qp)) {
+    qp.req.timer = match (outstanding, timeout_of(qp)) {
         (true, Some(t)) => Some(now + t),
         _ => None,
     };
-    qp.req.set_timer(at);
-}
-
-/// Starts the timer a packet sent without the time left waiting (see `timer_unstamped`),
-/// at `now`: later than the packet went, never earlier, so it never expires early. (A
-/// waiting timer is never set: setting one clears the flag.)
-pub(crate) fn stamp_timer<M: MemAccess>(qp: &mut RcQp<M>, now: Instant) {
-    if qp.req.timer_unstamped {
-        qp.req.set_timer(timeout_of(qp).map(|t| now + t));
-    }
 }
 
 fn progress<M: MemAccess>(qp: &mut RcQp<M>, now: Instant) {
@@ -399,18 +371,17 @@ fn progress<M: MemAccess>(qp: &mut RcQp<M>, now: Instant) {
 }
 
 /// Builds the next packet of the send queue into `out` (cleared by the caller), if one
-/// may go now. Without the time (`now` `None`) nothing goes while an RNR wait is set (it
-/// may not be over), and a timer the packet starts waits for the next time given.
+/// may go now.
 pub(crate) fn transmit<M: MemAccess>(
     qp: &mut RcQp<M>,
-    now: Option<Instant>,
+    now: Instant,
     out: &mut Transmit<M::Mr>,
 ) -> Option<()> {
     if let Some(t) = qp.req.rnr_until {
-        match now {
-            Some(now) if now >= t => qp.req.rnr_until = None,
-            _ => return None,
+        if now < t {
+            return None;
         }
+        qp.req.rnr_until = None;
     }
     let uc = qp.cfg.qp_type == crate::qp::QpType::Uc;
     let attrs = qp.sm.attrs();
@@ -555,11 +526,8 @@ pub(crate) fn transmit<M: MemAccess>(
             req.send_idx += 1;
         }
     }
-    if qp.req.timer.is_none() && !qp.req.timer_unstamped && !uc {
-        match now {
-            Some(now) => qp.req.set_timer(timeout_of(qp).map(|t| now + t)),
-            None => qp.req.timer_unstamped = timeout_of(qp).is_some(),
-        }
+    if qp.req.timer.is_none() && !uc {
+        qp.req.timer = timeout_of(qp).map(|t| now + t);
     }
     out.pad = codec::encode_header(&hdr, payload.1, &mut out.header);
     if uc {
@@ -660,7 +628,7 @@ pub(crate) fn handle_response<M: MemAccess>(
             }
             qp.req.rewind(idx);
             qp.req.rnr_until = Some(now + timer.to_duration());
-            qp.req.set_timer(None);
+            qp.req.timer = None;
         }
         (Opcode::Acknowledge, Some(Syndrome::Nak(nak))) => {
             if qp.req.ack_before(psn) {
@@ -761,7 +729,6 @@ pub(crate) fn handle_response<M: MemAccess>(
 
 /// Retransmission timer or RNR wait expired.
 pub(crate) fn handle_timeout<M: MemAccess>(qp: &mut RcQp<M>, now: Instant) {
-    stamp_timer(qp, now);
     if qp.req.rnr_until.is_some_and(|t| now >= t) {
         qp.req.rnr_until = None;
         arm(qp, now);
@@ -771,16 +738,16 @@ pub(crate) fn handle_timeout<M: MemAccess>(qp: &mut RcQp<M>, now: Instant) {
         return;
     }
     let Some(oldest) = qp.req.sq.iter().position(|w| w.done.is_none()) else {
-        qp.req.set_timer(None);
+        qp.req.timer = None;
         return;
     };
     if oldest >= watched(qp) {
-        qp.req.set_timer(None);
+        qp.req.timer = None;
         return;
     }
     if qp.req.retry_left == 0 {
         qp.req.sq[oldest].done = Some(WcStatus::RetryExcErr);
-        qp.req.set_timer(None);
+        qp.req.timer = None;
         return;
     }
     qp.req.retry_left -= 1;
@@ -790,5 +757,5 @@ pub(crate) fn handle_timeout<M: MemAccess>(qp: &mut RcQp<M>, now: Instant) {
         let acked = qp.req.acked;
         qp.req.resume_at(oldest, acked, mtu);
     }
-    qp.req.set_timer(timeout_of(qp).map(|d| now + d));
+    qp.req.timer = timeout_of(qp).map(|d| now + d);
 }

@@ -372,18 +372,10 @@ impl ShmQp {
             g.wake();
         }
         g.lazy_wake = true;
-        // A timer a post left waiting starts now (see `pump_posted`).
-        let stamp = g.engine.timer_unstamped();
-        if stamp {
-            g.engine.stamp_timer(now);
-        }
         let moved = self.read(g, now);
         let moved = if moved || g.held {
             self.pump(g, now) || moved
         } else {
-            if stamp {
-                self.arm_timer(g);
-            }
             false
         };
         g.lazy_wake = false;
@@ -424,25 +416,11 @@ impl ShmQp {
         self.pump_at(g, Some(now))
     }
 
-    /// [`pump`](Self::pump) after a post, without reading the clock: a reading (the
-    /// time-stamp counter's) takes about 25 ns here, on the way of every SEND, and the
-    /// engine needs the time after a post only to start its retransmission timer (or to
-    /// see an RNR wait out, which its own timer does). That timer then starts at the next
-    /// round that visits the QP ([`poll`](Self::poll)): an application's next poll, or
-    /// the progress thread's, which does not sleep while one waits ([`Inner::ready`]).
-    /// Only if the thread already sleeps is the clock read here. The timer so starts
-    /// later than the packet went, by at most the time to the next round, never earlier,
-    /// and a reliable link's timers are at least
-    /// [`RELIABLE_LINK_MIN_ACK_TIMEOUT`](soft::RELIABLE_LINK_MIN_ACK_TIMEOUT).
+    /// [`pump`](Self::pump) after a post, reading the clock only if the engine may send:
+    /// a request executed at post sends nothing, and on that path a clock reading is a
+    /// tenth of a post.
     pub(crate) fn pump_posted(&self, g: &mut Inner) -> bool {
-        let moved = self.pump_at(g, None);
-        // The thread raises `sleeping` before it looks at the QPs (under their locks, as
-        // held here): either it sees the timer waiting and stays up, or it is seen asleep.
-        if g.engine.timer_unstamped() && self.driver.sleeping.load(Ordering::SeqCst) {
-            g.engine.stamp_timer(soft::clock::now());
-            self.arm_timer(g);
-        }
-        moved
+        self.pump_at(g, None)
     }
 
     /// What follows a post whose every request was executed at post: their completions
@@ -459,13 +437,13 @@ impl ShmQp {
         }
     }
 
-    /// [`pump`](Self::pump) at `now`, or with `None` without the time (after a post; see
-    /// [`pump_posted`](Self::pump_posted)).
+    /// [`pump`](Self::pump) at `now`, or with `None` at the clock's time if a packet may go.
     fn pump_at(&self, g: &mut Inner, now: Option<Instant>) -> bool {
         let send = match now {
+            Some(now) => g.send(now),
             // (`send` with nothing held and nothing from the engine sends nothing.)
-            None if !g.held && !g.engine.may_transmit() => Ok(false),
-            _ => g.send(now),
+            None if g.held || g.engine.may_transmit() => g.send(soft::clock::now()),
+            None => Ok(false),
         };
         let mut moved = match send {
             Ok(sent) => sent,
@@ -482,18 +460,12 @@ impl ShmQp {
                 g.target_word = w;
             }
         }
-        self.arm_timer(g);
-        moved
-    }
-
-    /// Asks the driver for a call of [`timeout`](Self::timeout) at the engine's next
-    /// deadline, unless one comes by then already.
-    fn arm_timer(&self, g: &mut Inner) {
         if let Some(t) = g.engine.poll_timeout() {
             if g.timer.arm(t) {
                 self.driver.schedule(t, self.token);
             }
         }
+        moved
     }
 }
 
@@ -525,15 +497,12 @@ impl Inner {
             .is_some_and(|c| !self.held && c.seg.drained(c.side, &self.prod))
     }
 
-    /// Whether a packet waits in the incoming ring, one of ours waits for room, or a
-    /// timer waits to start (see [`ShmQp::pump_posted`]).
+    /// Whether a packet waits in the incoming ring, or one of ours waits for room.
     pub(crate) fn ready(&mut self) -> bool {
         let Some(conn) = self.conn.as_ref() else {
             return false;
         };
-        self.held
-            || self.engine.timer_unstamped()
-            || !matches!(conn.seg.peek(1 - conn.side, &mut self.cons), Ok(None))
+        self.held || !matches!(conn.seg.peek(1 - conn.side, &mut self.cons), Ok(None))
     }
 
     /// This QP's side of its connection: sleeping or awake. A peer still to be woken is
@@ -735,9 +704,8 @@ impl Inner {
     }
 
     /// Moves the engine's packets into the outgoing ring until it has none or the ring is
-    /// full. Returns whether any was sent. Without the time (`None`, after a post), a
-    /// timer a packet starts waits for the next round (see [`ShmQp::pump_posted`]).
-    fn send(&mut self, now: Option<Instant>) -> Result<bool, RingError> {
+    /// full. Returns whether any was sent.
+    fn send(&mut self, now: Instant) -> Result<bool, RingError> {
         let Some(conn) = self.conn.as_ref() else {
             return Ok(false);
         };
@@ -776,11 +744,7 @@ impl Inner {
                     self.scratch.gather.clear();
                     break;
                 }
-                let built = match now {
-                    Some(now) => self.engine.poll_transmit_parts(now, &mut self.scratch),
-                    None => self.engine.poll_transmit_parts_untimed(&mut self.scratch),
-                };
-                if !built {
+                if !self.engine.poll_transmit_parts(now, &mut self.scratch) {
                     break;
                 }
                 self.held = true;

@@ -130,39 +130,6 @@ fn on_a_reliable_link_an_expired_timer_retransmits_nothing_but_still_ends_in_ret
 }
 
 #[test]
-fn a_timer_a_packet_sent_without_the_time_leaves_waiting_starts_when_the_time_comes() {
-    let mut p = Pair::with(PairConfig {
-        retry_cnt: 0,
-        ..PairConfig::default()
-    });
-    let t = ack_timeout(&p);
-    let buf = p.a.mem.register(4096, ALL);
-    p.ab.down = true;
-    p.a.post(wr(1, SendOp::Send, vec![buf.sge(0, 100)]))
-        .unwrap();
-    let mut out = crate::rc::Transmit::default();
-    assert!(p.a.qp.poll_transmit_parts_untimed(&mut out));
-    assert!(p.a.qp.timer_unstamped());
-    assert_eq!(p.a.qp.poll_timeout(), None, "no deadline without the time");
-    // Started at the time given, later than the packet went: never early.
-    let later = p.now + Duration::from_millis(3);
-    p.a.qp.stamp_timer(later);
-    assert!(!p.a.qp.timer_unstamped());
-    assert_eq!(p.a.qp.poll_timeout(), Some(later + t));
-    // A second stamp moves nothing.
-    p.a.qp.stamp_timer(later + t / 2);
-    assert_eq!(p.a.qp.poll_timeout(), Some(later + t));
-    // It expires then, not before.
-    p.a.qp.handle_timeout(later + t - Duration::from_nanos(1));
-    assert!(p.a.qp.poll_completion().is_none());
-    p.a.qp.handle_timeout(later + t);
-    assert_eq!(
-        p.a.qp.poll_completion().map(|(_, c, _)| c.status),
-        Some(WcStatus::RetryExcErr)
-    );
-}
-
-#[test]
 fn a_floor_on_the_ack_timeout_holds_over_a_shorter_timeout_attribute() {
     let floor = Duration::from_millis(500);
     let mut p = Pair::with(PairConfig {

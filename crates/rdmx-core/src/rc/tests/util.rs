@@ -13,7 +13,7 @@ use rdmx_wire as wire;
 
 use crate::access::Access;
 use crate::qp::{Mtu, QpAttr, QpAttrMask, QpLimits, QpState};
-use crate::rc::{CqSide, MemAccess, QpConfig, RcQp, Transmit};
+use crate::rc::{CqSide, MemAccess, QpConfig, RcQp};
 use crate::wr::{Completion, PostError, RecvWr, SendFlags, SendOp, SendWr, Sge};
 
 pub(super) use super::link::*;
@@ -171,27 +171,13 @@ impl Endpoint {
             // when there is work.
             let (may, done) = (self.qp.may_transmit(), self.qp.completions.len());
             // B's transport asks for a plain acknowledgement first (`poll_ack`), as the
-            // shm provider's does, then takes packets through `poll_transmit`; A's takes
-            // every packet without the time (`poll_transmit_parts_untimed`), as the shm
-            // provider's does after a post, and starts the timer they leave waiting at the
-            // end of the step: every scenario runs both.
-            let b = self.qp.qpn() == QPN_B;
-            let ack = match b {
-                true => self.qp.poll_ack().map(|ack| ack.to_vec()),
+            // shm provider's does; A's takes every packet through `poll_transmit`: every
+            // scenario runs both.
+            let ack = match self.qp.qpn() == QPN_B {
+                true => self.qp.poll_ack().map(|b| b.to_vec()),
                 false => None,
             };
-            let p = ack.or_else(|| match b {
-                true => self.qp.poll_transmit(now, &self.mem),
-                false => {
-                    let mut t = Transmit::default();
-                    self.qp.poll_transmit_parts_untimed(&mut t).then(|| {
-                        let mut bytes = Vec::new();
-                        t.flatten_into(&self.mem, &mut bytes);
-                        bytes
-                    })
-                }
-            });
-            let Some(p) = p else {
+            let Some(p) = ack.or_else(|| self.qp.poll_transmit(now, &self.mem)) else {
                 assert!(
                     may || self.qp.completions.len() == done,
                     "may_transmit said no, yet a request retired"
@@ -207,7 +193,6 @@ impl Endpoint {
                 "runaway transmission: a million packets"
             );
         }
-        self.qp.stamp_timer(now);
         any
     }
 }

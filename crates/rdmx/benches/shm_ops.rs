@@ -12,10 +12,16 @@
 //!   post), posted and its completion polled.
 //! - `poll`: a poll of a CQ that finds nothing (a spinning application pays it between
 //!   arrivals, and on average half of it on the way to each).
+//! - `read`: a 64 KiB RDMA READ on the mapped data path (executed by the initiator at
+//!   post), every hundredth signaled and its completion polled, as `rdmx bench read_bw`
+//!   posts them; against the provider's copy of 64 KiB alone between two shared
+//!   mappings, in alternating batches: the difference is what a READ costs beyond its
+//!   copy.
 //!
 //! Each figure is the median over `--rounds` (default 7) batches of `--iters` operations
-//! (default 100000), in nanoseconds. Run: `cargo bench -p rdmx --bench shm_ops -- [send]
-//! [write] [poll] [--rounds N] [--iters N]` (all three without a name).
+//! (default 100000; a tenth of that for `read`), in nanoseconds. Run: `cargo bench -p
+//! rdmx --bench shm_ops -- [send] [write] [poll] [read] [--rounds N] [--iters N]` (all four
+//! without a name).
 
 mod common;
 
@@ -42,7 +48,7 @@ fn pair(opts: rdmx::shm::Options, mapped: bool) -> (Side, Side) {
         let qp = pd
             .create_qp(&cq, &cq, QpCaps::default())
             .expect("create a QP");
-        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
         let mr = match mapped {
             true => pd.register(
                 rdmx_mem::Mapping::shared(1 << 16).expect("shared memory"),
@@ -141,6 +147,46 @@ fn poll(a: &Side, iters: u64) -> f64 {
     t.elapsed().as_nanos() as f64 / iters as f64
 }
 
+/// Nanoseconds per 64 KiB READ on the mapped path (executed at post), every 100th
+/// signaled and its completion polled, as `rdmx bench read_bw` posts them.
+#[inline(never)]
+fn read(a: &Side, b: &Side, iters: u64) -> f64 {
+    let from = b.mr.remote_at(0);
+    let t = Instant::now();
+    for i in 0..iters {
+        let sge = LocalSge::new(&a.mr, 0, 1 << 16).expect("a destination");
+        let mut req = SendRequest::read(i, from).sge(sge);
+        req.set_signaled(i % 100 == 99);
+        a.qp.post_send(req).expect("post a READ");
+        if i % 100 == 99 {
+            poll_until(a, |c| c.wr_id == i);
+        }
+    }
+    t.elapsed().as_nanos() as f64 / iters as f64
+}
+
+/// Nanoseconds per copy of 64 KiB between two shared mappings (the provider's copy).
+#[inline(never)]
+fn copy64(iters: u64) -> f64 {
+    let (src, dst) = (
+        rdmx_mem::Mapping::shared(1 << 16).expect("shared memory"),
+        rdmx_mem::Mapping::shared(1 << 16).expect("shared memory"),
+    );
+    // SAFETY: two distinct live mappings of 64 KiB each, used only here.
+    let (d, s) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(dst.as_ptr(), 1 << 16),
+            std::slice::from_raw_parts(src.as_ptr(), 1 << 16),
+        )
+    };
+    let t = Instant::now();
+    for _ in 0..iters {
+        rdmx::shm::copy_slice(d, s);
+        std::hint::black_box(&mut *d);
+    }
+    t.elapsed().as_nanos() as f64 / iters as f64
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -150,7 +196,7 @@ fn main() {
     let args = common::Args::from_env();
     let rounds = args.flag("--rounds", 7).max(1);
     let iters = args.flag("--iters", 100_000).max(1);
-    let run = |name: &str| args.runs(&["send", "write", "poll"], name);
+    let run = |name: &str| args.runs(&["send", "write", "poll", "read"], name);
     if run("send") || run("poll") {
         let (a, b) = pair(rdmx::shm::Options::default().direct(false), false);
         for _ in 0..8 {
@@ -166,6 +212,25 @@ fn main() {
             let v = (0..rounds).map(|_| poll(&a, iters * 10)).collect();
             println!("poll: {:.1} ns per poll that finds nothing", median(v));
         }
+    }
+    if run("read") {
+        let (a, b) = pair(rdmx::shm::Options::default().mapped(true), true);
+        // The peer's region is mapped once its file has come over the socket.
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while rdmx::shm::executed_at_post(&a.qp) == Some(0) && Instant::now() < deadline {
+            write(&a, &b, 1);
+        }
+        // Whole hundreds: the last READ of a batch is signaled.
+        let n = (iters / 1000).max(1) * 100;
+        read(&a, &b, n);
+        let mut r = Vec::new();
+        let mut c = Vec::new();
+        for _ in 0..rounds {
+            r.push(read(&a, &b, n));
+            c.push(copy64(n));
+        }
+        let (r, c) = (median(r), median(c));
+        println!("read: {r:.0} ns per 64 KiB READ on the mapped path, copy alone {c:.0} ns ({:.0} ns more)", r - c);
     }
     if run("write") {
         let (a, b) = pair(rdmx::shm::Options::default().mapped(true), true);

@@ -292,7 +292,7 @@ impl<Mr> Requester<Mr> {
     /// SEND or WRITE whose packets before it the peer has (a sequence NAK names the PSN
     /// the peer expects; an ACK said it has those before): only the rest is sent again,
     /// as rxe does, so a long message on a lossy path is not sent from its start after
-    /// every loss. Otherwise restarts at the request's first packet ([`rewind`]).
+    /// every loss. Otherwise restarts at the request's first packet ([`rewind`](Self::rewind)).
     fn resume_at(&mut self, idx: usize, psn: u32, mtu: u64) {
         if idx >= self.started() {
             return;

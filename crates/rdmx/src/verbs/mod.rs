@@ -26,6 +26,7 @@ mod ffi;
 mod glue;
 mod qp;
 mod rdmacm;
+mod srq;
 mod sys;
 
 pub use glue::Options;
@@ -40,7 +41,8 @@ use parking_lot::{Mutex, RwLock};
 use rdmx_core::{Completion, KeyError, KeyUse, Mtu, PdId, QpLimits, WcOpcode, WcStatus};
 use rdmx_mem::Access;
 
-pub(crate) use qp::{Qp, Srq};
+pub(crate) use qp::Qp;
+pub(crate) use srq::Srq;
 
 use crate::provider::{AtomicCap, Capabilities, MrRef, MrShared, Transport};
 use crate::{Error, Result};
@@ -87,7 +89,7 @@ pub(crate) struct Device {
     /// Live QPs by number, to map their completions back.
     qps: RwLock<HashMap<u32, Weak<qp::Shared>>>,
     /// Live SRQs by address, for their limit events.
-    srqs: Mutex<HashMap<usize, Weak<qp::SrqShared>>>,
+    srqs: Mutex<HashMap<usize, Weak<srq::SrqShared>>>,
     /// Protection domains by rdmx id.
     pds: Mutex<HashMap<PdId, Weak<sys::Pd>>>,
 }

@@ -1,8 +1,8 @@
-//! Verbs queue pairs and shared receive queues: the rdmx state machine in front of the
-//! adapter's, exact queue depths, and the references posted requests hold.
+//! Verbs queue pairs: the rdmx state machine in front of the adapter's, exact queue
+//! depths, and the references posted requests hold (shared receive queues: `srq`).
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -11,13 +11,14 @@ use rdmx_core::{
     SendWr, WcOpcode,
 };
 
+use super::srq::{Srq, SrqShared};
 use super::{sys, verb, Device};
 use crate::endpoint::{PeerAddr, QpEndpoint};
 use crate::provider::{MrRef, QpCaps};
 use crate::{Error, Result};
 
 /// The bit that marks the `wr_id` the adapter sees as a receive's.
-const RECV_BIT: u64 = 1 << 63;
+pub(super) const RECV_BIT: u64 = 1 << 63;
 
 /// Whether an adapter `wr_id` is a receive's.
 pub(super) fn is_recv(hw_wr_id: u64) -> bool {
@@ -50,12 +51,12 @@ pub(super) fn probe_max_inline(ctx: &Arc<sys::Context>) -> u32 {
 
 /// A request in flight: the caller's `wr_id` and the regions it uses (and, for a UD send,
 /// its address handle).
-struct Slot {
-    seq: u64,
-    wr_id: u64,
-    opcode: WcOpcode,
-    _refs: Refs,
-    _ah: Option<Arc<sys::Ah>>,
+pub(super) struct Slot {
+    pub(super) seq: u64,
+    pub(super) wr_id: u64,
+    pub(super) opcode: WcOpcode,
+    pub(super) _refs: Refs,
+    pub(super) _ah: Option<Arc<sys::Ah>>,
 }
 
 /// An address handle on a verbs device (`ibv_create_ah`).
@@ -119,7 +120,7 @@ const SEQ_WINDOW: u64 = 1 << 40;
 
 /// The start of a new window of sequence numbers, for a queue pair or an SRQ. Below
 /// RECV_BIT: 2^23 windows before the numbers come round.
-fn next_seq_window() -> u64 {
+pub(super) fn next_seq_window() -> u64 {
     NEXT_SEQ_BASE.fetch_add(SEQ_WINDOW, Ordering::Relaxed) % (RECV_BIT / 2)
 }
 
@@ -212,13 +213,13 @@ impl Drop for Qp {
 
 /// The regions a posted request names, held until its completion is reaped; one region
 /// (the common case) costs no allocation.
-enum Refs {
+pub(super) enum Refs {
     None,
     One(#[allow(dead_code)] MrRef),
     Many(#[allow(dead_code)] Vec<MrRef>),
 }
 
-fn lkey_refs(dev: &Device, sges: &[rdmx_core::Sge]) -> (Refs, sys::SgeArray) {
+pub(super) fn lkey_refs(dev: &Device, sges: &[rdmx_core::Sge]) -> (Refs, sys::SgeArray) {
     let refs = match sges {
         [] => Refs::None,
         [one] => dev.mr_by_lkey(one.lkey).map_or(Refs::None, Refs::One),
@@ -243,7 +244,7 @@ fn inside_live_regions(refs: &Refs, sges: &[rdmx_core::Sge]) -> bool {
     }
 }
 
-fn post_error(e: std::io::Error, depth: usize, what: &'static str) -> Error {
+pub(super) fn post_error(e: std::io::Error, depth: usize, what: &'static str) -> Error {
     match e.raw_os_error() {
         Some(libc::ENOMEM) => Error::Post(PostError::QueueFull { depth }),
         Some(libc::EINVAL) => Error::Post(PostError::Invalid("the adapter refused the request")),
@@ -665,142 +666,6 @@ impl Qp {
             self.kick_flush();
         }
         Ok(())
-    }
-}
-
-/// The receives an SRQ holds, by adapter sequence number.
-#[derive(Default)]
-struct SrqSlots {
-    next_seq: u64,
-    slots: HashMap<u64, Slot>,
-}
-
-/// What completions and async events need of an SRQ.
-pub(crate) struct SrqShared {
-    slots: Mutex<SrqSlots>,
-    limit: AtomicBool,
-}
-
-impl SrqShared {
-    pub(super) fn limit_fired(&self) {
-        self.limit.store(true, Ordering::Release);
-    }
-
-    /// Lets go of the receive the adapter numbered `hw_wr_id`, if it is this SRQ's;
-    /// returns whether it was.
-    pub(super) fn release(&self, hw_wr_id: u64) -> bool {
-        self.slots
-            .lock()
-            .slots
-            .remove(&(hw_wr_id & !RECV_BIT))
-            .is_some()
-    }
-}
-
-/// A shared receive queue on a verbs device.
-pub(crate) struct Srq {
-    hw: Arc<sys::Srq>,
-    dev: Arc<Device>,
-    shared: Arc<SrqShared>,
-    max_wr: usize,
-    max_sge: usize,
-}
-
-impl std::fmt::Debug for Srq {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("verbs::Srq")
-            .field("len", &self.len())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Drop for Srq {
-    fn drop(&mut self) {
-        self.dev.srqs.lock().remove(&self.hw.addr());
-    }
-}
-
-impl Srq {
-    /// `ibv_create_srq`.
-    pub(crate) fn create(
-        dev: &Arc<Device>,
-        pd: rdmx_core::PdId,
-        max_wr: usize,
-        max_sge: usize,
-    ) -> Result<Srq> {
-        let hw_pd = dev.pd(pd)?;
-        let hw = Arc::new(
-            sys::Srq::create(&hw_pd, max_wr as u32, max_sge.max(1) as u32)
-                .map_err(verb("ibv_create_srq"))?,
-        );
-        // A window of numbers of its own, apart from every QP's and SRQ's: a receive
-        // completion whose QP is gone names its SRQ by its number alone.
-        let base = next_seq_window();
-        let shared = Arc::new(SrqShared {
-            slots: Mutex::new(SrqSlots {
-                next_seq: base,
-                slots: HashMap::new(),
-            }),
-            limit: AtomicBool::new(false),
-        });
-        dev.srqs.lock().insert(hw.addr(), Arc::downgrade(&shared));
-        Ok(Srq {
-            hw,
-            dev: dev.clone(),
-            shared,
-            max_wr,
-            max_sge,
-        })
-    }
-
-    /// `ibv_post_srq_recv`.
-    ///
-    /// # Safety
-    ///
-    /// As [`provider::Qp::post_recv`](crate::provider::Qp::post_recv).
-    pub(crate) unsafe fn post_recv(&self, wr: &RecvWr) -> Result<()> {
-        wr.check(self.max_sge)?;
-        let (refs, mut sges) = lkey_refs(&self.dev, &wr.sges);
-        let mut q = self.shared.slots.lock();
-        if q.slots.len() >= self.max_wr {
-            return Err(PostError::QueueFull { depth: self.max_wr }.into());
-        }
-        let seq = q.next_seq;
-        // SAFETY: as in Qp::post_send.
-        unsafe { self.hw.post_recv(seq | RECV_BIT, sges.as_mut_slice()) }
-            .map_err(|e| post_error(e, self.max_wr, "ibv_post_srq_recv"))?;
-        q.next_seq += 1;
-        q.slots.insert(
-            seq,
-            Slot {
-                seq,
-                wr_id: wr.wr_id,
-                opcode: WcOpcode::Recv,
-                _refs: refs,
-                _ah: None,
-            },
-        );
-        Ok(())
-    }
-
-    /// Receives posted and not yet reaped.
-    pub(crate) fn len(&self) -> usize {
-        self.shared.slots.lock().slots.len()
-    }
-
-    /// `ibv_modify_srq` of the limit.
-    pub(crate) fn arm_limit(&self, limit: usize) -> crate::Result<()> {
-        self.dev.poll_async();
-        self.shared.limit.store(false, Ordering::Release);
-        let limit = u32::try_from(limit)
-            .map_err(|_| crate::Error::InvalidArgument("an SRQ limit past u32"))?;
-        self.hw.arm_limit(limit).map_err(verb("ibv_modify_srq"))
-    }
-
-    /// Takes the limit event if it fired.
-    pub(crate) fn limit_reached(&self) -> bool {
-        self.dev.poll_async();
-        self.shared.limit.swap(false, Ordering::AcqRel)
     }
 }
 

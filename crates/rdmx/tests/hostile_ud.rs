@@ -21,6 +21,16 @@ use rdmx::{
     QpCaps, QpType, QueuePair, RecvRequest, SendRequest, WcStatus, GRH_LEN,
 };
 
+/// This file's tests, one at a time: one measures the process's memory during a flood,
+/// which another test's contexts, made meanwhile, would grow; and each counts what its
+/// receiver gets, which another test's flood, taking the cores, could make the kernel
+/// drop (a full socket buffer).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 const QKEY: u32 = 0x0bad_cafe;
 /// The BTH opcode of a UD SEND without immediate data.
 const UD_SEND_ONLY: u8 = 0x64;
@@ -266,6 +276,7 @@ mod udp {
 
     #[test]
     fn bad_datagrams_are_dropped_and_counted() {
+        let _serial = serial();
         let (v, at) = open("127.4.0.2:4791");
         let (tx, _) = open("127.4.0.1:4791");
         let s = UdpSocket::bind("127.4.0.9:0").expect("bind");
@@ -324,6 +335,7 @@ mod udp {
 
     #[test]
     fn a_flood_is_dropped_with_bounded_memory_while_datagrams_still_arrive() {
+        let _serial = serial();
         let (v, at) = open("127.4.0.4:4791");
         let (tx, _) = open("127.4.0.3:4791");
         let s = UdpSocket::bind("127.4.0.9:0").expect("bind");
@@ -359,6 +371,7 @@ mod shm {
 
     #[test]
     fn bad_datagrams_are_dropped_and_counted() {
+        let _serial = serial();
         let v = open();
         let tx = open();
         let to = target(&v);
@@ -427,6 +440,7 @@ mod shm {
 
     #[test]
     fn a_flood_is_dropped_with_bounded_memory_while_datagrams_still_arrive() {
+        let _serial = serial();
         let v = open();
         let tx = open();
         let s = stranger(std::process::id(), 0x7e57_0003);
@@ -493,6 +507,7 @@ mod shm {
     /// end was sent reads end-of-file once the sender closes its own copy.
     #[test]
     fn descriptors_sent_to_the_datagram_socket_are_refused() {
+        let _serial = serial();
         use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
         let v = open();
         let s = stranger(std::process::id(), 0x7e57_00fd);

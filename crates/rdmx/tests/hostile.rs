@@ -377,6 +377,18 @@ fn noise(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Tests that measure the process's resident memory run alone (`exclusive`), the others
+/// side by side (`shared`): a context another test makes meanwhile would count as growth.
+static MEMORY: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    MEMORY.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn exclusive() -> std::sync::RwLockWriteGuard<'static, ()> {
+    MEMORY.write().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Resident memory of this process, in bytes.
 fn rss() -> usize {
     let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");

@@ -26,6 +26,14 @@ const REGION: usize = 64 * 1024;
 /// Resident memory the flood may add, against the gigabytes of responses it asks for.
 const BOUND: usize = 64 << 20;
 
+/// This file's tests, one at a time: one measures the process's resident memory, which
+/// the other's contexts and flood would grow.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn qp_in(pd: &ProtectionDomain) -> (QueuePair, CompletionQueue) {
     let cq = pd.context().create_cq(64).expect("create a CQ");
     let qp = pd
@@ -166,6 +174,7 @@ fn client_of(pd: &ProtectionDomain, len: usize, fill: u8) -> Client {
 
 #[test]
 fn requests_from_a_peer_that_never_reads_keep_memory_bounded() {
+    let _serial = serial();
     let Flooded {
         server: _server,
         pd,
@@ -269,6 +278,7 @@ fn requests_from_a_peer_that_never_reads_keep_memory_bounded() {
 /// context, completes while the flood goes on.
 #[test]
 fn a_flooding_peer_does_not_starve_the_other_queue_pairs() {
+    let _serial = serial();
     let Flooded {
         server: _server,
         pd,

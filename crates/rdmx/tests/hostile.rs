@@ -22,6 +22,8 @@
 
 #[path = "common/logs.rs"]
 mod logs;
+#[path = "common/memory.rs"]
+mod memory;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -375,29 +377,6 @@ fn noise(seed: u64, len: usize) -> Vec<u8> {
             x as u8
         })
         .collect()
-}
-
-/// Tests that measure the process's resident memory run alone (`exclusive`), the others
-/// side by side (`shared`): a context another test makes meanwhile would count as growth.
-static MEMORY: std::sync::RwLock<()> = std::sync::RwLock::new(());
-
-fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
-    MEMORY.read().unwrap_or_else(|e| e.into_inner())
-}
-
-fn exclusive() -> std::sync::RwLockWriteGuard<'static, ()> {
-    MEMORY.write().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Resident memory of this process, in bytes.
-fn rss() -> usize {
-    let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
-    let kb: usize = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS");
-    kb * 1024
 }
 
 /// Moves `qp` to `state`.

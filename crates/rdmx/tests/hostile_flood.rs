@@ -18,6 +18,9 @@ use rdmx::{
 };
 use rdmx_wire::{BthRepr, Opcode, RcRepr, RethRepr};
 
+#[path = "common/memory.rs"]
+mod memory;
+
 const DEADLINE: Duration = Duration::from_secs(30);
 const FLOOD: Duration = Duration::from_secs(3);
 const FAKE_QPN: u32 = 1;
@@ -26,30 +29,12 @@ const REGION: usize = 64 * 1024;
 /// Resident memory the flood may add, against the gigabytes of responses it asks for.
 const BOUND: usize = 64 << 20;
 
-/// This file's tests, one at a time: one measures the process's resident memory, which
-/// the other's contexts and flood would grow.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn qp_in(pd: &ProtectionDomain) -> (QueuePair, CompletionQueue) {
     let cq = pd.context().create_cq(64).expect("create a CQ");
     let qp = pd
         .create_qp(&cq, &cq, QpCaps::default())
         .expect("create a QP");
     (qp, cq)
-}
-
-fn rss() -> usize {
-    let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
-    let kb: usize = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS");
-    kb * 1024
 }
 
 fn frame(op: Opcode, qp: u32, psn: u32, reth: RethRepr, payload: &[u8]) -> Vec<u8> {
@@ -174,7 +159,7 @@ fn client_of(pd: &ProtectionDomain, len: usize, fill: u8) -> Client {
 
 #[test]
 fn requests_from_a_peer_that_never_reads_keep_memory_bounded() {
-    let _serial = serial();
+    let _running = memory::alone();
     let Flooded {
         server: _server,
         pd,
@@ -213,7 +198,7 @@ fn requests_from_a_peer_that_never_reads_keep_memory_bounded() {
         batch.extend_from_slice(if i % 2 == 0 { &read } else { &dup_write });
     }
 
-    let base = rss();
+    let base = memory::rss_kib() as usize * 1024;
     let start = Instant::now();
     let mut frames = 0usize;
     while start.elapsed() < FLOOD {
@@ -222,7 +207,7 @@ fn requests_from_a_peer_that_never_reads_keep_memory_bounded() {
             frames += 512;
         }
     }
-    let grown = rss().saturating_sub(base);
+    let grown = (memory::rss_kib() as usize * 1024).saturating_sub(base);
     eprintln!(
         "{frames} frames asking for {} GiB of READ responses; resident memory grew by {} KiB",
         (frames / 2 * REGION) >> 30,
@@ -278,7 +263,7 @@ fn requests_from_a_peer_that_never_reads_keep_memory_bounded() {
 /// context, completes while the flood goes on.
 #[test]
 fn a_flooding_peer_does_not_starve_the_other_queue_pairs() {
-    let _serial = serial();
+    let _running = memory::alone();
     let Flooded {
         server: _server,
         pd,

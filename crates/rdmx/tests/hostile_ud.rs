@@ -21,15 +21,8 @@ use rdmx::{
     QpCaps, QpType, QueuePair, RecvRequest, SendRequest, WcStatus, GRH_LEN,
 };
 
-/// This file's tests, one at a time: one measures the process's memory during a flood,
-/// which another test's contexts, made meanwhile, would grow; and each counts what its
-/// receiver gets, which another test's flood, taking the cores, could make the kernel
-/// drop (a full socket buffer).
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+#[path = "common/memory.rs"]
+mod memory;
 
 const QKEY: u32 = 0x0bad_cafe;
 /// The BTH opcode of a UD SEND without immediate data.
@@ -147,14 +140,6 @@ fn quiet(v: &Ud, what: &str) {
     }
 }
 
-fn rss_kib() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").expect("status");
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
-}
-
 /// Waits until `done` holds (polling `v` meanwhile) or the deadline.
 fn until(v: &Ud, mut done: impl FnMut() -> bool) {
     let start = Instant::now();
@@ -213,7 +198,7 @@ trait Stranger: Send + 'static {
 fn flood<S: std::fmt::Debug>(v: &Ud, tx: &Ud, s: impl Stranger, stats: impl Fn(&Ud) -> (u64, S)) {
     let _mr = post_recvs(v);
     let qpn = v.qp.qp_num();
-    let rss0 = rss_kib();
+    let rss0 = memory::rss_kib();
     let (r0, _) = stats(v);
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
@@ -254,7 +239,7 @@ fn flood<S: std::fmt::Debug>(v: &Ud, tx: &Ud, s: impl Stranger, stats: impl Fn(&
             > 0,
         "the wrong Q_Keys were counted"
     );
-    let grown = rss_kib().saturating_sub(rss0);
+    let grown = memory::rss_kib().saturating_sub(rss0);
     assert!(grown < 32 * 1024, "memory grew by {grown} KiB");
 }
 
@@ -276,7 +261,7 @@ mod udp {
 
     #[test]
     fn bad_datagrams_are_dropped_and_counted() {
-        let _serial = serial();
+        let _running = memory::alone();
         let (v, at) = open("127.4.0.2:4791");
         let (tx, _) = open("127.4.0.1:4791");
         let s = UdpSocket::bind("127.4.0.9:0").expect("bind");
@@ -335,7 +320,7 @@ mod udp {
 
     #[test]
     fn a_flood_is_dropped_with_bounded_memory_while_datagrams_still_arrive() {
-        let _serial = serial();
+        let _running = memory::alone();
         let (v, at) = open("127.4.0.4:4791");
         let (tx, _) = open("127.4.0.3:4791");
         let s = UdpSocket::bind("127.4.0.9:0").expect("bind");
@@ -371,7 +356,7 @@ mod shm {
 
     #[test]
     fn bad_datagrams_are_dropped_and_counted() {
-        let _serial = serial();
+        let _running = memory::alone();
         let v = open();
         let tx = open();
         let to = target(&v);
@@ -440,7 +425,7 @@ mod shm {
 
     #[test]
     fn a_flood_is_dropped_with_bounded_memory_while_datagrams_still_arrive() {
-        let _serial = serial();
+        let _running = memory::alone();
         let v = open();
         let tx = open();
         let s = stranger(std::process::id(), 0x7e57_0003);
@@ -507,7 +492,7 @@ mod shm {
     /// end was sent reads end-of-file once the sender closes its own copy.
     #[test]
     fn descriptors_sent_to_the_datagram_socket_are_refused() {
-        let _serial = serial();
+        let _running = memory::alone();
         use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
         let v = open();
         let s = stranger(std::process::id(), 0x7e57_00fd);

@@ -10,20 +10,13 @@ use std::time::{Duration, Instant};
 
 mod common;
 
+#[path = "common/memory.rs"]
+mod memory;
+
 use rdmx::udp::{icrc::icrc, stats, UdpStats};
 use rdmx::{QpAttr, QpAttrMask, QpCaps, QpState};
 
 use common::udp_pair::{image, opts, pair, pair_with, side, write_works, Side, DEADLINE};
-
-/// This file's tests, one at a time: one measures the process's memory during a flood,
-/// which another test's contexts, made meanwhile, would grow; and each counts what its
-/// receiver gets, which another test's flood, taking the cores, could make the kernel
-/// drop (a full socket buffer).
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// A WRITE ONLY packet with a full RETH: to `qpn` at `psn`, 64 bytes of 0xEE aimed at the
 /// start of `b`'s region.
@@ -70,7 +63,7 @@ impl Rng {
 
 #[test]
 fn strangers_datagrams_are_dropped_and_counted() {
-    let _serial = serial();
+    let _running = memory::alone();
     let (a, b) = pair(24791);
     write_works(&a, &b, 3);
     let before_mem = image(&b.mr);
@@ -149,7 +142,7 @@ fn strangers_datagrams_are_dropped_and_counted() {
 
 #[test]
 fn forged_psns_from_the_peers_address_are_harmless() {
-    let _serial = serial();
+    let _running = memory::alone();
     let (a, b) = pair(25791);
     write_works(&a, &b, 7);
     let before_mem = image(&b.mr);
@@ -176,7 +169,7 @@ fn forged_psns_from_the_peers_address_are_harmless() {
 
 #[test]
 fn packets_for_queue_pairs_in_other_states_are_dropped() {
-    let _serial = serial();
+    let _running = memory::alone();
     let (a, b) = pair(26791);
     // A second pair on the same contexts; B's end is then moved to ERR.
     let pd_a = a.qp.pd().clone();
@@ -206,17 +199,9 @@ fn packets_for_queue_pairs_in_other_states_are_dropped() {
     write_works(&a, &b, 11);
 }
 
-fn rss_kib() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").expect("status");
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
-}
-
 #[test]
 fn a_flood_is_dropped_with_bounded_memory_while_the_pair_keeps_working() {
-    let _serial = serial();
+    let _running = memory::alone();
     // The flood overflows B's socket buffer, so the pair's own packets are lost there as on
     // a congested link, and the engine retransmits them. The default ACK timeout (code 14,
     // 67 ms, 8 tries: about half a second) can run out while the flood lasts on a busy
@@ -228,7 +213,7 @@ fn a_flood_is_dropped_with_bounded_memory_while_the_pair_keeps_working() {
     write_works(&a, &b, 13);
     let before_mem = image(&b.mr);
     let qpn = b.qp.qp_num();
-    let rss0 = rss_kib();
+    let rss0 = memory::rss_kib();
     let s0 = stats(&b.ctx).expect("udp");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let target = b.addr;
@@ -283,7 +268,7 @@ fn a_flood_is_dropped_with_bounded_memory_while_the_pair_keeps_working() {
     // Every datagram from the flooder was dropped before reaching a QP: what B's QP got
     // is exactly A's packets.
     assert!(s1.delivered - s0.delivered <= s1.received - s0.received - dropped);
-    let grown = rss_kib().saturating_sub(rss0);
+    let grown = memory::rss_kib().saturating_sub(rss0);
     assert!(
         grown < 32 * 1024,
         "memory grew by {grown} KiB during the flood"
@@ -296,7 +281,7 @@ fn a_flood_is_dropped_with_bounded_memory_while_the_pair_keeps_working() {
 
 #[test]
 fn an_rdmx_peer_on_the_roce_port_is_matched_by_its_port_too() {
-    let _serial = serial();
+    let _running = memory::alone();
     // Both sides on port 4791, as rdmx contexts bind by default. A process on A's
     // address but another port sends B a WRITE with a correct ICRC at B's expected PSN:
     // A is an rdmx peer (named by address and port), which sends from its socket's port

@@ -27,7 +27,7 @@ fn protocol_violation_to(make: impl FnOnce(u32) -> Vec<u8>, reason: &str) {
 
 #[test]
 fn zero_length_prefix() {
-    let _memory = shared();
+    let _running = memory::beside();
     protocol_violation(
         &[0, 0, 0, 0, 0x0A, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
         "frame of 0 bytes",
@@ -36,7 +36,7 @@ fn zero_length_prefix() {
 
 #[test]
 fn oversized_length_prefix() {
-    let _memory = shared();
+    let _running = memory::beside();
     let mut f = write_frame(1, FAKE_PSN, 0, 0, &[0; 16]);
     f[..4].copy_from_slice(&u32::MAX.to_be_bytes());
     protocol_violation(&f, "frame of 4294967295 bytes");
@@ -44,7 +44,7 @@ fn oversized_length_prefix() {
 
 #[test]
 fn length_prefix_one_past_the_largest_frame() {
-    let _memory = shared();
+    let _running = memory::beside();
     // 128 bytes of headers plus the largest path MTU (1 MiB) is the most a frame may be.
     let mut f = write_frame(1, FAKE_PSN, 0, 0, &[0; 16]);
     f[..4].copy_from_slice(&(128u32 + (1 << 20) + 1).to_be_bytes());
@@ -53,7 +53,7 @@ fn length_prefix_one_past_the_largest_frame() {
 
 #[test]
 fn length_prefix_shorter_than_the_headers() {
-    let _memory = shared();
+    let _running = memory::beside();
     let mut f = write_frame(1, FAKE_PSN, 0, 0, &[0; 16]);
     f[..4].copy_from_slice(&20u32.to_be_bytes()); // WRITE ONLY has 28 bytes of headers
     protocol_violation(&f, "frame of 20 bytes");
@@ -61,7 +61,7 @@ fn length_prefix_shorter_than_the_headers() {
 
 #[test]
 fn invalid_opcode() {
-    let _memory = shared();
+    let _running = memory::beside();
     let mut f = write_frame(1, FAKE_PSN, 0, 0, &[0; 16]);
     f[4] = 0x1F; // reserved in the RC opcode space
     protocol_violation(&f, "unknown opcode 0x1f");
@@ -69,7 +69,7 @@ fn invalid_opcode() {
 
 #[test]
 fn reserved_aeth_syndrome() {
-    let _memory = shared();
+    let _running = memory::beside();
     // An ACK whose AETH syndrome uses the reserved type (binary 10): headers the engine
     // cannot parse.
     protocol_violation_to(
@@ -88,7 +88,7 @@ fn reserved_aeth_syndrome() {
 
 #[test]
 fn random_bytes_after_the_hello() {
-    let _memory = shared();
+    let _running = memory::beside();
     // Random streams mostly fail the opcode or length check at once; some parse as
     // frames and go to the engine. Either way the server must close the stream or keep
     // it consistent, never panic, and never touch memory the stream had no key for.
@@ -113,7 +113,7 @@ fn random_bytes_after_the_hello() {
 
 #[test]
 fn truncated_frame_then_close() {
-    let _memory = shared();
+    let _running = memory::beside();
     let mut srv = Server::new();
     // With a valid rkey the engine names where the payload goes and the stream reads it
     // straight there, so the bytes that arrived may be placed: the peer had the right to
@@ -167,7 +167,7 @@ fn truncated_frame_then_close() {
 
 #[test]
 fn wrong_psn_is_nakked_and_never_placed() {
-    let _memory = shared();
+    let _running = memory::beside();
     let mut srv = Server::new();
     let v = srv.victim();
     let mut s = srv.dial(&v);
@@ -227,7 +227,7 @@ fn wrong_psn_is_nakked_and_never_placed() {
 
 #[test]
 fn forged_rkeys_are_refused_with_memory_unchanged() {
-    let _memory = shared();
+    let _running = memory::beside();
     let mut srv = Server::new();
     // A region that was registered and deregistered: its rkey is stale.
     let stale = region(&srv.pd, 3);

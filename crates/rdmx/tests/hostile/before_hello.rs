@@ -6,7 +6,7 @@ use super::*;
 
 #[test]
 fn bad_hellos_are_closed() {
-    let _memory = shared();
+    let _running = memory::beside();
     let mut srv = Server::new();
     let v = srv.victim();
     // Wrong magic; a QP that does not exist; a second stream for a connected QP.
@@ -58,7 +58,7 @@ fn bad_hellos_are_closed() {
 
 #[test]
 fn half_open_and_truncated_hellos_are_closed() {
-    let _memory = shared();
+    let _running = memory::beside();
     let mut srv = Server::new();
     for cut in [0usize, 1, 8, 15] {
         let mut s = srv.connect_raw();
@@ -75,7 +75,7 @@ fn half_open_and_truncated_hellos_are_closed() {
 
 #[test]
 fn peers_that_connect_and_stall_are_dropped() {
-    let _memory = shared();
+    let _running = memory::beside();
     // A stream that never finishes its hello is closed after the handshake timeout
     // (10 s); meanwhile the listener serves everyone else.
     let mut srv = Server::new();
@@ -91,7 +91,7 @@ fn peers_that_connect_and_stall_are_dropped() {
 
 #[test]
 fn a_reset_queue_pair_refuses_the_secret_of_its_last_connection() {
-    let _memory = shared();
+    let _running = memory::beside();
     // A QP back in RESET draws a new secret: a peer still holding the endpoint of its
     // last connection (here it claims the QP number of the next connection's peer) is
     // refused, and the next connection's peer, given the new endpoint, joins.
@@ -134,7 +134,7 @@ fn a_reset_queue_pair_refuses_the_secret_of_its_last_connection() {
 
 #[test]
 fn a_reset_queue_pair_expects_no_peer_until_its_next_rtr() {
-    let _memory = shared();
+    let _running = memory::beside();
     // A QP waiting in RTR for a peer that never came is reset: it expects that peer no
     // more, so the next connection's peer, dialing before the QP is back in RTR, is kept
     // for it (before, it was closed as "a QP other than the one expected").
@@ -164,7 +164,7 @@ fn a_reset_queue_pair_expects_no_peer_until_its_next_rtr() {
 
 #[test]
 fn stalled_peer_fails_outstanding_requests_with_retry_exceeded() {
-    let _memory = shared();
+    let _running = memory::beside();
     // The peer says hello and then never answers: every request the victim sends must
     // complete with an error within timeout × (retries + 1), not hang (on tcp the ack
     // timeout is at least 0.5 s: 1.5 s here).
@@ -218,7 +218,7 @@ fn stalled_peer_fails_outstanding_requests_with_retry_exceeded() {
 
 #[test]
 fn connection_flood_keeps_memory_bounded() {
-    let _memory = exclusive();
+    let _running = memory::alone();
     // Hundreds of hostile connections, each opened, fed garbage and closed: the server's
     // memory must not grow with their number, and the listener must still serve.
     let mut srv = Server::new();
@@ -232,9 +232,9 @@ fn connection_flood_keeps_memory_bounded() {
         }
     };
     round(100);
-    let base = rss();
+    let base = memory::rss_kib() as usize * 1024;
     round(300);
-    let grown = rss().saturating_sub(base);
+    let grown = (memory::rss_kib() as usize * 1024).saturating_sub(base);
     assert!(
         grown < 32 << 20,
         "resident memory grew by {grown} bytes over 300 hostile connections"
@@ -244,7 +244,7 @@ fn connection_flood_keeps_memory_bounded() {
 
 #[test]
 fn connections_that_say_nothing_are_bounded() {
-    let _memory = shared();
+    let _running = memory::beside();
     // 300 connections that send nothing: at most 256 wait for their hello, each new one
     // closing the one that waited longest, so the first ones are closed at once rather
     // than after the hello timeout; connections made now still work.

@@ -29,7 +29,7 @@ fn wait_byte(mr: &rdmx::MrRef, at: usize, value: u8, what: &str) {
 /// receive with success: the message never arrived whole.
 #[test]
 fn a_send_cut_short_does_not_complete_its_receive() {
-    let _memory = shared();
+    let _running = memory::beside();
     let srv = Server::new();
     let v = srv.victim();
     let mut s = srv.dial(&v);
@@ -48,7 +48,7 @@ fn a_send_cut_short_does_not_complete_its_receive() {
 /// half-read packet's headers completed does not complete with success.
 #[test]
 fn a_peer_stopped_mid_frame_fails_the_qp_within_its_retry_budget() {
-    let _memory = shared();
+    let _running = memory::beside();
     let srv = Server::new();
     let (qp, cq) = qp_in(&srv.pd);
     let mr = region(&srv.pd, 3);
@@ -83,7 +83,7 @@ fn a_peer_stopped_mid_frame_fails_the_qp_within_its_retry_budget() {
 /// frame then both finish (before, each waited for the other for good).
 #[test]
 fn a_qp_mid_frame_finishes_writing_its_own_frame() {
-    let _memory = shared();
+    let _running = memory::beside();
     let srv = Server::new();
     let v = srv.victim();
     let mut s = srv.dial(&v);
@@ -151,7 +151,7 @@ fn a_qp_mid_frame_finishes_writing_its_own_frame() {
 /// application writes there afterwards never reaches the peer.
 #[test]
 fn flushed_requests_send_nothing_of_their_memory() {
-    let _memory = shared();
+    let _running = memory::beside();
     let srv = Server::new();
     let v = srv.victim();
     let mut s = srv.dial(&v);
@@ -243,7 +243,7 @@ fn second_half_unchanged(keep: &rdmx::MrRef, before: &[u8]) -> bool {
 /// arrives after it), and the QP fails rather than completing the WRITE.
 #[test]
 fn a_write_part_way_read_stops_at_deregistration() {
-    let _memory = shared();
+    let _running = memory::beside();
     let srv = Server::new();
     let v = srv.victim();
     let (mut s, rest, keep) = half_a_write(&srv, &v);
@@ -265,7 +265,7 @@ fn a_write_part_way_read_stops_at_deregistration() {
 /// more of its peer's bytes, so a fence through another channel is one).
 #[test]
 fn a_write_part_way_read_stops_when_the_qp_goes_to_err() {
-    let _memory = shared();
+    let _running = memory::beside();
     let srv = Server::new();
     let v = srv.victim();
     let (mut s, rest, keep) = half_a_write(&srv, &v);
@@ -285,7 +285,7 @@ fn a_write_part_way_read_stops_when_the_qp_goes_to_err() {
 /// receive with success.
 #[test]
 fn a_reset_part_way_through_a_send_completes_nothing_with_success() {
-    let _memory = shared();
+    let _running = memory::beside();
     let srv = Server::new();
     let v = srv.victim();
     let mut s = srv.dial(&v);
@@ -308,7 +308,7 @@ fn a_reset_part_way_through_a_send_completes_nothing_with_success() {
 /// acknowledged: that SEND was executed.
 #[test]
 fn a_read_response_cut_short_fails_the_read_only() {
-    let _memory = shared();
+    let _running = memory::beside();
     let srv = Server::new();
     let v = srv.victim();
     let mut s = srv.dial(&v);

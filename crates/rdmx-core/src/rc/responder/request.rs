@@ -5,13 +5,13 @@
 
 use rdmx_wire::{psn_add, psn_diff, AtomicAckEthRepr, AtomicEthRepr, RethRepr};
 
-use super::super::codec::{self, NakCode, Opcode, RcRepr, Syndrome};
-use super::super::io::Payload;
-use super::super::{for_each_span, packets_of, psn_offset, CqSide, MemAccess, RcQp, RecvWqe, Srq};
 use super::{Answer, Filling, Placing, ReadJob, Replay};
 use crate::access::Access;
 use crate::mr::KeyUse;
 use crate::qp::QpAttr;
+use crate::rc::codec::{self, NakCode, Opcode, RcRepr, Syndrome};
+use crate::rc::io::Payload;
+use crate::rc::{for_each_span, packets_of, psn_offset, CqSide, MemAccess, RcQp, RecvWqe, Srq};
 use crate::wr::{Completion, WcOpcode, WcStatus};
 
 /// Handles a request packet from the peer's requester.

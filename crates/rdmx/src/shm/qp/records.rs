@@ -9,11 +9,11 @@ use std::time::Instant;
 use rdmx_core::rc::ACK_LEN;
 use rdmx_core::QpState;
 
-use super::super::desc::{cut, direct_copy, parse_desc, write_u64, MAX_SPANS};
-use super::super::ring::RingError;
-use super::super::sys;
 use super::{Inner, DIRECT_MIN, PULL_MIN, RX_BUDGET};
 use crate::provider::copy::copy;
+use crate::shm::desc::{cut, direct_copy, parse_desc, write_u64, MAX_SPANS};
+use crate::shm::ring::RingError;
+use crate::shm::sys;
 use crate::soft;
 
 impl Inner {

@@ -38,13 +38,26 @@ fn sealed(from: SocketAddr, to: SocketAddr, mut p: Vec<u8>) -> Vec<u8> {
     p
 }
 
-/// Waits until B has received `n` more datagrams than `before` (or the deadline).
+/// Waits until B has received `n` more datagrams than `before` and settled each: every
+/// datagram ends in one outcome (delivered, or dropped for one reason), counted after
+/// `received`, so a snapshot taken as soon as `received` moves can miss the last one's
+/// outcome (or the deadline).
 fn received(b: &Side, before: UdpStats, n: u64) -> UdpStats {
+    let settled = |s: &UdpStats| {
+        s.delivered
+            + s.bad_length
+            + s.bad_icrc
+            + s.bad_header
+            + s.unknown_qp
+            + s.wrong_source
+            + s.not_ready
+    };
     let start = Instant::now();
     loop {
         let _ = b.cq.poll_one();
         let s = stats(&b.ctx).expect("udp");
-        if s.received >= before.received + n || start.elapsed() > DEADLINE {
+        let done = s.received >= before.received + n && settled(&s) >= settled(&before) + n;
+        if done || start.elapsed() > DEADLINE {
             return s;
         }
         std::thread::sleep(Duration::from_millis(1));

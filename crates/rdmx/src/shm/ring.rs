@@ -358,13 +358,12 @@ impl Segment {
             // find no record there until the next push publishes one.
             kind_word(data, next).store(0, Ordering::Relaxed);
             let rec = data.add(pos);
-            copy(
-                rec.add(4),
-                [prefix_len as u32, off as u32, payload_len as u32]
-                    .as_ptr()
-                    .cast(),
-                12,
-            );
+            // The header's words one by one: a 12-byte copy out of an array built on the
+            // stack would load what the three stores there have not yet written back,
+            // and stall on each load.
+            rec.add(4).cast::<u32>().write(prefix_len as u32);
+            rec.add(8).cast::<u32>().write(off as u32);
+            rec.add(12).cast::<u32>().write(payload_len as u32);
             fill(rec.add(REC_HDR), rec.add(off));
             // Publishes the record: everything above is visible to whoever reads this.
             kind_word(data, pos).store(

@@ -6,7 +6,7 @@ use std::collections::{BinaryHeap, HashMap};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -57,17 +57,22 @@ pub(crate) struct Driver {
     pub(super) event: OwnedFd,
     pub(super) qps: Mutex<Slab<Weak<ShmQp>>>,
     pub(super) by_qpn: Mutex<HashMap<u32, usize>>,
-    /// QPs with a connection: what a round reads.
+    /// QPs with a connection: what a round reads (through its copy in [`Rounds`]).
     pub(super) active: RwLock<Vec<Arc<ShmQp>>>,
+    /// Counts the changes of `active`, raised after each.
+    pub(super) active_changes: AtomicU64,
     /// Connections made before their QP expected them.
     pub(super) pending: Waiting<Conn>,
     pub(super) handshakes: Mutex<Slab<(UnixStream, Instant)>>,
     pub(super) timers: Mutex<BinaryHeap<Reverse<(Instant, usize)>>>,
-    /// Held by whoever runs a round.
-    pub(super) running: Mutex<()>,
+    /// The first deadline in `timers`, in nanoseconds since `epoch` (`u64::MAX`: none),
+    /// written under its lock: a round that finds it ahead takes no lock.
+    pub(super) first_timer: AtomicU64,
+    pub(super) epoch: Instant,
+    /// Held by whoever runs a round, with what rounds keep between them.
+    pub(super) running: Mutex<Rounds>,
     /// The progress thread sleeps in `epoll_wait`.
     pub(super) sleeping: AtomicBool,
-    pub(super) rounds: AtomicU32,
     /// Wake-ups read from connections' sockets (a peer woke this side's driver).
     pub(super) wakes: AtomicU32,
     /// Who runs rounds: polling applications or the progress thread.
@@ -153,12 +158,14 @@ impl Driver {
             qps: Mutex::new(Slab::new()),
             by_qpn: Mutex::new(HashMap::new()),
             active: RwLock::new(Vec::new()),
+            active_changes: AtomicU64::new(0),
             pending: Waiting::new(),
             handshakes: Mutex::new(Slab::new()),
             timers: Mutex::new(BinaryHeap::new()),
-            running: Mutex::new(()),
+            first_timer: AtomicU64::new(u64::MAX),
+            epoch: Instant::now(),
+            running: Mutex::new(Rounds::default()),
             sleeping: AtomicBool::new(false),
-            rounds: AtomicU32::new(0),
             wakes: AtomicU32::new(0),
             handover: Handover::new(),
             stop: AtomicBool::new(false),
@@ -223,6 +230,7 @@ impl Driver {
     /// for.
     pub(super) fn remove_qp(&self, qp: &ShmQp) -> bool {
         self.active.write().retain(|q| q.token != qp.token);
+        self.active_changes.fetch_add(1, Ordering::Release);
         self.qps.lock().try_remove(qp.token);
         self.by_qpn.lock().remove(&qp.qpn);
         self.pending.remove(qp.qpn);
@@ -270,6 +278,8 @@ impl Driver {
             let mut active = self.active.write();
             if !active.iter().any(|q| q.token == qp.token) {
                 active.push(arc);
+                drop(active);
+                self.active_changes.fetch_add(1, Ordering::Release);
             }
         }
     }
@@ -279,6 +289,9 @@ impl Driver {
         let mut t = self.timers.lock();
         let earlier = t.peek().map_or(true, |Reverse((first, _))| at < *first);
         t.push(Reverse((at, token)));
+        if earlier {
+            self.first_timer.store(self.nanos(at), Ordering::Release);
+        }
         drop(t);
         if earlier && self.sleeping.load(Ordering::SeqCst) {
             // The sleeping thread must wait less.
@@ -304,14 +317,13 @@ impl Driver {
                 now = Instant::now();
                 continue;
             }
-            let Some(guard) = d.running.try_lock() else {
+            let Some(mut guard) = d.running.try_lock() else {
                 std::thread::yield_now();
                 now = Instant::now();
                 continue;
             };
-            let mut moved = d.round(now);
-            let n = d.rounds.fetch_add(1, Ordering::Relaxed);
-            if n % EPOLL_EVERY == 0 {
+            let mut moved = d.round(&mut guard, now);
+            if guard.count() % EPOLL_EVERY == 0 {
                 events.clear();
                 d.epoll.wait(Some(Duration::ZERO), &mut events);
                 moved |= !events.is_empty();
@@ -374,14 +386,18 @@ impl Driver {
 
     /// One pass over every connected QP and the due timers. Returns whether anything
     /// moved. The caller holds `running`.
-    pub(super) fn round(&self, now: Instant) -> bool {
+    pub(super) fn round(&self, r: &mut Rounds, now: Instant) -> bool {
         let mut moved = false;
-        {
-            let active = self.active.read();
-            for q in active.iter() {
-                if let Some(mut g) = q.inner.try_lock() {
-                    moved |= q.poll(&mut g, now);
-                }
+        // The copy of `active` is taken again when it changed (rarely: as QPs connect and
+        // go), so that a round takes no lock to find its QPs.
+        let changes = self.active_changes.load(Ordering::Acquire);
+        if changes != r.changes {
+            r.qps.clone_from(&self.active.read());
+            r.changes = changes;
+        }
+        for q in &r.qps {
+            if let Some(mut g) = q.inner.try_lock() {
+                moved |= q.poll(&mut g, now);
             }
         }
         if self.ud.in_use() {
@@ -392,16 +408,27 @@ impl Driver {
 
     /// Runs the QP timers due at `now`. Returns whether any found work.
     pub(super) fn fire_timers(&self, now: Instant) -> bool {
+        if self.nanos(now) < self.first_timer.load(Ordering::Acquire) {
+            return false;
+        }
         let mut fired = false;
         loop {
             let (at, token) = {
                 let mut t = self.timers.lock();
-                match t.peek() {
+                let due = match t.peek() {
                     Some(&Reverse((at, token))) if at <= now => {
                         t.pop();
-                        (at, token)
+                        Some((at, token))
                     }
-                    _ => break,
+                    _ => None,
+                };
+                let first = t
+                    .peek()
+                    .map_or(u64::MAX, |Reverse((at, _))| self.nanos(*at));
+                self.first_timer.store(first, Ordering::Release);
+                match due {
+                    Some(d) => d,
+                    None => break,
                 }
             };
             let qp = self.qps.lock().get(token).and_then(Weak::upgrade);
@@ -481,9 +508,9 @@ impl Driver {
     pub(super) fn app_progress(&self) {
         let now = soft::clock::now();
         self.handover.app_polls(now);
-        if let Some(_g) = self.running.try_lock() {
-            self.round(now);
-            if self.rounds.fetch_add(1, Ordering::Relaxed) % EPOLL_EVERY == 0 {
+        if let Some(mut g) = self.running.try_lock() {
+            self.round(&mut g, now);
+            if g.count() % EPOLL_EVERY == 0 {
                 let mut events = Vec::new();
                 self.epoll.wait(Some(Duration::ZERO), &mut events);
                 self.handle_events(&events);
@@ -491,9 +518,39 @@ impl Driver {
         }
     }
 
+    /// `at` in nanoseconds since the driver's epoch (0 before it).
+    fn nanos(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
     /// An application stops polling: the progress thread resumes at once.
     pub(super) fn idle(&self) {
         self.handover.idle();
+    }
+}
+
+/// What rounds keep from one to the next, under [`Driver::running`].
+#[derive(Default)]
+pub(crate) struct Rounds {
+    /// The connected QPs, as `active` was when its change count was `changes`.
+    qps: Vec<Arc<ShmQp>>,
+    changes: u64,
+    /// Rounds run (wrapping).
+    count: u32,
+}
+
+impl Rounds {
+    /// Counts a round; returns the count before it.
+    fn count(&mut self) -> u32 {
+        let n = self.count;
+        self.count = n.wrapping_add(1);
+        n
+    }
+
+    /// Rounds run so far (wrapping).
+    #[cfg(feature = "testing")]
+    pub(crate) fn rounds_run(&self) -> u32 {
+        self.count
     }
 }
 

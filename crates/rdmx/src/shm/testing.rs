@@ -176,7 +176,7 @@ pub fn incoming_read(qp: &QueuePair) -> Result<u64> {
 /// another provider.
 pub fn progress_rounds(ctx: &crate::Context) -> Option<u32> {
     let d = ctx.device().as_any().downcast_ref::<super::Device>()?;
-    Some(d.driver.rounds.load(std::sync::atomic::Ordering::Relaxed))
+    Some(d.driver.running.lock().rounds_run())
 }
 
 /// How many connections to context `ctx`'s listener wait for their hello.

@@ -439,3 +439,50 @@ fn shm_reports_the_data_path_it_runs() {
         assert_eq!(v["data_path"], want, "RDMX_SHM_DATA_PATH={env:?}: {v}");
     }
 }
+
+#[test]
+fn inline_sizes_follow_perftest_and_inline_messages_arrive_intact() {
+    // perftest's defaults (latency tests inline, bandwidth tests not), -I in their place;
+    // each run checks its data.
+    let cases: [(&str, &[&str], u64); 7] = [
+        ("send_lat", &[], 236),
+        ("send_lat", &["-c", "UD"], 188),
+        ("write_lat", &[], 220),
+        ("write_bw", &[], 0),
+        ("send_lat", &["-I", "0"], 0),
+        ("write_bw", &["-I", "64"], 64),
+        ("send_bw", &["-I", "64", "-l", "4"], 64),
+    ];
+    for provider in ["shm", "loopback"] {
+        for (test, extra, want) in cases {
+            let mut args = vec![
+                "bench",
+                test,
+                "--provider",
+                provider,
+                "-s",
+                "8",
+                "-n",
+                "200",
+                "--verify",
+                "--json",
+            ];
+            args.extend(extra);
+            let v = json(&args);
+            let what = format!("{test} {extra:?} on {provider}: {v}");
+            assert_eq!(v["inline_size"], want, "{what}");
+            check_row(test, &v["results"][0], 8, &what);
+        }
+    }
+    let out = run(&["bench", "send_lat", "-s", "8", "-n", "100"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("Inline data is used up to 236 bytes message"),
+        "{text}"
+    );
+    let err = common::fails(&["bench", "send_lat", "--provider", "loopback", "-I", "5000"]);
+    assert!(
+        err.contains("-I 5000") && err.contains("at most 4096 bytes inline"),
+        "{err}"
+    );
+}

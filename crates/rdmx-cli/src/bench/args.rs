@@ -187,6 +187,17 @@ pub(crate) struct Args {
     /// Requests posted per batch (bandwidth tests) [default: 1].
     #[arg(short = 'l', long = "post_list", alias = "post-list")]
     pub(crate) post_list: Option<usize>,
+    /// Send messages of up to this many bytes inline, as perftest's -I: the bytes go with
+    /// the request, which names no region [default: as perftest, for latency tests 220
+    /// for write_lat, 236 for send_lat over RC and UC, 188 over UD, at most what the
+    /// device takes; 0 for the rest; --perftest runs post from the region].
+    #[arg(
+        short = 'I',
+        long = "inline_size",
+        alias = "inline-size",
+        value_name = "BYTES"
+    )]
+    pub(crate) inline_size: Option<usize>,
     /// Before measuring, post one window of requests (-t per QP) and wait for it, as
     /// perftest's option of that name (write, read and atomic bandwidth tests): first
     /// touches of the buffers and a cold start stay out of the figures.
@@ -274,6 +285,10 @@ pub(crate) struct Params {
     /// responder need not know.
     #[serde(skip)]
     pub(crate) warm_up: bool,
+    /// Messages up to this size go inline (-I); `None`: perftest's default for the test,
+    /// up to what the device takes ([`Params::inline_size`]). This side's own choice.
+    #[serde(skip)]
+    pub(crate) inline_size: Option<usize>,
 }
 
 impl Params {
@@ -281,6 +296,26 @@ impl Params {
     /// generation bit and go again until answered.
     pub(crate) fn lossy(&self) -> bool {
         self.conn != Conn::Rc
+    }
+
+    /// The largest message sent inline on a device that takes up to `device_max` bytes
+    /// inline: -I, or perftest's default for the test (latency tests only: 220 bytes for
+    /// WRITEs, 236 for SENDs over RC and UC, 188 over UD), capped at `device_max`. An -I
+    /// the device cannot take is an error.
+    pub(crate) fn inline_size(&self, device_max: usize) -> Result<usize, String> {
+        match self.inline_size {
+            Some(n) if n > device_max => Err(format!(
+                "-I {n}: the device sends at most {device_max} bytes inline"
+            )),
+            Some(n) => Ok(n),
+            None => Ok(match (self.test, self.conn) {
+                (Test::WriteLat, _) => 220,
+                (Test::SendLat, Conn::Ud) => 188,
+                (Test::SendLat, _) => 236,
+                _ => 0,
+            }
+            .min(device_max)),
+        }
     }
 
     /// The largest message.
@@ -509,6 +544,7 @@ impl Args {
                 rdma_cm: self.rdma_cm,
                 conn,
                 warm_up: self.perform_warm_up,
+                inline_size: self.inline_size,
             },
             providers,
             device: self.ib_dev.clone(),
@@ -549,6 +585,10 @@ impl Args {
         }
         if self.perform_warm_up {
             return refuse("no --perform_warm_up");
+        }
+        if self.inline_size.is_some() {
+            // Its loops post from the region, whatever the size.
+            return refuse("no -I: its requests name their region");
         }
         if self.verify {
             // perftest's buffers hold random bytes: what can be checked of the data is
@@ -597,6 +637,30 @@ mod tests {
         }
         assert_eq!(resolve(&["atomic_lat"]).unwrap().params.sizes, [8]);
         assert_eq!(c.peer, PeerMode::Local);
+    }
+
+    #[test]
+    fn inline_sizes_follow_perftest_up_to_the_device() {
+        let size = |line: &[&str], device| resolve(line).unwrap().params.inline_size(device);
+        assert_eq!(size(&["send_lat"], 4096), Ok(236));
+        assert_eq!(size(&["send_lat", "-c", "UC"], 4096), Ok(236));
+        assert_eq!(size(&["send_lat", "-c", "UD"], 4096), Ok(188));
+        assert_eq!(size(&["write_lat"], 4096), Ok(220));
+        assert_eq!(size(&["write_lat"], 64), Ok(64));
+        for t in [
+            "write_bw",
+            "read_bw",
+            "send_bw",
+            "atomic_bw",
+            "read_lat",
+            "atomic_lat",
+        ] {
+            assert_eq!(size(&[t], 4096), Ok(0), "{t}");
+        }
+        assert_eq!(size(&["write_bw", "-I", "32"], 4096), Ok(32));
+        assert_eq!(size(&["send_lat", "-I", "0"], 4096), Ok(0));
+        let e = size(&["send_lat", "-I", "100"], 64).unwrap_err();
+        assert!(e.contains("-I 100") && e.contains("64"), "{e}");
     }
 
     #[test]
@@ -693,6 +757,7 @@ mod tests {
             &["read_bw", "--perftest", "--verify", "host"],
             &["write_lat", "--perftest", "-n", "1", "host"],
             &["send_lat", "--perftest", "-n", "4", "--server"],
+            &["send_lat", "--perftest", "-I", "64", "--server"],
         ] {
             let e = resolve(line).expect_err(&format!("{line:?} should be refused"));
             assert!(e.contains("--perftest"), "{line:?}: {e}");

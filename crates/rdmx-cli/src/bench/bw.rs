@@ -77,6 +77,23 @@ pub(crate) fn requester(
     if p.verify && matches!(op, Op::Write | Op::Send) {
         side.fill_sources(size, false)?;
     }
+    // WRITEs and SENDs of up to -I bytes go inline: each slot's source bytes, read once
+    // (a bandwidth test stamps nothing per request).
+    let inline = match op {
+        Op::Write | Op::Send if size <= side.inline_size => side
+            .mrs
+            .iter()
+            .map(|mr| {
+                (0..slots)
+                    .map(|j| {
+                        let mut bytes = vec![0; size];
+                        mr.read_at(l.src(j), &mut bytes).map(|()| bytes)
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        _ => Vec::new(),
+    };
 
     let mut posted = vec![0u64; q];
     let mut done = vec![0u64; q];
@@ -92,14 +109,20 @@ pub(crate) fn requester(
     let mut wc = [EMPTY; 64];
     let mut list: Vec<SendRequest<'_>> = Vec::with_capacity(batch as usize);
     // The request of QP `i` for `slot`, signaled.
+    // The request of QP `i` for `slot`, before it names its bytes.
+    let base = |i: usize, slot: usize, seq: u64| match op {
+        Op::Write => SendRequest::write(seq, remote[i].at(peer.dst(slot))),
+        Op::Read => SendRequest::read(seq, remote[i].at(peer.src(slot))),
+        Op::Send => SendRequest::send(seq),
+        Op::Atomic => SendRequest::fetch_add(seq, remote[i].at(peer.dst(0)), 1),
+    };
+    // The request of QP `i` for `slot`, signaled.
     let request = |i: usize, slot: usize, seq: u64| {
-        let req = match op {
-            Op::Write => SendRequest::write(seq, remote[i].at(peer.dst(slot))),
-            Op::Read => SendRequest::read(seq, remote[i].at(peer.src(slot))),
-            Op::Send => SendRequest::send(seq),
-            Op::Atomic => SendRequest::fetch_add(seq, remote[i].at(peer.dst(0)), 1),
-        };
-        side.route(i, req.sge(sges[i][slot]))
+        let req = base(i, slot, seq);
+        match inline.get(i) {
+            Some(bytes) => side.route(i, req.inline(&bytes[slot])),
+            None => side.route(i, req.sge(sges[i][slot])),
+        }
     };
     // With one slot and nothing stamped, every request of a QP is the same but for its
     // id and signaling: each QP's list is built once and reused, as perftest builds its
@@ -131,6 +154,10 @@ pub(crate) fn requester(
                 }
                 let end = target[i];
                 let signaled = |seq: u64| (seq + 1) % cq_mod == 0 || seq + 1 == end;
+                // Under --verify, the stamped bytes of this batch's inline requests, and
+                // the batch.
+                let stamped: Vec<Vec<u8>>;
+                let own: Vec<SendRequest<'_>>;
                 let list = match reuse.get_mut(i) {
                     // Built once: only the ids and the signaling change.
                     Some(list) => {
@@ -140,6 +167,29 @@ pub(crate) fn requester(
                             req.set_signaled(signaled(seq));
                         }
                         &list[..n as usize]
+                    }
+                    None if p.verify && !inline.is_empty() => {
+                        let seqs = posted[i]..posted[i] + n;
+                        let slot = |seq: u64| (seq % slots as u64) as usize;
+                        stamped = seqs
+                            .clone()
+                            .map(|seq| {
+                                let mut bytes = inline[i][slot(seq)].clone();
+                                let s = stamp_for(seq, size).to_le_bytes();
+                                bytes[..stamp_len].copy_from_slice(&s[..stamp_len]);
+                                bytes
+                            })
+                            .collect();
+                        own = seqs
+                            .zip(&stamped)
+                            .map(|(seq, bytes)| {
+                                let req = base(i, slot(seq), seq).inline(bytes);
+                                let mut req = side.route(i, req);
+                                req.set_signaled(signaled(seq));
+                                req
+                            })
+                            .collect();
+                        &own[..]
                     }
                     None => {
                         list.clear();

@@ -644,6 +644,7 @@ mod tests {
             mtu: None,
             qp_timeout: None,
             warm_up: false,
+            inline_size: None,
             rdma_cm: false,
             conn: Conn::Rc,
         }

@@ -137,15 +137,47 @@ fn message(p: &Params, size: usize, g: u64) -> Expect {
     }
 }
 
-/// Writes round `g`'s stamp (and tag) into the source, as far as the run needs it.
-fn stamp_source(p: &Params, side: &Side, size: usize, g: u64) -> Result<(), BoxError> {
+/// The bytes a ping-pong message of `size` bytes sends inline (perftest's -I), when it is
+/// that short: the source's, which [`stamp_source`] then stamps in its place.
+fn inline_source(side: &Side, size: usize) -> Result<Option<Vec<u8>>, BoxError> {
+    if size > side.inline_size {
+        return Ok(None);
+    }
+    let mut bytes = vec![0; size];
+    side.mrs[0].read_at(side.layout.src(0), &mut bytes)?;
+    Ok(Some(bytes))
+}
+
+/// Writes round `g`'s stamp (and tag) into the source, as far as the run needs it: into
+/// the region, or into `inline`, the bytes sent in its place.
+fn stamp_source(
+    p: &Params,
+    side: &Side,
+    size: usize,
+    g: u64,
+    inline: Option<&mut [u8]>,
+) -> Result<(), BoxError> {
     let (mr, at) = (&side.mrs[0], side.layout.src(0));
     let e = message(p, size, g);
-    if p.verify {
-        mr.write_at(at, &stamp_for(g, size).to_le_bytes()[..e.stamp_len()])?;
-    }
-    if let Some(t) = e.tag {
-        mr.write_at(at + size - 1, &[t])?;
+    let stamp = stamp_for(g, size).to_le_bytes();
+    let stamp = &stamp[..e.stamp_len()];
+    match inline {
+        Some(bytes) => {
+            if p.verify {
+                bytes[..stamp.len()].copy_from_slice(stamp);
+            }
+            if let Some(t) = e.tag {
+                bytes[size - 1] = t;
+            }
+        }
+        None => {
+            if p.verify {
+                mr.write_at(at, stamp)?;
+            }
+            if let Some(t) = e.tag {
+                mr.write_at(at + size - 1, &[t])?;
+            }
+        }
     }
     Ok(())
 }
@@ -168,6 +200,7 @@ pub(crate) fn ping(
     if p.verify {
         side.fill_sources(size, false)?;
     }
+    let mut inline = inline_source(side, size)?;
     let (warm, mut t0) = (p.warmup(), None);
     let mut rec = LatRecorder::new(true);
     let clock = round_clock();
@@ -176,13 +209,17 @@ pub(crate) fn ping(
     while more(p, r, warm, &mut t0) {
         let g = *round;
         let t = clock.raw();
-        stamp_source(p, side, size, g)?;
+        stamp_source(p, side, size, g, inline.as_deref_mut())?;
         let req = if write {
             SendRequest::write(g, to)
         } else {
             SendRequest::send(g)
         };
-        qp.post_send(side.route(0, req.sge(src)))?;
+        let req = match &inline {
+            Some(bytes) => req.inline(bytes),
+            None => req.sge(src),
+        };
+        qp.post_send(side.route(0, req))?;
         let (mut sent, mut got, mut len) = (false, false, size as u32);
         spin(side, abort, lost_hint(p), |wc| {
             for c in wc {
@@ -254,6 +291,8 @@ pub(crate) fn pong(
     let mut unanswered = 0u32;
     let mut wc = [EMPTY; 8];
     let mut ready = ReadyAgain::new(p, &sizing);
+    // (The sources are ready: `responder::prepare` ran for this size.)
+    let mut inline = inline_source(side, size)?;
     loop {
         let g = *round;
         let (mut ping, mut done, mut len) = (false, None, size as u32);
@@ -331,13 +370,17 @@ pub(crate) fn pong(
                 Ok(unanswered == 0)
             })?;
         }
-        stamp_source(p, side, size, g)?;
+        stamp_source(p, side, size, g, inline.as_deref_mut())?;
         let req = if write {
             SendRequest::write(g, to)
         } else {
             SendRequest::send(g)
         };
-        qp.post_send(side.route(0, req.sge(src)))?;
+        let req = match &inline {
+            Some(bytes) => req.inline(bytes),
+            None => req.sge(src),
+        };
+        qp.post_send(side.route(0, req))?;
         unanswered = 1;
         answered += 1;
         *round += 1;

@@ -366,6 +366,8 @@ pub(crate) struct RunInfo {
     pub(crate) pinned: bool,
     /// Whether the regions are memfd-backed (shm's mapped data path maps them).
     pub(crate) shared_memory: bool,
+    /// Messages of up to this many bytes are sent inline (-I).
+    pub(crate) inline_size: usize,
     pub(crate) qps: usize,
     /// Requests outstanding per QP.
     pub(crate) tx_depth: usize,
@@ -459,6 +461,12 @@ impl RunInfo {
             ""
         };
         s.push_str(&format!(" {:<15} : {memory}{shared}\n", "Memory"));
+        if self.inline_size > 0 {
+            s.push_str(&format!(
+                " Inline data is used up to {} bytes message\n",
+                self.inline_size
+            ));
+        }
         if let Some(path) = self.data_path() {
             if path == "mapped" && !self.shared_memory {
                 s.push_str(&format!(
@@ -512,6 +520,7 @@ impl RunInfo {
             "warm_up": self.warm_up,
             "pinned": self.pinned,
             "shared_memory": self.shared_memory,
+            "inline_size": self.inline_size,
             "data_path": self.data_path(),
             "executed_at_post": self.executed_at_post,
             "provider_by_default": self.by_default,

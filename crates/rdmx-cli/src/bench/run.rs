@@ -233,6 +233,7 @@ fn info(cfg: &Config, side: &Side, mine: &Hello, peer: &Hello, where_: String) -
         busy: side.busy,
         pinned: side.pinned,
         shared_memory: side.shared_memory,
+        inline_size: side.inline_size,
         qps: p.qps,
         tx_depth: side.layout.window,
         cq_mod: side.layout.signal_every,

@@ -201,6 +201,8 @@ pub(crate) struct Side {
     /// Whether the device has immediate data; without it (iWARP) control messages carry
     /// their value in the payload.
     pub(crate) imm: bool,
+    /// Messages of up to this many bytes are sent inline (-I, or perftest's default).
+    pub(crate) inline_size: usize,
     /// UD: per QP, the address handle of the peer QP and its number, once connected.
     pub(crate) ud_peers: std::sync::OnceLock<Vec<(rdmx::AddressHandle, u32)>>,
 }
@@ -256,13 +258,13 @@ impl Side {
         let per_qp = layout.window + layout.rx_depth + 8;
         let cq = ctx.create_cq(p.qps * per_qp + 16)?;
         // Inline data up to what the device takes (soft-iWARP: below the default).
-        let inline = QpCaps::default()
-            .max_inline_data
-            .min(ctx.capabilities().max_inline_data as usize);
+        let device_inline = ctx.capabilities().max_inline_data as usize;
+        let inline = QpCaps::default().max_inline_data.min(device_inline);
+        let inline_size = p.inline_size(device_inline)?;
         let caps = QpCaps::default()
             .max_send_wr(layout.window + 4)
             .max_recv_wr(layout.rx_depth + 1)
-            .max_inline_data(inline);
+            .max_inline_data(inline.max(inline_size));
         let qp_type = p.conn.qp_type();
         if !ctx.capabilities().supports(qp_type) {
             return Err(format!(
@@ -315,6 +317,7 @@ impl Side {
             busy,
             pinned: pinning == Pinning::Pinned,
             shared_memory,
+            inline_size,
             ud_peers: std::sync::OnceLock::new(),
         })
     }
@@ -667,6 +670,7 @@ mod tests {
             mtu: None,
             qp_timeout: None,
             warm_up: false,
+            inline_size: None,
             rdma_cm: false,
             conn: Conn::Rc,
         }

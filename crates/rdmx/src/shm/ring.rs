@@ -14,19 +14,21 @@
 //! 4096  ring 0 data, then ring 1 data              (capacity bytes each)
 //! ```
 //!
-//! The consumer's head is a byte count that only grows; a position is the count modulo
-//! the capacity. A ring holds records, 16-aligned, never wrapping: a record that would
-//! not fit before the end is preceded by a wrap record that fills the rest. A producer
-//! that finds the consumer has taken everything, once past the first [`early_wrap`]
-//! bytes, also wraps, so that a connection whose ring keeps draining (requests and
-//! answers in turn) cycles through a few cache-warm pages rather than through the whole
-//! ring, each page faulted in on its first lap. A record is a
-//! 16-byte header (kind, prefix length, payload offset, payload length), the packet's
-//! first bytes (its headers), then, at `payload offset`, the rest of the packet. Large
-//! payloads start at the same offset within a cache line as the memory they were copied
-//! from, so that copy runs at full speed. A descriptor record has the same layout; its
-//! payload names where the packet's payload lies in the producer's memory, for the
-//! consumer to copy from there itself (a side says it can by raising its `pulls` flag).
+//! The consumer's head is a byte count that only grows; a position is the count modulo the
+//! capacity. A ring holds records, 16-aligned, never wrapping: a record that would not fit
+//! before the end is preceded by a wrap record that fills the rest. A producer that finds
+//! the consumer has taken everything, once past the first [`early_wrap`] bytes, also wraps,
+//! so that a connection whose ring keeps draining (requests and answers in turn) cycles
+//! through a few cache-warm pages rather than through the whole ring, each page faulted in
+//! on its first lap. A record is a 16-byte header (kind, prefix length, payload offset,
+//! payload length), the packet's first bytes (its headers), then, at `payload offset`, the
+//! rest of the packet. Large payloads start at the same offset within a cache line as the
+//! memory they were copied from, so that copy runs at full speed; a short record's payload
+//! starts as far in as it takes for the record to end where a cache line does, so that the
+//! next record starts a line and the consumer gets it whole with the line its kind word is
+//! in. A descriptor record has the same layout; its payload names where the packet's
+//! payload lies in the producer's memory, for the consumer to copy from there itself (a
+//! side says it can by raising its `pulls` flag).
 //!
 //! The kind word publishes a record: the producer writes it last, with release ordering,
 //! and the consumer polls the kind word where its next record starts, so an arriving
@@ -343,7 +345,12 @@ impl Segment {
         let off = if payload_len >= ALIGN_MIN {
             base + (align.wrapping_sub(pos + base) & 63)
         } else {
-            (base + 7) & !7
+            // A short record ends where a cache line does (its payload goes up to 48 bytes
+            // further in), so that the next one starts a line: the consumer, which polls
+            // the kind word where the next record starts, then has it whole with that one
+            // line, never half of it with a second.
+            let off = (base + 7) & !7;
+            off + (64 - ((pos + round16(off + payload_len)) & 63)) % 64
         };
         let size = round16(off + payload_len);
         debug_assert!(pos + size <= cap && size <= worst);
@@ -605,6 +612,24 @@ mod tests {
         // The other direction is untouched.
         assert!(seg.copy_begin(0));
         seg.copy_done(0);
+    }
+
+    #[test]
+    fn a_short_record_ends_where_a_cache_line_does() {
+        let (seg, _fd) = Segment::create(1 << 14).unwrap();
+        let (mut p, mut c) = (Producer::default(), Consumer::default());
+        // Headers and payloads of the sizes SENDs, ACKs and WRITEs have, in turn, so
+        // that records start at every 16-byte offset the old layout gave them.
+        for i in 0..300usize {
+            let prefix = [12, 16, 28, 4][i % 4];
+            let body: Vec<u8> = (0..(i * 7) % 200).map(|j| (i ^ j) as u8).collect();
+            roundtrip(&seg, &mut p, &mut c, &vec![i as u8; prefix], &body);
+            assert_eq!(c.head() % 64, 0, "record {i} ends mid-line");
+        }
+        // A long payload keeps its source's offset in a cache line instead.
+        let body = vec![7u8; 1000];
+        roundtrip(&seg, &mut p, &mut c, &[1; 12], &body[3..]);
+        assert!(seg.peek(0, &mut c).unwrap().is_none());
     }
 
     #[test]

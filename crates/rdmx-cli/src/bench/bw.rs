@@ -108,7 +108,6 @@ pub(crate) fn requester(
     let mut target = vec![if warming { warm } else { measured }; q];
     let mut wc = [EMPTY; 64];
     let mut list: Vec<SendRequest<'_>> = Vec::with_capacity(batch as usize);
-    // The request of QP `i` for `slot`, signaled.
     // The request of QP `i` for `slot`, before it names its bytes.
     let base = |i: usize, slot: usize, seq: u64| match op {
         Op::Write => SendRequest::write(seq, remote[i].at(peer.dst(slot))),

@@ -14,7 +14,7 @@
 
 use std::time::Instant;
 
-use rdmx::{LocalSge, SendRequest, WcOpcode};
+use rdmx::{LocalSge, RemoteAddr, SendRequest, WcOpcode};
 
 use super::args::{Budget, Op, Params};
 use super::connect::Region;
@@ -182,6 +182,29 @@ fn stamp_source(
     Ok(())
 }
 
+/// Posts round `g`'s message: a WRITE to `to` or a SEND, of the bytes `inline` when it
+/// is sent inline, else of the source `src`.
+fn post_message(
+    side: &Side,
+    write: bool,
+    g: u64,
+    to: RemoteAddr,
+    inline: Option<&[u8]>,
+    src: LocalSge,
+) -> Result<(), BoxError> {
+    let req = if write {
+        SendRequest::write(g, to)
+    } else {
+        SendRequest::send(g)
+    };
+    let req = match inline {
+        Some(bytes) => req.inline(bytes),
+        None => req.sge(src),
+    };
+    side.qps[0].post_send(side.route(0, req))?;
+    Ok(())
+}
+
 /// The pinging side of `write_lat` and `send_lat`; `round` counts rounds across sizes.
 pub(crate) fn ping(
     p: &Params,
@@ -191,7 +214,7 @@ pub(crate) fn ping(
     round: &mut u64,
     abort: &Abort,
 ) -> Result<LatRun, BoxError> {
-    let (l, mr, qp) = (&side.layout, &side.mrs[0], &side.qps[0]);
+    let (l, mr) = (&side.layout, &side.mrs[0]);
     let write = p.test.op() == Op::Write;
     let lossy = p.lossy();
     let reads = last_byte_reads(side);
@@ -210,16 +233,7 @@ pub(crate) fn ping(
         let g = *round;
         let t = clock.raw();
         stamp_source(p, side, size, g, inline.as_deref_mut())?;
-        let req = if write {
-            SendRequest::write(g, to)
-        } else {
-            SendRequest::send(g)
-        };
-        let req = match &inline {
-            Some(bytes) => req.inline(bytes),
-            None => req.sge(src),
-        };
-        qp.post_send(side.route(0, req))?;
+        post_message(side, write, g, to, inline.as_deref(), src)?;
         let (mut sent, mut got, mut len) = (false, false, size as u32);
         spin(side, abort, lost_hint(p), |wc| {
             for c in wc {
@@ -275,7 +289,7 @@ pub(crate) fn pong(
     sizing: Sizing,
     abort: &Abort,
 ) -> Result<Result<(), String>, BoxError> {
-    let (l, mr, qp) = (&side.layout, &side.mrs[0], &side.qps[0]);
+    let (l, mr) = (&side.layout, &side.mrs[0]);
     let write = p.test.op() == Op::Write;
     let lossy = p.lossy();
     let reads = last_byte_reads(side);
@@ -371,16 +385,7 @@ pub(crate) fn pong(
             })?;
         }
         stamp_source(p, side, size, g, inline.as_deref_mut())?;
-        let req = if write {
-            SendRequest::write(g, to)
-        } else {
-            SendRequest::send(g)
-        };
-        let req = match &inline {
-            Some(bytes) => req.inline(bytes),
-            None => req.sge(src),
-        };
-        qp.post_send(side.route(0, req))?;
+        post_message(side, write, g, to, inline.as_deref(), src)?;
         unanswered = 1;
         answered += 1;
         *round += 1;

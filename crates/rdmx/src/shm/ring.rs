@@ -33,10 +33,12 @@
 //! The kind word publishes a record: the producer writes it last, with release ordering,
 //! and the consumer polls the kind word where its next record starts, so an arriving
 //! record costs the consumer's core one cache-line transfer, not one for an index and
-//! then one for the record. A kind of 0 means nothing yet: before it publishes a record,
-//! the producer clears the kind word where the record after it will start (the room it
-//! asks for includes that header), so the consumer never mistakes bytes of an older
-//! record for a new one. A fresh segment is all zeros. The producer learns how far the
+//! then one for the record. A batch of short records is published by its first record's
+//! kind word, written last, so that the consumer does not poll the lines the producer is
+//! writing ([`Producer::batch`]). A kind of 0 means nothing yet: before it publishes a
+//! record, the producer clears the kind word where the record after it will start (the
+//! room it asks for includes that header), so the consumer never mistakes bytes of an
+//! older record for a new one. A fresh segment is all zeros. The producer learns how far the
 //! consumer got from the consumer's head.
 //!
 //! Everything in the segment is the peer's to change at any moment. The producer keeps
@@ -372,18 +374,45 @@ impl Segment {
             rec.add(8).cast::<u32>().write(off as u32);
             rec.add(12).cast::<u32>().write(payload_len as u32);
             fill(rec.add(REC_HDR), rec.add(off));
-            // Publishes the record: everything above is visible to whoever reads this.
-            kind_word(data, pos).store(
-                if desc { KIND_DESC } else { KIND_PACKET },
-                Ordering::Release,
-            );
-            if wrap > 0 {
-                // Then the wrap record, where the consumer looks, sends it to the start.
-                kind_word(data, at).store(KIND_WRAP, Ordering::Release);
+            let kind = if desc { KIND_DESC } else { KIND_PACKET };
+            // The word the consumer waits on: the wrap record's, if there is one (it
+            // sends the consumer to this record at the start), else this record's.
+            let (look, look_kind) = if wrap > 0 {
+                kind_word(data, pos).store(kind, Ordering::Release);
+                (at, KIND_WRAP)
+            } else {
+                (pos, kind)
+            };
+            if p.batching && p.pending.is_none() && size <= BATCH_BYTES {
+                // A batch's first record: published with the batch (`publish`).
+                p.pending = Some((look, look_kind));
+                p.batched = 0;
+            } else {
+                // Publishes the record: everything above is visible to whoever reads
+                // this (a record in a batch is only read after the batch's first).
+                kind_word(data, look).store(look_kind, Ordering::Release);
             }
         }
         p.tail += (wrap + size) as u64;
+        if p.pending.is_some() {
+            p.batched += wrap + size;
+            if p.batched >= BATCH_BYTES {
+                self.publish(ring, p);
+                p.batching = true;
+            }
+        }
         Ok(true)
+    }
+
+    /// Ends a batch ([`Producer::batch`]): the consumer may read every record pushed.
+    pub(crate) fn publish(&self, ring: usize, p: &mut Producer) {
+        p.batching = false;
+        p.batched = 0;
+        if let Some((pos, kind)) = p.pending.take() {
+            // SAFETY: `push` took `pos` from a record header it wrote, 16-aligned inside
+            // this ring's data.
+            unsafe { kind_word(self.data(ring), pos) }.store(kind, Ordering::Release);
+        }
     }
 
     /// Reads and checks the consumer's head of ring `ring` into `p`, and returns it.
@@ -509,6 +538,10 @@ fn early_wrap(cap: usize) -> usize {
 /// A producer looks whether its ring is drained at most once per this many bytes pushed.
 const RECHECK: u64 = 16 << 10;
 
+/// A batch holds back its first record's publication until it has this many bytes, or
+/// ends (see [`Producer::batch`]); a record longer than this is never held back.
+const BATCH_BYTES: usize = 2048;
+
 /// The producer's side of a ring: its own tail, and the consumer's head as last seen.
 #[derive(Debug, Default)]
 pub(crate) struct Producer {
@@ -516,6 +549,23 @@ pub(crate) struct Producer {
     head: u64,
     /// The tail from which the producer may look again whether the ring is drained.
     recheck: u64,
+    /// In a batch ([`Producer::batch`]).
+    batching: bool,
+    /// The kind word (position, kind) of the batch's first record, not yet published,
+    /// and the bytes pushed since.
+    pending: Option<(usize, u32)>,
+    batched: usize,
+}
+
+impl Producer {
+    /// Starts a batch: the records pushed until [`Segment::publish`] reach the consumer
+    /// together, up to [`BATCH_BYTES`] at a time. The consumer polls the kind word where
+    /// its next record starts, so a record published as soon as it is written has its
+    /// line taken back and forth between the two cores; a batch publishes its first
+    /// record last, and writes the others in lines the consumer does not read yet.
+    pub(crate) fn batch(&mut self) {
+        self.batching = true;
+    }
 }
 
 /// The consumer's side of a ring: its own head.

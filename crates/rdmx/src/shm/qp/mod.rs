@@ -23,6 +23,9 @@ mod records;
 /// Records read from a ring in one go before the QP lets others run.
 const RX_BUDGET: usize = 64;
 
+/// Most packets taken from the engine at a time, to be written to the ring together.
+const OUT_BATCH: usize = 16;
+
 /// Packets whose payload in registered memory is at least this long go as descriptors
 /// when the peer pulls: it copies the payload itself, with one `process_vm_readv`.
 pub(crate) const PULL_MIN: usize = 16 << 10;
@@ -30,6 +33,16 @@ pub(crate) const PULL_MIN: usize = 16 << 10;
 /// The same, when the peer is in this process: it copies with a plain memcpy, which
 /// costs less than a second copy through the ring from a few KiB up.
 pub(crate) const DIRECT_MIN: usize = 4 << 10;
+
+/// A packet taken from the engine for the ring.
+#[derive(Default)]
+struct Outgoing {
+    t: Transmit<MrRef>,
+    /// Its payload (and pad) copied out of registered memory, with the address it came
+    /// from (for its alignment in the ring); `None`: it is still there. See
+    /// [`Inner::own_held`].
+    owned: Option<(Vec<u8>, usize)>,
+}
 
 /// A connection: the segment, which side of it this QP is, and the socket that tells
 /// when the peer goes away and carries wake-ups.
@@ -163,13 +176,11 @@ pub(crate) struct Inner {
     pub(crate) conn: Option<Conn>,
     prod: Producer,
     pub(crate) cons: Consumer,
-    /// The packet being sent; `held`: it waits for room in the ring.
-    scratch: Transmit<MrRef>,
-    held: bool,
-    /// The held packet's payload (and pad), copied out of registered memory, with the
-    /// address it came from (for its alignment in the ring); `None`: it is still there.
-    /// See [`Inner::own_held`].
-    held_payload: Option<(Vec<u8>, usize)>,
+    /// Packets taken from the engine for the ring, in order: those from `out_next` up to
+    /// `out_end` wait for room (they are held). See [`Inner::send`].
+    out: Vec<Outgoing>,
+    out_next: usize,
+    out_end: usize,
     place: Vec<Placement<MrRef>>,
     prefix: Vec<u8>,
     /// The peer reads descriptor records (seen in the segment).
@@ -228,9 +239,9 @@ impl ShmQp {
                 conn: None,
                 prod: Producer::default(),
                 cons: Consumer::default(),
-                scratch: Transmit::default(),
-                held: false,
-                held_payload: None,
+                out: Vec::new(),
+                out_next: 0,
+                out_end: 0,
                 place: Vec::new(),
                 prefix: Vec::new(),
                 peer_pulls: false,
@@ -260,11 +271,13 @@ impl ShmQp {
         // Back to RESET (to connect again): the old connection goes, and with it the
         // packet held for its ring.
         let gone = match g.engine.state() == QpState::Reset {
-            true => g.conn.take().inspect(|_| {
-                g.held = false;
-                g.held_payload = None;
-                g.scratch = Transmit::default();
-            }),
+            true => {
+                let conn = g.conn.take();
+                if conn.is_some() {
+                    g.drop_out();
+                }
+                conn
+            }
             false => None,
         };
         self.pump(&mut g, Instant::now());
@@ -373,7 +386,7 @@ impl ShmQp {
         }
         g.lazy_wake = true;
         let moved = self.read(g, now);
-        let moved = if moved || g.held {
+        let moved = if moved || g.held() {
             self.pump(g, now) || moved
         } else {
             false
@@ -442,7 +455,7 @@ impl ShmQp {
         let send = match now {
             Some(now) => g.send(now),
             // (`send` with nothing held and nothing from the engine sends nothing.)
-            None if g.held || g.engine.may_transmit() => g.send(soft::clock::now()),
+            None if g.held() || g.engine.may_transmit() => g.send(soft::clock::now()),
             None => Ok(false),
         };
         let mut moved = match send {
@@ -476,13 +489,24 @@ impl Inner {
     /// post of a peer QP in this process) still holds the QP. The caller closes the
     /// connection.
     pub(crate) fn release(&mut self) {
-        self.scratch = Transmit::default();
-        self.held = false;
-        self.held_payload = None;
+        self.drop_out();
         self.place.clear();
         self.sources.clear();
         self.srq = None;
         self.engine.destroy();
+    }
+
+    /// Whether packets taken from the engine wait for room in the ring.
+    pub(crate) fn held(&self) -> bool {
+        self.out_next < self.out_end
+    }
+
+    /// Drops the packets taken from the engine, sent or held, and the regions they name
+    /// (the connection went).
+    fn drop_out(&mut self) {
+        self.out = Vec::new();
+        self.out_next = 0;
+        self.out_end = 0;
     }
 
     /// Whether the QP has a connection.
@@ -494,7 +518,7 @@ impl Inner {
     pub(crate) fn peer_took_all(&self) -> bool {
         self.conn
             .as_ref()
-            .is_some_and(|c| !self.held && c.seg.drained(c.side, &self.prod))
+            .is_some_and(|c| !self.held() && c.seg.drained(c.side, &self.prod))
     }
 
     /// Whether a packet waits in the incoming ring, or one of ours waits for room.
@@ -502,7 +526,7 @@ impl Inner {
         let Some(conn) = self.conn.as_ref() else {
             return false;
         };
-        self.held || !matches!(conn.seg.peek(1 - conn.side, &mut self.cons), Ok(None))
+        self.held() || !matches!(conn.seg.peek(1 - conn.side, &mut self.cons), Ok(None))
     }
 
     /// This QP's side of its connection: sleeping or awake. A peer still to be woken is
@@ -552,9 +576,7 @@ impl Inner {
             }
         }
         self.conn = None;
-        self.held = false;
-        self.held_payload = None;
-        self.scratch = Transmit::default();
+        self.drop_out();
         if self.engine.state() != QpState::Err && self.engine.state() != QpState::Reset {
             let attr = QpAttr {
                 qp_state: QpState::Err,

@@ -2,22 +2,32 @@
 //! memory in [`mem`] and links in [`link`]).
 //!
 //! - `basic`: every operation at the sizes around the MTU, several SGEs on both sides.
-//! - `recovery`: scripted single drops, random loss/duplication/reordering, late packets.
-//! - `failure`: retry and RNR exhaustion, remote and local errors, post-time refusals.
+//! - `recovery`: scripted single drops, late and duplicated packets; `lossy`: random
+//!   loss, duplication and reordering over mixed workloads.
+//! - `failure`: retries exhausted, remote errors, destroying a queue pair; `rnr`: RNR
+//!   waits and their exhaustion; `local`: local errors and post-time refusals; `window`:
+//!   the send window and the timer of a message still going out.
 //! - `semantics`: duplicates at the responder, sequence NAKs, ordering, FENCE, the
-//!   read/atomic depth, selective signaling, credits.
+//!   read/atomic depth, selective signaling, credits; `drain`: SQ drain; `headers`: the
+//!   headers on the wire.
 //! - `flood`: a peer that sends requests and never takes the answers.
 
 mod basic;
 mod direct;
+mod drain;
 mod failure;
 mod flood;
+mod headers;
 mod link;
+mod local;
+mod lossy;
 mod mem;
 mod recovery;
 mod rewind;
+mod rnr;
 mod semantics;
 mod util;
+mod window;
 
 use util::{Pair, PairConfig, Rng};
 

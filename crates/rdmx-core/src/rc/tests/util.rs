@@ -445,6 +445,16 @@ impl Pair {
     }
 }
 
+/// The ACK timeout the pair's configuration gives.
+pub(super) fn ack_timeout(p: &Pair) -> Duration {
+    crate::qp::timeout_duration(p.cfg.timeout).unwrap()
+}
+
+/// The k-th PSN A sends.
+pub(super) fn a_psn(p: &Pair, k: u32) -> u32 {
+    wire::psn_add(p.cfg.sq_psn_a, k)
+}
+
 pub(super) fn to_init(qp: &mut RcQp<TestMem>, access: Access) {
     let attr = QpAttr {
         qp_state: QpState::Init,

@@ -53,6 +53,7 @@ pub(crate) mod data;
 pub(crate) mod errors;
 pub(crate) mod flow;
 pub(crate) mod srq;
+pub(crate) mod states;
 pub(crate) mod unreliable;
 
 /// Expands to one `#[test]` per conformance test, each running it on `$provider` (an
@@ -92,8 +93,8 @@ macro_rules! conformance_suite {
             errors::qp_without_remote_access,
             errors::wrong_pd,
             errors::misaligned_atomic,
-            errors::post_in_wrong_state,
-            errors::error_flushes_outstanding,
+            states::post_in_wrong_state,
+            states::error_flushes_outstanding,
             errors::deregistered_keys,
             errors::send_longer_than_receive,
             errors::inline_flag_with_a_stale_element,

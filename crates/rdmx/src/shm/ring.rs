@@ -386,7 +386,6 @@ impl Segment {
             if p.batching && p.pending.is_none() && size <= BATCH_BYTES {
                 // A batch's first record: published with the batch (`publish`).
                 p.pending = Some((look, look_kind));
-                p.batched = 0;
             } else {
                 // Publishes the record: everything above is visible to whoever reads
                 // this (a record in a batch is only read after the batch's first).
@@ -552,7 +551,7 @@ pub(crate) struct Producer {
     /// In a batch ([`Producer::batch`]).
     batching: bool,
     /// The kind word (position, kind) of the batch's first record, not yet published,
-    /// and the bytes pushed since.
+    /// and the bytes pushed since (0 while nothing is pending).
     pending: Option<(usize, u32)>,
     batched: usize,
 }

@@ -204,9 +204,10 @@ impl Inner {
             c.seg.publish(ring, &mut self.prod);
         }
         let sent = sent?;
-        if !self.held() {
+        if sent && !self.held() {
             // The last packets' regions are let go, as a call that finds nothing would
-            // (after the batch is published: each is a locked instruction).
+            // (after the batch is published: each is a locked instruction). A call that
+            // sent nothing took nothing: the last one let its packets' regions go.
             for o in &mut self.out {
                 o.t.gather.clear();
             }

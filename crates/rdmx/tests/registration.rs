@@ -33,6 +33,37 @@ fn register_gives_keys_and_copying_access() {
     assert_eq!(ctx.registered_regions(), 2);
 }
 
+/// `byte_becomes` (a wait on a flag byte, as perftest's latency tests wait on a
+/// message's last byte): it sees what another thread writes, gives up after its tries
+/// when nothing does, and checks its bounds.
+#[test]
+fn byte_becomes_sees_a_flag_set_by_another_thread() {
+    let ctx = Context::open_default().unwrap();
+    let pd = ctx.alloc_pd();
+    let mr = pd.register(vec![0u8; 4096], RW).unwrap();
+    assert!(!mr.byte_becomes(4095, 9, 1000).unwrap());
+    assert!(mr.byte_becomes(4095, 0, 1).unwrap());
+    assert!(matches!(
+        mr.byte_becomes(4096, 0, 1),
+        Err(Error::OutOfBounds { .. })
+    ));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            mr.write_at(4095, &[9]).unwrap();
+        });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !mr.byte_becomes(4095, 9, 256).unwrap() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the write was never seen"
+            );
+        }
+    });
+    // (0 tries: nothing is read, nothing is seen.)
+    assert!(!mr.byte_becomes(4095, 9, 0).unwrap());
+}
+
 #[test]
 fn remote_write_or_atomic_without_local_write_is_rejected() {
     let ctx = Context::open_default().unwrap();
@@ -233,6 +264,7 @@ fn a_region_that_borrows_its_memory_refuses_the_handle_accessors() {
     assert!(r.read_at(0, &mut [0u8; 1]).is_err_and(refused));
     assert!(r.fetch_add_u64(0, 1).is_err_and(refused));
     assert!(r.compare_swap_u64(0, 0, 1).is_err_and(refused));
+    assert!(r.byte_becomes(0, 7, 1).is_err_and(refused));
     let kept = r.share();
     drop(h);
     assert!(kept.load_u64(0).is_err_and(refused));

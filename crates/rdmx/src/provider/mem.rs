@@ -76,6 +76,16 @@ impl MrShared {
         Ok(())
     }
 
+    /// Whether the byte at `offset` held `want` in one of up to `tries` reads.
+    pub(crate) fn byte_becomes(&self, offset: usize, want: u8, tries: usize) -> Result<bool> {
+        let p = self.bounds(offset, 1)?;
+        // SAFETY: the byte at `p` is inside the registered memory, which stays valid while
+        // self lives; registered memory is shared memory, reached only through raw copies
+        // and atomics (a byte is always aligned for one).
+        let byte = unsafe { std::sync::atomic::AtomicU8::from_ptr(p) };
+        Ok((0..tries).any(|_| byte.load(std::sync::atomic::Ordering::Acquire) == want))
+    }
+
     fn atomic(&self, offset: usize) -> Result<&std::sync::atomic::AtomicU64> {
         let p = self.bounds(offset, 8)?;
         if p as usize % 8 != 0 {
@@ -93,6 +103,14 @@ impl MrShared {
         Ok(match a.compare_exchange(compare, swap, SeqCst, SeqCst) {
             Ok(v) | Err(v) => v,
         })
+    }
+
+    /// (A load, not an add of 0: it writes nothing, so it does not take the line from a
+    /// peer that writes it.)
+    pub(crate) fn load(&self, offset: usize) -> Result<u64> {
+        Ok(self
+            .atomic(offset)?
+            .load(std::sync::atomic::Ordering::SeqCst))
     }
 
     pub(crate) fn fetch_add(&self, offset: usize, add: u64) -> Result<u64> {
@@ -163,10 +181,20 @@ macro_rules! region_getters {
             let _gate = self.shared.reachable()?;
             self.shared.write_at(offset, data)
         }
+        /// Reads the byte at `offset` up to `tries` times, until it holds `want`; returns
+        /// whether it did. This is how to wait for a flag a peer's RDMA WRITE sets (as
+        /// perftest's latency tests wait on a message's last byte): the region is reached
+        /// once for the whole wait rather than once per read, as repeated
+        /// [`read_at`](Self::read_at) calls would. Reads are single atomic byte loads
+        /// (`Acquire`); a few hundred take about a microsecond.
+        pub fn byte_becomes(&self, offset: usize, want: u8, tries: usize) -> Result<bool> {
+            let _gate = self.shared.reachable()?;
+            self.shared.byte_becomes(offset, want, tries)
+        }
         /// Atomically loads the 8-aligned `u64` at `offset`.
         pub fn load_u64(&self, offset: usize) -> Result<u64> {
             let _gate = self.shared.reachable()?;
-            self.shared.fetch_add(offset, 0)
+            self.shared.load(offset)
         }
         /// Atomically adds to the 8-aligned `u64` at `offset`, returning the old value;
         /// atomic against remote FETCH_ADD and COMPARE_SWAP on the same address.

@@ -2,7 +2,7 @@
 //!
 //! - `write_lat`: ping-pong. Each side WRITEs its peer's buffer, whose last byte carries
 //!   the round's tag, and spins on the last byte of its own buffer (read through the
-//!   region's copying accessor) until the peer's WRITE lands. Half the round trip.
+//!   region's `byte_becomes`) until the peer's WRITE lands. Half the round trip.
 //! - `send_lat`: ping-pong with SEND and RECV. Half the round trip.
 //! - `read_lat`, `atomic_lat`: one READ or FETCH_ADD at a time, each timed from the post
 //!   to its completion: the whole round trip.
@@ -91,13 +91,18 @@ fn lost_hint(p: &Params) -> &'static str {
 /// a tight loop, which is right where the WRITE lands without the target's polls: an
 /// adapter places it (verbs), or the initiator copies it (shm's mapped and direct data
 /// paths); there a WRITE is seen within nanoseconds of landing rather than a poll later.
-/// 256 reads take about a microsecond, so the side still polls (for control messages,
-/// and to keep its provider's progress thread aside) while a poll's cost stays out of
-/// most waits. Measured on shm's mapped path (`write_lat`, 8 B, two processes, 5
-/// interleaved pairs): 0.165-0.17 µs against 0.19-0.205 µs with 16 reads in the pairs
-/// where a cache line crossed cores fast, about 0.39 µs for both in the others. Where a poll
-/// may be what lands it (the other software providers make progress when polled), each
-/// poll is followed by one read.
+/// The reads are [`rdmx::MemoryRegion::byte_becomes`]'s, 256 of which take about 0.1 µs,
+/// so the side still polls often (for control messages, and to keep its provider's
+/// progress thread aside). Measured on shm's mapped path (`write_lat`, 8 B, two
+/// processes, interleaved rounds, medians):
+/// - 256 reads through `read_at`, which takes the region's gate for each read (about
+///   5.6 µs for the 256): 0.165-0.17 µs against 0.19-0.205 µs with 16 reads, in rounds
+///   where a cache line crossed cores fast;
+/// - `byte_becomes` against those `read_at` reads: 0.94× and 0.96× (two runs of 10
+///   rounds); 4096 reads rather than 256 showed no gain (1.04× the `read_at` reads).
+///
+/// Where a poll may be what lands it (the other software providers make progress when
+/// polled), each poll is followed by one read.
 fn last_byte_reads(side: &Side) -> usize {
     let unpolled = match side.ctx.provider() {
         "verbs" => true,
@@ -117,14 +122,7 @@ fn last_byte_reads(side: &Side) -> usize {
 
 /// Whether the byte at `at` of `mr` holds `want`, read up to `reads` times.
 fn landed(mr: &rdmx::MemoryRegion, at: usize, want: u8, reads: usize) -> Result<bool, BoxError> {
-    let mut last = [0u8];
-    for _ in 0..reads {
-        mr.read_at(at, &mut last)?;
-        if last[0] == want {
-            return Ok(true);
-        }
-    }
-    Ok(false)
+    Ok(mr.byte_becomes(at, want, reads)?)
 }
 
 /// What a ping-pong message of round `g` holds.

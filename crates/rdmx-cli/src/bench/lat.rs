@@ -120,11 +120,6 @@ fn last_byte_reads(side: &Side) -> usize {
     }
 }
 
-/// Whether the byte at `at` of `mr` holds `want`, read up to `reads` times.
-fn landed(mr: &rdmx::MemoryRegion, at: usize, want: u8, reads: usize) -> Result<bool, BoxError> {
-    Ok(mr.byte_becomes(at, want, reads)?)
-}
-
 /// What a ping-pong message of round `g` holds.
 fn message(p: &Params, size: usize, g: u64) -> Expect {
     let e = Expect::pattern(size, size).stamped(stamp_for(g, size));
@@ -252,7 +247,7 @@ pub(crate) fn ping(
                 }
             }
             if write && sent && !got {
-                got = landed(mr, l.dst(0) + size - 1, tag(g), reads)?;
+                got = mr.byte_becomes(l.dst(0) + size - 1, tag(g), reads)?;
             }
             Ok(sent && got)
         })?;
@@ -335,7 +330,7 @@ pub(crate) fn pong(
                 }
             }
             if write && !ping {
-                ping = landed(mr, l.dst(0) + size - 1, tag(g), reads)?;
+                ping = mr.byte_becomes(l.dst(0) + size - 1, tag(g), reads)?;
             }
             spins = spins.wrapping_add(1);
             if spins % 4096 == 0 {

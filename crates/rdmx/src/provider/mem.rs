@@ -186,7 +186,8 @@ macro_rules! region_getters {
         /// perftest's latency tests wait on a message's last byte): the region is reached
         /// once for the whole wait rather than once per read, as repeated
         /// [`read_at`](Self::read_at) calls would. Reads are single atomic byte loads
-        /// (`Acquire`); a few hundred take about a microsecond.
+        /// (`Acquire`), a fraction of a nanosecond each while the line stays in the
+        /// cache (256 took 65-106 ns on a 2 GHz core).
         pub fn byte_becomes(&self, offset: usize, want: u8, tries: usize) -> Result<bool> {
             let _gate = self.shared.reachable()?;
             self.shared.byte_becomes(offset, want, tries)

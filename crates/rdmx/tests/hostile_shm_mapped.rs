@@ -505,6 +505,61 @@ fn a_long_post_list_claims_again() {
     assert!(bytes(&m).iter().all(|&x| x == 3));
 }
 
+/// A post list whose first request runs on the mapped path (the list keeps the key
+/// table read-locked for its requests on that path) and whose second goes to the engine
+/// (which locks the table again) never stalls, while another thread registers and
+/// deregisters regions of the same table over and over (writers waiting for the lock).
+#[test]
+fn a_post_list_of_both_paths_never_stalls_on_the_key_table() {
+    const ROUNDS: u64 = 2000;
+    let (a, b, src, _m, mr) = writable_pair(LEN, 4);
+    let at = mr.remote().at(0);
+    write_until_mapped(&a, &src, at);
+    let inbox = b.pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn = {
+        let (pd, stop) = (a.pd.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                drop(pd.register(vec![0u8; 4096], Access::LOCAL_WRITE).unwrap());
+                n += 1;
+            }
+            n
+        })
+    };
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let poster = std::thread::spawn(move || {
+        let sge = LocalSge::new(&src, 0, 64).unwrap();
+        let mut mapped = 0;
+        for i in 0..ROUNDS {
+            b.qp.post_recv(RecvRequest::new(i).sge(LocalSge::new(&inbox, 0, 64).unwrap()))
+                .unwrap();
+            let before = rdmx::shm::executed_at_post(&a.qp).unwrap();
+            let list = [
+                SendRequest::write(2 * i, at).sge(sge),
+                SendRequest::send(2 * i + 1).sge(sge),
+            ];
+            a.qp.post_send_list(&list).unwrap();
+            mapped += rdmx::shm::executed_at_post(&a.qp).unwrap() - before;
+            for c in completions(&a.cq, 2) {
+                assert_eq!(c.status, WcStatus::Success, "{c:?}");
+            }
+            let c = wait(&b.cq, "the receive");
+            assert_eq!((c.status, c.wr_id), (WcStatus::Success, i), "{c:?}");
+        }
+        done_tx.send(mapped).unwrap();
+    });
+    let mapped = done_rx.recv_timeout(DEADLINE);
+    stop.store(true, Ordering::Relaxed);
+    // (Before the joins: stalled, both threads would wait for good.)
+    let mapped = mapped.expect("a post list stalled on the key table");
+    let regions = churn.join().unwrap();
+    poster.join().unwrap();
+    assert!(regions > 0, "no region was registered meanwhile");
+    assert_eq!(mapped, ROUNDS, "every list's WRITE ran on the mapped path");
+}
+
 /// Waits until `cond` holds.
 fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();

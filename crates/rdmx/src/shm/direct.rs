@@ -40,7 +40,7 @@ use parking_lot::MutexGuard;
 use rdmx_core::rc::DirectRequest;
 use rdmx_core::{SendOp, SendWr};
 
-use super::mapped;
+use super::mapped::{self, PostScope};
 use super::qp::{Inner, ShmQp};
 use crate::provider::copy::copy;
 use crate::provider::MrShared;
@@ -50,9 +50,9 @@ use crate::Result;
 /// engine, whose packets carry it.
 pub(crate) fn post_send(qp: &ShmQp, wr: &SendWr, inline: Option<&[u8]>) -> Result<()> {
     let mut g = qp.inner.lock();
-    let mut claimed = false;
-    let posted = post_one(qp, &mut g, wr, inline, &mut claimed);
-    mapped::release(&g, &mut claimed);
+    let mut scope = PostScope::new(&qp.keys);
+    let posted = post_one(qp, &mut g, wr, inline, &mut scope);
+    mapped::release(&g, &mut scope);
     match posted {
         Ok(Path::AtPost) => qp.settle_executed(&mut g),
         _ => _ = qp.pump_posted(&mut g),
@@ -68,11 +68,12 @@ pub(crate) fn post_send_list(
 ) -> std::result::Result<(), (usize, crate::Error)> {
     let mut g = qp.inner.lock();
     let mut posted = Ok(());
-    // The list's requests to one region on the mapped path claim it once.
-    let mut claimed = false;
+    // The list's requests to one region on the mapped path claim it once, and its
+    // requests on that path lock the key table once.
+    let mut scope = PostScope::new(&qp.keys);
     let mut all_at_post = true;
     for (i, (wr, inline)) in wrs.enumerate() {
-        match post_one(qp, &mut g, wr, inline, &mut claimed) {
+        match post_one(qp, &mut g, wr, inline, &mut scope) {
             Ok(Path::AtPost) => {}
             Ok(Path::Engine) => all_at_post = false,
             Err(e) => {
@@ -82,7 +83,7 @@ pub(crate) fn post_send_list(
             }
         }
     }
-    mapped::release(&g, &mut claimed);
+    mapped::release(&g, &mut scope);
     match all_at_post {
         true => qp.settle_executed(&mut g),
         false => _ = qp.pump_posted(&mut g),
@@ -105,9 +106,13 @@ fn post_one(
     g: &mut MutexGuard<'_, Inner>,
     wr: &SendWr,
     inline: Option<&[u8]>,
-    claimed: &mut bool,
+    scope: &mut PostScope<'_>,
 ) -> Result<Path> {
-    let mut executed = qp.driver.execute_at_post && mapped::execute(g, wr, inline, claimed);
+    let mut executed = qp.driver.execute_at_post && mapped::execute(g, wr, inline, scope);
+    if !executed {
+        // The paths below may lock the key table themselves.
+        scope.unlock_keys();
+    }
     let peer = match executed {
         true => None,
         false => candidate(g, wr),

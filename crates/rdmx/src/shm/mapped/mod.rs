@@ -110,7 +110,7 @@ use rdmx_core::{Access, QpType};
 mod peer;
 mod table;
 
-pub(crate) use peer::{execute, release, PeerView};
+pub(crate) use peer::{execute, release, PeerView, PostScope};
 pub(crate) use table::{prune, Published, Watch};
 
 const TABLE_MAGIC: u64 = u64::from_be_bytes(*b"RDMXKEYS");

@@ -14,6 +14,7 @@ use super::{
 use crate::shm::qp::{Conn, Inner};
 use crate::shm::ring::Segment;
 use crate::shm::sys;
+use crate::soft::{Keys, KeysRead, NoRegions};
 
 /// The peer's key table and the files it handed over, as this process maps them.
 #[derive(Debug)]
@@ -262,19 +263,49 @@ impl Held {
     }
 }
 
+/// What one post (a request, or a list of them) keeps from one request to the next on
+/// the mapped path: its claim, and the local key table's read lock.
+pub(crate) struct PostScope<'k> {
+    /// A claim names the key the connection's view kept (see [`execute`]).
+    claimed: bool,
+    keys: &'k Keys,
+    /// The local key table, read-locked since the first request of the post that had
+    /// local segments: the regions they name are lent by it (no reference is taken on
+    /// them), and a list's later requests take no lock of their own.
+    lent: Option<KeysRead<'k>>,
+}
+
+impl<'k> PostScope<'k> {
+    /// A post on a queue pair whose key table is `keys`.
+    pub(crate) fn new(keys: &'k Keys) -> PostScope<'k> {
+        PostScope {
+            claimed: false,
+            keys,
+            lent: None,
+        }
+    }
+
+    /// Unlocks the key table, before anything of the post that may lock it again (a
+    /// request for the engine, or for the `direct` path): a second read lock on the same
+    /// thread would queue behind a waiting writer, which waits for the first.
+    pub(crate) fn unlock_keys(&mut self) {
+        self.lent = None;
+    }
+}
+
 /// Executes `wr` on the mapped data path if it qualifies and the target accepts it;
 /// returns whether it did (its completion is then queued in the engine).
 ///
-/// The claim made for it stays for the next request of the same post (`claimed` says
-/// so; it names the key the connection's view kept): a request to the same key copies
-/// under it after reading again the slot's sequence number and the target word (no new
-/// claim, no new look-up). The caller releases it with [`release`] before it lets go of
-/// the queue pair's lock.
+/// The claim made for it stays for the next request of the same post (`scope` says so;
+/// it names the key the connection's view kept): a request to the same key copies under
+/// it after reading again the slot's sequence number and the target word (no new claim,
+/// no new look-up). The caller releases it with [`release`] before it lets go of the
+/// queue pair's lock.
 pub(crate) fn execute(
     g: &mut Inner,
     wr: &SendWr,
     inline: Option<&[u8]>,
-    claimed: &mut bool,
+    scope: &mut PostScope<'_>,
 ) -> bool {
     if !crate::shm::direct::may_run_at_post(g, wr) {
         return false;
@@ -293,9 +324,21 @@ pub(crate) fn execute(
     if view.files.is_empty() {
         return false;
     }
-    // The local regions are lent by the locked key table until the copy is done.
-    let keys = g.keys.read();
-    let Some(req) = g.engine.direct_request(&keys.view(), wr, inline) else {
+    let PostScope {
+        claimed,
+        keys,
+        lent,
+    } = scope;
+    // The local regions are lent by the locked key table until the copy is done; inline
+    // bytes need none, nor the lock.
+    let req = match inline {
+        Some(_) => g.engine.direct_request(&NoRegions, wr, inline),
+        None => {
+            let lent = &*lent.get_or_insert_with(|| keys.read());
+            g.engine.direct_request(&lent.view(), wr, inline)
+        }
+    };
+    let Some(req) = req else {
         return false;
     };
     let (va, rkey) = req.remote();
@@ -356,8 +399,8 @@ pub(crate) fn execute(
     // SAFETY: `at` lies `req.len()` bytes inside the peer's mapped file (checked by
     // `check`, now or for an earlier post: the look-up `view` kept is dropped whenever
     // its files change), which `view` keeps mapped for the call; `req`'s segments were
-    // resolved by this QP's engine in regions `keys` keeps registered (read-locked) for
-    // the call. The file is a mapping of its own, so it never overlaps local memory (it
+    // resolved by this QP's engine in regions `lent` keeps registered (read-locked) for
+    // the call (an inline request has none: its bytes are the caller's slice). The file is a mapping of its own, so it never overlaps local memory (it
     // may view the same pages when the peer is this process, which leaves the bytes
     // unspecified, as concurrent access to registered memory does).
     unsafe { crate::shm::direct::transfer_at(&req, inline, at) };
@@ -368,9 +411,10 @@ pub(crate) fn execute(
     true
 }
 
-/// Ends the claim of the post, if it made one.
-pub(crate) fn release(g: &Inner, claimed: &mut bool) {
-    if std::mem::take(claimed) {
+/// Ends the claim of the post, if it made one, and unlocks the key table.
+pub(crate) fn release(g: &Inner, scope: &mut PostScope<'_>) {
+    scope.unlock_keys();
+    if std::mem::take(&mut scope.claimed) {
         if let Some(c) = g.conn.as_ref() {
             c.seg.claim_word(c.side).store(0, Ordering::Release);
         }

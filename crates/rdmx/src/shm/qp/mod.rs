@@ -148,6 +148,9 @@ pub(crate) struct ShmQp {
     pub(crate) qpn: u32,
     pub(crate) token: usize,
     pub(crate) driver: Arc<Driver>,
+    /// The key table of the QP's device (the one `Inner::keys` holds): a post borrows it
+    /// from here, outside the QP's lock.
+    pub(crate) keys: Arc<Keys>,
     pub(crate) inner: Mutex<Inner>,
 }
 
@@ -230,6 +233,7 @@ impl ShmQp {
             qpn,
             token,
             driver,
+            keys: Arc::clone(&keys),
             inner: Mutex::new(Inner {
                 engine,
                 keys,

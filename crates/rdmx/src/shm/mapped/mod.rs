@@ -45,7 +45,10 @@
 //! and if neither changed, checks its range and rights against what the first request
 //! read (the region as published, and the target QP's access flags) and copies under
 //! the same claim, with no new claim and no look-up. Anything else ends the claim and
-//! takes the path above. The claim ends before the post returns.
+//! takes the path above. The claim ends before the post returns. So does the read lock
+//! on the initiator's own key table, which lends the requests' local regions: a post
+//! takes it once, at its first request on this path that names local memory (an inline
+//! request names none), and lets it go before any of its requests takes the packets.
 //!
 //! From one post to the next, the initiator keeps what it read of the last key it
 //! looked up (the slot's sequence number, the target word, the region, where it lies in

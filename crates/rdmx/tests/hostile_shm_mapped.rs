@@ -324,6 +324,42 @@ fn a_post_list_under_one_claim_checks_every_request() {
     );
 }
 
+/// An inline WRITE (its bytes name no local key) runs on the mapped path like any other,
+/// and its checks still hold: one within the region executes at post and lands, one
+/// beyond it gets the target's refusal.
+#[test]
+fn inline_writes_run_at_post_and_are_checked() {
+    let (a, _b, src, m, mr) = writable_pair(LEN, 1);
+    let at = |off: usize| mr.remote().at(off as u64);
+    write_until_mapped(&a, &src, at(LEN - 64));
+    let before = rdmx::shm::executed_at_post(&a.qp).unwrap();
+    a.qp.post_send(SendRequest::write(30, at(512)).inline(&[9u8; 40]))
+        .unwrap();
+    assert_eq!(rdmx::shm::executed_at_post(&a.qp), Some(before + 1));
+    let c = wait(&a.cq, "the inline WRITE");
+    assert_eq!((c.wr_id, c.status), (30, WcStatus::Success), "{c:?}");
+    a.qp.post_send(SendRequest::write(31, at(LEN - 8)).inline(&[9u8; 16]))
+        .unwrap();
+    assert_eq!(
+        rdmx::shm::executed_at_post(&a.qp),
+        Some(before + 1),
+        "a WRITE beyond the region ran at post"
+    );
+    let c = wait(&a.cq, "the inline WRITE beyond the region");
+    assert_eq!((c.wr_id, c.status), (31, WcStatus::RemAccessErr), "{c:?}");
+    drop(mr);
+    let seen = bytes(&m);
+    assert!(
+        seen[512..552].iter().all(|&x| x == 9),
+        "the inline WRITE landed"
+    );
+    assert!(seen[552..LEN - 64].iter().all(|&x| x == 0));
+    assert!(
+        seen[LEN - 8..].iter().all(|&x| x == 1),
+        "the refused one wrote"
+    );
+}
+
 /// A claim held from a WRITE does not let a READ of the same key through when the region
 /// grants no remote reads: the READ gets the target's refusal.
 #[test]

@@ -14,7 +14,7 @@ use super::{
 use crate::shm::qp::{Conn, Inner};
 use crate::shm::ring::Segment;
 use crate::shm::sys;
-use crate::soft::{Keys, KeysRead, NoRegions};
+use crate::soft::{no_regions, Keys, KeysRead};
 
 /// The peer's key table and the files it handed over, as this process maps them.
 #[derive(Debug)]
@@ -332,7 +332,7 @@ pub(crate) fn execute(
     // The local regions are lent by the locked key table until the copy is done; inline
     // bytes need none, nor the lock.
     let req = match inline {
-        Some(_) => g.engine.direct_request(&NoRegions, wr, inline),
+        Some(_) => g.engine.direct_request(&no_regions(), wr, inline),
         None => {
             let lent = &*lent.get_or_insert_with(|| keys.read());
             g.engine.direct_request(&lent.view(), wr, inline)

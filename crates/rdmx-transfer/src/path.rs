@@ -488,13 +488,20 @@ impl Conn {
         if !self.initiator || self.closed.load(Ordering::Acquire) {
             return;
         }
+        // The repair is claimed before the path is found due: a caller that found it due
+        // just before another's repair brought it up (and cleared its due time) would
+        // otherwise claim it right after and rebuild it again, replacing the queue pair
+        // that work was just posted on, whose completions then never come.
+        if p.repairing.swap(true, Ordering::AcqRel) {
+            return;
+        }
         let due = p.down_until.lock().is_some_and(|t| Instant::now() >= t);
         if !due
             || p.outstanding.load(Ordering::Acquire) != 0
             || p.rail.closed.load(Ordering::Acquire)
             || p.fencing()
-            || p.repairing.swap(true, Ordering::AcqRel)
         {
+            p.repairing.store(false, Ordering::Release);
             return;
         }
         let shared = shared.clone();

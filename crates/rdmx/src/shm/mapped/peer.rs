@@ -400,9 +400,10 @@ pub(crate) fn execute(
     // `check`, now or for an earlier post: the look-up `view` kept is dropped whenever
     // its files change), which `view` keeps mapped for the call; `req`'s segments were
     // resolved by this QP's engine in regions `lent` keeps registered (read-locked) for
-    // the call (an inline request has none: its bytes are the caller's slice). The file is a mapping of its own, so it never overlaps local memory (it
-    // may view the same pages when the peer is this process, which leaves the bytes
-    // unspecified, as concurrent access to registered memory does).
+    // the call (an inline request has none: its bytes are the caller's slice). The file
+    // is a mapping of its own, so it never overlaps local memory (it may view the same
+    // pages when the peer is this process, which leaves the bytes unspecified, as
+    // concurrent access to registered memory does).
     unsafe { crate::shm::direct::transfer_at(&req, inline, at) };
     *claimed = true;
     view.under_claim = len;

@@ -17,8 +17,8 @@
 //! - `copy_64k_ns`, `copy_64k_misaligned_ns`: the copy the shm provider moves payloads
 //!   with (`rdmx::shm::copy_slice`), for the same two alignment pairs;
 //!   `copy_misaligned_with` what it copies differently aligned blocks with on this CPU
-//!   (`rdmx::shm::copy_method`), `copy_large_with` what it copies large blocks that
-//!   `rep movsb` takes at full speed with (`rdmx::shm::large_copy_method`).
+//!   (`rdmx::shm::copy_method`), `copy_large_with` what it copies blocks of 512 KiB or
+//!   more that `rep movsb` takes at full speed with (`rdmx::shm::large_copy_method`).
 //! - `line_one_way_ns`: half the round trip of a cache line between two threads spinning
 //!   on two cores (each stores a counter the other waits for): the time a store takes
 //!   to reach the other core, on this machine now, measured as an anchor for the
@@ -322,7 +322,7 @@ fn print_table(v: &Value) {
         v["copy_misaligned_with"].as_str().unwrap_or("?")
     );
     println!(
-        "rdmx copy, large blocks, runs with: {} (the faster on this CPU)",
+        "rdmx copy, blocks of 512 KiB or more, runs with: {} (the faster on this CPU)",
         v["copy_large_with"].as_str().unwrap_or("?")
     );
     if let Some(r) = v["hit_vs_register_64k"].as_f64() {

@@ -11,15 +11,18 @@
 //! loads and aligned vector stores.
 //!
 //! Large copies that `rep movsb` takes at full speed (equally aligned ones, and all of
-//! them where it has no cliff) go to it directly on x86_64 CPUs that have it (ERMS)
-//! when the process measured it at least as fast as `memcpy` on 1 MiB
-//! (`rdmx::shm::large_copy_method` says which). glibc's `memcpy` leaves `rep movsb` for
-//! a vector loop from the size of the core's L2 cache up, which copied 1 MiB 15% slower
-//! where measured (2 vCPU AMD EPYC, 1 MiB of L2 per core); below that it uses `rep
-//! movsb` itself, after a few dozen instructions of dispatch. Small copies always go to
-//! `memcpy`.
+//! them where it has no cliff) go to it directly on x86_64 CPUs that have it (ERMS), as
+//! `memcpy` itself sends them after a few dozen instructions of dispatch, up to
+//! [`RACE_MIN`]. From the size of the core's L2 cache up, glibc's `memcpy` leaves `rep
+//! movsb` for a vector loop, which is faster on some CPUs and slower on others: 1 MiB
+//! copied 15% slower where measured on a 2 vCPU AMD EPYC with 1 MiB of L2 per core, and
+//! 4-6% faster on one with 512 KiB (READs and WRITEs of 1 MiB between two processes on
+//! the shm provider's mapped path). So copies of [`RACE_MIN`] or more go to whichever
+//! the process measured faster on 1 MiB (`rdmx::shm::large_copy_method` says which):
+//! `rep movsb` only if it beat `memcpy` clearly, since `memcpy` is what the C library
+//! chose for that size on this CPU. Small copies always go to `memcpy`.
 //!
-//! Both measurements take about a millisecond, once per process: when its first
+//! Both measurements take about three milliseconds, once per process: when its first
 //! software device opens ([`calibrate`]), or else on the first copy that needs them.
 
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -30,6 +33,12 @@ const LOOP_MIN: usize = 1024;
 
 /// Copies of at least this many bytes may go to `rep movsb` directly.
 const REP_MIN: usize = 4096;
+
+/// Copies of at least this many bytes go to what [`measure_large`] chose; smaller ones
+/// from [`REP_MIN`] up to `rep movsb` wherever the CPU has ERMS. The smallest L2 cache
+/// of the x86_64 CPUs this was measured on: below it glibc's `memcpy` itself uses `rep
+/// movsb` for these copies.
+const RACE_MIN: usize = 512 << 10;
 
 /// What differently aligned copies use, once measured (0 until then).
 static MISALIGNED: AtomicU8 = AtomicU8::new(0);
@@ -123,7 +132,12 @@ unsafe fn copy_large(dst: *mut u8, src: *const u8, len: usize) {
         // Here `rep movsb` runs at full speed: the copy is equally aligned, or the CPU
         // has no cliff (`memcpy`, which is `rep movsb` at 64 KiB, measured no slower
         // than the loop).
-        if len >= REP_MIN && large() == REP_MOVSB {
+        let rep = if len >= RACE_MIN {
+            large() == REP_MOVSB
+        } else {
+            len >= REP_MIN && has_erms()
+        };
+        if rep {
             // SAFETY: forwarded.
             unsafe { rep_movsb(dst, src, len) };
             return;
@@ -148,9 +162,11 @@ pub(crate) fn calibrated() -> bool {
     LARGE.load(Ordering::Relaxed) != 0 && MISALIGNED.load(Ordering::Relaxed) != 0
 }
 
-/// How this process copies large blocks that `rep movsb` takes at full speed:
-/// `"rep movsb"` or `"memcpy"`, whichever measured faster on 1 MiB on this CPU (measured
-/// now if no copy has needed it yet: a dozen copies of 1 MiB, about a millisecond).
+/// How this process copies blocks of 512 KiB or more that `rep movsb` takes at full
+/// speed: `"rep movsb"` or `"memcpy"`, whichever measured faster on 1 MiB on this CPU
+/// (`rep movsb` only if clearly faster; measured now if no copy has needed it yet:
+/// ninety-six copies of 1 MiB, about three milliseconds). Smaller ones, from 4 KiB up, use
+/// `rep movsb` wherever the CPU has ERMS, as `memcpy` does.
 pub fn large_copy_method() -> &'static str {
     match large() {
         REP_MOVSB => "rep movsb",
@@ -178,16 +194,33 @@ fn measured(cell: &AtomicU8, measure: fn() -> u8) -> u8 {
 }
 
 /// Times `memcpy` and `rep movsb` on 1 MiB between equally aligned buffers, and returns
-/// `rep movsb` if it was at least as fast; `memcpy` where the CPU lacks ERMS.
+/// `rep movsb` if it was faster by more than 2%; `memcpy` where the CPU lacks ERMS.
+///
+/// Each timing is of eight copies in a row: the two differ by a few percent in a
+/// stream of copies (what a provider moving 1 MiB messages makes), and timings of one or
+/// two copies, measured that way, chose either about as often on a CPU where `memcpy`
+/// was 4% faster. The margin leaves the choice to the C library's unless `rep movsb`
+/// clearly beats it.
 fn measure_large() -> u8 {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("ermsb") {
-        let (by_memcpy, by_rep) = race(1 << 20, 0, memcpy, rep_movsb);
-        if by_rep <= by_memcpy {
+    if has_erms() {
+        let (by_memcpy, by_rep) = race(1 << 20, 0, 8, memcpy, rep_movsb);
+        if by_rep.as_secs_f64() * 1.02 < by_memcpy.as_secs_f64() {
             return REP_MOVSB;
         }
     }
     MEMCPY
+}
+
+/// Whether the CPU has ERMS (fast `rep movsb`); the standard library caches the answer.
+fn has_erms() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("ermsb")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// `memcpy`, as a function like the others.
@@ -201,7 +234,8 @@ unsafe fn memcpy(dst: *mut u8, src: *const u8, len: usize) {
 }
 
 /// Times two copies of `len` bytes, the destination `delta` bytes further along a cache
-/// line than the source, the best of six interleaved rounds each. The source sits 64
+/// line than the source, each timing of `copies` copies in a row, the best of six
+/// interleaved rounds each. The source sits 64
 /// bytes into its page and the destination 64 + `delta` further into its own, so neither
 /// copy stalls on stores the CPU mistakes for the loads' (4 KiB aliasing).
 ///
@@ -209,6 +243,7 @@ unsafe fn memcpy(dst: *mut u8, src: *const u8, len: usize) {
 fn race(
     len: usize,
     delta: usize,
+    copies: usize,
     first: unsafe fn(*mut u8, *const u8, usize),
     second: unsafe fn(*mut u8, *const u8, usize),
 ) -> (Duration, Duration) {
@@ -220,7 +255,7 @@ fn race(
     let dst = dst_buf[d_off..].as_mut_ptr();
     let time = |f: unsafe fn(*mut u8, *const u8, usize)| {
         let t = Instant::now();
-        for _ in 0..2 {
+        for _ in 0..copies {
             // SAFETY: `len` bytes from each offset lie inside their vectors (each has
             // 8 KiB to spare and the offsets are below 4,288), which do not overlap; `f`
             // copies as `copy` does (this function's contract).
@@ -242,7 +277,8 @@ fn race(
 /// # Safety
 ///
 /// As [`copy`]. Every x86_64 CPU runs it; ERMS only makes it fast, so [`copy`] takes it
-/// only where [`measure_large`] chose it.
+/// only where the CPU has ERMS (and from [`RACE_MIN`] up, where [`measure_large`] chose
+/// it).
 unsafe fn rep_movsb(dst: *mut u8, src: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: copies `len` bytes from `src` to `dst` (forwarded contract), forwards
@@ -287,7 +323,7 @@ fn measure() -> u8 {
     if cfg!(not(target_arch = "x86_64")) {
         return MEMCPY;
     }
-    let (by_memcpy, by_loop) = race(64 << 10, 16, memcpy, copy_loop);
+    let (by_memcpy, by_loop) = race(64 << 10, 16, 2, memcpy, copy_loop);
     if by_loop < by_memcpy {
         LOOP
     } else {

@@ -65,10 +65,10 @@ pub(crate) struct Driver {
     pub(super) pending: Waiting<Conn>,
     pub(super) handshakes: Mutex<Slab<(UnixStream, Instant)>>,
     pub(super) timers: Mutex<BinaryHeap<Reverse<(Instant, usize)>>>,
-    /// The first deadline in `timers`, in nanoseconds since `epoch` (`u64::MAX`: none),
+    /// The first deadline in `timers`, in nanoseconds since the clock's epoch
+    /// ([`soft::clock::epoch`]; `u64::MAX`: none),
     /// written under its lock: a round that finds it ahead takes no lock.
     pub(super) first_timer: AtomicU64,
-    pub(super) epoch: Instant,
     /// Held by whoever runs a round, with what rounds keep between them.
     pub(super) running: Mutex<Rounds>,
     /// The progress thread sleeps in `epoll_wait`.
@@ -163,7 +163,6 @@ impl Driver {
             handshakes: Mutex::new(Slab::new()),
             timers: Mutex::new(BinaryHeap::new()),
             first_timer: AtomicU64::new(u64::MAX),
-            epoch: Instant::now(),
             running: Mutex::new(Rounds::default()),
             sleeping: AtomicBool::new(false),
             wakes: AtomicU32::new(0),
@@ -387,6 +386,11 @@ impl Driver {
     /// One pass over every connected QP and the due timers. Returns whether anything
     /// moved. The caller holds `running`.
     pub(super) fn round(&self, r: &mut Rounds, now: Instant) -> bool {
+        self.round_at(r, now, self.nanos(now))
+    }
+
+    /// [`round`](Self::round) at `now`, which is `ns` nanoseconds after the clock's epoch.
+    fn round_at(&self, r: &mut Rounds, now: Instant, ns: u64) -> bool {
         let mut moved = false;
         // The copy of `active` is taken again when it changed (rarely: as QPs connect and
         // go), so that a round takes no lock to find its QPs.
@@ -403,12 +407,13 @@ impl Driver {
         if self.ud.in_use() {
             moved |= self.ud.progress(now);
         }
-        moved | self.fire_timers(now)
+        moved | self.fire_timers_at(now, ns)
     }
 
-    /// Runs the QP timers due at `now`. Returns whether any found work.
-    pub(super) fn fire_timers(&self, now: Instant) -> bool {
-        if self.nanos(now) < self.first_timer.load(Ordering::Acquire) {
+    /// Runs the QP timers due at `now`, which is `ns` nanoseconds after the clock's epoch.
+    /// Returns whether any found work.
+    fn fire_timers_at(&self, now: Instant, ns: u64) -> bool {
+        if ns < self.first_timer.load(Ordering::Acquire) {
             return false;
         }
         let mut fired = false;
@@ -506,10 +511,10 @@ impl Driver {
 
     /// An application polls: records it and runs a round if nobody else is.
     pub(super) fn app_progress(&self) {
-        let now = soft::clock::now();
-        self.handover.app_polls(now);
+        let (now, ns) = soft::clock::now_and_nanos();
+        self.handover.app_polls_at(ns);
         if let Some(mut g) = self.running.try_lock() {
-            self.round(&mut g, now);
+            self.round_at(&mut g, now, ns);
             if g.count() % EPOLL_EVERY == 0 {
                 let mut events = Vec::new();
                 self.epoll.wait(Some(Duration::ZERO), &mut events);
@@ -518,9 +523,9 @@ impl Driver {
         }
     }
 
-    /// `at` in nanoseconds since the driver's epoch (0 before it).
+    /// `at` in nanoseconds since the clock's epoch (0 before it).
     fn nanos(&self, at: Instant) -> u64 {
-        at.saturating_duration_since(self.epoch).as_nanos() as u64
+        soft::clock::nanos(at)
     }
 
     /// An application stops polling: the progress thread resumes at once.

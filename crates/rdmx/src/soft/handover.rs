@@ -35,9 +35,9 @@ const HANDOVER_NS: u64 = HANDOVER.as_nanos() as u64;
 /// documentation).
 #[derive(Debug)]
 pub(crate) struct Handover {
-    /// When an application last polled, in nanoseconds after `epoch` (0: not polling).
+    /// When an application last polled, in nanoseconds after the clock's epoch
+    /// ([`clock::epoch`](super::clock::epoch); 0: not polling).
     app_polled: AtomicU64,
-    epoch: Instant,
     /// Where the progress thread sleeps while applications poll.
     nap: (Mutex<()>, Condvar),
 }
@@ -46,14 +46,18 @@ impl Handover {
     pub(crate) fn new() -> Handover {
         Handover {
             app_polled: AtomicU64::new(0),
-            epoch: Instant::now(),
             nap: (Mutex::new(()), Condvar::new()),
         }
     }
 
     /// An application polls at `now`.
     pub(crate) fn app_polls(&self, now: Instant) {
-        let ns = now.saturating_duration_since(self.epoch).as_nanos() as u64 | 1;
+        self.app_polls_at(super::clock::nanos(now));
+    }
+
+    /// An application polls at `ns` nanoseconds after the clock's epoch.
+    pub(crate) fn app_polls_at(&self, ns: u64) {
+        let ns = ns | 1;
         // Written when it moved by a sixteenth of the handover time or more: the progress
         // thread reads the word, and a store on every poll of an application spinning on
         // its CQ is a store on every poll.
@@ -70,7 +74,7 @@ impl Handover {
         if at == 0 {
             return None;
         }
-        let until = self.epoch + Duration::from_nanos(at) + HANDOVER;
+        let until = super::clock::epoch() + Duration::from_nanos(at) + HANDOVER;
         (Instant::now() < until).then_some(until)
     }
 

@@ -235,9 +235,9 @@ unsafe fn memcpy(dst: *mut u8, src: *const u8, len: usize) {
 
 /// Times two copies of `len` bytes, the destination `delta` bytes further along a cache
 /// line than the source, each timing of `copies` copies in a row, the best of six
-/// interleaved rounds each. The source sits 64
-/// bytes into its page and the destination 64 + `delta` further into its own, so neither
-/// copy stalls on stores the CPU mistakes for the loads' (4 KiB aliasing).
+/// interleaved rounds each. The source sits 64 bytes into its page and the destination
+/// 64 + `delta` further into its own, so neither copy stalls on stores the CPU mistakes
+/// for the loads' (4 KiB aliasing).
 ///
 /// Both functions must copy as [`copy`] does (and be callable on this CPU).
 fn race(

@@ -289,7 +289,8 @@ impl Driver {
         let earlier = t.peek().map_or(true, |Reverse((first, _))| at < *first);
         t.push(Reverse((at, token)));
         if earlier {
-            self.first_timer.store(self.nanos(at), Ordering::Release);
+            self.first_timer
+                .store(soft::clock::nanos(at), Ordering::Release);
         }
         drop(t);
         if earlier && self.sleeping.load(Ordering::SeqCst) {
@@ -386,7 +387,7 @@ impl Driver {
     /// One pass over every connected QP and the due timers. Returns whether anything
     /// moved. The caller holds `running`.
     pub(super) fn round(&self, r: &mut Rounds, now: Instant) -> bool {
-        self.round_at(r, now, self.nanos(now))
+        self.round_at(r, now, soft::clock::nanos(now))
     }
 
     /// [`round`](Self::round) at `now`, which is `ns` nanoseconds after the clock's epoch.
@@ -429,7 +430,7 @@ impl Driver {
                 };
                 let first = t
                     .peek()
-                    .map_or(u64::MAX, |Reverse((at, _))| self.nanos(*at));
+                    .map_or(u64::MAX, |Reverse((at, _))| soft::clock::nanos(*at));
                 self.first_timer.store(first, Ordering::Release);
                 match due {
                     Some(d) => d,
@@ -521,11 +522,6 @@ impl Driver {
                 self.handle_events(&events);
             }
         }
-    }
-
-    /// `at` in nanoseconds since the clock's epoch (0 before it).
-    fn nanos(&self, at: Instant) -> u64 {
-        soft::clock::nanos(at)
     }
 
     /// An application stops polling: the progress thread resumes at once.

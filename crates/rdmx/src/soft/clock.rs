@@ -62,9 +62,9 @@ pub(crate) fn now_and_nanos() -> (Instant, u64) {
             }
         }
         // (The epoch first: a reading made before it would count as 0.)
-        let epoch = epoch();
+        epoch();
         let at = Instant::now();
-        let ns = (at - epoch).as_nanos() as u64;
+        let ns = nanos(at);
         a.set(Some((at, raw, ns)));
         (at, ns)
     })

@@ -13,17 +13,23 @@
 //! Large copies that `rep movsb` takes at full speed (equally aligned ones, and all of
 //! them where it has no cliff) go to it directly on x86_64 CPUs that have it (ERMS), as
 //! `memcpy` itself sends them after a few dozen instructions of dispatch, up to
-//! [`RACE_MIN`]. From the size of the core's L2 cache up, glibc's `memcpy` leaves `rep
-//! movsb` for a vector loop, which is faster on some CPUs and slower on others: 1 MiB
-//! copied 15% slower where measured on a 2 vCPU AMD EPYC with 1 MiB of L2 per core, and
-//! 4-6% faster on one with 512 KiB (READs and WRITEs of 1 MiB between two processes on
-//! the shm provider's mapped path). So copies of [`RACE_MIN`] or more go to whichever
-//! the process measured faster on 1 MiB (`rdmx::shm::large_copy_method` says which):
-//! `rep movsb` only if it beat `memcpy` clearly, since `memcpy` is what the C library
-//! chose for that size on this CPU. Small copies always go to `memcpy`.
+//! [`MID_MIN`]. From there up to [`RACE_MIN`], where source and destination no longer
+//! fit the L1 cache together, they go to the vector loop unless `rep movsb` measured
+//! clearly faster on 64 KiB (`rdmx::shm::mid_copy_method` says which): on one 2-vCPU
+//! Intel Xeon the loop moved 64 and 256 KiB between processes 8-11% faster than `rep
+//! movsb` (which copied 8-24 KiB, in L1, a quarter faster than the loop), while on the
+//! AMD EPYCs measured `rep movsb` was a third faster. From the size of the core's L2
+//! cache up, glibc's `memcpy` leaves `rep movsb` for a vector loop, which is faster on
+//! some CPUs and slower on others: 1 MiB copied 15% slower where measured on a 2 vCPU AMD
+//! EPYC with 1 MiB of L2 per core, and 4-6% faster on one with 512 KiB (READs and WRITEs
+//! of 1 MiB between two processes on the shm provider's mapped path). So copies of
+//! [`RACE_MIN`] or more go to whichever the process measured faster on 1 MiB
+//! (`rdmx::shm::large_copy_method` says which): `rep movsb` only if it beat `memcpy`
+//! clearly, since `memcpy` is what the C library chose for that size on this CPU. Small
+//! copies always go to `memcpy`.
 //!
-//! Both measurements take about three milliseconds, once per process: when its first
-//! software device opens ([`calibrate`]), or else on the first copy that needs them.
+//! The measurements take about three and a half milliseconds, once per process: when its
+//! first software device opens ([`calibrate`]), or else on the first copy that needs them.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
@@ -33,6 +39,11 @@ const LOOP_MIN: usize = 1024;
 
 /// Copies of at least this many bytes may go to `rep movsb` directly.
 const REP_MIN: usize = 4096;
+
+/// Copies of at least this many bytes, below [`RACE_MIN`], go to what [`measure_mid`]
+/// chose: source and destination together no longer fit the L1 data cache of the CPUs
+/// measured (32-48 KiB), where `rep movsb` and a vector loop rank differently by CPU.
+const MID_MIN: usize = 32 << 10;
 
 /// Copies of at least this many bytes go to what [`measure_large`] chose; smaller ones
 /// from [`REP_MIN`] up to `rep movsb` wherever the CPU has ERMS. The smallest L2 cache
@@ -44,6 +55,8 @@ const RACE_MIN: usize = 512 << 10;
 static MISALIGNED: AtomicU8 = AtomicU8::new(0);
 /// What large copies `rep movsb` takes at full speed use, once measured (0 until then).
 static LARGE: AtomicU8 = AtomicU8::new(0);
+/// What copies from [`MID_MIN`] to [`RACE_MIN`] use, once measured (0 until then).
+static MID: AtomicU8 = AtomicU8::new(0);
 const MEMCPY: u8 = 1;
 const LOOP: u8 = 2;
 const REP_MOVSB: u8 = 3;
@@ -132,15 +145,21 @@ unsafe fn copy_large(dst: *mut u8, src: *const u8, len: usize) {
         // Here `rep movsb` runs at full speed: the copy is equally aligned, or the CPU
         // has no cliff (`memcpy`, which is `rep movsb` at 64 KiB, measured no slower
         // than the loop).
-        let rep = if len >= RACE_MIN {
-            large() == REP_MOVSB
+        let method = if len >= RACE_MIN {
+            large()
+        } else if len >= MID_MIN {
+            mid()
+        } else if len >= REP_MIN && has_erms() {
+            REP_MOVSB
         } else {
-            len >= REP_MIN && has_erms()
+            MEMCPY
         };
-        if rep {
-            // SAFETY: forwarded.
-            unsafe { rep_movsb(dst, src, len) };
-            return;
+        match method {
+            // SAFETY: forwarded (`len` ≥ LOOP_MIN ≥ 64 for the loop).
+            REP_MOVSB => return unsafe { rep_movsb(dst, src, len) },
+            // SAFETY: as above.
+            LOOP => return unsafe { copy_loop(dst, src, len) },
+            _ => {}
         }
     }
     // SAFETY: forwarded.
@@ -153,13 +172,16 @@ unsafe fn copy_large(dst: *mut u8, src: *const u8, len: usize) {
 /// benchmark) times.
 pub(crate) fn calibrate() {
     large();
+    mid();
     misaligned();
 }
 
-/// Whether both methods are measured (nothing is measured to say so).
+/// Whether all three methods are measured (nothing is measured to say so).
 #[cfg(feature = "testing")]
 pub(crate) fn calibrated() -> bool {
-    LARGE.load(Ordering::Relaxed) != 0 && MISALIGNED.load(Ordering::Relaxed) != 0
+    [&LARGE, &MID, &MISALIGNED]
+        .iter()
+        .all(|m| m.load(Ordering::Relaxed) != 0)
 }
 
 /// How this process copies blocks of 512 KiB or more that `rep movsb` takes at full
@@ -178,6 +200,55 @@ pub fn large_copy_method() -> &'static str {
 fn large() -> u8 {
     measured(&LARGE, measure_large)
 }
+
+/// How this process copies blocks from 32 KiB up to 512 KiB that `rep movsb` takes at
+/// full speed: `"rep movsb"`, `"vector loop"`, or `"memcpy"` where the CPU lacks ERMS;
+/// the loop unless `rep movsb` measured clearly faster on 64 KiB on this CPU (measured
+/// now if no copy has needed it yet: 384 copies of 64 KiB, about half a millisecond).
+pub fn mid_copy_method() -> &'static str {
+    match mid() {
+        REP_MOVSB => "rep movsb",
+        LOOP => "vector loop",
+        _ => "memcpy",
+    }
+}
+
+/// [`REP_MOVSB`], [`LOOP`] or (without ERMS) [`MEMCPY`], measured on first use.
+fn mid() -> u8 {
+    measured(&MID, measure_mid)
+}
+
+/// Times `rep movsb` and the vector loop on 64 KiB between equally aligned buffers,
+/// thirty-two copies in a row per timing, and returns `rep movsb` only if it was faster
+/// by more than [`MID_MARGIN`] (`memcpy` where the CPU lacks ERMS, as below
+/// [`MID_MIN`]).
+///
+/// The margin is wide because the race sees `rep movsb` in one state: on a 2-vCPU Intel
+/// Xeon, streams of 64 KiB copies by `rep movsb` ran at 55 GB/s for some milliseconds and
+/// 47 for others (C loops of 256 copies timed in turn), while the loop held 52. The race
+/// there found `rep movsb` 1-9% faster, yet READs and WRITEs of 64 and 256 KiB between two
+/// processes on shm's mapped path ran 8-11% faster with the loop (four to six interleaved
+/// pairs each). On the AMD EPYCs measured `rep movsb` beat the loop by a third.
+fn measure_mid() -> u8 {
+    if !has_erms() {
+        return MEMCPY;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if !std::is_x86_feature_detected!("avx2") {
+        // The loop the race would time is the 16-byte one, measured nowhere.
+        return REP_MOVSB;
+    }
+    let (by_rep, by_loop) = race(64 << 10, 0, 32, rep_movsb, copy_loop);
+    if by_rep.as_secs_f64() * MID_MARGIN < by_loop.as_secs_f64() {
+        REP_MOVSB
+    } else {
+        LOOP
+    }
+}
+
+/// How much faster than the loop `rep movsb` must measure to copy blocks from
+/// [`MID_MIN`] to [`RACE_MIN`] ([`measure_mid`]).
+const MID_MARGIN: f64 = 1.15;
 
 /// The method `cell` holds, or what `measure` says if it holds none yet (0).
 fn measured(cell: &AtomicU8, measure: fn() -> u8) -> u8 {
@@ -277,8 +348,8 @@ fn race(
 /// # Safety
 ///
 /// As [`copy`]. Every x86_64 CPU runs it; ERMS only makes it fast, so [`copy`] takes it
-/// only where the CPU has ERMS (and from [`RACE_MIN`] up, where [`measure_large`] chose
-/// it).
+/// only where the CPU has ERMS (and from [`MID_MIN`] up, where [`measure_mid`] or
+/// [`measure_large`] chose it).
 unsafe fn rep_movsb(dst: *mut u8, src: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: copies `len` bytes from `src` to `dst` (forwarded contract), forwards
@@ -447,14 +518,16 @@ unsafe fn copy_sse2(mut dst: *mut u8, mut src: *const u8, mut len: usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::{copy, copy_loop, LOOP_MIN};
+    use super::{copy, copy_loop, LOOP_MIN, MID_MIN};
     #[cfg(target_arch = "x86_64")]
     use super::{rep_movsb, REP_MIN};
 
     #[test]
     fn every_alignment_pair_copies_exactly() {
-        let src: Vec<u8> = (0..9000u32).map(|i| (i * 7 + 3) as u8).collect();
-        for len in (0..=40).chain([1023, 1024, 1025, 4096, 5000]) {
+        let src: Vec<u8> = (0..40_000u32).map(|i| (i * 7 + 3) as u8).collect();
+        // Every size class of `copy`: in place, `memcpy`, `rep movsb`, and from MID_MIN
+        // up whatever this CPU measured.
+        for len in (0..=40).chain([1023, 1024, 1025, 4096, 5000, MID_MIN + 5]) {
             for so in 0..66 {
                 for d_off in [0, 1, 15, 16, 33, 63, 64] {
                     let mut dst = vec![0xeeu8; len + 200];

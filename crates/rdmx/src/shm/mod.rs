@@ -135,7 +135,7 @@
 //! a peer that puts a packet in (or frees room in) a ring whose reader sleeps sends a
 //! wake-up on the connection's socket, which that reader's epoll watches.
 
-pub use crate::provider::copy::{copy_method, copy_slice, large_copy_method};
+pub use crate::provider::copy::{copy_method, copy_slice, large_copy_method, mid_copy_method};
 mod desc;
 mod direct;
 mod driver;

@@ -210,8 +210,8 @@ pub fn wakes_read(ctx: &crate::Context) -> Option<u32> {
     Some(d.driver.wakes.load(std::sync::atomic::Ordering::Relaxed))
 }
 
-/// Whether this process has measured both copy methods ([`super::copy_method`] and
-/// [`super::large_copy_method`]), without measuring them.
+/// Whether this process has measured its copy methods ([`super::copy_method`],
+/// [`super::mid_copy_method`] and [`super::large_copy_method`]), without measuring them.
 pub fn copy_calibrated() -> bool {
     crate::provider::copy::calibrated()
 }

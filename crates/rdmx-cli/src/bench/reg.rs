@@ -17,8 +17,9 @@
 //! - `copy_64k_ns`, `copy_64k_misaligned_ns`: the copy the shm provider moves payloads
 //!   with (`rdmx::shm::copy_slice`), for the same two alignment pairs;
 //!   `copy_misaligned_with` what it copies differently aligned blocks with on this CPU
-//!   (`rdmx::shm::copy_method`), `copy_large_with` what it copies blocks of 512 KiB or
-//!   more that `rep movsb` takes at full speed with (`rdmx::shm::large_copy_method`).
+//!   (`rdmx::shm::copy_method`), `copy_mid_with` and `copy_large_with` what it copies
+//!   blocks of 32 to 512 KiB and of 512 KiB or more that `rep movsb` takes at full speed
+//!   with (`rdmx::shm::mid_copy_method`, `rdmx::shm::large_copy_method`).
 //! - `line_one_way_ns`: half the round trip of a cache line between two threads spinning
 //!   on two cores (each stores a counter the other waits for): the time a store takes
 //!   to reach the other core, on this machine now, measured as an anchor for the
@@ -178,6 +179,7 @@ pub(crate) fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         "copy_64k_ns": round(copy_64k_ns, 1),
         "copy_64k_misaligned_ns": round(copy_64k_misaligned_ns, 1),
         "copy_misaligned_with": rdmx::shm::copy_method(),
+        "copy_mid_with": rdmx::shm::mid_copy_method(),
         "copy_large_with": rdmx::shm::large_copy_method(),
         "line_one_way_ns": round(line_one_way_ns, 1),
         "hit_vs_register_64k": reg_64k_ns.map(|r| round(r / cache_hit_ns, 1)),
@@ -320,6 +322,10 @@ fn print_table(v: &Value) {
     println!(
         "rdmx copy, 16 B apart, runs with: {} (the faster on this CPU)",
         v["copy_misaligned_with"].as_str().unwrap_or("?")
+    );
+    println!(
+        "rdmx copy, blocks of 32-512 KiB, runs with: {} (the faster on this CPU)",
+        v["copy_mid_with"].as_str().unwrap_or("?")
     );
     println!(
         "rdmx copy, blocks of 512 KiB or more, runs with: {} (the faster on this CPU)",

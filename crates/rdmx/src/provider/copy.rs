@@ -190,10 +190,7 @@ pub(crate) fn calibrated() -> bool {
 /// ninety-six copies of 1 MiB, about three milliseconds). Smaller ones, from 4 KiB up, use
 /// `rep movsb` wherever the CPU has ERMS, as `memcpy` does.
 pub fn large_copy_method() -> &'static str {
-    match large() {
-        REP_MOVSB => "rep movsb",
-        _ => "memcpy",
-    }
+    name(large())
 }
 
 /// [`MEMCPY`] or [`REP_MOVSB`], measured on first use.
@@ -206,11 +203,7 @@ fn large() -> u8 {
 /// the loop unless `rep movsb` measured clearly faster on 64 KiB on this CPU (measured
 /// now if no copy has needed it yet: 384 copies of 64 KiB, about half a millisecond).
 pub fn mid_copy_method() -> &'static str {
-    match mid() {
-        REP_MOVSB => "rep movsb",
-        LOOP => "vector loop",
-        _ => "memcpy",
-    }
+    name(mid())
 }
 
 /// [`REP_MOVSB`], [`LOOP`] or (without ERMS) [`MEMCPY`], measured on first use.
@@ -249,6 +242,15 @@ fn measure_mid() -> u8 {
 /// How much faster than the loop `rep movsb` must measure to copy blocks from
 /// [`MID_MIN`] to [`RACE_MIN`] ([`measure_mid`]).
 const MID_MARGIN: f64 = 1.15;
+
+/// What a method is called in the `*_copy_method` answers.
+fn name(method: u8) -> &'static str {
+    match method {
+        REP_MOVSB => "rep movsb",
+        LOOP => "vector loop",
+        _ => "memcpy",
+    }
+}
 
 /// The method `cell` holds, or what `measure` says if it holds none yet (0).
 fn measured(cell: &AtomicU8, measure: fn() -> u8) -> u8 {
@@ -376,10 +378,7 @@ unsafe fn rep_movsb(dst: *mut u8, src: *const u8, len: usize) {
 /// on this CPU (measured now if no copy has needed it yet: twelve copies of 64 KiB each
 /// way, well under a millisecond even where `memcpy` falls off its cliff).
 pub fn copy_method() -> &'static str {
-    match misaligned() {
-        LOOP => "vector loop",
-        _ => "memcpy",
-    }
+    name(misaligned())
 }
 
 /// [`MEMCPY`] or [`LOOP`], measured on first use.

@@ -195,19 +195,26 @@ fn a_wrap_record_at_the_start() {
     hostile(&[2, 0, 0, 0], "wrap record in the wrong place");
 }
 
+/// A victim and a peer `mallory` that connects to it rather than waits: of two sides
+/// the one with the smaller QP number connects, whatever the PSNs (each context draws
+/// its QP numbers from a random start, so two are equal only by chance).
+fn victim_and_mallory() -> (Side, Side) {
+    loop {
+        let (a, b) = (side(false), side(false));
+        match a.qp.qp_num().cmp(&b.qp.qp_num()) {
+            std::cmp::Ordering::Greater => return (a, b),
+            std::cmp::Ordering::Less => return (b, a),
+            std::cmp::Ordering::Equal => continue,
+        }
+    }
+}
+
 #[test]
 fn a_connection_without_the_secret_is_refused() {
     // A peer that knows the victim's address and QP number but not its secret, and
-    // connects to it (the side with the smaller QP number and PSN connects).
-    let v = side(false);
+    // connects to it (the side with the smaller QP number connects).
+    let (v, mallory) = victim_and_mallory();
     let ve = v.qp.endpoint();
-    let mallory = (0..1000)
-        .map(|_| side(false))
-        .find(|m| {
-            let me = m.qp.endpoint();
-            (me.qp_num, me.psn) < (ve.qp_num, ve.psn)
-        })
-        .expect("a QP that connects rather than waits");
     let opts = ConnectOptions::default();
     v.qp.connect(mallory.qp.endpoint(), &opts).unwrap();
     let mut forged = ve;
@@ -230,7 +237,8 @@ fn a_connection_without_the_secret_is_refused() {
 fn a_reset_queue_pair_refuses_the_secret_of_its_last_connection() {
     // A QP back in RESET draws a new secret: a peer holding the endpoint of its last
     // connection cannot connect to it with that.
-    let (v, old_peer) = pair();
+    let (v, mallory) = victim_and_mallory();
+    let (v, old_peer) = connect(v, side(false));
     let old = v.qp.endpoint();
     for state in [QpState::Err, QpState::Reset] {
         let attr = rdmx::QpAttr {
@@ -242,14 +250,6 @@ fn a_reset_queue_pair_refuses_the_secret_of_its_last_connection() {
     drop(old_peer);
     let new = v.qp.endpoint();
     assert_ne!(old.secret, new.secret, "the reset kept the secret");
-    // A peer that connects rather than waits, whichever PSN it is given.
-    let mallory = (0..1000)
-        .map(|_| side(false))
-        .find(|m| {
-            let me = m.qp.endpoint();
-            (me.qp_num, me.psn) < (old.qp_num, old.psn.min(new.psn))
-        })
-        .expect("a QP that connects rather than waits");
     let opts = ConnectOptions::default();
     v.qp.connect(mallory.qp.endpoint(), &opts).unwrap();
     assert!(
@@ -451,16 +451,14 @@ fn rings_too_small_for_the_path_mtu() {
     // sending records that do not fit, and its requests complete with an error.
     let _ = logs::logs();
     let opts = |ring| rdmx::shm::Options::default().ring_bytes(ring).direct(false);
-    let big = side_with(opts(4 << 20));
-    let be = big.qp.endpoint();
-    // The side with the smaller (QP number, PSN) connects and makes the rings.
-    let small = (0..1000)
-        .map(|_| side_with(opts(64 << 10)))
-        .find(|s| {
-            let se = s.qp.endpoint();
-            (se.qp_num, se.psn) < (be.qp_num, be.psn)
-        })
-        .expect("a small side that connects rather than waits");
+    // The side with the smaller (QP number, PSN) connects and makes the rings: draw
+    // pairs until the small side has the smaller QP number (each draw has even odds).
+    let (big, small) = loop {
+        let (big, small) = (side_with(opts(4 << 20)), side_with(opts(64 << 10)));
+        if small.qp.qp_num() < big.qp.qp_num() {
+            break (big, small);
+        }
+    };
     let mtu = rdmx::Mtu::from_bytes(64 << 10);
     big.qp
         .connect(small.qp.endpoint(), &ConnectOptions::default().mtu(mtu))

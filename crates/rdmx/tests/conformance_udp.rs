@@ -36,6 +36,11 @@ fn open_udp(opts: rdmx::udp::Options) -> rdmx::Result<Context> {
     Err(last.expect("tried"))
 }
 
+/// For `loss_udp`: the ack timeout code, 4.096 µs × 2^14 ≈ 67 ms (8 tries, about 0.5 s
+/// before a request fails). The contexts' driver threads answer, and a busy machine may
+/// keep one from running for longer than loopback's 17 ms tries allow.
+const FAULT_ACK_TIMEOUT: u8 = 14;
+
 /// For `loss_udp`: a udp context with `faults`.
 fn open_faulty(faults: Option<Faults>) -> Context {
     let mut o = rdmx::udp::Options::default();

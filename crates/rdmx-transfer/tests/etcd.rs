@@ -162,7 +162,16 @@ fn b64(raw: &[u8]) -> String {
     out
 }
 
+/// An engine's configuration: its lease lives 10 s, kept alive every third of that, so
+/// a busy machine that delays a keep-alive does not let it expire mid-test.
 fn cfg(url: &str) -> Config {
+    tcp_rails(1)
+        .metadata(url)
+        .lease_ttl(Duration::from_secs(10))
+}
+
+/// [`cfg`] with a lease of 2 s: for the engine whose entry is to expire.
+fn cfg_short_lease(url: &str) -> Config {
     tcp_rails(1).metadata(url).lease_ttl(Duration::from_secs(2))
 }
 
@@ -242,7 +251,7 @@ fn child_engine_process() {
     let Ok(url) = std::env::var("RDMX_TE_CHILD_ETCD") else {
         return;
     };
-    let _e = Engine::new("victim", cfg(&url)).unwrap();
+    let _e = Engine::new("victim", cfg_short_lease(&url)).unwrap();
     println!("child ready");
     std::thread::sleep(Duration::from_secs(600));
 }
@@ -315,7 +324,14 @@ fn garbage_and_forged_descriptors_in_etcd_are_refused() {
     etcd.put_raw("/rdmx/transfer/segments/mallory", &raw);
     let e = a.open_segment("mallory").unwrap_err();
     assert!(e.to_string().contains("describes \"b\""), "{e}");
-    // Neither shows up as a segment.
+    // Neither shows up as a segment. (b does, once a's watch has delivered it: waited
+    // for, not assumed of a fixed sleep. The sleep then gives the two forged entries,
+    // put after b's, the time to show up if they were taken.)
+    let deadline = Instant::now() + T;
+    while !a.segments().contains(&"b".to_string()) {
+        assert!(Instant::now() < deadline, "b did not show up within {T:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     std::thread::sleep(Duration::from_millis(500));
     let segs = a.segments();
     assert!(!segs.contains(&"junk".to_string()) && !segs.contains(&"mallory".to_string()));

@@ -63,9 +63,10 @@ fn a_peer_stopped_mid_frame_fails_the_qp_within_its_retry_budget() {
     s.write_all(&hello(qp.qp_num(), FAKE_QPN, qp.endpoint().secret))
         .expect("hello");
     let f = send_frame(qp.qp_num(), FAKE_PSN, &[0xEE; 48]);
+    // (Timed from before the write: the QP's timer may start as soon as it is made.)
+    let start = Instant::now();
     s.write_all(&f[..f.len() - 16])
         .expect("send part of a frame");
-    let start = Instant::now();
     wait_state(&qp, QpState::Err);
     let took = start.elapsed();
     let c = wait_one(&cq, "the receive");

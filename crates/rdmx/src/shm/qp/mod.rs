@@ -383,7 +383,10 @@ impl ShmQp {
     /// application's next post (the answer first) made it 9-32% slower, since the side
     /// that pings waits for its SEND's completion (as perftest does) and so for the ACK;
     /// an ACK published as a word in the segment instead of a record saved under 4% there
-    /// and cost `send_bw` a quarter.
+    /// and cost `send_bw` a quarter. Holding a plain ACK back for one round, to go first
+    /// in the batch of the application's next post (or with the next round's packets),
+    /// made `send_lat` 1.9× slower (2 vCPU AMD EPYC VM, 6 interleaved pairs, 8 B; why
+    /// was not found, so a better-made attempt may fare otherwise).
     pub(crate) fn poll(&self, g: &mut Inner, now: Instant) -> bool {
         if g.wake_due {
             g.wake();

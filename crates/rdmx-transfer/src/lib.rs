@@ -27,6 +27,9 @@
 //!   may still hold cannot land after the retry. A peer that does not confirm the fence
 //!   (within [`Config::connect_timeout`] to connect, and again to answer) fails that
 //!   work instead; failover therefore needs the peer's control listener reachable.
+//!   A slice the peer refuses for its key, range or rights fails at once, on the one
+//!   path it took down; one refused as an invalid request (which a fabric also answers
+//!   when the path's request stream broke) goes on another path once.
 //! - Notifications: a batch may carry one the peer receives only after all its bytes are
 //!   in place ([`Batch::notify`]); [`Engine::notify`] sends one alone. Each is delivered
 //!   once: it carries a number of its connection, and the peer drops a second arrival

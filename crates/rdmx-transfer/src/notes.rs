@@ -170,6 +170,7 @@ mod tests {
             batch: None,
             attempt: 0,
             seq,
+            invalid_once: false,
         }
     }
 

@@ -50,6 +50,8 @@ pub(crate) struct Slice {
     pub(crate) off: u64,
     pub(crate) len: u32,
     pub(crate) attempt: u32,
+    /// Refused once already as an invalid request (see [`Work::refusal_is_final`]).
+    pub(crate) invalid_once: bool,
 }
 
 /// What a path's queue holds.
@@ -62,10 +64,36 @@ pub(crate) enum Work {
         /// Its number on its connection (the SEND's immediate data), the same on every
         /// attempt: the peer drops a second arrival.
         seq: u32,
+        /// Refused once already as an invalid request (see [`Work::refusal_is_final`]).
+        invalid_once: bool,
     },
 }
 
 impl Work {
+    /// Whether failing with `status` ends this work here, without trying another path.
+    ///
+    /// A request the peer refused for its key, range or rights, or one wrong in itself
+    /// (a local protection or length error), gets the same answer on any path and would
+    /// take each down in turn: final at once. An invalid-request NAK (`RemInvReqErr`) is
+    /// different: this engine checked the request against the segment before posting it,
+    /// and a responder also sends that NAK when the path's request stream broke (an
+    /// opcode out of sequence, a length that does not fit the path MTU; Soft-RoCE does so
+    /// after recovering from packet loss). The first one sends the work on another path;
+    /// a second is final.
+    pub(crate) fn refusal_is_final(&mut self, status: WcStatus) -> bool {
+        match status {
+            WcStatus::RemAccessErr | WcStatus::LocProtErr | WcStatus::LocLenErr => true,
+            WcStatus::RemInvReqErr => {
+                let once = match self {
+                    Work::Slice(s) => &mut s.invalid_once,
+                    Work::Notify { invalid_once, .. } => invalid_once,
+                };
+                std::mem::replace(once, true)
+            }
+            _ => false,
+        }
+    }
+
     pub(crate) fn len(&self) -> u64 {
         match self {
             Work::Slice(s) => s.len as u64,
@@ -380,6 +408,7 @@ impl Conn {
             batch,
             attempt: 0,
             seq: self.notes_sent.fetch_add(1, Ordering::Relaxed),
+            invalid_once: false,
         }
     }
 
@@ -594,6 +623,7 @@ pub(crate) fn schedule(shared: &Arc<Shared>, batch: &Arc<BatchState>) {
                 off,
                 len: len as u32,
                 attempt: 0,
+                invalid_once: false,
             });
             match conn.pick(shared, extra, len) {
                 Some(i) => {
@@ -668,5 +698,40 @@ mod tests {
                 assert_eq!(t, tag & TAG_MASK, "key {key} tag {tag:#x}");
             }
         }
+    }
+
+    /// Access and local errors end the work on the path they hit; an invalid-request NAK
+    /// sends it on another path once and ends it the second time; other failures (the
+    /// path's, such as a retry count exceeded or a flush) never end it here.
+    #[test]
+    fn an_invalid_request_is_final_the_second_time_only() {
+        let note = || Work::Notify {
+            data: Arc::from(&b"x"[..]),
+            batch: None,
+            attempt: 0,
+            seq: 0,
+            invalid_once: false,
+        };
+        for status in [
+            WcStatus::RemAccessErr,
+            WcStatus::LocProtErr,
+            WcStatus::LocLenErr,
+        ] {
+            assert!(note().refusal_is_final(status), "{status:?}");
+        }
+        for status in [
+            WcStatus::RetryExcErr,
+            WcStatus::WrFlushErr,
+            WcStatus::RnrRetryExcErr,
+        ] {
+            let mut w = note();
+            assert!(!w.refusal_is_final(status), "{status:?}");
+            assert!(!w.refusal_is_final(status), "{status:?} again");
+        }
+        let mut w = note();
+        assert!(!w.refusal_is_final(WcStatus::RetryExcErr));
+        assert!(!w.refusal_is_final(WcStatus::RemInvReqErr), "first");
+        assert!(!w.refusal_is_final(WcStatus::RetryExcErr));
+        assert!(w.refusal_is_final(WcStatus::RemInvReqErr), "second");
     }
 }

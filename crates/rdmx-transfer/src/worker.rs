@@ -335,18 +335,11 @@ impl Worker {
         if e.expired {
             return;
         }
-        // A request the peer refused (its key, range or rights) or that is wrong in
-        // itself gets the same answer on any path, and would take each down in turn.
-        let refused = matches!(
-            c.status,
-            WcStatus::RemAccessErr
-                | WcStatus::RemInvReqErr
-                | WcStatus::LocProtErr
-                | WcStatus::LocLenErr
-        );
+        let mut work = e.work;
+        let refused = work.refusal_is_final(c.status);
         // A notification to go again: the later ones wait for it (before the path's
         // failure lets them take another).
-        let note = match (&e.work, p.conn.upgrade()) {
+        let note = match (&work, p.conn.upgrade()) {
             (&Work::Notify { seq, .. }, Some(conn)) => {
                 if !refused {
                     conn.note_in_doubt(seq);
@@ -358,14 +351,17 @@ impl Worker {
         p.fail(&self.shared);
         match p.conn.upgrade() {
             // Sent again elsewhere (once the peer confirms this path takes nothing more).
-            Some(_) if !refused => p.retry_fenced(&self.shared, e.work, c.status, e.qp_num),
+            Some(_) if !refused => p.retry_fenced(&self.shared, work, c.status, e.qp_num),
             conn => crate::path::fail_work(
                 &self.shared,
-                e.work,
+                work,
                 Failure {
                     status: Some(c.status),
                     path: p.name.clone(),
                     reason: match conn {
+                        Some(_) if c.status == WcStatus::RemInvReqErr => {
+                            "the request was refused as invalid on two paths".into()
+                        }
                         Some(_) => "the request was refused; not tried on another path".into(),
                         None => "the connection is closed".into(),
                     },

@@ -7,7 +7,9 @@ mod common;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use common::{assert_a_path_failed, local, open_peer, pattern, tcp_rails, wait_completed, writes};
+use common::{
+    a_path_failed, local, mid_batch, open_peer, pattern, tcp_rails, wait_completed, writes,
+};
 use rdmx::Access;
 use rdmx_transfer::{
     Batch, Config, Engine, Error, Rail, RequestStatus, Segment, Target, Transport,
@@ -169,32 +171,34 @@ fn bad_requests_are_refused_before_submission() {
 /// queue pairs): every request completes on the other rail, and the data is right.
 #[test]
 fn a_rail_broken_mid_batch_moves_its_slices_to_the_other() {
-    let a = Engine::new("a", tcp_rails(2).set_aside(Duration::from_secs(60))).unwrap();
-    let b = Engine::new("b", tcp_rails(2)).unwrap();
-    let n = 64;
-    let len = 1 << 20;
-    let src = a
-        .register("src", pattern(9, n * len), Access::LOCAL_WRITE)
-        .unwrap();
-    let dst = b.register("dst", n * len, Access::REMOTE_WRITE).unwrap();
-    let seg = open_peer(&a, &b);
-    let h = a.submit(writes(&src, &seg, n, len, |o| o, Target::Offset));
-    // Break rail 1 while the batch is under way.
-    wait_completed(&h, 2, std::thread::yield_now);
-    assert!(
-        !h.is_done(),
-        "the batch finished before the rail could be broken"
-    );
-    b.close_rail(1).unwrap();
-    let st = h.wait(T).unwrap();
-    assert!(st.is_success(), "{st:?}");
-    let mut got = vec![0u8; n * len];
-    dst.read(0, &mut got).unwrap();
-    assert!(
-        got == pattern(9, n * len),
-        "data differs after the rail broke"
-    );
-    assert_a_path_failed(&a);
+    mid_batch("the rail broke", || {
+        let a = Engine::new("a", tcp_rails(2).set_aside(Duration::from_secs(60))).unwrap();
+        let b = Engine::new("b", tcp_rails(2)).unwrap();
+        let n = 64;
+        let len = 1 << 20;
+        let src = a
+            .register("src", pattern(9, n * len), Access::LOCAL_WRITE)
+            .unwrap();
+        let dst = b.register("dst", n * len, Access::REMOTE_WRITE).unwrap();
+        let seg = open_peer(&a, &b);
+        let h = a.submit(writes(&src, &seg, n, len, |o| o, Target::Offset));
+        // Break rail 1 while the batch is under way.
+        wait_completed(&h, 2, std::thread::yield_now);
+        if h.is_done() {
+            return false;
+        }
+        b.close_rail(1).unwrap();
+        let st = h.wait(T).unwrap();
+        assert!(st.is_success(), "{st:?}");
+        let mut got = vec![0u8; n * len];
+        dst.read(0, &mut got).unwrap();
+        assert!(
+            got == pattern(9, n * len),
+            "data differs after the rail broke"
+        );
+        // No path failed: what it had was in place before the rail closed.
+        a_path_failed(&a)
+    });
 }
 
 /// An engine with its first rail out of service is still opened by new peers, which
@@ -219,100 +223,107 @@ fn an_engine_with_its_first_rail_closed_is_opened_on_the_other() {
 /// the initiator's paths on it up again.
 #[test]
 fn a_failed_path_is_rebuilt_lazily_after_its_set_aside_time() {
-    let a = Engine::new("a", tcp_rails(2).set_aside(Duration::from_millis(300))).unwrap();
-    let b = Engine::new("b", tcp_rails(2)).unwrap();
-    let len = 1 << 20;
-    let src = a
-        .register("src", pattern(4, len), Access::LOCAL_WRITE)
-        .unwrap();
-    // Enough requests that the batch is still under way when rail 1 closes after the
-    // first completes (tcp moves 1 MiB in a fraction of a millisecond).
-    let n = 128;
-    let dst = b.register("dst", n * len, Access::REMOTE_WRITE).unwrap();
-    let seg = open_peer(&a, &b);
-    let batch = || writes(&src, &seg, n, len, |_| 0, Target::Offset);
-    let h = a.submit(batch());
-    wait_completed(&h, 1, std::thread::yield_now);
-    b.close_rail(1).unwrap();
-    assert!(h.wait(T).unwrap().is_success());
-    let down = |a: &Engine| a.status()[0].2.iter().filter(|p| !p.up).count();
-    assert!(down(&a) > 0, "no path went down: {:?}", a.status());
-    b.reopen_rail(1).unwrap();
-    let deadline = Instant::now() + T;
-    while down(&a) > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "paths not rebuilt: {:?}",
-            a.status()
-        );
+    mid_batch("rail 1 closed", || {
+        let a = Engine::new("a", tcp_rails(2).set_aside(Duration::from_millis(300))).unwrap();
+        let b = Engine::new("b", tcp_rails(2)).unwrap();
+        let len = 1 << 20;
+        let src = a
+            .register("src", pattern(4, len), Access::LOCAL_WRITE)
+            .unwrap();
+        // Enough requests that the batch is still under way when rail 1 closes after the
+        // first completes (tcp moves 1 MiB in a fraction of a millisecond).
+        let n = 128;
+        let dst = b.register("dst", n * len, Access::REMOTE_WRITE).unwrap();
+        let seg = open_peer(&a, &b);
+        let batch = || writes(&src, &seg, n, len, |_| 0, Target::Offset);
         let h = a.submit(batch());
-        match h.wait(T) {
-            Ok(st) => assert!(st.is_success(), "{st:?}"),
-            Err(e) => panic!("{e}: {:?} {:?}", h.check(), a.status()),
+        wait_completed(&h, 1, std::thread::yield_now);
+        b.close_rail(1).unwrap();
+        assert!(h.wait(T).unwrap().is_success());
+        let down = |a: &Engine| a.status()[0].2.iter().filter(|p| !p.up).count();
+        if down(&a) == 0 {
+            return false;
         }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let paths = &a.status()[0].2;
-    assert!(paths.iter().all(|p| p.up) && paths.iter().any(|p| p.failures > 0));
-    let mut got = vec![0u8; len];
-    dst.read((31 * len) as u64, &mut got).unwrap();
-    assert!(got == pattern(4, len));
+        b.reopen_rail(1).unwrap();
+        let deadline = Instant::now() + T;
+        while down(&a) > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "paths not rebuilt: {:?}",
+                a.status()
+            );
+            let h = a.submit(batch());
+            match h.wait(T) {
+                Ok(st) => assert!(st.is_success(), "{st:?}"),
+                Err(e) => panic!("{e}: {:?} {:?}", h.check(), a.status()),
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let paths = &a.status()[0].2;
+        assert!(paths.iter().all(|p| p.up) && paths.iter().any(|p| p.failures > 0));
+        let mut got = vec![0u8; len];
+        dst.read((31 * len) as u64, &mut got).unwrap();
+        assert!(got == pattern(4, len));
+        true
+    });
 }
 
 /// A peer that dies mid-batch: every request on it ends failed (with the path and the
 /// status) within the timeout, none hangs; another peer's batch completes.
 #[test]
 fn a_dead_peer_fails_its_requests_and_spares_the_others() {
-    let a = Engine::new("a", tcp_rails(1).timeout(Duration::from_secs(5))).unwrap();
-    let dying = Engine::new("dying", tcp_rails(1)).unwrap();
-    let alive = Engine::new("alive", tcp_rails(1)).unwrap();
-    let len = 1 << 20;
-    let n = 64;
-    let src = a
-        .register("src", pattern(1, len), Access::LOCAL_WRITE)
-        .unwrap();
-    dying
-        .register("dst", n * len, Access::REMOTE_WRITE)
-        .unwrap();
-    let dst2 = alive
-        .register("dst", n * len, Access::REMOTE_WRITE)
-        .unwrap();
-    let s1 = open_peer(&a, &dying);
-    let s2 = open_peer(&a, &alive);
-    let batch_to = |seg: &Segment| writes(&src, seg, n, len, |_| 0, Target::Offset);
-    let h1 = a.submit(batch_to(&s1));
-    let h2 = a.submit(batch_to(&s2));
-    drop(dying);
-    let start = Instant::now();
-    let st1 = h1
-        .wait(Duration::from_secs(15))
-        .expect("no request may hang");
-    assert!(start.elapsed() < Duration::from_secs(15));
-    assert!(st1.done && st1.pending == 0, "{st1:?}");
-    assert!(
-        st1.failed > 0,
-        "the whole batch landed before the peer went away: {st1:?}"
-    );
-    for i in 0..n {
-        match h1.status(i).unwrap() {
-            RequestStatus::Completed { .. } => {}
-            RequestStatus::Failed(f) => {
-                assert!(f.path.contains("dying"), "{f}");
-            }
-            s => panic!("request {i} is {s:?}"),
+    mid_batch("the peer went away", || {
+        let a = Engine::new("a", tcp_rails(1).timeout(Duration::from_secs(5))).unwrap();
+        let dying = Engine::new("dying", tcp_rails(1)).unwrap();
+        let alive = Engine::new("alive", tcp_rails(1)).unwrap();
+        let len = 1 << 20;
+        let n = 64;
+        let src = a
+            .register("src", pattern(1, len), Access::LOCAL_WRITE)
+            .unwrap();
+        dying
+            .register("dst", n * len, Access::REMOTE_WRITE)
+            .unwrap();
+        let dst2 = alive
+            .register("dst", n * len, Access::REMOTE_WRITE)
+            .unwrap();
+        let s1 = open_peer(&a, &dying);
+        let s2 = open_peer(&a, &alive);
+        let batch_to = |seg: &Segment| writes(&src, seg, n, len, |_| 0, Target::Offset);
+        let h1 = a.submit(batch_to(&s1));
+        let h2 = a.submit(batch_to(&s2));
+        drop(dying);
+        let start = Instant::now();
+        let st1 = h1
+            .wait(Duration::from_secs(15))
+            .expect("no request may hang");
+        assert!(start.elapsed() < Duration::from_secs(15));
+        assert!(st1.done && st1.pending == 0, "{st1:?}");
+        if st1.failed == 0 {
+            return false;
         }
-    }
-    let st2 = h2.wait(T).unwrap();
-    assert!(st2.is_success(), "{st2:?}");
-    let mut got = vec![0u8; len];
-    dst2.read(((n - 1) * len) as u64, &mut got).unwrap();
-    assert!(got == pattern(1, len));
-    // A new batch to the dead peer fails at once rather than hanging.
-    let st = a
-        .submit(batch_to(&s1))
-        .wait(Duration::from_secs(15))
-        .unwrap();
-    assert_eq!(st.failed, n, "{st:?}");
+        for i in 0..n {
+            match h1.status(i).unwrap() {
+                RequestStatus::Completed { .. } => {}
+                RequestStatus::Failed(f) => {
+                    assert!(f.path.contains("dying"), "{f}");
+                }
+                s => panic!("request {i} is {s:?}"),
+            }
+        }
+        let st2 = h2.wait(T).unwrap();
+        assert!(st2.is_success(), "{st2:?}");
+        let mut got = vec![0u8; len];
+        dst2.read(((n - 1) * len) as u64, &mut got).unwrap();
+        assert!(got == pattern(1, len));
+        // A new batch to the dead peer fails at once rather than hanging.
+        let st = a
+            .submit(batch_to(&s1))
+            .wait(Duration::from_secs(15))
+            .unwrap();
+        assert_eq!(st.failed, n, "{st:?}");
+        true
+    });
 }
 
 /// Strangers and garbage on the control listener are refused with a reason, and the
@@ -479,66 +490,68 @@ fn child_target_process() {
 /// completes meanwhile.
 #[test]
 fn a_peer_process_killed_mid_batch() {
-    use std::io::BufRead;
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_target_process", "--nocapture"])
-        .env("RDMX_TE_CHILD_TARGET", "1")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    let addr = loop {
-        let mut line = String::new();
-        assert!(out.read_line(&mut line).unwrap() > 0, "the child exited");
-        if let Some(a) = line.trim().strip_prefix("control ") {
-            break a.to_string();
+    mid_batch("the peer was killed", || {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "child_target_process", "--nocapture"])
+            .env("RDMX_TE_CHILD_TARGET", "1")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let addr = loop {
+            let mut line = String::new();
+            assert!(out.read_line(&mut line).unwrap() > 0, "the child exited");
+            if let Some(a) = line.trim().strip_prefix("control ") {
+                break a.to_string();
+            }
+        };
+        let a = Engine::new("a", tcp_rails(2).timeout(Duration::from_secs(5))).unwrap();
+        let other = Engine::new("other", tcp_rails(1)).unwrap();
+        let dst2 = other
+            .register("dst", 64 << 20, Access::REMOTE_WRITE)
+            .unwrap();
+        let len = 1 << 20;
+        let src = a
+            .register("src", pattern(7, len), Access::LOCAL_WRITE)
+            .unwrap();
+        let victim = a.open_segment(&addr).unwrap();
+        let alive = open_peer(&a, &other);
+        let batch_to = |seg: &Segment, n: usize| writes(&src, seg, n, len, |_| 0, Target::Offset);
+        let h = a.submit(batch_to(&victim, 64));
+        wait_completed(&h, 1, std::thread::yield_now);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let killed = Instant::now();
+        let h2 = a.submit(batch_to(&alive, 64));
+        let st = h
+            .wait(Duration::from_secs(20))
+            .expect("no request may hang");
+        assert!(killed.elapsed() < Duration::from_secs(20));
+        assert_eq!(st.pending, 0, "{st:?}");
+        if st.failed == 0 {
+            return false;
         }
-    };
-    let a = Engine::new("a", tcp_rails(2).timeout(Duration::from_secs(5))).unwrap();
-    let other = Engine::new("other", tcp_rails(1)).unwrap();
-    let dst2 = other
-        .register("dst", 64 << 20, Access::REMOTE_WRITE)
-        .unwrap();
-    let len = 1 << 20;
-    let src = a
-        .register("src", pattern(7, len), Access::LOCAL_WRITE)
-        .unwrap();
-    let victim = a.open_segment(&addr).unwrap();
-    let alive = open_peer(&a, &other);
-    let batch_to = |seg: &Segment, n: usize| writes(&src, seg, n, len, |_| 0, Target::Offset);
-    let h = a.submit(batch_to(&victim, 64));
-    wait_completed(&h, 1, std::thread::yield_now);
-    child.kill().unwrap();
-    child.wait().unwrap();
-    let killed = Instant::now();
-    let h2 = a.submit(batch_to(&alive, 64));
-    let st = h
-        .wait(Duration::from_secs(20))
-        .expect("no request may hang");
-    assert!(killed.elapsed() < Duration::from_secs(20));
-    assert_eq!(st.pending, 0, "{st:?}");
-    assert!(
-        st.failed > 0,
-        "the whole batch landed before the kill: {st:?}"
-    );
-    for i in 0..64 {
-        match h.status(i).unwrap() {
-            RequestStatus::Completed { .. } => {}
-            RequestStatus::Failed(f) => assert!(f.path.contains("victim"), "{f}"),
-            s => panic!("request {i} is {s:?}"),
+        for i in 0..64 {
+            match h.status(i).unwrap() {
+                RequestStatus::Completed { .. } => {}
+                RequestStatus::Failed(f) => assert!(f.path.contains("victim"), "{f}"),
+                s => panic!("request {i} is {s:?}"),
+            }
         }
-    }
-    let st2 = h2.wait(T).unwrap();
-    assert!(st2.is_success(), "{st2:?}");
-    let mut got = vec![0u8; len];
-    dst2.read((63 * len) as u64, &mut got).unwrap();
-    assert!(got == pattern(7, len));
-    // New work to the dead peer fails promptly, naming it.
-    let st = a
-        .submit(batch_to(&victim, 4))
-        .wait(Duration::from_secs(20))
-        .unwrap();
-    assert_eq!(st.failed, 4, "{st:?}");
+        let st2 = h2.wait(T).unwrap();
+        assert!(st2.is_success(), "{st2:?}");
+        let mut got = vec![0u8; len];
+        dst2.read((63 * len) as u64, &mut got).unwrap();
+        assert!(got == pattern(7, len));
+        // New work to the dead peer fails promptly, naming it.
+        let st = a
+            .submit(batch_to(&victim, 4))
+            .wait(Duration::from_secs(20))
+            .unwrap();
+        assert_eq!(st.failed, 4, "{st:?}");
+        true
+    });
 }
 
 /// With a cluster token, the control listener refuses peers that do not present it, and

@@ -63,13 +63,33 @@ pub(crate) fn wait_completed(h: &BatchHandle, k: usize, pause: impl Fn()) {
     }
 }
 
+/// Whether one of `a`'s paths to its first peer is down after failures.
+pub(crate) fn a_path_failed(a: &Engine) -> bool {
+    a.status()[0].2.iter().any(|p| !p.up && p.failures > 0)
+}
+
 /// Asserts that one of `a`'s paths to its first peer is down after failures.
 pub(crate) fn assert_a_path_failed(a: &Engine) {
-    let paths = &a.status()[0].2;
     assert!(
-        paths.iter().any(|p| !p.up && p.failures > 0),
-        "no path saw the failure: {paths:?}"
+        a_path_failed(a),
+        "no path saw the failure: {:?}",
+        a.status()[0].2
     );
+}
+
+/// Runs `try_once`, one try of a test that breaks something while a batch is under way
+/// (on engines of its own), until a try gets the fault in before the batch is over: it
+/// returns `false` when the whole batch landed first, which a test thread held off for
+/// some tens of milliseconds on a busy machine lets happen. `what` says what was to
+/// happen mid-batch; five lost races in a row fail the test.
+pub(crate) fn mid_batch(what: &str, mut try_once: impl FnMut() -> bool) {
+    for _ in 0..5 {
+        if try_once() {
+            return;
+        }
+        eprintln!("the batch finished before {what}: trying again");
+    }
+    panic!("the batch finished before {what}, five times in a row");
 }
 
 /// A stalled path's late bytes (the stall tests): `a`'s segment of `b` over two paths,

@@ -327,11 +327,7 @@ fn garbage_and_forged_descriptors_in_etcd_are_refused() {
     // Neither shows up as a segment. (b does, once a's watch has delivered it: waited
     // for, not assumed of a fixed sleep. The sleep then gives the two forged entries,
     // put after b's, the time to show up if they were taken.)
-    let deadline = Instant::now() + T;
-    while !a.segments().contains(&"b".to_string()) {
-        assert!(Instant::now() < deadline, "b did not show up within {T:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_event(&a, &SegmentEvent::Added("b".into()));
     std::thread::sleep(Duration::from_millis(500));
     let segs = a.segments();
     assert!(!segs.contains(&"junk".to_string()) && !segs.contains(&"mallory".to_string()));

@@ -199,12 +199,17 @@ fn a_wrap_record_at_the_start() {
 /// the one with the smaller QP number connects, whatever the PSNs (each context draws
 /// its QP numbers from a random start, so two are equal only by chance).
 fn victim_and_mallory() -> (Side, Side) {
+    second_connects(|| side(false), || side(false))
+}
+
+/// A side from `first` and one from `second`, drawn again until the second has the
+/// smaller QP number: of two sides, that one connects (and makes the rings). Each draw
+/// has even odds.
+fn second_connects(first: impl Fn() -> Side, second: impl Fn() -> Side) -> (Side, Side) {
     loop {
-        let (a, b) = (side(false), side(false));
-        match a.qp.qp_num().cmp(&b.qp.qp_num()) {
-            std::cmp::Ordering::Greater => return (a, b),
-            std::cmp::Ordering::Less => return (b, a),
-            std::cmp::Ordering::Equal => continue,
+        let (a, b) = (first(), second());
+        if b.qp.qp_num() < a.qp.qp_num() {
+            return (a, b);
         }
     }
 }
@@ -451,14 +456,7 @@ fn rings_too_small_for_the_path_mtu() {
     // sending records that do not fit, and its requests complete with an error.
     let _ = logs::logs();
     let opts = |ring| rdmx::shm::Options::default().ring_bytes(ring).direct(false);
-    // The side with the smaller (QP number, PSN) connects and makes the rings: draw
-    // pairs until the small side has the smaller QP number (each draw has even odds).
-    let (big, small) = loop {
-        let (big, small) = (side_with(opts(4 << 20)), side_with(opts(64 << 10)));
-        if small.qp.qp_num() < big.qp.qp_num() {
-            break (big, small);
-        }
-    };
+    let (big, small) = second_connects(|| side_with(opts(4 << 20)), || side_with(opts(64 << 10)));
     let mtu = rdmx::Mtu::from_bytes(64 << 10);
     big.qp
         .connect(small.qp.endpoint(), &ConnectOptions::default().mtu(mtu))

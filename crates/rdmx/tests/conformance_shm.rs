@@ -383,9 +383,11 @@ mod silent_peer {
             at >= Duration::from_millis(500),
             "{waits:?}: failed after {at:?}"
         );
+        // Soon after the budget, not at some later event (the 20 s deadline); with room
+        // for a test thread held off on a busy machine.
         if !matches!(waits, Waits::Away) {
             assert!(
-                at < Duration::from_secs(3),
+                at < Duration::from_secs(5),
                 "{waits:?}: failed after {at:?}"
             );
         }

@@ -422,7 +422,8 @@ fn non_verbs_queue_pairs_are_unsupported() {
             ctx.provider()
         );
         assert!(e.to_string().contains("verbs"), "{e}");
-        assert!(start.elapsed() < Duration::from_secs(1));
+        // Well before the connect timeout: refused without waiting on the listener.
+        assert!(start.elapsed() < TIMEOUT / 4, "{:?}", start.elapsed());
         assert_eq!(qp.state(), QpState::Reset);
     }
 }

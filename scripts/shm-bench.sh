@@ -20,6 +20,11 @@
 # between two processes; the last line gives each latency in units of it. Bandwidth runs
 # warm up first on both sides: ucx_perftest by its default (a tenth of the iterations, at
 # most 10000, unmeasured), rdmx with --perform_warm_up (one window of 128 requests).
+# `ring_anchor` (scripts/shm-ring-anchor.c) is the bare two-copy ring under the ring data
+# path: two processes, a 4 MiB shared ring, the producer memcpys each message in and the
+# consumer memcpys it out, nothing else. Every ring line crosses from one core's cache to
+# the other's, which bounds the ring path (and is why UCX, whose put writes into memory
+# it maps, is compared with the mapped path); `ring/anchor` is the ring path against it.
 #
 # Usage: scripts/shm-bench.sh            (ROUNDS=6 by default: as many rounds with the
 # anchors first as with them last)
@@ -34,6 +39,7 @@ cargo build --release --locked -p rdmx-cli >/dev/null 2>&1
 RDMX=${CARGO_TARGET_DIR:-target}/release/rdmx
 out=$(mktemp -d)
 trap 'rm -rf "$out"; kill $(jobs -p) 2>/dev/null || true' EXIT
+cc -O2 -o "$out/ring-anchor" scripts/shm-ring-anchor.c
 
 j() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 ucx() { # test size iters -> MiB/s (bw), M msg/s (bw of 8 B) or usec (lat)
@@ -76,7 +82,10 @@ memcpy() { # 64 KiB copies (memcpy aligned, memcpy misaligned, rdmx copy aligned
 # Each anchor and the rdmx figures compared with it run one after the other, so that a
 # ratio compares runs seconds apart, not a round apart; the anchor runs first in odd
 # rounds and last in even ones, so that neither side is always the one that runs first.
-put_64k() { ucx ucp_put_bw 65536 100000 >>"$out/ucx_put_64k"; }
+put_64k() {
+    ucx ucp_put_bw 65536 100000 >>"$out/ucx_put_64k"
+    "$out/ring-anchor" 65536 100000 >>"$out/ring_anchor_64k"
+}
 write_64k() {
     RDMX_SHM_DATA_PATH=mapped two write_bw 65536 100000 >>"$out/write_64k_mapped"
     j "d['data_path']" <"$out/last.json" >>"$out/path_mapped"
@@ -85,7 +94,10 @@ write_64k() {
     RDMX_SHM_DATA_PATH=cma two write_bw 65536 100000 >>"$out/write_64k_cma"
     j "d['data_path']" <"$out/last.json" >>"$out/path_cma"
 }
-put_1m() { ucx ucp_put_bw 1048576 10000 >>"$out/ucx_put_1m"; }
+put_1m() {
+    ucx ucp_put_bw 1048576 10000 >>"$out/ucx_put_1m"
+    "$out/ring-anchor" 1048576 10000 >>"$out/ring_anchor_1m"
+}
 write_1m() {
     RDMX_SHM_DATA_PATH=mapped two write_bw 1048576 10000 >>"$out/write_1m_mapped"
     two write_bw 1048576 10000 >>"$out/write_1m"
@@ -140,7 +152,8 @@ figs=(memcpy_64k ucx_put_64k ucx_put_1m ucx_get_64k ucx_put_8 ucx_put_lat ucx_am
     write_64k_cma write_1m_cma read_64k_cma one_write_64k_cma one_write_64k_ring
     memcpy_64k_misaligned copy_64k copy_64k_misaligned
     ucx_get_1m write_64k_mapped write_1m_mapped read_64k_mapped read_1m_mapped
-    write_8_mapped write_lat_mapped send_lat_mapped line_one_way)
+    write_8_mapped write_lat_mapped send_lat_mapped line_one_way ring_anchor_64k
+    ring_anchor_1m)
 printf '%-14s %10s   (median of %s; MiB/s, M msg/s for 8 B bandwidth, latency in usec)\n' \
     figure value "$ROUNDS"
 for f in "${figs[@]}"; do
@@ -172,6 +185,9 @@ print(f"ratio write_bw_64k/ucx_put_bw={r('write_64k', 'ucx_put_64k'):.2f} "
       f"write_bw_1m/ucx_put_bw={r('write_1m_cma', 'ucx_put_1m'):.2f} "
       f"read_bw_64k/ucx_get={r('read_64k_cma', 'ucx_get_64k'):.2f} "
       f"one_process_write_bw_64k/memcpy_aligned={r('one_write_64k_cma', 'memcpy_64k'):.2f}; "
+      f"ring/anchor (two-copy ring, no software): "
+      f"write_bw_64k={r('write_64k', 'ring_anchor_64k'):.2f} "
+      f"write_bw_1m={r('write_1m', 'ring_anchor_1m'):.2f}; "
       f"one process on the ring: "
       f"write_bw_64k/memcpy_aligned={r('one_write_64k_ring', 'memcpy_64k'):.2f}; "
       f"copy_mis/copy={r('copy_64k_misaligned', 'copy_64k'):.2f} "

@@ -1,5 +1,5 @@
 //! Opening a software device measures the copy methods, so that the first large copies
-//! an application times do not pay for the measurement (about three milliseconds).
+//! an application times do not pay for the measurement (about four milliseconds).
 //!
 //! The measurement is made once per process: each provider is checked in a process of
 //! its own (this test binary, run again).

@@ -360,7 +360,7 @@ impl Worker {
                     path: p.name.clone(),
                     reason: match conn {
                         Some(_) if c.status == WcStatus::RemInvReqErr => {
-                            "the request was refused as invalid on two paths".into()
+                            "the request was refused as invalid again on its next attempt".into()
                         }
                         Some(_) => "the request was refused; not tried on another path".into(),
                         None => "the connection is closed".into(),

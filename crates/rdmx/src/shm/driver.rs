@@ -31,6 +31,44 @@ const CLOCK_EVERY: u32 = 64;
 /// An application's poll looks at the sockets (peers gone, new connections) every this
 /// many rounds.
 const EPOLL_EVERY: u32 = 64;
+
+/// The longest the progress thread sleeps at a time: a wake-up lost (none is known to
+/// be) costs at most this.
+const SLEEP_CAP: Duration = Duration::from_millis(100);
+
+/// What tests do to the progress thread's sleep: hold it on its way there (flags raised,
+/// the rings found empty, `epoll_wait` not yet entered) and lengthen it, so that a
+/// wake-up lost there shows as a long stall.
+#[cfg(feature = "testing")]
+#[derive(Debug, Default)]
+pub(super) struct SleepHook {
+    /// The thread is to stop before `epoll_wait`.
+    pub(super) hold: AtomicBool,
+    /// The thread waits there.
+    pub(super) held: AtomicBool,
+    /// The longest sleep, in milliseconds (0: [`SLEEP_CAP`]).
+    pub(super) cap_ms: AtomicU64,
+}
+
+#[cfg(feature = "testing")]
+impl SleepHook {
+    fn cap(&self) -> Duration {
+        match self.cap_ms.load(Ordering::Relaxed) {
+            0 => SLEEP_CAP,
+            ms => Duration::from_millis(ms),
+        }
+    }
+
+    /// Waits while the hold lasts (or until `stop`).
+    fn pass(&self, stop: &AtomicBool) {
+        while self.hold.load(Ordering::SeqCst) && !stop.load(Ordering::SeqCst) {
+            self.held.store(true, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        self.held.store(false, Ordering::SeqCst);
+    }
+}
+
 /// Connections that sent no hello after this long are closed.
 pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -77,6 +115,9 @@ pub(crate) struct Driver {
     pub(super) wakes: AtomicU32,
     /// Who runs rounds: polling applications or the progress thread.
     pub(super) handover: Handover,
+    /// Tests hold the progress thread on its way to sleep, and lengthen its sleeps.
+    #[cfg(feature = "testing")]
+    pub(super) sleep_hook: SleepHook,
     pub(super) stop: AtomicBool,
     pub(super) next_qpn: AtomicU32,
     /// Copy large payloads out of peers' memory where the kernel allows it.
@@ -167,6 +208,8 @@ impl Driver {
             sleeping: AtomicBool::new(false),
             wakes: AtomicU32::new(0),
             handover: Handover::new(),
+            #[cfg(feature = "testing")]
+            sleep_hook: SleepHook::default(),
             stop: AtomicBool::new(false),
             // QP numbers 0 and 1 are special in InfiniBand.
             next_qpn: AtomicU32::new(((seed as u32) & 0x7f_ffff) | 0x10),
@@ -278,7 +321,14 @@ impl Driver {
             if !active.iter().any(|q| q.token == qp.token) {
                 active.push(arc);
                 drop(active);
-                self.active_changes.fetch_add(1, Ordering::Release);
+                self.active_changes.fetch_add(1, Ordering::SeqCst);
+                // A progress thread asleep since before the change raised no wake-up flag
+                // on this QP, so its peer would not wake it: it wakes now, and sleeps
+                // again (if nothing moves) with the flag raised. (Pairs with the
+                // thread's look at the count after it raises `sleeping`.)
+                if self.sleeping.load(Ordering::SeqCst) {
+                    sys::signal(self.event.as_raw_fd());
+                }
             }
         }
     }
@@ -348,20 +398,31 @@ impl Driver {
                 continue;
             }
             // Sleep: raise the flags, look once more, then wait.
+            let changes = d.active_changes.load(Ordering::SeqCst);
             let active = d.active.read().clone();
             for q in &active {
                 q.inner.lock().set_asleep(true);
             }
             d.sleeping.store(true, Ordering::SeqCst);
-            let ready = active.iter().any(|q| q.inner.lock().ready()) || d.ud.backlogged();
+            // A QP connected since `active` was read has no flag raised (its peer would
+            // not wake this thread): no sleep then, nor a wake-up lost if it connects
+            // after this look ([`activate`](Self::activate) signals).
+            let ready = d.active_changes.load(Ordering::SeqCst) != changes
+                || active.iter().any(|q| q.inner.lock().ready())
+                || d.ud.backlogged();
             if !ready {
                 // Read after `sleeping` is raised: a timer scheduled later signals.
                 let next = d.timers.lock().peek().map(|Reverse((t, _))| *t);
-                let wait = next.map_or(Duration::from_millis(100), |t| {
-                    t.saturating_duration_since(Instant::now())
-                        .min(Duration::from_millis(100))
+                #[cfg(not(feature = "testing"))]
+                let cap = SLEEP_CAP;
+                #[cfg(feature = "testing")]
+                let cap = d.sleep_hook.cap();
+                let wait = next.map_or(cap, |t| {
+                    t.saturating_duration_since(Instant::now()).min(cap)
                 });
                 drop(guard);
+                #[cfg(feature = "testing")]
+                d.sleep_hook.pass(&d.stop);
                 events.clear();
                 d.epoll.wait(Some(wait), &mut events);
             }
@@ -520,6 +581,13 @@ impl Driver {
                 let mut events = Vec::new();
                 self.epoll.wait(Some(Duration::ZERO), &mut events);
                 self.handle_events(&events);
+                // What this took may have been meant for the progress thread, asleep in
+                // `epoll_wait`: a peer's wake-up (which cleared the flag that asks the
+                // peer for it, so none follows), a timer's signal. It wakes, and sleeps
+                // again with every flag raised.
+                if !events.is_empty() && self.sleeping.load(Ordering::SeqCst) {
+                    sys::signal(self.event.as_raw_fd());
+                }
             }
         }
     }

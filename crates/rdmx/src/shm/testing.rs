@@ -210,6 +210,42 @@ pub fn wakes_read(ctx: &crate::Context) -> Option<u32> {
     Some(d.driver.wakes.load(std::sync::atomic::Ordering::Relaxed))
 }
 
+/// Holds the progress thread of context `ctx` on its next way to sleep (its wake-up
+/// flags raised and its rings found empty, `epoll_wait` not yet entered) until the guard
+/// drops, and makes each of its sleeps last up to `cap` (a wake-up lost then shows as a
+/// stall that long); `None` for a context of another provider.
+pub fn hold_sleep(ctx: &crate::Context, cap: std::time::Duration) -> Option<SleepHeld> {
+    let d = ctx.device().as_any().downcast_ref::<super::Device>()?;
+    let hook = &d.driver.sleep_hook;
+    hook.cap_ms.store(
+        cap.as_millis().max(1) as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    hook.hold.store(true, std::sync::atomic::Ordering::SeqCst);
+    Some(SleepHeld(d.driver.clone()))
+}
+
+/// What [`hold_sleep`] returns: the thread goes on to sleep once it drops.
+#[derive(Debug)]
+pub struct SleepHeld(std::sync::Arc<super::driver::Driver>);
+
+impl SleepHeld {
+    /// Whether the thread waits at the hold.
+    pub fn reached(&self) -> bool {
+        self.0
+            .sleep_hook
+            .held
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for SleepHeld {
+    fn drop(&mut self) {
+        let hook = &self.0.sleep_hook;
+        hook.hold.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// Whether this process has measured its copy methods ([`super::copy_method`],
 /// [`super::mid_copy_method`] and [`super::large_copy_method`]), without measuring them.
 pub fn copy_calibrated() -> bool {

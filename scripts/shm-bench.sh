@@ -26,6 +26,10 @@
 # the other's, which bounds the ring path (and is why UCX, whose put writes into memory
 # it maps, is compared with the mapped path); `ring/anchor` is the ring path against it.
 #
+# Each run's output is read after it ends, never through a pipe into Python while it runs:
+# an interpreter starting beside a run of a tenth of a second, on a 2-vCPU machine, halved
+# the 8-byte rate of the ring path (5.5 M msg/s against 10).
+#
 # Usage: scripts/shm-bench.sh            (ROUNDS=6 by default: as many rounds with the
 # anchors first as with them last)
 set -euo pipefail
@@ -44,13 +48,15 @@ cc -O2 -o "$out/ring-anchor" scripts/shm-ring-anchor.c
 j() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 ucx() { # test size iters -> MiB/s (bw), M msg/s (bw of 8 B) or usec (lat)
     UCX_TLS=sm ucx_perftest -t "$1" -s "$2" -n "$3" -p 5312 >/dev/null 2>&1 & sleep 0.5
-    UCX_TLS=sm ucx_perftest 127.0.0.1 -t "$1" -s "$2" -n "$3" -p 5312 -f 2>/dev/null |
-        python3 -c "
+    UCX_TLS=sm ucx_perftest 127.0.0.1 -t "$1" -s "$2" -n "$3" -p 5312 -f 2>/dev/null \
+        >"$out/ucx.txt"
+    wait
+    python3 -c "
 import sys
 rows = [l.split() for l in sys.stdin if l.split() and l.split()[0].isdigit()]
 f = rows[-1]  # iterations, median latency, avg, overall, bw avg, bw overall (MB/s), msgrate avg, overall
-print(f[1] if '$1'.endswith('lat') else (float(f[7]) / 1e6 if '$2' == '8' else f[5]))"
-    wait
+print(f[1] if '$1'.endswith('lat') else (float(f[7]) / 1e6 if '$2' == '8' else f[5]))" \
+        <"$out/ucx.txt"
 }
 pick="d['results'][0].get('bw_avg_mib_s') or d['results'][0]['t_typical_us']"
 rate="d['results'][0]['msg_rate_mpps']"
@@ -59,16 +65,17 @@ warm() { # the warm-up option for a bandwidth test (latency tests always warm up
 }
 one() { # test size iters [extra...] -> MiB/s or t_typical usec, one process
     local t=$1 s=$2 n=$3; shift 3
-    "$RDMX" bench "$t" --provider shm -s "$s" -n "$n" $(warm "$t") --json "$@" | j "${J:-$pick}"
+    "$RDMX" bench "$t" --provider shm -s "$s" -n "$n" $(warm "$t") --json "$@" >"$out/one.json"
+    j "${J:-$pick}" <"$out/one.json"
 }
 two() { # the same across two processes
     local t=$1 s=$2 n=$3; shift 3
     "$RDMX" bench "$t" --provider shm -s "$s" -n "$n" --server --port 5313 "$@" >/dev/null 2>&1 &
     sleep 0.3
     "$RDMX" bench "$t" --provider shm -s "$s" -n "$n" --port 5313 $(warm "$t") --json "$@" \
-        127.0.0.1 |
-        tee "$out/last.json" | j "${J:-$pick}"
+        127.0.0.1 >"$out/last.json"
     wait
+    j "${J:-$pick}" <"$out/last.json"
 }
 memcpy() { # 64 KiB copies (memcpy aligned, memcpy misaligned, rdmx copy aligned and
     # misaligned), MiB/s each, into four files; and the cache line's trip between cores

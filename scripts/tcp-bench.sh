@@ -21,7 +21,10 @@ RDMX=${CARGO_TARGET_DIR:-target}/release/rdmx
 out=$(mktemp -d)
 trap 'rm -rf "$out"; kill $(jobs -p) 2>/dev/null || true' EXIT
 
-j() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+# Reads all of its input before Python starts: an interpreter starting beside a short run
+# on a 2-vCPU machine takes a core from it.
+after() { local in; in=$(cat); printf '%s\n' "$in" | "$@"; }
+j() { after python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 iperf() { # write size -> MiB/s
     iperf3 -s -1 -p 5301 >/dev/null 2>&1 & sleep 0.3
     iperf3 -c 127.0.0.1 -p 5301 -t 3 -l "$1" -J | j "d['end']['sum_received']['bits_per_second']/8/1048576"
@@ -30,7 +33,7 @@ iperf() { # write size -> MiB/s
 ucx() { # test size iters -> MiB/s (bw) or usec (lat)
     UCX_TLS=tcp ucx_perftest -t "$1" -s "$2" -n "$3" -p 5302 >/dev/null 2>&1 & sleep 0.5
     UCX_TLS=tcp ucx_perftest 127.0.0.1 -t "$1" -s "$2" -n "$3" -p 5302 -f 2>/dev/null |
-        python3 -c "
+        after python3 -c "
 import sys
 rows = [l.split() for l in sys.stdin if l.split() and l.split()[0].isdigit()]
 f = rows[-1]  # iterations, median latency, avg, overall, bw avg, bw overall (MB/s), ...

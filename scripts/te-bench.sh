@@ -46,7 +46,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-j() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+# Reads all of its input before Python starts: an interpreter starting beside a short run
+# on a 2-vCPU machine takes a core from it.
+after() { local in; in=$(cat); printf '%s\n' "$in" | "$@"; }
+j() { after python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 
 # Mooncake: one target for the whole run, an initiator per figure (GB/s).
 if [ -n "$MC" ]; then

@@ -14,13 +14,65 @@
 
 use std::time::{Duration, Instant};
 
+use rdmx::shm::testing::{hold_sleep, wakes_read, SleepHeld};
 use rdmx::{
-    Access, CompletionQueue, ConnectOptions, Context, LocalSge, QpCaps, RecvRequest, SendRequest,
-    WcStatus,
+    Access, CompletionQueue, ConnectOptions, Context, LocalSge, MemoryRegion, QpCaps, QueuePair,
+    RecvRequest, SendRequest, WcStatus,
 };
 
-/// How long the target's progress thread sleeps at most, in this test.
+/// How long a progress thread sleeps at most, in these tests.
 const SLEEP_CAP: Duration = Duration::from_secs(15);
+
+/// One side of a pair: its own context (as another process would have), a queue pair
+/// and 128 bytes of registered memory.
+struct Side {
+    ctx: Context,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    mr: MemoryRegion,
+}
+
+fn side() -> Side {
+    let ctx = Context::open_provider("shm").unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(16).unwrap();
+    let qp = pd.create_qp(&cq, &cq, QpCaps::default()).unwrap();
+    let mr = pd.register(vec![7u8; 128], Access::LOCAL_WRITE).unwrap();
+    Side { ctx, cq, qp, mr }
+}
+
+/// Connects the pair.
+fn connect(x: &Side, y: &Side) {
+    let opts = ConnectOptions::default();
+    x.qp.connect(y.qp.endpoint(), &opts).unwrap();
+    y.qp.connect(x.qp.endpoint(), &opts).unwrap();
+}
+
+fn send(from: &Side, wr_id: u64) {
+    let sge = LocalSge::new(&from.mr, 0, 64).unwrap();
+    from.qp
+        .post_send(SendRequest::send(wr_id).sge(sge))
+        .unwrap();
+}
+
+fn recv(into: &Side, wr_id: u64) {
+    let sge = LocalSge::new(&into.mr, 64 * (wr_id as usize % 2), 64).unwrap();
+    into.qp.post_recv(RecvRequest::new(wr_id).sge(sge)).unwrap();
+}
+
+/// Holds the progress thread of `s`'s context on its way to sleep, once it got there.
+fn hold(s: &Side) -> SleepHeld {
+    let held = hold_sleep(&s.ctx, SLEEP_CAP).expect("an shm context");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !held.reached() {
+        assert!(
+            Instant::now() < deadline,
+            "the progress thread never went to sleep"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    held
+}
 
 fn poll_ok(cq: &CompletionQueue, what: &str, within: Duration) {
     let deadline = Instant::now() + within;
@@ -39,56 +91,33 @@ fn poll_ok(cq: &CompletionQueue, what: &str, within: Duration) {
 
 #[test]
 fn a_wake_up_the_application_took_still_wakes_the_thread() {
-    let (ca, cb) = (
-        Context::open_provider("shm").unwrap(),
-        Context::open_provider("shm").unwrap(),
-    );
-    let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
-    let (qa, qb) = (ca.create_cq(16).unwrap(), cb.create_cq(16).unwrap());
-    let a = pa.create_qp(&qa, &qa, QpCaps::default()).unwrap();
-    let b = pb.create_qp(&qb, &qb, QpCaps::default()).unwrap();
-    let opts = ConnectOptions::default();
-    a.connect(b.endpoint(), &opts).unwrap();
-    b.connect(a.endpoint(), &opts).unwrap();
-    let ma = pa.register(vec![7u8; 64], Access::LOCAL_WRITE).unwrap();
-    let mb = pb.register(vec![0u8; 128], Access::LOCAL_WRITE).unwrap();
-    for i in 0..2 {
-        b.post_recv(RecvRequest::new(i).sge(LocalSge::new(&mb, 64 * i as usize, 64).unwrap()))
-            .unwrap();
-    }
+    let (a, b) = (side(), side());
+    connect(&a, &b);
+    recv(&b, 0);
+    recv(&b, 1);
 
     // B's thread on its way to sleep: flags raised, rings found empty.
-    let held = rdmx::shm::testing::hold_sleep(&cb, SLEEP_CAP).expect("an shm context");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !held.reached() {
-        assert!(
-            Instant::now() < deadline,
-            "B's progress thread never went to sleep"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    let held = hold(&b);
     // A's SEND finds B asleep and wakes it; B's application, polling, takes the wake-up
     // and the SEND.
-    let wakes = rdmx::shm::testing::wakes_read(&cb).unwrap();
-    a.post_send(SendRequest::send(1).sge(LocalSge::new(&ma, 0, 64).unwrap()))
-        .unwrap();
-    poll_ok(&qb, "the first receive", Duration::from_secs(10));
+    let wakes = wakes_read(&b.ctx).unwrap();
+    send(&a, 1);
+    poll_ok(&b.cq, "the first receive", Duration::from_secs(10));
     let deadline = Instant::now() + Duration::from_secs(10);
-    while rdmx::shm::testing::wakes_read(&cb).unwrap() == wakes {
+    while wakes_read(&b.ctx).unwrap() == wakes {
         assert!(
             Instant::now() < deadline,
             "B's application never read A's wake-up"
         );
-        let _ = qb.poll_one().unwrap();
+        let _ = b.cq.poll_one().unwrap();
     }
-    poll_ok(&qa, "the first SEND", Duration::from_secs(10));
+    poll_ok(&a.cq, "the first SEND", Duration::from_secs(10));
     // The thread goes on to sleep; B's application polls no more. A's second SEND is
     // acknowledged by B's thread, which must be awake to read it.
     drop(held);
-    a.post_send(SendRequest::send(2).sge(LocalSge::new(&ma, 0, 64).unwrap()))
-        .unwrap();
-    poll_ok(&qa, "the second SEND", SLEEP_CAP / 3);
-    poll_ok(&qb, "the second receive", Duration::from_secs(10));
+    send(&a, 2);
+    poll_ok(&a.cq, "the second SEND", SLEEP_CAP / 3);
+    poll_ok(&b.cq, "the second receive", Duration::from_secs(10));
 }
 
 /// A queue pair that connects while its context's thread is on its way to sleep has no
@@ -97,46 +126,20 @@ fn a_wake_up_the_application_took_still_wakes_the_thread() {
 /// application's call; the other's thread answers.)
 #[test]
 fn a_queue_pair_connected_while_the_thread_sleeps_wakes_it() {
-    let ctx = [
-        Context::open_provider("shm").unwrap(),
-        Context::open_provider("shm").unwrap(),
-    ];
-    let pd = [ctx[0].alloc_pd(), ctx[1].alloc_pd()];
-    let cq = [ctx[0].create_cq(16).unwrap(), ctx[1].create_cq(16).unwrap()];
-    let qp = [
-        pd[0].create_qp(&cq[0], &cq[0], QpCaps::default()).unwrap(),
-        pd[1].create_qp(&cq[1], &cq[1], QpCaps::default()).unwrap(),
-    ];
-    let mr = [
-        pd[0].register(vec![7u8; 64], Access::LOCAL_WRITE).unwrap(),
-        pd[1].register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap(),
-    ];
-    let ep = [qp[0].endpoint(), qp[1].endpoint()];
+    let (x, y) = (side(), side());
+    let (ex, ey) = (x.qp.endpoint(), y.qp.endpoint());
     // `c` connects, `l` listens.
-    let c = usize::from((ep[1].qp_num, ep[1].psn) < (ep[0].qp_num, ep[0].psn));
-    let l = 1 - c;
-
-    let held = rdmx::shm::testing::hold_sleep(&ctx[c], SLEEP_CAP).expect("an shm context");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !held.reached() {
-        assert!(
-            Instant::now() < deadline,
-            "the progress thread never went to sleep"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    let (c, l) = match (ex.qp_num, ex.psn) < (ey.qp_num, ey.psn) {
+        true => (&x, &y),
+        false => (&y, &x),
+    };
     // The queue pair joins its context's rounds while the thread is held.
-    let opts = ConnectOptions::default();
-    qp[l].connect(ep[c], &opts).unwrap();
-    qp[c].connect(ep[l], &opts).unwrap();
-    qp[c]
-        .post_recv(RecvRequest::new(1).sge(LocalSge::new(&mr[c], 0, 64).unwrap()))
-        .unwrap();
+    let held = hold(c);
+    connect(l, c);
+    recv(c, 1);
     drop(held);
     // The connecting side's application polls nothing: only its thread can read the SEND.
-    qp[l]
-        .post_send(SendRequest::send(2).sge(LocalSge::new(&mr[l], 0, 64).unwrap()))
-        .unwrap();
-    poll_ok(&cq[l], "the SEND", SLEEP_CAP / 3);
-    poll_ok(&cq[c], "the receive", Duration::from_secs(10));
+    send(l, 2);
+    poll_ok(&l.cq, "the SEND", SLEEP_CAP / 3);
+    poll_ok(&c.cq, "the receive", Duration::from_secs(10));
 }

@@ -133,7 +133,10 @@
 //! one-sided operations complete while the target application does nothing: it spins
 //! while there is work, then sleeps in `epoll_wait` after raising a flag in every segment;
 //! a peer that puts a packet in (or frees room in) a ring whose reader sleeps sends a
-//! wake-up on the connection's socket, which that reader's epoll watches.
+//! wake-up on the connection's socket, which that reader's epoll watches. A poll reads the
+//! same sockets now and then: when it took something while the thread sleeps, it signals
+//! the thread, as a queue pair that connects then does (the thread raised no flag for it),
+//! so that the thread goes back to sleep with every flag raised.
 
 pub use crate::provider::copy::{copy_method, copy_slice, large_copy_method, mid_copy_method};
 mod desc;

@@ -26,10 +26,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"; kill $(jobs -p) 2>/dev/null || true' EXIT
 cc -O2 -o "$out/anchor" scripts/udp-gso-anchor.c
 
-# Reads all of its input before Python starts: an interpreter starting beside a short run
-# on a 2-vCPU machine takes a core from it.
-after() { local in; in=$(cat); printf '%s\n' "$in" | "$@"; }
-j() { after python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+j() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 pick="d['results'][0].get('bw_avg_mib_s') or d['results'][0]['t_typical_us']"
 two() { # provider test size iters [extra...] -> MiB/s or t_typical usec; a failed run
     # prints nothing and is counted (with its error) in $out/failed

@@ -53,7 +53,7 @@ pub enum KeyUse {
 }
 
 /// One registered region.
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug)]
 pub struct MrEntry<T> {
     /// Owning protection domain.
     pub pd: PdId,
@@ -284,15 +284,40 @@ impl<T> MrTable<T> {
         need: Access,
     ) -> Result<&MrEntry<T>, KeyError> {
         let entry = self.get(key, key_use).ok_or(KeyError::InvalidKey { key })?;
-        if entry.pd != pd {
+        entry.check(key, key_use, pd, addr, len, need)?;
+        Ok(entry)
+    }
+}
+
+impl<T> MrEntry<T> {
+    /// The checks of [`MrTable::check`] against this entry: that `key` names it (for
+    /// `key_use`), then the protection domain, bounds and rights. For a copy of an
+    /// entry kept outside its table, checked as the table would check it.
+    pub fn check(
+        &self,
+        key: u32,
+        key_use: KeyUse,
+        pd: PdId,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<(), KeyError> {
+        let named = match key_use {
+            KeyUse::Local => self.lkey == key,
+            KeyUse::Remote => self.rkey == key && key != 0,
+        };
+        if !named {
+            return Err(KeyError::InvalidKey { key });
+        }
+        if self.pd != pd {
             return Err(KeyError::PdMismatch {
                 key,
-                mr_pd: entry.pd,
+                mr_pd: self.pd,
                 pd,
             });
         }
         let inside = match addr.checked_add(len) {
-            Some(end) => addr >= entry.addr && end <= entry.addr + entry.len,
+            Some(end) => addr >= self.addr && end <= self.addr + self.len,
             None => false,
         };
         if !inside {
@@ -300,18 +325,31 @@ impl<T> MrTable<T> {
                 key,
                 addr,
                 len,
-                mr_addr: entry.addr,
-                mr_len: entry.len,
+                mr_addr: self.addr,
+                mr_len: self.len,
             });
         }
-        if !entry.access.contains(need) {
+        if !self.access.contains(need) {
             return Err(KeyError::AccessDenied {
                 key,
                 need,
-                have: entry.access,
+                have: self.access,
             });
         }
-        Ok(entry)
+        Ok(())
+    }
+
+    /// A copy of the entry with another payload.
+    pub fn with_payload<U>(&self, payload: U) -> MrEntry<U> {
+        MrEntry {
+            pd: self.pd,
+            addr: self.addr,
+            len: self.len,
+            access: self.access,
+            lkey: self.lkey,
+            rkey: self.rkey,
+            payload,
+        }
     }
 }
 
@@ -423,6 +461,34 @@ mod tests {
         };
         assert_ne!(keys(1), keys(2));
         assert_eq!(keys(7), keys(7));
+    }
+
+    #[test]
+    fn a_copy_of_an_entry_checks_as_its_table_does() {
+        let mut t = table();
+        let e = t
+            .insert(PD, 0x1000, 0x100, Access::LOCAL_WRITE, ())
+            .unwrap();
+        let (lkey, copy) = (e.lkey, e.with_payload(7u8));
+        let cases = [
+            (lkey, KeyUse::Local, PD, 0x1000, 0x100, Access::LOCAL_WRITE),
+            (lkey ^ 1, KeyUse::Local, PD, 0x1000, 1, Access::empty()),
+            (lkey, KeyUse::Remote, PD, 0x1000, 1, Access::empty()),
+            (0, KeyUse::Remote, PD, 0x1000, 1, Access::empty()),
+            (lkey, KeyUse::Local, PdId(2), 0x1000, 1, Access::empty()),
+            (lkey, KeyUse::Local, PD, 0x10ff, 2, Access::empty()),
+            (lkey, KeyUse::Local, PD, 0x0fff, 1, Access::empty()),
+            (lkey, KeyUse::Local, PD, u64::MAX, 2, Access::empty()),
+            (lkey, KeyUse::Local, PD, 0x1000, 1, Access::REMOTE_READ),
+        ];
+        for (key, key_use, pd, addr, len, need) in cases {
+            assert_eq!(
+                copy.check(key, key_use, pd, addr, len, need),
+                t.check(key, key_use, pd, addr, len, need).map(|_| ()),
+                "{key:#x} {key_use:?} {pd:?} {addr:#x}+{len:#x} {need:?}"
+            );
+        }
+        assert_eq!(copy.payload, 7);
     }
 
     #[test]

@@ -668,3 +668,5 @@ fn a_file_offered_again_while_its_last_region_goes_stays_mapped() {
 
 #[path = "hostile_shm_mapped/deregistration.rs"]
 mod deregistration;
+#[path = "hostile_shm_mapped/loans.rs"]
+mod loans;

@@ -156,6 +156,23 @@ impl Driver {
         self.ud.with_all_locked(f)
     }
 
+    /// Waits until no queue pair of this context uses a region it was lent past the key
+    /// table's lock before the last deregistration ([`soft::Lent`]): each one's lock,
+    /// which it holds from the check that its loan stands to the end of its copy, is
+    /// taken and let go in turn. A queue pair that takes its lock later sees the
+    /// deregistration's count, and the loan gone.
+    pub(super) fn wait_for_borrowers(&self) {
+        let qps: Vec<Arc<ShmQp>> = self
+            .qps
+            .lock()
+            .iter()
+            .filter_map(|(_, q)| q.upgrade())
+            .collect();
+        for q in qps {
+            drop(q.inner.lock());
+        }
+    }
+
     pub(super) fn start(seed: u64, opts: &Options) -> Result<Arc<Driver>> {
         let pid = std::process::id();
         let epoll = sys::Epoll::new().map_err(|e| Error::Io("epoll_create", e))?;

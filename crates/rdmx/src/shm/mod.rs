@@ -476,6 +476,9 @@ impl SoftDevice for Device {
         self.driver.unpublish(mr);
     }
     fn deregistered(&self, mr: &Arc<provider::MrShared>) {
+        if self.keys().lent_out() {
+            self.driver.wait_for_borrowers();
+        }
         self.driver.unpublished(mr);
     }
     fn create_qp(&self, init: provider::QpInit<'_>) -> Result<Box<dyn provider::Qp>> {

@@ -1,11 +1,13 @@
 //! The software providers' key table, and the engine's view of registered memory
 //! ([`MemAccess`]) over it.
 
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::{RwLock, RwLockReadGuard};
 use rdmx_core::rc::MemAccess;
-use rdmx_core::{KeyError, KeyUse, MrTable, PdId};
+use rdmx_core::{KeyError, KeyUse, MrEntry, MrTable, PdId};
 use rdmx_mem::Access;
 
 use crate::provider::{MrRef, MrShared, Registration};
@@ -15,6 +17,12 @@ use crate::Result;
 #[derive(Debug)]
 pub(crate) struct Keys {
     table: RwLock<MrTable<Arc<MrShared>>>,
+    /// Deregistrations so far: raised under the table's write lock as each removes its
+    /// region (see [`Lent`]).
+    epoch: AtomicU64,
+    /// A region was lent past the lock ([`KeysRead::lend`]): deregistrations must wait
+    /// for the lock its borrower holds.
+    lent_out: AtomicBool,
 }
 
 impl Keys {
@@ -22,6 +30,8 @@ impl Keys {
     pub(crate) fn new(seed: u64) -> Keys {
         Keys {
             table: RwLock::new(MrTable::new(seed)),
+            epoch: AtomicU64::new(0),
+            lent_out: AtomicBool::new(false),
         }
     }
 
@@ -59,8 +69,11 @@ impl Keys {
 
     /// Removes a region: its keys stop working now.
     pub(crate) fn deregister(&self, mr: &MrShared) {
-        let removed = self.table.write().remove(mr.lkey);
+        let mut table = self.table.write();
+        let removed = table.remove(mr.lkey);
         debug_assert!(removed.is_some(), "region missing from its key table");
+        self.epoch.fetch_add(1, Ordering::Release);
+        drop(table);
         // `removed` holds a clone of the region; it is dropped outside the table lock.
         drop(removed);
     }
@@ -77,7 +90,7 @@ impl Keys {
     /// The table, read-locked until the guard goes: registration and deregistration wait
     /// for it. Its [`view`](KeysRead::view) lends the regions for that long.
     pub(crate) fn read(&self) -> KeysRead<'_> {
-        KeysRead(self.table.read())
+        KeysRead(self.table.read(), self)
     }
 
     /// [`read`](Self::read) for a thread that holds another table's read lock already
@@ -85,7 +98,19 @@ impl Keys {
     /// waiting writer, so that two threads holding each other's second table while
     /// writers wait on both can never block each other.
     pub(crate) fn read_nested(&self) -> KeysRead<'_> {
-        KeysRead(self.table.read_recursive())
+        KeysRead(self.table.read_recursive(), self)
+    }
+
+    /// Whether `lent` still names a registered region: no region of the table was
+    /// deregistered since it was lent.
+    pub(crate) fn still_lends(&self, lent: &Lent) -> bool {
+        self.epoch.load(Ordering::Acquire) == lent.epoch
+    }
+
+    /// Whether a region was ever lent past the lock: then each deregistration must wait,
+    /// after it returns, for the locks borrowers hold while they use what they were lent.
+    pub(crate) fn lent_out(&self) -> bool {
+        self.lent_out.load(Ordering::Relaxed)
     }
 
     /// Regions registered now.
@@ -129,13 +154,102 @@ impl MemAccess for Keys {
 }
 
 /// A key table held read-locked (see [`Keys::read`]).
-pub(crate) struct KeysRead<'a>(RwLockReadGuard<'a, MrTable<Arc<MrShared>>>);
+pub(crate) struct KeysRead<'a>(RwLockReadGuard<'a, MrTable<Arc<MrShared>>>, &'a Keys);
 
 impl KeysRead<'_> {
     /// The engine's view of the locked table: resolving a key lends the region for as
     /// long as the table stays locked, with no reference taken on it.
     pub(crate) fn view(&self) -> KeyView<'_> {
         KeyView(&self.0)
+    }
+
+    /// The region local key `lkey` names, lent past the lock (see [`Lent`]).
+    pub(crate) fn lend(&self, lkey: u32) -> Option<Lent> {
+        let entry = self.0.get(lkey, KeyUse::Local)?;
+        // Under the read lock: a deregistration that takes the write lock next sees it
+        // (and one that took it before raised the count this reads).
+        if !self.1.lent_out.load(Ordering::Relaxed) {
+            self.1.lent_out.store(true, Ordering::Relaxed);
+        }
+        Some(Lent {
+            entry: entry.with_payload(NonNull::from(&*entry.payload)),
+            // Deregistration raises it under the write lock, which this lock excludes.
+            epoch: self.1.epoch.load(Ordering::Relaxed),
+        })
+    }
+}
+
+/// A region's entry copied out of the read-locked table, with the table's count of
+/// deregistrations then ([`Keys::still_lends`]): a transport that keeps it lends the
+/// region without the table's lock while the count has not moved, provided every
+/// deregistration waits, after its count is raised, for whatever lock the transport
+/// holds while it uses the region (shm: each queue pair's, which its requests hold from
+/// the check of the count to the end of their copy).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Lent {
+    entry: MrEntry<NonNull<MrShared>>,
+    epoch: u64,
+}
+
+// SAFETY: the pointer is an address of a region the table held when it was lent; it is
+// dereferenced only under the contract of `Lent::view`.
+unsafe impl Send for Lent {}
+
+impl Lent {
+    /// Its local key.
+    pub(crate) fn lkey(&self) -> u32 {
+        self.entry.lkey
+    }
+
+    /// The engine's view of the one region: its key resolves as the table resolves it
+    /// (the same checks, on a copy of the entry); any other key is unknown.
+    ///
+    /// # Safety
+    ///
+    /// The region must stay registered while the view and the regions it resolves are
+    /// used: [`Keys::still_lends`] said so under a lock that every deregistration waits
+    /// for after raising its count, and that lock is held throughout.
+    pub(crate) unsafe fn view(&self) -> LentView<'_> {
+        LentView(&self.entry)
+    }
+}
+
+/// See [`Lent::view`].
+#[derive(Clone, Copy)]
+pub(crate) struct LentView<'g>(&'g MrEntry<NonNull<MrShared>>);
+
+impl<'g> MemAccess for LentView<'g> {
+    type Mr = &'g MrShared;
+
+    fn resolve(
+        &self,
+        key: u32,
+        key_use: KeyUse,
+        pd: PdId,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<&'g MrShared, KeyError> {
+        self.0.check(key, key_use, pd, addr, len, need)?;
+        // SAFETY: the region is registered while the view is used (`Lent::view`'s
+        // contract), so the table's reference to it keeps it alive.
+        Ok(unsafe { self.0.payload.as_ref() })
+    }
+
+    fn read(&self, mr: &&'g MrShared, addr: u64, out: &mut [u8]) {
+        engine_read(mr, addr, out);
+    }
+
+    fn write(&self, mr: &&'g MrShared, addr: u64, data: &[u8]) {
+        engine_write(mr, addr, data);
+    }
+
+    fn compare_swap(&self, mr: &&'g MrShared, addr: u64, compare: u64, swap: u64) -> u64 {
+        engine_compare_swap(mr, addr, compare, swap)
+    }
+
+    fn fetch_add(&self, mr: &&'g MrShared, addr: u64, add: u64) -> u64 {
+        engine_fetch_add(mr, addr, add)
     }
 }
 

@@ -24,7 +24,7 @@ use rdmx_mem::Access;
 
 pub(crate) use armed::Armed;
 pub(crate) use handover::Handover;
-pub(crate) use mem::{no_regions, Keys, KeysRead};
+pub(crate) use mem::{no_regions, Keys, KeysRead, Lent};
 pub(crate) use waiting::Waiting;
 
 use crate::endpoint::{PeerAddr, QpEndpoint};

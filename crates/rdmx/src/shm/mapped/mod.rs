@@ -50,6 +50,15 @@
 //! takes it once, at its first request on this path that names local memory (an inline
 //! request names none), and lets it go before any of its requests takes the packets.
 //!
+//! A request whose elements all name the local region the queue pair's last locked
+//! look-up named takes no lock on the table at all: the queue pair keeps a copy of the
+//! region's entry with the table's count of deregistrations then ([`Lent`](crate::soft::Lent)), and
+//! while the count has not moved the copy is checked as the table would check the
+//! entry. Deregistration raises the count under the table's write lock, then takes and
+//! lets go each queue pair's lock in turn before it returns: a request that read the
+//! old count holds its queue pair's lock until its copy is done, and one that takes the
+//! lock later reads the new count and looks the key up again.
+//!
 //! From one post to the next, the initiator keeps what it read of the last key it
 //! looked up (the slot's sequence number, the target word, the region, where it lies in
 //! the mapped file). A request to that key that the kept region covers with the rights

@@ -329,12 +329,27 @@ pub(crate) fn execute(
         keys,
         lent,
     } = scope;
-    // The local regions are lent by the locked key table until the copy is done; inline
-    // bytes need none, nor the lock.
-    let req = match inline {
-        Some(_) => g.engine.direct_request(&no_regions(), wr, inline),
-        None => {
+    // The local regions are lent by the locked key table until the copy is done, or
+    // past its lock by the loan the queue pair keeps (a request naming only the region
+    // the last one named, none deregistered since); inline bytes need none, nor the lock.
+    let kept_loan = match inline {
+        Some(_) => None,
+        None => g
+            .lent
+            .filter(|l| wr.sges.iter().all(|s| s.lkey == l.lkey()) && keys.still_lends(l)),
+    };
+    let req = match (inline, &kept_loan) {
+        (Some(_), _) => g.engine.direct_request(&no_regions(), wr, inline),
+        // SAFETY: no region of the table was deregistered since the loan was made
+        // (`still_lends`), and each deregistration waits, after raising the count it
+        // read, for this queue pair's lock (`Driver::wait_for_borrowers`), held here
+        // until the copy is done.
+        (None, Some(loan)) => g.engine.direct_request(&unsafe { loan.view() }, wr, inline),
+        (None, None) => {
             let lent = &*lent.get_or_insert_with(|| keys.read());
+            if let [s, ..] = wr.sges.as_slice() {
+                g.lent = lent.lend(s.lkey);
+            }
             g.engine.direct_request(&lent.view(), wr, inline)
         }
     };

@@ -210,6 +210,11 @@ pub(crate) struct Inner {
     pub(crate) executed_at_post: u64,
     /// The target word last written to the segment (`mapped`).
     target_word: u64,
+    /// The local region the last request on the `mapped` path named, lent past the key
+    /// table's lock while no region of the table is deregistered: deregistration waits
+    /// for this lock ([`Driver::wait_for_borrowers`]), held from the check that the loan
+    /// still stands to the end of the copy.
+    pub(crate) lent: Option<soft::Lent>,
     /// A polling round runs: the peer is woken ([`Inner::wake`]) at the round's next
     /// visit rather than at once (see [`ShmQp::poll`]).
     lazy_wake: bool,
@@ -262,6 +267,7 @@ impl ShmQp {
                 timer: soft::Armed::default(),
                 executed_at_post: 0,
                 target_word: 0,
+                lent: None,
                 lazy_wake: false,
                 wake_due: false,
             }),

@@ -305,7 +305,7 @@ impl Driver {
             return true;
         };
         self.epoll.remove(c.sock.as_raw_fd());
-        let quiet = let_go(&c);
+        let quiet = let_go(&c, self.published.as_ref());
         if !quiet {
             tracing::warn!(
                 qpn = qp.qpn,
@@ -321,7 +321,7 @@ impl Driver {
     /// of this QP's memory. Called without the QP's lock.
     pub(super) fn reset_conn(&self, qp: &ShmQp, c: super::qp::Conn) {
         self.epoll.remove(c.sock.as_raw_fd());
-        if !let_go(&c) {
+        if !let_go(&c, self.published.as_ref()) {
             tracing::warn!(
                 qpn = qp.qpn,
                 "shm: the peer still copies out of (or, through its mapping, into) the \
@@ -646,11 +646,15 @@ impl Rounds {
 /// it under a claim made before the target word went to 0 (a claim made after sees the
 /// 0 and backs off). A peer that closed its socket copies nothing. Returns whether it
 /// let go.
-fn let_go(c: &Conn) -> bool {
-    // Sequentially consistent, then the claim is loaded: as deregistration's unpublishing
-    // (see `mapped`), either the peer sees the 0 after its claim, or the claim is seen
-    // here and waited for.
+fn let_go(c: &Conn, published: Option<&mapped::Published>) -> bool {
+    // Sequentially consistent (and a global barrier, for peers that claim with a plain
+    // store), then the claim is loaded: as deregistration's unpublishing (see `mapped`),
+    // either the peer sees the 0 after its claim, or the claim is seen here and waited
+    // for.
     c.seg.target_word(c.side).store(0, Ordering::SeqCst);
+    if let Some(p) = published {
+        p.barrier();
+    }
     let copying = c.seg.leave(c.side);
     let peer_claims = || c.seg.claim_word(1 - c.side).load(Ordering::SeqCst) != 0;
     if !copying && !peer_claims() {

@@ -1,8 +1,9 @@
 //! The system calls the shm provider makes: memfd segments, eventfds, a small epoll
 //! wrapper, and Unix sockets that pass descriptors (`SCM_RIGHTS`) and tell who is on the
 //! other end (`SO_PEERCRED`), and the single kernel copy out of a peer's memory
-//! (`process_vm_readv`). Every `unsafe` block of the provider outside the ring and the
-//! copy routine is here.
+//! (`process_vm_readv`), and the barriers the mapped path's claims rely on
+//! (`membarrier`). Every `unsafe` block of the provider outside the ring and the copy
+//! routine is here.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -192,6 +193,42 @@ pub(crate) fn peer_cred(s: &UnixStream) -> io::Result<(u32, i32)> {
 pub(crate) fn euid() -> u32 {
     // SAFETY: geteuid cannot fail.
     unsafe { libc::geteuid() }
+}
+
+// `membarrier(2)` commands (linux/membarrier.h).
+const MEMBARRIER_CMD_GLOBAL: libc::c_int = 1;
+const MEMBARRIER_CMD_GLOBAL_EXPEDITED: libc::c_int = 2;
+const MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED: libc::c_int = 4;
+
+fn membarrier(cmd: libc::c_int) -> io::Result<()> {
+    // SAFETY: membarrier takes a command and flags (0) and touches no memory of ours.
+    let ret = unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0, 0) };
+    match ret {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
+/// Whether this process takes part in other processes' global expedited barriers
+/// ([`global_barrier`]): registered once, at the first call.
+pub(crate) fn takes_global_barriers() -> bool {
+    static REGISTERED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *REGISTERED.get_or_init(|| membarrier(MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED).is_ok())
+}
+
+/// Whether this process can issue [`global_barrier`]s the expedited way (tried once).
+pub(crate) fn issues_global_barriers() -> bool {
+    static WORKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WORKS.get_or_init(|| membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED).is_ok())
+}
+
+/// A full memory barrier on every running thread of every process that
+/// [takes part](takes_global_barriers) (the expedited command, microseconds), or failing
+/// that of every process (the kernel waits for a grace period, milliseconds): a store a
+/// thread of those processes made before it is seen after it, and a load it makes after
+/// it sees what this thread stored before.
+pub(crate) fn global_barrier() -> io::Result<()> {
+    membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED).or_else(|_| membarrier(MEMBARRIER_CMD_GLOBAL))
 }
 
 /// A word whose address a process hands its peer at connection setup: the peer reads it

@@ -3,13 +3,14 @@
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{compiler_fence, fence, Ordering};
 
 use rdmx_core::{Access, QpType, SendWr};
 
 use super::{
-    slot_word, tag, Map, FILE_MAGIC, FORGET_MAGIC, MAX_FILES, MSG_LEN, POPULATE_BUDGET,
-    POPULATE_MAX, SLOTS, S_FILE, S_KEY, S_LEN, S_OFF, S_PD, S_SEQ, S_VA, TABLE_LEN, TABLE_MAGIC,
+    slot_word, tag, Map, FILE_MAGIC, FLAG_BARRIERS, FORGET_MAGIC, MAX_FILES, MSG_LEN,
+    POPULATE_BUDGET, POPULATE_MAX, SLOTS, S_FILE, S_KEY, S_LEN, S_OFF, S_PD, S_SEQ, S_VA,
+    TABLE_FLAGS, TABLE_LEN, TABLE_MAGIC,
 };
 use crate::shm::qp::{Conn, Inner};
 use crate::shm::ring::Segment;
@@ -27,6 +28,9 @@ pub(crate) struct PeerView {
     last: Option<Held>,
     /// Bytes copied under the claim of the post now running.
     under_claim: u64,
+    /// Claims are plain stores: the peer issues a global barrier before it reads them
+    /// after a change (its table says so), and this process takes part in such barriers.
+    plain_claims: bool,
     /// Claims made so far.
     claims: u64,
     /// Bytes of the peer's files populated when mapped, and how many may be (see
@@ -164,11 +168,14 @@ impl PeerView {
         {
             return Err(bad("a key table that is not rdmx's"));
         }
+        let plain_claims = table.word(TABLE_FLAGS).load(Ordering::Relaxed) & FLAG_BARRIERS != 0
+            && sys::takes_global_barriers();
         Ok(PeerView {
             table,
             files: HashMap::default(),
             last: None,
             under_claim: 0,
+            plain_claims,
             claims: 0,
             populated: 0,
             populate_budget: POPULATE_BUDGET,
@@ -403,7 +410,14 @@ pub(crate) fn execute(
     // Claim the slot, then see that neither it nor the target changed since it was
     // checked (module docs).
     let claim = seg.claim_word(side);
-    claim.store(tag(found.idx(), found.seq), Ordering::SeqCst);
+    if view.plain_claims {
+        // The loads below may pass the store in this CPU; the peer's global barrier,
+        // between its change and its read of the claim, orders them (module docs).
+        claim.store(tag(found.idx(), found.seq), Ordering::Relaxed);
+        compiler_fence(Ordering::SeqCst);
+    } else {
+        claim.store(tag(found.idx(), found.seq), Ordering::SeqCst);
+    }
     let seq = slot_word(&view.table, found.idx(), S_SEQ).load(Ordering::SeqCst);
     let target = seg.target_word(1 - side).load(Ordering::SeqCst);
     if seq != found.seq || target != found.target {
@@ -546,6 +560,22 @@ mod tests {
         msg[..8].copy_from_slice(FILE_MAGIC);
         msg[8..16].copy_from_slice(&id.to_ne_bytes());
         msg
+    }
+
+    /// An initiator claims with plain stores only where the target's table says it
+    /// issues global barriers and this process takes part in them.
+    #[test]
+    fn claims_are_plain_only_when_the_target_barriers() {
+        let table = super::super::Published::new().unwrap();
+        let v = PeerView::open(table.fd()).unwrap();
+        let can = sys::issues_global_barriers() && sys::takes_global_barriers();
+        assert_eq!(v.plain_claims, can);
+        table.clear_flags();
+        let v = PeerView::open(table.fd()).unwrap();
+        assert!(
+            !v.plain_claims,
+            "a target that issues no barrier gets plain claims"
+        );
     }
 
     #[test]

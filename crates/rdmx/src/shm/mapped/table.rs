@@ -13,8 +13,8 @@ use rdmx_core::Access;
 use rdmx_mem::shared::SharedFile;
 
 use super::{
-    slot_word, tag, Map, DRAIN_BOUND, FILE_MAGIC, FORGET_MAGIC, MSG_LEN, SLOTS, S_FILE, S_KEY,
-    S_LEN, S_OFF, S_PD, S_SEQ, S_VA, TABLE_LEN, TABLE_MAGIC,
+    slot_word, tag, Map, DRAIN_BOUND, FILE_MAGIC, FLAG_BARRIERS, FORGET_MAGIC, MSG_LEN, SLOTS,
+    S_FILE, S_KEY, S_LEN, S_OFF, S_PD, S_SEQ, S_VA, TABLE_FLAGS, TABLE_LEN, TABLE_MAGIC,
 };
 use crate::provider::MrShared;
 use crate::shm::ring::Segment;
@@ -25,6 +25,10 @@ use crate::shm::sys;
 pub(crate) struct Published {
     fd: OwnedFd,
     table: Map,
+    /// Peers are told they may claim with a plain store ([`FLAG_BARRIERS`]): a global
+    /// barrier goes before every read of their claims that follows a change they must
+    /// see ([`Published::barrier`]).
+    barriers: bool,
     state: Mutex<PubState>,
 }
 
@@ -58,16 +62,31 @@ impl Published {
         let table = Map::new(&fd, TABLE_LEN, true)?;
         table.word(0).store(TABLE_MAGIC, Ordering::Relaxed);
         table.word(8).store(SLOTS as u64, Ordering::Relaxed);
+        let barriers = sys::issues_global_barriers();
+        let flags = if barriers { FLAG_BARRIERS } else { 0 };
+        table.word(TABLE_FLAGS).store(flags, Ordering::Relaxed);
         // From now on nobody can map it writable: peers read it, this mapping writes it.
         sys::seal_future_write(&fd)?;
         Ok(Published {
             fd,
             table,
+            barriers,
             state: Mutex::new(PubState {
                 used: vec![false; SLOTS],
                 ..PubState::default()
             }),
         })
+    }
+
+    /// Makes the peers' claims made before now visible, and this thread's stores before
+    /// now visible to their loads after it, when they claim with plain stores: called
+    /// after unpublishing or zeroing a target word and before reading claims.
+    pub(crate) fn barrier(&self) {
+        if self.barriers {
+            if let Err(e) = sys::global_barrier() {
+                tracing::error!("shm mapped: membarrier failed ({e}); a claim may go unseen");
+            }
+        }
     }
 
     /// The table's descriptor, for the peer.
@@ -214,7 +233,7 @@ impl crate::shm::Driver {
             return;
         };
         let Some(w) = p.withdraw(mr) else { return };
-        if drain(&self.watch, &[w.tag], DRAIN_BOUND) {
+        if drain(p, &self.watch, &[w.tag], DRAIN_BOUND) {
             self.forget_unoffered(p, w.forget);
         } else {
             p.state.lock().stalled.insert(mr.lkey, w);
@@ -254,7 +273,7 @@ impl crate::shm::Driver {
                 forget_file = Some(w.file);
             }
             if !detached {
-                self.wait_for_claim(mr, w.tag);
+                self.wait_for_claim(p, mr, w.tag);
             }
         } else {
             tracing::error!(
@@ -263,7 +282,7 @@ impl crate::shm::Driver {
                  {DRAIN_BOUND:?}; the region does not own all of its shared mapping, so \
                  the memory cannot be taken back: waiting for the claim to go"
             );
-            self.wait_for_claim(mr, w.tag);
+            self.wait_for_claim(p, mr, w.tag);
         }
         self.forget_unoffered(p, forget_file);
     }
@@ -295,7 +314,7 @@ impl crate::shm::Driver {
         // those end; then no queue pair of this context places a peer's bytes while
         // the mapping is copied: what the peers wrote is in the copy.
         let (offered, others) = p.take_back(file);
-        if !drain(&self.watch, &others, DRAIN_BOUND) {
+        if !drain(p, &self.watch, &others, DRAIN_BOUND) {
             tracing::warn!(
                 "shm mapped: a peer still claims another region of the mapping being \
                  detached after {DRAIN_BOUND:?}; what it writes there now is lost"
@@ -328,8 +347,8 @@ impl crate::shm::Driver {
     /// Waits, however long it takes, until no peer claims `tag` (the memory of `mr`, which
     /// a peer may still write, must not return to its owner before), or the memory is no
     /// longer shared (detached for another region of it).
-    fn wait_for_claim(&self, mr: &MrShared, tag: u64) {
-        while !drain(&self.watch, &[tag], DRAIN_BOUND) {
+    fn wait_for_claim(&self, p: &Published, mr: &MrShared, tag: u64) {
+        while !drain(p, &self.watch, &[tag], DRAIN_BOUND) {
             if rdmx_mem::shared::find(mr.addr as usize, mr.len).is_none() {
                 return;
             }
@@ -393,7 +412,9 @@ impl Watch {
 /// Forgets the watched connections that went and claim nothing (each keeps its segment
 /// mapped): called as connections come, so that a context whose published regions are
 /// never deregistered does not keep every connection it ever had.
-pub(crate) fn prune(watch: &mut Vec<Watch>) {
+pub(crate) fn prune(p: &Published, watch: &mut Vec<Watch>) {
+    // The zeroed target words of the connections that went, before their claims.
+    p.barrier();
     watch.retain(|w| {
         let (claim, sock) = w.claim();
         still_watched(w, claim, &sock)
@@ -409,7 +430,10 @@ fn still_watched(w: &Watch, claim: u64, sock: &Option<Arc<UnixStream>>) -> bool 
 
 /// Waits until no watched connection claims one of `tags`, for at most `bound`; forgets
 /// connections that are gone and claim nothing. Returns whether the claims went.
-fn drain(watch: &Mutex<Vec<Watch>>, tags: &[u64], bound: Duration) -> bool {
+fn drain(p: &Published, watch: &Mutex<Vec<Watch>>, tags: &[u64], bound: Duration) -> bool {
+    // What the caller unpublished (and the zeroed target words of connections that
+    // went), before the claims.
+    p.barrier();
     crate::shm::wait_bounded(bound, || {
         let mut busy = false;
         watch.lock().retain(|w| {
@@ -427,6 +451,14 @@ fn drain(watch: &Mutex<Vec<Watch>>, tags: &[u64], bound: Duration) -> bool {
         });
         !busy
     })
+}
+
+#[cfg(test)]
+impl Published {
+    /// Clears the table's flags, as a target that issues no barriers writes them.
+    pub(crate) fn clear_flags(&self) {
+        self.table.word(TABLE_FLAGS).store(0, Ordering::SeqCst);
+    }
 }
 
 #[cfg(feature = "testing")]

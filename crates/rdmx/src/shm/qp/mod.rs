@@ -349,7 +349,7 @@ impl ShmQp {
         if let (Some(c), Some(p)) = (g.conn.as_ref(), self.driver.published.as_ref()) {
             if c.mapped.is_some() {
                 let mut watch = self.driver.watch.lock();
-                mapped::prune(&mut watch);
+                mapped::prune(p, &mut watch);
                 watch.push(mapped::Watch {
                     seg: c.seg.clone(),
                     sock: Arc::downgrade(&c.sock),

@@ -181,6 +181,39 @@ fn a_stalled_claim_ends_with_the_memory_detached() {
     assert_eq!(c.status, WcStatus::RemAccessErr, "{c:?}");
 }
 
+/// A target whose barrier before reading claims fails (a kernel or filter that refuses
+/// `membarrier` at run time) cannot trust what its peers' claim words say: with no claim
+/// held at all, the deregistration of a region that owns its mapping goes as for a
+/// stalled claim, the memory detached, and a WRITE to the gone key gets the target's
+/// refusal.
+#[test]
+fn a_failed_barrier_takes_claims_as_held() {
+    let (a, b, src, m, mr) = writable_pair(LEN, 4);
+    let at = mr.remote().at(0);
+    write_until_mapped(&a, &src, at);
+    if !testing::fail_barriers(&b.ctx, true) {
+        // No global expedited barriers here: claims are sequentially consistent stores
+        // and no barrier is issued (`claims_are_plain_only_when_the_target_barriers`).
+        return;
+    }
+    let start = Instant::now();
+    drop(mr);
+    let took = start.elapsed();
+    assert!(
+        took >= DRAIN_BOUND,
+        "deregistration trusted unordered claims"
+    );
+    assert!(took < DRAIN_BOUND + DEADLINE, "deregistration hung");
+    wait_logged("ERROR", &["membarrier failed"]);
+    assert!(!m.is_shared(), "the memory was not detached");
+    assert_eq!(&bytes(&m)[..64], &[4u8; 64], "the mapped WRITE landed");
+    testing::fail_barriers(&b.ctx, false);
+    a.qp.post_send(SendRequest::write(3, at).sge(LocalSge::new(&src, 0, 64).unwrap()))
+        .unwrap();
+    let c = wait(&a.cq, "a WRITE to a deregistered key");
+    assert_eq!(c.status, WcStatus::RemAccessErr, "{c:?}");
+}
+
 /// Handles to a region whose mapping is being detached read and write through its gate,
 /// which the copy holds: a counter incremented through one all along loses nothing to
 /// the copy (increments made between the copy and the remap would be).

@@ -653,7 +653,17 @@ fn let_go(c: &Conn, published: Option<&mapped::Published>) -> bool {
     // for.
     c.seg.target_word(c.side).store(0, Ordering::SeqCst);
     if let Some(p) = published {
-        p.barrier();
+        // Without the barrier the peer's claim word proves nothing: it counts as held
+        // (the barrier is tried again until the bound), unless the peer goes.
+        let mut ordered = false;
+        let done = wait_bounded(DRAIN_BOUND, || {
+            ordered = ordered || p.barrier().is_ok();
+            ordered || c.peer_gone.load(Ordering::SeqCst) || sys::hung_up(&c.sock)
+        });
+        if !ordered {
+            tracing::error!("shm mapped: membarrier failed; the peer's claim is taken as held");
+            return done;
+        }
     }
     let copying = c.seg.leave(c.side);
     let peer_claims = || c.seg.claim_word(1 - c.side).load(Ordering::SeqCst) != 0;

@@ -117,6 +117,20 @@ pub fn key_table_writable(ctx: &crate::Context) -> Option<bool> {
     Some(d.driver.published.as_ref()?.writable())
 }
 
+/// Makes every barrier the key table of context `ctx` issues before reading its peers'
+/// claims fail (or succeed again), as a kernel or filter that refuses `membarrier` at
+/// run time. Returns false if the context does not issue them (it does not run the
+/// mapped path, or its kernel has no global expedited barriers).
+pub fn fail_barriers(ctx: &crate::Context, fail: bool) -> bool {
+    let Some(d) = ctx.device().as_any().downcast_ref::<super::Device>() else {
+        return false;
+    };
+    d.driver
+        .published
+        .as_ref()
+        .is_some_and(|p| p.fail_barriers(fail))
+}
+
 /// How many connections context `ctx` watches for claims on its published keys (each
 /// keeps its segment mapped); `None` for a context that does not run the mapped path.
 pub fn watched_connections(ctx: &crate::Context) -> Option<usize> {

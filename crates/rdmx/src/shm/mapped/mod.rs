@@ -50,14 +50,15 @@
 //! takes it once, at its first request on this path that names local memory (an inline
 //! request names none), and lets it go before any of its requests takes the packets.
 //!
-//! A request whose elements all name the local region the queue pair's last locked
-//! look-up named takes no lock on the table at all: the queue pair keeps a copy of the
-//! region's entry with the table's count of deregistrations then ([`Lent`](crate::soft::Lent)), and
-//! while the count has not moved the copy is checked as the table would check the
-//! entry. Deregistration raises the count under the table's write lock, then takes and
-//! lets go each queue pair's lock in turn before it returns: a request that read the
-//! old count holds its queue pair's lock until its copy is done, and one that takes the
-//! lock later reads the new count and looks the key up again.
+//! A request whose elements all name the local region of the first element of the last
+//! request that took the lock takes no lock on the table at all: the queue pair keeps a
+//! copy of the region's entry with the table's count of deregistrations then
+//! ([`Lent`](crate::soft::Lent)), and while the count has not moved the copy is checked
+//! as the table would check the entry. Deregistration raises the count under the
+//! table's write lock and, once any region of the table was lent so, takes and lets go
+//! each queue pair's lock in turn before it returns: a request that read the old count
+//! holds its queue pair's lock until its copy is done, and one that takes the lock
+//! later reads the new count and looks the key up again.
 //!
 //! From one post to the next, the initiator keeps what it read of the last key it
 //! looked up (the slot's sequence number, the target word, the region, where it lies in
@@ -81,12 +82,16 @@
 //! claims; an initiator that takes part in them then claims with a plain store, a
 //! locked instruction fewer per request: the barrier runs a full fence on each of its
 //! threads that is running, and a thread that is not has passed one in the scheduler,
-//! so a claim stored before it is seen, and a load after it sees the change. Destroying
-//! a queue pair zeroes its target word the same way, then waits (within
-//! [`DRAIN_BOUND`], as for its peer's other copies) until the peer's claim word is
-//! clear: a peer that claims afterwards sees the 0 and backs off, and one that claimed
-//! before has finished its copy when the destruction returns. Connections whose peer
-//! has closed its socket (it exited or was killed) hold no claims.
+//! so a claim stored before it is seen, and a load after it sees the change. A barrier
+//! that cannot be issued leaves the claims unproven: they count as held, the barrier is
+//! tried again until the bound, and past it the region goes as under a stalled peer
+//! (below). Reading the claim word of a connection that went (its target word zeroed as
+//! it went) takes a barrier too. Destroying a queue pair zeroes its target word the
+//! same way, then waits (within [`DRAIN_BOUND`], as for its peer's other copies) until
+//! the peer's claim word is clear: a peer that claims afterwards sees the 0 and backs
+//! off, and one that claimed before has finished its copy when the destruction returns.
+//! Connections whose peer has closed its socket (it exited or was killed) hold no
+//! claims.
 //!
 //! Files are offered and forgotten under one lock (that of the watched connections), so
 //! each peer gets the messages in the order the key table changed: a file offered again

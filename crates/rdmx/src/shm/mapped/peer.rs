@@ -428,8 +428,10 @@ pub(crate) fn execute(
     // SAFETY: `at` lies `req.len()` bytes inside the peer's mapped file (checked by
     // `check`, now or for an earlier post: the look-up `view` kept is dropped whenever
     // its files change), which `view` keeps mapped for the call; `req`'s segments were
-    // resolved by this QP's engine in regions `lent` keeps registered (read-locked) for
-    // the call (an inline request has none: its bytes are the caller's slice). The file
+    // resolved by this QP's engine in regions that stay registered for the call: lent
+    // by the read-locked table (`lent`), or by the queue pair's loan, which no
+    // deregistration has voided and none can before this QP's lock goes (see the loan's
+    // SAFETY above); an inline request has none: its bytes are the caller's slice. The file
     // is a mapping of its own, so it never overlaps local memory (it may view the same
     // pages when the peer is this process, which leaves the bytes unspecified, as
     // concurrent access to registered memory does).

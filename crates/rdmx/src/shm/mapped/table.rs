@@ -29,6 +29,9 @@ pub(crate) struct Published {
     /// barrier goes before every read of their claims that follows a change they must
     /// see ([`Published::barrier`]).
     barriers: bool,
+    /// Tests make the barriers fail.
+    #[cfg(feature = "testing")]
+    fail_barriers: std::sync::atomic::AtomicBool,
     state: Mutex<PubState>,
 }
 
@@ -71,6 +74,8 @@ impl Published {
             fd,
             table,
             barriers,
+            #[cfg(feature = "testing")]
+            fail_barriers: Default::default(),
             state: Mutex::new(PubState {
                 used: vec![false; SLOTS],
                 ..PubState::default()
@@ -80,13 +85,18 @@ impl Published {
 
     /// Makes the peers' claims made before now visible, and this thread's stores before
     /// now visible to their loads after it, when they claim with plain stores: called
-    /// after unpublishing or zeroing a target word and before reading claims.
-    pub(crate) fn barrier(&self) {
-        if self.barriers {
-            if let Err(e) = sys::global_barrier() {
-                tracing::error!("shm mapped: membarrier failed ({e}); a claim may go unseen");
-            }
+    /// after unpublishing or zeroing a target word and before reading claims. An error
+    /// (the barrier could not be issued) means the claims read then prove nothing: the
+    /// caller takes them as held, and may try again.
+    pub(crate) fn barrier(&self) -> std::io::Result<()> {
+        if !self.barriers {
+            return Ok(());
         }
+        #[cfg(feature = "testing")]
+        if self.fail_barriers.load(Ordering::SeqCst) {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        sys::global_barrier()
     }
 
     /// The table's descriptor, for the peer.
@@ -393,19 +403,23 @@ pub(crate) struct Watch {
 }
 
 impl Watch {
-    /// The peer's claim word, and the connection's socket if it is still there. The
-    /// socket is looked at first: a connection that went zeroed its target word before
-    /// its socket went (`Conn::drop`), so a peer that claimed in time to copy shows its
-    /// claim here, and one that claims later sees the zero and backs off.
-    fn claim(&self) -> (u64, Option<Arc<UnixStream>>) {
+    /// The peer's claim word, and the connection's socket if it is still there; `None`
+    /// if what the word says proves nothing (the barrier below failed). The socket is
+    /// looked at first: a connection that went zeroed its target word before its socket
+    /// went (`Conn::drop`), so a peer that claimed in time to copy shows its claim here,
+    /// and one that claims later sees the zero and backs off. A peer that claims with a
+    /// plain store needs a barrier between the two: the zeroing may have come after the
+    /// caller's own.
+    fn claim(&self, p: &Published) -> Option<(u64, Option<Arc<UnixStream>>)> {
         let sock = self.sock.upgrade();
         if sock.is_none() {
             // The failed upgrade read the socket's last release: the fence makes what
             // the connection did before it (the zeroed target word) happen before the
             // load below.
             fence(Ordering::SeqCst);
+            p.barrier().ok()?;
         }
-        (self.seg.claim_word(self.peer).load(Ordering::SeqCst), sock)
+        Some((self.seg.claim_word(self.peer).load(Ordering::SeqCst), sock))
     }
 }
 
@@ -413,11 +427,9 @@ impl Watch {
 /// mapped): called as connections come, so that a context whose published regions are
 /// never deregistered does not keep every connection it ever had.
 pub(crate) fn prune(p: &Published, watch: &mut Vec<Watch>) {
-    // The zeroed target words of the connections that went, before their claims.
-    p.barrier();
-    watch.retain(|w| {
-        let (claim, sock) = w.claim();
-        still_watched(w, claim, &sock)
+    watch.retain(|w| match w.claim(p) {
+        Some((claim, sock)) => still_watched(w, claim, &sock),
+        None => true,
     });
 }
 
@@ -431,13 +443,26 @@ fn still_watched(w: &Watch, claim: u64, sock: &Option<Arc<UnixStream>>) -> bool 
 /// Waits until no watched connection claims one of `tags`, for at most `bound`; forgets
 /// connections that are gone and claim nothing. Returns whether the claims went.
 fn drain(p: &Published, watch: &Mutex<Vec<Watch>>, tags: &[u64], bound: Duration) -> bool {
-    // What the caller unpublished (and the zeroed target words of connections that
-    // went), before the claims.
-    p.barrier();
-    crate::shm::wait_bounded(bound, || {
+    // What the caller unpublished, before the claims: without the barrier they prove
+    // nothing, and count as held (it is tried again until the bound).
+    let mut ordered = false;
+    let mut failed = None;
+    let drained = crate::shm::wait_bounded(bound, || {
+        if !ordered {
+            match p.barrier() {
+                Ok(()) => ordered = true,
+                Err(e) => {
+                    failed = Some(e);
+                    return false;
+                }
+            }
+        }
         let mut busy = false;
         watch.lock().retain(|w| {
-            let (claim, sock) = w.claim();
+            let Some((claim, sock)) = w.claim(p) else {
+                busy = true;
+                return true;
+            };
             if claim != 0 && tags.contains(&claim) {
                 // A peer that closed its socket holds no claims.
                 if w.peer_gone.load(Ordering::SeqCst)
@@ -450,7 +475,11 @@ fn drain(p: &Published, watch: &Mutex<Vec<Watch>>, tags: &[u64], bound: Duration
             still_watched(w, claim, &sock)
         });
         !busy
-    })
+    });
+    if let (false, Some(e)) = (ordered, failed) {
+        tracing::error!("shm mapped: membarrier failed ({e}); peers' claims are taken as held");
+    }
+    drained
 }
 
 #[cfg(test)]
@@ -463,6 +492,12 @@ impl Published {
 
 #[cfg(feature = "testing")]
 impl Published {
+    /// See [`crate::shm::testing::fail_barriers`].
+    pub(crate) fn fail_barriers(&self, fail: bool) -> bool {
+        self.fail_barriers.store(fail, Ordering::SeqCst);
+        self.barriers
+    }
+
     /// Whether the table can be mapped writable (it must not: it is sealed).
     pub(crate) fn writable(&self) -> bool {
         Map::new(&self.fd, TABLE_LEN, true).is_ok()

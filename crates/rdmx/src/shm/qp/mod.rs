@@ -75,7 +75,9 @@ pub(crate) struct Conn {
 impl Drop for Conn {
     fn drop(&mut self) {
         // This QP accepts nothing more from a peer that executes requests itself; one
-        // that claims a key after this sees it and backs off (see `mapped`).
+        // that claims a key after this sees it and backs off (see `mapped`; a claim made
+        // before is seen by whoever reads the claim word after the socket went, with a
+        // barrier for a peer that claims with a plain store: `Watch::claim`).
         self.seg.target_word(self.side).store(0, Ordering::SeqCst);
     }
 }

@@ -160,7 +160,7 @@ impl KeysRead<'_> {
     /// The engine's view of the locked table: resolving a key lends the region for as
     /// long as the table stays locked, with no reference taken on it.
     pub(crate) fn view(&self) -> KeyView<'_> {
-        KeyView(&self.0)
+        KeyView(Lender::Table(&self.0))
     }
 
     /// The region local key `lkey` names, lent past the lock (see [`Lent`]).
@@ -209,55 +209,26 @@ impl Lent {
     /// The region must stay registered while the view and the regions it resolves are
     /// used: [`Keys::still_lends`] said so under a lock that every deregistration waits
     /// for after raising its count, and that lock is held throughout.
-    pub(crate) unsafe fn view(&self) -> LentView<'_> {
-        LentView(&self.entry)
-    }
-}
-
-/// See [`Lent::view`].
-#[derive(Clone, Copy)]
-pub(crate) struct LentView<'g>(&'g MrEntry<NonNull<MrShared>>);
-
-impl<'g> MemAccess for LentView<'g> {
-    type Mr = &'g MrShared;
-
-    fn resolve(
-        &self,
-        key: u32,
-        key_use: KeyUse,
-        pd: PdId,
-        addr: u64,
-        len: u64,
-        need: Access,
-    ) -> Result<&'g MrShared, KeyError> {
-        self.0.check(key, key_use, pd, addr, len, need)?;
-        // SAFETY: the region is registered while the view is used (`Lent::view`'s
-        // contract), so the table's reference to it keeps it alive.
-        Ok(unsafe { self.0.payload.as_ref() })
-    }
-
-    fn read(&self, mr: &&'g MrShared, addr: u64, out: &mut [u8]) {
-        engine_read(mr, addr, out);
-    }
-
-    fn write(&self, mr: &&'g MrShared, addr: u64, data: &[u8]) {
-        engine_write(mr, addr, data);
-    }
-
-    fn compare_swap(&self, mr: &&'g MrShared, addr: u64, compare: u64, swap: u64) -> u64 {
-        engine_compare_swap(mr, addr, compare, swap)
-    }
-
-    fn fetch_add(&self, mr: &&'g MrShared, addr: u64, add: u64) -> u64 {
-        engine_fetch_add(mr, addr, add)
+    pub(crate) unsafe fn view(&self) -> KeyView<'_> {
+        KeyView(Lender::One(&self.entry))
     }
 }
 
 /// Registered memory lent by a read-locked key table: for a request the transport
 /// executes while it holds the lock (no region can be deregistered, hence freed, under
-/// it), it saves taking and dropping a reference on each region.
+/// it), it saves taking and dropping a reference on each region. Or one region lent past
+/// the lock ([`Lent::view`]).
 #[derive(Clone, Copy)]
-pub(crate) struct KeyView<'g>(&'g MrTable<Arc<MrShared>>);
+pub(crate) struct KeyView<'g>(Lender<'g>);
+
+/// What a [`KeyView`] resolves keys in.
+#[derive(Clone, Copy)]
+enum Lender<'g> {
+    /// The read-locked table.
+    Table(&'g MrTable<Arc<MrShared>>),
+    /// One region's entry, lent past the lock ([`Lent::view`]).
+    One(&'g MrEntry<NonNull<MrShared>>),
+}
 
 impl<'g> MemAccess for KeyView<'g> {
     type Mr = &'g MrShared;
@@ -271,8 +242,15 @@ impl<'g> MemAccess for KeyView<'g> {
         len: u64,
         need: Access,
     ) -> Result<&'g MrShared, KeyError> {
-        let table: &'g MrTable<Arc<MrShared>> = self.0;
-        Ok(&table.check(key, key_use, pd, addr, len, need)?.payload)
+        match self.0 {
+            Lender::Table(table) => Ok(&table.check(key, key_use, pd, addr, len, need)?.payload),
+            Lender::One(entry) => {
+                entry.check(key, key_use, pd, addr, len, need)?;
+                // SAFETY: the region is registered while the view is used (`Lent::view`'s
+                // contract), so the table's reference to it keeps it alive.
+                Ok(unsafe { entry.payload.as_ref() })
+            }
+        }
     }
 
     fn read(&self, mr: &&'g MrShared, addr: u64, out: &mut [u8]) {
@@ -298,7 +276,7 @@ impl<'g> MemAccess for KeyView<'g> {
 /// nanoseconds).
 pub(crate) fn no_regions() -> KeyView<'static> {
     static EMPTY: OnceLock<MrTable<Arc<MrShared>>> = OnceLock::new();
-    KeyView(EMPTY.get_or_init(|| MrTable::new(0)))
+    KeyView(Lender::Table(EMPTY.get_or_init(|| MrTable::new(0))))
 }
 
 // The engine's accesses to a region it resolved, through either view of the table.

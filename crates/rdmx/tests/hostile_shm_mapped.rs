@@ -153,18 +153,9 @@ fn a_stalled_claim_ends_with_the_memory_detached() {
     let at = mr.remote().at(0);
     write_until_mapped(&a, &src, at);
     testing::stall_claim(&a.qp, at.rkey).unwrap();
-    let start = Instant::now();
-    drop(mr);
-    let took = start.elapsed();
-    assert!(
-        took >= DRAIN_BOUND,
-        "deregistration did not wait for the claim"
-    );
-    assert!(took < DRAIN_BOUND + DEADLINE, "deregistration hung");
+    detached_after_the_bound(mr, &m, 9, "deregistration did not wait for the claim");
     wait_logged("WARN", &["still claims a key being deregistered"]);
-    assert!(!m.is_shared(), "the memory was not detached");
     let before = bytes(&m);
-    assert_eq!(&before[..64], &[9u8; 64], "the mapped WRITE landed");
     // SAFETY: the peer's mapping now views pages this process no longer uses (the test
     // checks just that), and nothing else of the test touches it meanwhile.
     assert!(unsafe { peer.write(0, &[0xee; 4096]) });
@@ -175,7 +166,25 @@ fn a_stalled_claim_ends_with_the_memory_detached() {
     );
     testing::scribble_claim(&a.qp, 0).unwrap();
     // Requests to the gone key fail as on the ring path.
-    a.qp.post_send(SendRequest::write(2, at).sge(LocalSge::new(&src, 0, 64).unwrap()))
+    write_is_refused(&a, &src, at, 2);
+}
+
+/// Deregisters `mr`, a region over `m` whose first 64 bytes a mapped WRITE of `fill`
+/// bytes set, as under a claim held: the deregistration waits the bound (`why` says what
+/// it means if not), then the memory is detached with the WRITE in it.
+fn detached_after_the_bound(mr: MemoryRegion, m: &Mapping, fill: u8, why: &str) {
+    let start = Instant::now();
+    drop(mr);
+    let took = start.elapsed();
+    assert!(took >= DRAIN_BOUND, "{why}");
+    assert!(took < DRAIN_BOUND + DEADLINE, "deregistration hung");
+    assert!(!m.is_shared(), "the memory was not detached");
+    assert_eq!(&bytes(m)[..64], &[fill; 64], "the mapped WRITE landed");
+}
+
+/// A WRITE of 64 bytes from `src` to `at`, a deregistered key, gets the target's refusal.
+fn write_is_refused(a: &Side, src: &MemoryRegion, at: RemoteAddr, wr_id: u64) {
+    a.qp.post_send(SendRequest::write(wr_id, at).sge(LocalSge::new(src, 0, 64).unwrap()))
         .unwrap();
     let c = wait(&a.cq, "a WRITE to a deregistered key");
     assert_eq!(c.status, WcStatus::RemAccessErr, "{c:?}");
@@ -196,22 +205,10 @@ fn a_failed_barrier_takes_claims_as_held() {
         // and no barrier is issued (`claims_are_plain_only_when_the_target_barriers`).
         return;
     }
-    let start = Instant::now();
-    drop(mr);
-    let took = start.elapsed();
-    assert!(
-        took >= DRAIN_BOUND,
-        "deregistration trusted unordered claims"
-    );
-    assert!(took < DRAIN_BOUND + DEADLINE, "deregistration hung");
+    detached_after_the_bound(mr, &m, 4, "deregistration trusted unordered claims");
     wait_logged("ERROR", &["membarrier failed"]);
-    assert!(!m.is_shared(), "the memory was not detached");
-    assert_eq!(&bytes(&m)[..64], &[4u8; 64], "the mapped WRITE landed");
     testing::fail_barriers(&b.ctx, false);
-    a.qp.post_send(SendRequest::write(3, at).sge(LocalSge::new(&src, 0, 64).unwrap()))
-        .unwrap();
-    let c = wait(&a.cq, "a WRITE to a deregistered key");
-    assert_eq!(c.status, WcStatus::RemAccessErr, "{c:?}");
+    write_is_refused(&a, &src, at, 3);
 }
 
 /// Handles to a region whose mapping is being detached read and write through its gate,

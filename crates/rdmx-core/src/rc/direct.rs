@@ -18,7 +18,9 @@ use super::{resolve_sge, CqSide, MemAccess, RcQp, Seg};
 use crate::access::Access;
 use crate::mr::KeyUse;
 use crate::qp::{QpState, QpType};
-use crate::wr::{Completion, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, INLINE_SGE};
+use crate::wr::{
+    Completion, RemoteAddr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, INLINE_SGE,
+};
 
 /// An RDMA WRITE or READ validated for execution by the transport: its local memory
 /// (resolved segments, or the inline bytes the caller holds) and its remote target.
@@ -89,20 +91,7 @@ impl<M: MemAccess> RcQp<M> {
         wr: &SendWr,
         inline: Option<&[u8]>,
     ) -> Option<DirectRequest<N::Mr>> {
-        let remote = match (self.cfg.qp_type, wr.op) {
-            (QpType::Rc, SendOp::Write(r) | SendOp::Read(r)) | (QpType::Uc, SendOp::Write(r)) => r,
-            _ => return None,
-        };
-        if self.sm.state() != QpState::Rts
-            || !self.req.sq.is_empty()
-            || wr.ud.is_some()
-            || wr.sges.len() > INLINE_SGE
-            || wr
-                .check(inline, self.cfg.max_send_sge, self.cfg.max_inline_data)
-                .is_err()
-        {
-            return None;
-        }
+        let remote = self.direct_ready(wr, inline)?;
         let mut segs: [Option<Seg<N::Mr>>; INLINE_SGE] = Default::default();
         let len = match inline {
             Some(data) => data.len() as u64,
@@ -131,6 +120,31 @@ impl<M: MemAccess> RcQp<M> {
             len,
             segs,
         })
+    }
+
+    /// The checks of [`direct_request`](Self::direct_request) that need no memory: the
+    /// request's type, the queue pair's state and send queue, and the request as a post.
+    /// Returns the request's remote address and rkey if it passes them. Its local
+    /// elements (at most [`INLINE_SGE`]) are then still to be resolved, as
+    /// `direct_request` resolves them, and its length to be checked non-zero: a transport
+    /// that does both itself, for a request it executes without building a
+    /// [`DirectRequest`], completes it with [`direct_done`](Self::direct_done).
+    pub fn direct_ready(&self, wr: &SendWr, inline: Option<&[u8]>) -> Option<RemoteAddr> {
+        let remote = match (self.cfg.qp_type, wr.op) {
+            (QpType::Rc, SendOp::Write(r) | SendOp::Read(r)) | (QpType::Uc, SendOp::Write(r)) => r,
+            _ => return None,
+        };
+        if self.sm.state() != QpState::Rts
+            || !self.req.sq.is_empty()
+            || wr.ud.is_some()
+            || wr.sges.len() > INLINE_SGE
+            || wr
+                .check(inline, self.cfg.max_send_sge, self.cfg.max_inline_data)
+                .is_err()
+        {
+            return None;
+        }
+        Some(remote)
     }
 
     /// The region a peer's direct `req` reaches on this (the target) queue pair, if this
@@ -190,15 +204,22 @@ impl<M: MemAccess> RcQp<M> {
     /// The transport executed `req`: its completion (when signalled) joins the others,
     /// after every earlier one.
     pub fn direct_complete<Mr>(&mut self, req: DirectRequest<Mr>) {
-        if req.signaled {
+        self.direct_done(req.wr_id, req.read, req.len, req.signaled);
+    }
+
+    /// The transport executed the request `wr_id` that passed
+    /// [`direct_ready`](Self::direct_ready), a READ or a WRITE of `len` bytes, signaled
+    /// or not: as [`direct_complete`](Self::direct_complete).
+    pub fn direct_done(&mut self, wr_id: u64, read: bool, len: u32, signaled: bool) {
+        if signaled {
             let c = Completion {
-                wr_id: req.wr_id,
+                wr_id,
                 status: WcStatus::Success,
-                opcode: match req.read {
+                opcode: match read {
                     true => WcOpcode::RdmaRead,
                     false => WcOpcode::RdmaWrite,
                 },
-                byte_len: req.len,
+                byte_len: len,
                 imm_data: None,
                 qp_num: self.cfg.qpn,
                 src_qp: 0,

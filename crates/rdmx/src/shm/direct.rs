@@ -50,6 +50,13 @@ use crate::Result;
 /// engine, whose packets carry it.
 pub(crate) fn post_send(qp: &ShmQp, wr: &SendWr, inline: Option<&[u8]>) -> Result<()> {
     let mut g = qp.inner.lock();
+    // A steady stream's lone WRITE or READ, on the mapped path with the least work.
+    let lone = inline.is_none() && qp.driver.execute_at_post;
+    if lone && mapped::execute_lone(&mut g, &qp.keys, wr) {
+        g.executed_at_post += 1;
+        qp.settle_executed(&mut g);
+        return Ok(());
+    }
     let mut scope = PostScope::new(&qp.keys);
     let posted = post_one(qp, &mut g, wr, inline, &mut scope);
     mapped::release(&g, &mut scope);
@@ -240,14 +247,25 @@ pub(super) unsafe fn transfer_at(
         // SAFETY: `local` lies inside a live registered region, `far..far + len` inside
         // `remote` (the contract): `at + len` stays within the request's length, the
         // sum of the segments.
-        unsafe {
-            if req.is_read() {
-                move_bytes(local, far, len as usize);
-            } else {
-                place(far, local, len as usize);
-            }
-        }
+        unsafe { transfer_one(req.is_read(), local, far, len as usize) };
         at += len as usize;
+    }
+}
+
+/// Moves the `len` bytes of one local element at `local` and the remote memory at
+/// `remote`: into `local` for a READ, out of it for a WRITE (placed in order, see
+/// [`place`]).
+///
+/// # Safety
+///
+/// Both ranges are valid for `len` bytes (writable where the bytes go).
+pub(super) unsafe fn transfer_one(read: bool, local: *mut u8, remote: *mut u8, len: usize) {
+    // SAFETY: forwarded.
+    unsafe {
+        match read {
+            true => move_bytes(local, remote, len),
+            false => place(remote, local, len),
+        }
     }
 }
 

@@ -74,7 +74,14 @@ fn a_loan_grants_only_what_the_region_does() {
         ("past the end", false),
         ("READ into a read-only region", true),
     ] {
-        let (a, _b, _src, m, mr) = writable_pair(LEN, 0);
+        // The target grants READs too: the local rights are the only thing the READ
+        // lacks.
+        let (a, b) = pair();
+        let (m, mr) = register_owned(
+            &b,
+            LEN,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+        );
         let access = match read {
             true => Access::empty(),
             false => Access::LOCAL_WRITE,
@@ -99,7 +106,7 @@ fn a_loan_grants_only_what_the_region_does() {
         let c = post_raw(&a, &wr);
         assert_eq!((c.wr_id, c.status), (41, WcStatus::LocProtErr), "{what}");
         assert_eq!(rdmx::shm::executed_at_post(&a.qp), Some(before), "{what}");
-        drop((lent, mr));
+        drop((lent, mr, b));
         assert!(
             bytes(&m)[4096..4096 + 64].iter().all(|&x| x == 0),
             "{what}: a refused request's bytes landed"

@@ -407,22 +407,7 @@ pub(crate) fn execute(
             hit
         }
     };
-    // Claim the slot, then see that neither it nor the target changed since it was
-    // checked (module docs).
-    let claim = seg.claim_word(side);
-    if view.plain_claims {
-        // The loads below may pass the store in this CPU; the peer's global barrier,
-        // between its change and its read of the claim, orders them (module docs).
-        claim.store(tag(found.idx(), found.seq), Ordering::Relaxed);
-        compiler_fence(Ordering::SeqCst);
-    } else {
-        claim.store(tag(found.idx(), found.seq), Ordering::SeqCst);
-    }
-    let seq = slot_word(&view.table, found.idx(), S_SEQ).load(Ordering::SeqCst);
-    let target = seg.target_word(1 - side).load(Ordering::SeqCst);
-    if seq != found.seq || target != found.target {
-        claim.store(0, Ordering::Release);
-        view.last = None;
+    if !claim(view, seg, side, &found) {
         return false;
     }
     // SAFETY: `at` lies `req.len()` bytes inside the peer's mapped file (checked by
@@ -440,6 +425,117 @@ pub(crate) fn execute(
     view.under_claim = len;
     view.claims += 1;
     g.engine.direct_complete(req);
+    true
+}
+
+/// Claims the slot `found` names, then sees that neither it nor the target changed since
+/// it was checked (module docs). If either did, withdraws the claim, drops the kept
+/// look-up and returns false: the request takes the packets.
+fn claim(view: &mut PeerView, seg: &Segment, side: usize, found: &Held) -> bool {
+    let claim = seg.claim_word(side);
+    if view.plain_claims {
+        // The loads below may pass the store in this CPU; the peer's global barrier,
+        // between its change and its read of the claim, orders them (module docs).
+        claim.store(tag(found.idx(), found.seq), Ordering::Relaxed);
+        compiler_fence(Ordering::SeqCst);
+    } else {
+        claim.store(tag(found.idx(), found.seq), Ordering::SeqCst);
+    }
+    let seq = slot_word(&view.table, found.idx(), S_SEQ).load(Ordering::SeqCst);
+    let target = seg.target_word(1 - side).load(Ordering::SeqCst);
+    if seq != found.seq || target != found.target {
+        claim.store(0, Ordering::Release);
+        view.last = None;
+        return false;
+    }
+    true
+}
+
+/// Executes a lone request (not one of a list) of the steady stream a queue pair sees
+/// most: a WRITE or READ of one element in the region the queue pair has on loan, to
+/// the key the connection's view kept, whose range covers it. The checks are those of
+/// [`execute`] on that path, without building the engine's request: the engine's
+/// [`direct_ready`](rdmx_core::rc::RcQp::direct_ready), the loan's own resolution of
+/// the element, the kept look-up's, the claim. Returns false, having changed nothing
+/// (but for a claim that found the slot changed, as `execute` does), when any of them
+/// does not hold: the request then goes to [`execute`] and the other paths.
+pub(crate) fn execute_lone(g: &mut Inner, keys: &Keys, wr: &SendWr) -> bool {
+    let [sge] = wr.sges.as_slice() else {
+        return false;
+    };
+    let Some(loan) = g
+        .lent
+        .filter(|l| l.lkey() == sge.lkey && keys.still_lends(l))
+    else {
+        return false;
+    };
+    if !crate::shm::direct::may_run_at_post(g, wr) {
+        return false;
+    }
+    let Some(remote) = g.engine.direct_ready(wr, None) else {
+        return false;
+    };
+    let read = matches!(wr.op, rdmx_core::SendOp::Read(_));
+    let (local_need, need) = match read {
+        true => (Access::LOCAL_WRITE, Access::REMOTE_READ),
+        false => (Access::empty(), Access::REMOTE_WRITE),
+    };
+    let (pd, len) = (g.engine.config().pd, sge.len);
+    if len == 0 {
+        return false;
+    }
+    // SAFETY: no region of the table was deregistered since the loan was made
+    // (`still_lends`), and each deregistration waits, after raising the count it read,
+    // for this queue pair's lock, held by the caller until the copy is done.
+    let lent = unsafe { loan.view() };
+    let local = rdmx_core::rc::MemAccess::resolve(
+        &lent,
+        sge.lkey,
+        rdmx_core::KeyUse::Local,
+        pd,
+        sge.addr,
+        u64::from(len),
+        local_need,
+    )
+    .ok()
+    .and_then(|mr| mr.raw_range(sge.addr, len as usize));
+    let Some(local) = local else {
+        return false;
+    };
+    let Some(Conn {
+        seg,
+        side,
+        mapped: Some(view),
+        ..
+    }) = g.conn.as_mut()
+    else {
+        return false;
+    };
+    let side = *side;
+    let Some((at, found)) = view
+        .last
+        .filter(|h| h.rkey == remote.rkey)
+        .and_then(|h| Some((h.place(remote.addr, u64::from(len), need)?, h)))
+    else {
+        return false;
+    };
+    if !claim(view, seg, side, &found) {
+        return false;
+    }
+    // SAFETY: `at` lies `len` bytes inside the peer's mapped file (the kept look-up
+    // checked it, and `view` drops it whenever its files change), which `view` keeps
+    // mapped for the call; `local` lies `len` bytes inside the region on loan, which
+    // stays registered while this queue pair's lock is held (above). The file is a
+    // mapping of its own, never overlapping local memory (see `execute`).
+    unsafe { crate::shm::direct::transfer_one(read, local, at, len as usize) };
+    seg.claim_word(side).store(0, Ordering::Release);
+    view.claims += 1;
+    g.engine.direct_done(
+        wr.wr_id,
+        read,
+        len,
+        wr.flags.contains(rdmx_core::SendFlags::SIGNALED),
+    );
     true
 }
 

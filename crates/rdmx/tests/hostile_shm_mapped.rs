@@ -390,6 +390,43 @@ fn inline_writes_run_at_post_and_are_checked() {
     );
 }
 
+/// Inline bytes no post may carry, handed to the provider directly: more than the queue
+/// pair's inline limit (256 bytes by default), or without the INLINE flag. On the mapped
+/// path, to a key the connection has looked up, each is refused at post as the engine
+/// refuses it, and none of its bytes lands.
+#[test]
+fn inline_bytes_no_post_may_carry_are_refused() {
+    let (a, _b, src, m, mr) = writable_pair(LEN, 1);
+    let at = mr.remote().at(512);
+    write_until_mapped(&a, &src, mr.remote().at(LEN as u64 - 64));
+    let before = rdmx::shm::executed_at_post(&a.qp).unwrap();
+    let long = vec![9u8; 4096];
+    let wr = SendRequest::write(40, at).inline(&long).wr().clone();
+    // SAFETY: inline bytes only: no local memory is named.
+    let r = unsafe { a.qp.post_send_raw(&wr, Some(&long)) };
+    assert!(
+        matches!(
+            r,
+            Err(rdmx::Error::Post(rdmx::PostError::InlineTooLarge { .. }))
+        ),
+        "{r:?}"
+    );
+    let mut wr = SendRequest::write(41, at).inline(&long[..64]).wr().clone();
+    wr.flags.remove(rdmx::SendFlags::INLINE);
+    // SAFETY: as above.
+    let r = unsafe { a.qp.post_send_raw(&wr, Some(&long[..64])) };
+    assert!(
+        matches!(r, Err(rdmx::Error::Post(rdmx::PostError::Invalid(_)))),
+        "{r:?}"
+    );
+    assert_eq!(rdmx::shm::executed_at_post(&a.qp), Some(before));
+    drop((src, mr));
+    assert!(
+        bytes(&m)[..LEN - 64].iter().all(|&x| x == 0),
+        "a refused request's bytes landed"
+    );
+}
+
 /// A claim held from a WRITE does not let a READ of the same key through when the region
 /// grants no remote reads: the READ gets the target's refusal.
 #[test]

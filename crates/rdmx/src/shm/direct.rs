@@ -51,8 +51,7 @@ use crate::Result;
 pub(crate) fn post_send(qp: &ShmQp, wr: &SendWr, inline: Option<&[u8]>) -> Result<()> {
     let mut g = qp.inner.lock();
     // A steady stream's lone WRITE or READ, on the mapped path with the least work.
-    let lone = inline.is_none() && qp.driver.execute_at_post;
-    if lone && mapped::execute_lone(&mut g, &qp.keys, wr) {
+    if qp.driver.execute_at_post && mapped::execute_lone(&mut g, &qp.keys, wr, inline) {
         g.executed_at_post += 1;
         qp.settle_executed(&mut g);
         return Ok(());
@@ -277,7 +276,7 @@ pub(super) unsafe fn transfer_one(read: bool, local: *mut u8, remote: *mut u8, l
 /// # Safety
 ///
 /// As [`move_bytes`].
-unsafe fn place(dst: *mut u8, src: *const u8, len: usize) {
+pub(super) unsafe fn place(dst: *mut u8, src: *const u8, len: usize) {
     let (d, s) = (dst as usize, src as usize);
     if len < 2 || (d < s.wrapping_add(len) && s < d.wrapping_add(len)) {
         // SAFETY: forwarded.

@@ -60,11 +60,12 @@
 //! holds its queue pair's lock until its copy is done, and one that takes the lock
 //! later reads the new count and looks the key up again.
 //!
-//! A post of one request (not a list) whose only element names the region on loan, and
-//! whose remote range the kept look-up below covers, goes straight to the claim: the
-//! engine's checks that need no memory, the loan's resolution of the element and the
-//! look-up's of the range are the same as above, but no request is built for them and
-//! the claim ends with the copy. Anything else takes the path above.
+//! A post of one request (not a list), an inline WRITE or one whose only element names
+//! the region on loan, and whose remote range the kept look-up below covers, goes
+//! straight to the claim: the engine's checks that need no memory, the loan's resolution
+//! of the element and the look-up's of the range are the same as above, but no request
+//! is built for them and the claim ends with the copy. Anything else takes the path
+//! above.
 //!
 //! From one post to the next, the initiator keeps what it read of the last key it
 //! looked up (the slot's sequence number, the target word, the region, where it lies in

@@ -452,54 +452,68 @@ fn claim(view: &mut PeerView, seg: &Segment, side: usize, found: &Held) -> bool 
 }
 
 /// Executes a lone request (not one of a list) of the steady stream a queue pair sees
-/// most: a WRITE or READ of one element in the region the queue pair has on loan, to
-/// the key the connection's view kept, whose range covers it. The checks are those of
-/// [`execute`] on that path, without building the engine's request: the engine's
+/// most, to the key the connection's view kept, whose range covers it: a WRITE of
+/// `inline` bytes, or a WRITE or READ of one element in the region the queue pair has on
+/// loan. The checks are those of [`execute`] on that path, without building the
+/// engine's request: the engine's
 /// [`direct_ready`](rdmx_core::rc::RcQp::direct_ready), the loan's own resolution of
 /// the element, the kept look-up's, the claim. Returns false, having changed nothing
 /// (but for a claim that found the slot changed, as `execute` does), when any of them
 /// does not hold: the request then goes to [`execute`] and the other paths.
-pub(crate) fn execute_lone(g: &mut Inner, keys: &Keys, wr: &SendWr) -> bool {
-    let [sge] = wr.sges.as_slice() else {
-        return false;
+pub(crate) fn execute_lone(g: &mut Inner, keys: &Keys, wr: &SendWr, inline: Option<&[u8]>) -> bool {
+    let read = matches!(wr.op, rdmx_core::SendOp::Read(_));
+    let need = match read {
+        true => Access::REMOTE_READ,
+        false => Access::REMOTE_WRITE,
     };
-    let Some(loan) = g
-        .lent
-        .filter(|l| l.lkey() == sge.lkey && keys.still_lends(l))
-    else {
-        return false;
+    // The local bytes: where they are, and how many.
+    let (local, len) = match inline {
+        // (`direct_ready` below lets only a WRITE carry inline bytes.)
+        Some(data) => (Local::Inline(data), data.len()),
+        None => {
+            let [sge] = wr.sges.as_slice() else {
+                return false;
+            };
+            let Some(loan) = g
+                .lent
+                .filter(|l| l.lkey() == sge.lkey && keys.still_lends(l))
+            else {
+                return false;
+            };
+            let local_need = match read {
+                true => Access::LOCAL_WRITE,
+                false => Access::empty(),
+            };
+            // SAFETY: no region of the table was deregistered since the loan was made
+            // (`still_lends`), and each deregistration waits, after raising the count it
+            // read, for this queue pair's lock, held by the caller until the copy is
+            // done.
+            let lent = unsafe { loan.view() };
+            let at = rdmx_core::rc::MemAccess::resolve(
+                &lent,
+                sge.lkey,
+                rdmx_core::KeyUse::Local,
+                g.engine.config().pd,
+                sge.addr,
+                u64::from(sge.len),
+                local_need,
+            )
+            .ok()
+            .and_then(|mr| mr.raw_range(sge.addr, sge.len as usize));
+            let Some(at) = at else {
+                return false;
+            };
+            (Local::Lent(at), sge.len as usize)
+        }
     };
     if !crate::shm::direct::may_run_at_post(g, wr) {
         return false;
     }
-    let Some(remote) = g.engine.direct_ready(wr, None) else {
+    let Some(remote) = g.engine.direct_ready(wr, inline) else {
         return false;
     };
-    let read = matches!(wr.op, rdmx_core::SendOp::Read(_));
-    let (local_need, need) = match read {
-        true => (Access::LOCAL_WRITE, Access::REMOTE_READ),
-        false => (Access::empty(), Access::REMOTE_WRITE),
-    };
-    let (pd, len) = (g.engine.config().pd, sge.len);
-    if len == 0 {
-        return false;
-    }
-    // SAFETY: no region of the table was deregistered since the loan was made
-    // (`still_lends`), and each deregistration waits, after raising the count it read,
-    // for this queue pair's lock, held by the caller until the copy is done.
-    let lent = unsafe { loan.view() };
-    let local = rdmx_core::rc::MemAccess::resolve(
-        &lent,
-        sge.lkey,
-        rdmx_core::KeyUse::Local,
-        pd,
-        sge.addr,
-        u64::from(len),
-        local_need,
-    )
-    .ok()
-    .and_then(|mr| mr.raw_range(sge.addr, len as usize));
-    let Some(local) = local else {
+    // Zero-length requests take the packets, as with `direct_request`.
+    let Ok(len32 @ 1..) = u32::try_from(len) else {
         return false;
     };
     let Some(Conn {
@@ -515,7 +529,7 @@ pub(crate) fn execute_lone(g: &mut Inner, keys: &Keys, wr: &SendWr) -> bool {
     let Some((at, found)) = view
         .last
         .filter(|h| h.rkey == remote.rkey)
-        .and_then(|h| Some((h.place(remote.addr, u64::from(len), need)?, h)))
+        .and_then(|h| Some((h.place(remote.addr, len as u64, need)?, h)))
     else {
         return false;
     };
@@ -524,19 +538,33 @@ pub(crate) fn execute_lone(g: &mut Inner, keys: &Keys, wr: &SendWr) -> bool {
     }
     // SAFETY: `at` lies `len` bytes inside the peer's mapped file (the kept look-up
     // checked it, and `view` drops it whenever its files change), which `view` keeps
-    // mapped for the call; `local` lies `len` bytes inside the region on loan, which
-    // stays registered while this queue pair's lock is held (above). The file is a
-    // mapping of its own, never overlapping local memory (see `execute`).
-    unsafe { crate::shm::direct::transfer_one(read, local, at, len as usize) };
+    // mapped for the call; the local bytes are the caller's slice, or lie `len` bytes
+    // inside the region on loan, which stays registered while this queue pair's lock is
+    // held (above). The file is a mapping of its own, never overlapping local memory
+    // (see `execute`).
+    unsafe {
+        match local {
+            Local::Inline(data) => crate::shm::direct::place(at, data.as_ptr(), len),
+            Local::Lent(p) => crate::shm::direct::transfer_one(read, p, at, len),
+        }
+    };
     seg.claim_word(side).store(0, Ordering::Release);
     view.claims += 1;
     g.engine.direct_done(
         wr.wr_id,
         read,
-        len,
+        len32,
         wr.flags.contains(rdmx_core::SendFlags::SIGNALED),
     );
     true
+}
+
+/// The local bytes of a lone request ([`execute_lone`]).
+enum Local<'a> {
+    /// Inline bytes, the caller's.
+    Inline(&'a [u8]),
+    /// The element's bytes in the region on loan.
+    Lent(*mut u8),
 }
 
 /// Ends the claim of the post, if it made one, and unlocks the key table.

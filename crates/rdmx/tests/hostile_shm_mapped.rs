@@ -307,7 +307,9 @@ fn completions(cq: &CompletionQueue, n: usize) -> Vec<Completion> {
 
 /// A post list's requests to one region claim it once, and each is still checked: those
 /// within the region execute at post, one beyond it gets the target's own refusal, and
-/// the one behind that is flushed with the queue pair.
+/// the one behind that is flushed with the queue pair. (The first request has two
+/// elements, as do the others after it: a lone element of the region on loan would take
+/// the lean path, which claims for itself; see `the_lean_path_runs_a_post_list`.)
 #[test]
 fn a_post_list_under_one_claim_checks_every_request() {
     let (a, _b, src, m, mr) = writable_pair(LEN, 7);
@@ -316,10 +318,18 @@ fn a_post_list_under_one_claim_checks_every_request() {
     let before = rdmx::shm::executed_at_post(&a.qp).unwrap();
     let sge = |off, len| LocalSge::new(&src, off, len).unwrap();
     let list = [
-        SendRequest::write(10, at(0)).sge(sge(0, 100)),
-        SendRequest::write(11, at(1000)).sge(sge(100, 200)),
-        SendRequest::write(12, at(LEN - 32)).sge(sge(0, 64)),
-        SendRequest::write(13, at(2000)).sge(sge(0, 64)),
+        SendRequest::write(10, at(0))
+            .sge(sge(0, 50))
+            .sge(sge(50, 50)),
+        SendRequest::write(11, at(1000))
+            .sge(sge(100, 100))
+            .sge(sge(200, 100)),
+        SendRequest::write(12, at(LEN - 32))
+            .sge(sge(0, 32))
+            .sge(sge(32, 32)),
+        SendRequest::write(13, at(2000))
+            .sge(sge(0, 32))
+            .sge(sge(32, 32)),
     ];
     a.qp.post_send_list(&list).unwrap();
     assert_eq!(
@@ -435,8 +445,12 @@ fn a_held_claim_grants_only_what_the_region_does() {
     let at = mr.remote().at(0);
     write_until_mapped(&a, &src, at);
     let before = rdmx::shm::executed_at_post(&a.qp).unwrap();
+    // Two elements: the WRITE takes the claim the list holds (a lone element would take
+    // the lean path, whose claim ends with its copy).
     let list = [
-        SendRequest::write(20, at).sge(LocalSge::new(&src, 0, 64).unwrap()),
+        SendRequest::write(20, at)
+            .sge(LocalSge::new(&src, 0, 32).unwrap())
+            .sge(LocalSge::new(&src, 32, 32).unwrap()),
         SendRequest::read(21, at).sge(LocalSge::new(&src, 1024, 64).unwrap()),
     ];
     a.qp.post_send_list(&list).unwrap();
@@ -578,6 +592,59 @@ fn a_target_that_connects_again_accepts_mapped_requests() {
     assert_eq!((c.status, c.wr_id), (WcStatus::Success, 5), "{c:?}");
 }
 
+/// A post list's requests that each name one element of the region on loan, or carry
+/// inline bytes, take the lean path one by one: each makes and ends its own claim, and
+/// all land. Behind a request that holds the list's claim (two elements) they run under
+/// that claim instead: the lean path never takes the claim word while the list holds it.
+#[test]
+fn the_lean_path_runs_a_post_list() {
+    let (a, _b, src, m, mr) = writable_pair(LEN, 6);
+    let at = |off: u64| mr.remote().at(off);
+    write_until_mapped(&a, &src, at(LEN as u64 - 64));
+    let sge = |off, len| LocalSge::new(&src, off, len).unwrap();
+    let counts = || {
+        (
+            rdmx::shm::executed_at_post(&a.qp).unwrap(),
+            testing::claims_made(&a.qp).unwrap(),
+        )
+    };
+    let (ran, claims) = counts();
+    let lone = [
+        SendRequest::write(50, at(0)).sge(sge(0, 64)),
+        SendRequest::write(51, at(64)).inline(&[8u8; 16]),
+        SendRequest::write(52, at(128)).sge(sge(64, 64)),
+    ];
+    a.qp.post_send_list(&lone).unwrap();
+    assert_eq!(
+        counts(),
+        (ran + 3, claims + 3),
+        "three lean requests, three claims"
+    );
+    let held = [
+        SendRequest::write(53, at(256))
+            .sge(sge(0, 32))
+            .sge(sge(32, 32)),
+        SendRequest::write(54, at(320)).sge(sge(0, 64)),
+        SendRequest::write(55, at(384)).inline(&[8u8; 16]),
+    ];
+    a.qp.post_send_list(&held).unwrap();
+    assert_eq!(counts(), (ran + 6, claims + 4), "one claim for the list");
+    let got = completions(&a.cq, 6);
+    assert!(got.iter().all(|c| c.status == WcStatus::Success), "{got:?}");
+    drop(mr);
+    let seen = bytes(&m);
+    for (range, fill) in [
+        (0..64, 6),
+        (64..80, 8),
+        (128..192, 6),
+        (256..384, 6),
+        (384..400, 8),
+    ] {
+        assert!(seen[range.clone()].iter().all(|&x| x == fill), "{range:?}");
+    }
+    assert!(seen[80..128].iter().all(|&x| x == 0));
+}
+
 /// A post list to one key claims it once, and again after every 64 MiB it copied under
 /// one claim: a long list never holds a claim long enough to look stalled to a
 /// deregistration that waits for it.
@@ -590,9 +657,11 @@ fn a_long_post_list_claims_again() {
     let mr = register(&b, &m, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     let at = mr.remote().at(0);
     write_until_mapped(&a, &src, at);
-    let sge = LocalSge::new(&src, 0, BIG).unwrap();
+    // Two elements each, so that the requests run under the list's claim (a lone element
+    // of the region on loan would take the lean path, which claims for itself).
+    let half = |k| LocalSge::new(&src, k * BIG / 2, BIG / 2).unwrap();
     let list: Vec<_> = (0..3)
-        .map(|i| SendRequest::write(20 + i, at).sge(sge))
+        .map(|i| SendRequest::write(20 + i, at).sge(half(0)).sge(half(1)))
         .collect();
     let (claims, ran) = (
         testing::claims_made(&a.qp).unwrap(),
@@ -634,13 +703,19 @@ fn a_post_list_of_both_paths_never_stalls_on_the_key_table() {
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     let poster = std::thread::spawn(move || {
         let sge = LocalSge::new(&src, 0, 64).unwrap();
+        // Two elements: the WRITE runs under the list's read lock on the key table (a
+        // lone element of the region on loan would take the lean path, which takes none).
+        let halves = [
+            LocalSge::new(&src, 0, 32).unwrap(),
+            LocalSge::new(&src, 32, 32).unwrap(),
+        ];
         let mut mapped = 0;
         for i in 0..ROUNDS {
             b.qp.post_recv(RecvRequest::new(i).sge(LocalSge::new(&inbox, 0, 64).unwrap()))
                 .unwrap();
             let before = rdmx::shm::executed_at_post(&a.qp).unwrap();
             let list = [
-                SendRequest::write(2 * i, at).sge(sge),
+                SendRequest::write(2 * i, at).sge(halves[0]).sge(halves[1]),
                 SendRequest::send(2 * i + 1).sge(sge),
             ];
             a.qp.post_send_list(&list).unwrap();

@@ -50,8 +50,8 @@ use crate::Result;
 /// engine, whose packets carry it.
 pub(crate) fn post_send(qp: &ShmQp, wr: &SendWr, inline: Option<&[u8]>) -> Result<()> {
     let mut g = qp.inner.lock();
-    // A steady stream's lone WRITE or READ, on the mapped path with the least work.
-    if qp.driver.execute_at_post && mapped::execute_lone(&mut g, &qp.keys, wr, inline) {
+    // A steady stream's WRITE or READ, on the mapped path's lean path.
+    if qp.driver.execute_at_post && mapped::execute_lean(&mut g, &qp.keys, wr, inline) {
         g.executed_at_post += 1;
         qp.settle_executed(&mut g);
         return Ok(());
@@ -79,6 +79,15 @@ pub(crate) fn post_send_list(
     let mut scope = PostScope::new(&qp.keys);
     let mut all_at_post = true;
     for (i, (wr, inline)) in wrs.enumerate() {
+        // The lean path makes and ends a claim of its own: never while the list holds
+        // one (the claim word is the connection's).
+        if qp.driver.execute_at_post
+            && !scope.claimed()
+            && mapped::execute_lean(&mut g, &qp.keys, wr, inline)
+        {
+            g.executed_at_post += 1;
+            continue;
+        }
         match post_one(qp, &mut g, wr, inline, &mut scope) {
             Ok(Path::AtPost) => {}
             Ok(Path::Engine) => all_at_post = false,

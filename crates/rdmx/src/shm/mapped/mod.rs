@@ -60,12 +60,12 @@
 //! holds its queue pair's lock until its copy is done, and one that takes the lock
 //! later reads the new count and looks the key up again.
 //!
-//! A post of one request (not a list), an inline WRITE or one whose only element names
-//! the region on loan, and whose remote range the kept look-up below covers, goes
-//! straight to the claim: the engine's checks that need no memory, the loan's resolution
-//! of the element and the look-up's of the range are the same as above, but no request
-//! is built for them and the claim ends with the copy. Anything else takes the path
-//! above.
+//! The **lean path**: a request that is an inline WRITE or names one element of the region
+//! on loan, to a remote range the kept look-up below covers, posted alone or in a list
+//! that holds no claim, goes straight to a claim of its own: the engine's checks that need
+//! no memory, the loan's resolution of the element and the look-up's of the range are
+//! the same as above, but no request is built for them, and the claim ends with the copy.
+//! Anything else takes the path above (a list's claim then serves its later requests).
 //!
 //! From one post to the next, the initiator keeps what it read of the last key it
 //! looked up (the slot's sequence number, the target word, the region, where it lies in
@@ -140,7 +140,7 @@ use rdmx_core::{Access, QpType};
 mod peer;
 mod table;
 
-pub(crate) use peer::{execute, execute_lone, release, PeerView, PostScope};
+pub(crate) use peer::{execute, execute_lean, release, PeerView, PostScope};
 pub(crate) use table::{prune, Published, Watch};
 
 const TABLE_MAGIC: u64 = u64::from_be_bytes(*b"RDMXKEYS");

@@ -292,6 +292,11 @@ impl<'k> PostScope<'k> {
         }
     }
 
+    /// Whether the post holds a claim (made by an earlier request of its list).
+    pub(crate) fn claimed(&self) -> bool {
+        self.claimed
+    }
+
     /// Unlocks the key table, before anything of the post that may lock it again (a
     /// request for the engine, or for the `direct` path): a second read lock on the same
     /// thread would queue behind a waiting writer, which waits for the first.
@@ -451,16 +456,17 @@ fn claim(view: &mut PeerView, seg: &Segment, side: usize, found: &Held) -> bool 
     true
 }
 
-/// Executes a lone request (not one of a list) of the steady stream a queue pair sees
-/// most, to the key the connection's view kept, whose range covers it: a WRITE of
+/// Executes on the lean path (module docs) a request of the steady stream a queue pair
+/// sees most, to the key the connection's view kept, whose range covers it: a WRITE of
 /// `inline` bytes, or a WRITE or READ of one element in the region the queue pair has on
-/// loan. The checks are those of [`execute`] on that path, without building the
-/// engine's request: the engine's
+/// loan. The caller holds no claim (the request makes and ends its own). The checks are
+/// those of [`execute`] on that path, without building the engine's request: the
+/// engine's
 /// [`direct_ready`](rdmx_core::rc::RcQp::direct_ready), the loan's own resolution of
 /// the element, the kept look-up's, the claim. Returns false, having changed nothing
 /// (but for a claim that found the slot changed, as `execute` does), when any of them
 /// does not hold: the request then goes to [`execute`] and the other paths.
-pub(crate) fn execute_lone(g: &mut Inner, keys: &Keys, wr: &SendWr, inline: Option<&[u8]>) -> bool {
+pub(crate) fn execute_lean(g: &mut Inner, keys: &Keys, wr: &SendWr, inline: Option<&[u8]>) -> bool {
     let read = matches!(wr.op, rdmx_core::SendOp::Read(_));
     let need = match read {
         true => Access::REMOTE_READ,
@@ -559,7 +565,7 @@ pub(crate) fn execute_lone(g: &mut Inner, keys: &Keys, wr: &SendWr, inline: Opti
     true
 }
 
-/// The local bytes of a lone request ([`execute_lone`]).
+/// The local bytes of a request on the lean path ([`execute_lean`]).
 enum Local<'a> {
     /// Inline bytes, the caller's.
     Inline(&'a [u8]),

@@ -323,16 +323,9 @@ pub(crate) fn execute(
         return false;
     }
     let ty = g.engine.config().qp_type;
-    let Some(Conn {
-        seg,
-        side,
-        mapped: Some(view),
-        ..
-    }) = g.conn.as_mut()
-    else {
+    let Some((seg, side, view)) = mapped_conn(&mut g.conn) else {
         return false;
     };
-    let side = *side;
     if view.files.is_empty() {
         return false;
     }
@@ -433,6 +426,20 @@ pub(crate) fn execute(
     true
 }
 
+/// The connection's segment, this side of it, and its view of the peer's files, if it
+/// runs the mapped path.
+fn mapped_conn(conn: &mut Option<Conn>) -> Option<(&Segment, usize, &mut PeerView)> {
+    match conn {
+        Some(Conn {
+            seg,
+            side,
+            mapped: Some(view),
+            ..
+        }) => Some((seg, *side, view)),
+        _ => None,
+    }
+}
+
 /// Claims the slot `found` names, then sees that neither it nor the target changed since
 /// it was checked (module docs). If either did, withdraws the claim, drops the kept
 /// look-up and returns false: the request takes the packets.
@@ -522,16 +529,9 @@ pub(crate) fn execute_lean(g: &mut Inner, keys: &Keys, wr: &SendWr, inline: Opti
     let Ok(len32 @ 1..) = u32::try_from(len) else {
         return false;
     };
-    let Some(Conn {
-        seg,
-        side,
-        mapped: Some(view),
-        ..
-    }) = g.conn.as_mut()
-    else {
+    let Some((seg, side, view)) = mapped_conn(&mut g.conn) else {
         return false;
     };
-    let side = *side;
     let Some((at, found)) = view
         .last
         .filter(|h| h.rkey == remote.rkey)

@@ -703,8 +703,9 @@ fn a_post_list_of_both_paths_never_stalls_on_the_key_table() {
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     let poster = std::thread::spawn(move || {
         let sge = LocalSge::new(&src, 0, 64).unwrap();
-        // Two elements: the WRITE runs under the list's read lock on the key table (a
-        // lone element of the region on loan would take the lean path, which takes none).
+        // Two elements: the WRITE takes the list's path, which read-locks the key table
+        // whenever the churn voided the queue pair's loan (a lone element of the region
+        // on loan would take the lean path, which never locks it).
         let halves = [
             LocalSge::new(&src, 0, 32).unwrap(),
             LocalSge::new(&src, 32, 32).unwrap(),

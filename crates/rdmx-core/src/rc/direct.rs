@@ -9,7 +9,10 @@
 //! protection domain, rights and bounds). When both agree, the transport copies the
 //! bytes and completes the request with [`RcQp::direct_complete`]; when either says no,
 //! the request is posted as usual ([`RcQp::post_send_ref`]) and the packets carry it,
-//! errors included, so a refused access gets the responder's own answer.
+//! errors included, so a refused access gets the responder's own answer. A transport
+//! that resolves a request's local bytes itself (one element it has on loan, or inline
+//! bytes) takes the same checks with [`RcQp::direct_ready`] and completes the request
+//! with [`RcQp::direct_done`], building no [`DirectRequest`].
 //!
 //! A direct request takes no PSN on either side and leaves both engines' sequence state
 //! as it was: the packets that follow it continue where the last ones stopped.

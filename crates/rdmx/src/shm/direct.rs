@@ -75,7 +75,8 @@ pub(crate) fn post_send_list(
     let mut g = qp.inner.lock();
     let mut posted = Ok(());
     // The list's requests to one region on the mapped path claim it once, and its
-    // requests on that path lock the key table once.
+    // requests on that path lock the key table once (but those on the lean path, each
+    // with a claim of its own and no lock).
     let mut scope = PostScope::new(&qp.keys);
     let mut all_at_post = true;
     for (i, (wr, inline)) in wrs.enumerate() {

@@ -40,7 +40,8 @@
 //! state) get the responder's own answer, on both sides. Everything read from the shared
 //! memory is checked before use: offsets and lengths from the peer are never trusted.
 //!
-//! Within one post (a post list), the claim outlives the request that made it: the next
+//! Within one post (a post list), a claim made on this path outlives the request that
+//! made it (the lean path's, below, does not): the next
 //! request to the same key reads the slot's sequence number and the target word again,
 //! and if neither changed, checks its range and rights against what the first request
 //! read (the region as published, and the target QP's access flags) and copies under
@@ -73,7 +74,8 @@
 //! it needs claims the slot as above, and copies if the sequence number and the target
 //! word read after the claim are still the kept ones: the slot cannot have been
 //! rewritten since, so it still says what was read. Otherwise the kept look-up is
-//! dropped and the request takes the packets. Any message on the socket (a file handed
+//! dropped and the request takes the packets (on the lean path: the path above, whose
+//! look-up starts afresh). Any message on the socket (a file handed
 //! over or forgotten) drops it too, since it points into a file.
 //!
 //! ## Revocation

@@ -467,12 +467,12 @@ fn claim(view: &mut PeerView, seg: &Segment, side: usize, found: &Held) -> bool 
 /// sees most, to the key the connection's view kept, whose range covers it: a WRITE of
 /// `inline` bytes, or a WRITE or READ of one element in the region the queue pair has on
 /// loan. The caller holds no claim (the request makes and ends its own). The checks are
-/// those of [`execute`] on that path, without building the engine's request: the
-/// engine's
-/// [`direct_ready`](rdmx_core::rc::RcQp::direct_ready), the loan's own resolution of
-/// the element, the kept look-up's, the claim. Returns false, having changed nothing
-/// (but for a claim that found the slot changed, as `execute` does), when any of them
-/// does not hold: the request then goes to [`execute`] and the other paths.
+/// those of [`execute`] on that path, without building the engine's request: the loan's
+/// own resolution of the element, `may_run_at_post`, the engine's
+/// [`direct_ready`](rdmx_core::rc::RcQp::direct_ready), the kept look-up's, the claim.
+/// Returns false, having changed nothing (but for a claim that found the slot changed,
+/// which drops the kept look-up as `execute` does), when any of them does not hold: the
+/// request then goes to [`execute`] and the other paths.
 pub(crate) fn execute_lean(g: &mut Inner, keys: &Keys, wr: &SendWr, inline: Option<&[u8]>) -> bool {
     let read = matches!(wr.op, rdmx_core::SendOp::Read(_));
     let need = match read {

@@ -15,7 +15,7 @@ use super::{
 use crate::shm::qp::{Conn, Inner};
 use crate::shm::ring::Segment;
 use crate::shm::sys;
-use crate::soft::{no_regions, Keys, KeysRead};
+use crate::soft::{no_regions, Keys, KeysRead, Lent};
 
 /// The peer's key table and the files it handed over, as this process maps them.
 #[derive(Debug)]
@@ -339,9 +339,7 @@ pub(crate) fn execute(
     // the last one named, none deregistered since); inline bytes need none, nor the lock.
     let kept_loan = match inline {
         Some(_) => None,
-        None => g
-            .lent
-            .filter(|l| wr.sges.iter().all(|s| s.lkey == l.lkey()) && keys.still_lends(l)),
+        None => standing_loan(g.lent, keys, wr),
     };
     let req = match (inline, &kept_loan) {
         (Some(_), _) => g.engine.direct_request(&no_regions(), wr, inline),
@@ -426,6 +424,12 @@ pub(crate) fn execute(
     true
 }
 
+/// The queue pair's loan `lent`, if every element of `wr` names its region and no region
+/// of the table was deregistered since it was made.
+fn standing_loan(lent: Option<Lent>, keys: &Keys, wr: &SendWr) -> Option<Lent> {
+    lent.filter(|l| wr.sges.iter().all(|s| s.lkey == l.lkey()) && keys.still_lends(l))
+}
+
 /// The connection's segment, this side of it, and its view of the peer's files, if it
 /// runs the mapped path.
 fn mapped_conn(conn: &mut Option<Conn>) -> Option<(&Segment, usize, &mut PeerView)> {
@@ -487,10 +491,7 @@ pub(crate) fn execute_lean(g: &mut Inner, keys: &Keys, wr: &SendWr, inline: Opti
             let [sge] = wr.sges.as_slice() else {
                 return false;
             };
-            let Some(loan) = g
-                .lent
-                .filter(|l| l.lkey() == sge.lkey && keys.still_lends(l))
-            else {
+            let Some(loan) = standing_loan(g.lent, keys, wr) else {
                 return false;
             };
             let local_need = match read {

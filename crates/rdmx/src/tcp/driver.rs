@@ -188,8 +188,8 @@ impl Driver {
     }
 
     /// The progress thread: runs the driver while no application polls, and sleeps while
-    /// one does (until [`HANDOVER`](crate::soft::handover::HANDOVER) after its last poll,
-    /// or until it stops polling).
+    /// one does (until a nap's length after its last poll, at most
+    /// [`NAP_MAX`](crate::soft::handover::NAP_MAX), or until it stops polling).
     pub(super) fn run_thread(&self) {
         while !self.stop.load(Ordering::SeqCst) {
             if self.handover.nap_while_app_polls(&self.stop) {
@@ -304,7 +304,7 @@ impl Driver {
     /// Whether what arriving packets cause (mostly ACKs) may wait for the next round or
     /// the application's next post, to leave in one `writev` with it: when busy-polling,
     /// and in rounds an application's poll runs (it polls again soon, or, if it stops, the
-    /// progress thread pays within [`HANDOVER`](crate::soft::handover::HANDOVER)).
+    /// progress thread pays within [`NAP_MAX`](crate::soft::handover::NAP_MAX)).
     pub(crate) fn defers(&self) -> bool {
         self.busy_poll || self.app_round.load(Ordering::Relaxed)
     }

@@ -224,7 +224,7 @@ impl Driver {
             running: Mutex::new(Rounds::default()),
             sleeping: AtomicBool::new(false),
             wakes: AtomicU32::new(0),
-            handover: Handover::new(),
+            handover: Handover::new(crate::soft::handover::NAP_MAX),
             #[cfg(feature = "testing")]
             sleep_hook: SleepHook::default(),
             stop: AtomicBool::new(false),

@@ -8,8 +8,9 @@
 //! application says it stops polling ([`Handover::idle`], before it sleeps on a CQ's
 //! notification) or the provider shuts down ([`Handover::wake`]).
 //!
-//! A nap lasts [`HANDOVER`] at first, and twice as long as the one before, up to
-//! [`NAP_MAX`], while each ends with an application still polling. Every end of a nap
+//! A nap lasts [`HANDOVER`] at first, and twice as long as the one before, up to the
+//! driver's longest ([`NAP_MAX`] where the link holds what arrives meanwhile), while each
+//! ends with an application still polling. Every end of a nap
 //! wakes the thread, which on a host with no idle core takes a core from a thread that
 //! polls: a process spinning on its CQ (as `rdmx bench` does) was preempted a thousand
 //! times a second with 1 ms naps, which put the 99.9th percentile of `send_lat` on the
@@ -38,11 +39,12 @@ use parking_lot::{Condvar, Mutex};
 pub(crate) const HANDOVER: Duration = Duration::from_millis(1);
 const HANDOVER_NS: u64 = HANDOVER.as_nanos() as u64;
 
-/// The longest nap of the progress thread while applications keep polling: it resumes
-/// this long after the last poll at the latest, when an application stops polling
-/// without saying so.
+/// The longest nap of a progress thread while applications keep polling, for a driver
+/// whose links hold what arrives meanwhile (a ring, a TCP stream: a peer that fills them
+/// waits): the thread resumes this long after the last poll at the latest, when an
+/// application stops polling without saying so. A driver whose datagrams a full socket
+/// drops naps [`HANDOVER`] at a time.
 pub(crate) const NAP_MAX: Duration = Duration::from_millis(8);
-const NAP_MAX_NS: u64 = NAP_MAX.as_nanos() as u64;
 
 /// Who runs a driver: the polling applications or the progress thread (see the module
 /// documentation).
@@ -54,15 +56,20 @@ pub(crate) struct Handover {
     /// How long the progress thread's next nap lasts after the last poll, in nanoseconds
     /// (only that thread reads and writes it).
     nap_ns: AtomicU64,
+    /// The longest nap, in nanoseconds.
+    nap_max_ns: u64,
     /// Where the progress thread sleeps while applications poll.
     nap: (Mutex<()>, Condvar),
 }
 
 impl Handover {
-    pub(crate) fn new() -> Handover {
+    /// A handover whose progress thread naps at most `nap_max` at a time (at least
+    /// [`HANDOVER`]).
+    pub(crate) fn new(nap_max: Duration) -> Handover {
         Handover {
             app_polled: AtomicU64::new(0),
             nap_ns: AtomicU64::new(HANDOVER_NS),
+            nap_max_ns: (nap_max.as_nanos() as u64).max(HANDOVER_NS),
             nap: (Mutex::new(()), Condvar::new()),
         }
     }
@@ -98,7 +105,7 @@ impl Handover {
     /// until a nap's length after its last poll (or until [`idle`](Self::idle) or
     /// [`wake`](Self::wake); not at all once `stop` is raised) and returns true; the
     /// thread then looks at `stop` and asks again. A nap that lasted its whole length
-    /// makes the next one twice as long, up to [`NAP_MAX`]; finding no application
+    /// makes the next one twice as long, up to the longest; finding no application
     /// polling, or being woken, makes it [`HANDOVER`] again.
     pub(crate) fn nap_while_app_polls(&self, stop: &AtomicBool) -> bool {
         let Some(polled) = self.app_polled_at() else {
@@ -116,7 +123,7 @@ impl Handover {
                 .wait_until(&mut g, polled + Duration::from_nanos(nap))
                 .timed_out();
         let next = match slept {
-            true => (nap * 2).min(NAP_MAX_NS),
+            true => (nap * 2).min(self.nap_max_ns),
             false => HANDOVER_NS,
         };
         self.nap_ns.store(next, Ordering::Relaxed);
@@ -168,7 +175,7 @@ mod tests {
 
     #[test]
     fn polling_hands_over_and_idle_takes_back() {
-        let h = Handover::new();
+        let h = Handover::new(NAP_MAX);
         assert_eq!(h.app_polled_at(), None);
         let at = later();
         h.app_polls(at);
@@ -181,7 +188,7 @@ mod tests {
 
     #[test]
     fn a_poll_long_past_hands_nothing_over() {
-        let h = Handover::new();
+        let h = Handover::new(NAP_MAX);
         h.app_polls(Instant::now());
         std::thread::sleep(HANDOVER * 2);
         assert_eq!(h.app_polled_at(), None);
@@ -189,7 +196,7 @@ mod tests {
 
     #[test]
     fn a_stopping_thread_does_not_nap() {
-        let h = Handover::new();
+        let h = Handover::new(NAP_MAX);
         h.app_polls(later());
         let stop = AtomicBool::new(true);
         // Returns at once (it would otherwise sleep a minute): the caller sees `stop`.
@@ -199,7 +206,7 @@ mod tests {
 
     #[test]
     fn naps_lengthen_while_the_application_polls() {
-        let h = Handover::new();
+        let h = Handover::new(NAP_MAX);
         let stop = AtomicBool::new(false);
         assert_eq!(h.nap_len(), HANDOVER);
         // A poll a little ahead: the nap runs its course (until a nap's length after it).
@@ -221,8 +228,19 @@ mod tests {
     }
 
     #[test]
+    fn a_driver_may_keep_its_naps_short() {
+        let h = Handover::new(HANDOVER);
+        let stop = AtomicBool::new(false);
+        for _ in 0..2 {
+            h.app_polls(Instant::now() + Duration::from_millis(50));
+            assert!(h.nap_while_app_polls(&stop));
+            assert_eq!(h.nap_len(), HANDOVER);
+        }
+    }
+
+    #[test]
     fn a_nap_cut_short_makes_the_next_one_short() {
-        let h = Arc::new(Handover::new());
+        let h = Arc::new(Handover::new(NAP_MAX));
         let stop = AtomicBool::new(false);
         h.app_polls(Instant::now() + Duration::from_millis(100));
         assert!(h.nap_while_app_polls(&stop));
@@ -247,7 +265,7 @@ mod tests {
 
     #[test]
     fn idle_ends_the_nap() {
-        let h = Arc::new(Handover::new());
+        let h = Arc::new(Handover::new(NAP_MAX));
         h.app_polls(later());
         let (started, start_seen) = std::sync::mpsc::channel();
         let h2 = h.clone();

@@ -152,7 +152,7 @@ impl Driver {
             unread: Tokens::default(),
             rounds: AtomicU32::new(0),
             accept_again: AtomicBool::new(false),
-            handover: Handover::new(),
+            handover: Handover::new(crate::soft::handover::NAP_MAX),
             in_epoll: AtomicBool::new(false),
             app_round: AtomicBool::new(false),
             stop: AtomicBool::new(false),

@@ -148,7 +148,9 @@ impl Driver {
             stats: Stats::default(),
             wake: sys::eventfd().map_err(|e| Error::Io("eventfd", e))?,
             sleeping_until: AtomicU64::new(u64::MAX),
-            handover: Handover::new(),
+            // Naps stay short: datagrams that arrive while nobody runs the driver wait in
+            // the socket, which drops what it has no room for.
+            handover: Handover::new(crate::soft::handover::HANDOVER),
             epoch: Instant::now(),
             stop: AtomicBool::new(false),
             // QP numbers 0 and 1 are special in InfiniBand.

@@ -173,6 +173,11 @@ mod tests {
         Instant::now() + Duration::from_secs(60)
     }
 
+    /// A poll dated a little ahead, for a nap that is to run its course.
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_millis(200)
+    }
+
     #[test]
     fn polling_hands_over_and_idle_takes_back() {
         let h = Handover::new(NAP_MAX);
@@ -209,15 +214,16 @@ mod tests {
         let h = Handover::new(NAP_MAX);
         let stop = AtomicBool::new(false);
         assert_eq!(h.nap_len(), HANDOVER);
-        // A poll a little ahead: the nap runs its course (until a nap's length after it).
-        h.app_polls(Instant::now() + Duration::from_millis(50));
+        // A poll a little ahead (far enough that a descheduled test still finds it
+        // polling): the nap runs its course, until a nap's length after it.
+        h.app_polls(soon());
         assert!(h.nap_while_app_polls(&stop));
         assert_eq!(h.nap_len(), 2 * HANDOVER);
-        h.app_polls(Instant::now() + Duration::from_millis(50));
+        h.app_polls(soon());
         assert!(h.nap_while_app_polls(&stop));
         assert_eq!(h.nap_len(), 4 * HANDOVER);
         for _ in 0..4 {
-            h.app_polls(Instant::now() + Duration::from_millis(50));
+            h.app_polls(soon());
             assert!(h.nap_while_app_polls(&stop));
         }
         assert_eq!(h.nap_len(), NAP_MAX, "naps stop growing at NAP_MAX");
@@ -242,7 +248,7 @@ mod tests {
     fn a_nap_cut_short_makes_the_next_one_short() {
         let h = Arc::new(Handover::new(NAP_MAX));
         let stop = AtomicBool::new(false);
-        h.app_polls(Instant::now() + Duration::from_millis(100));
+        h.app_polls(soon());
         assert!(h.nap_while_app_polls(&stop));
         assert_eq!(h.nap_len(), 2 * HANDOVER);
         // A wake-up (as `wake` at shutdown) while the thread naps: it looks again, and

@@ -14,7 +14,7 @@
 //! wakes the thread, which on a host with no idle core takes a core from a thread that
 //! polls: a process spinning on its CQ (as `rdmx bench` does) was preempted a thousand
 //! times a second with 1 ms naps, which put the 99.9th percentile of `send_lat` on the
-//! shm provider at 15-22 µs, against a median of 0.4 µs.
+//! shm provider at 13-23 µs (12 runs), against a median of 0.4 µs.
 //!
 //! ```text
 //!   progress thread                          application
@@ -238,7 +238,7 @@ mod tests {
         let h = Handover::new(HANDOVER);
         let stop = AtomicBool::new(false);
         for _ in 0..2 {
-            h.app_polls(Instant::now() + Duration::from_millis(50));
+            h.app_polls(soon());
             assert!(h.nap_while_app_polls(&stop));
             assert_eq!(h.nap_len(), HANDOVER);
         }

@@ -274,7 +274,10 @@ mod tests {
     fn a_dropped_mapping_leaves_the_registry() {
         let m = Mapping::shared(1).unwrap();
         let a = m.as_ptr() as usize;
+        let id = find(a, 1).expect("a live mapping is found").0.id();
         drop(m);
-        assert!(find(a, 1).is_none());
+        // Another test may map a file of its own at the freed address meanwhile: only
+        // the dropped mapping's file must be gone.
+        assert!(!matches!(find(a, 1), Some((f, _)) if f.id() == id));
     }
 }

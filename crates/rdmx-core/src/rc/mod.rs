@@ -356,7 +356,15 @@ impl<M: MemAccess> RcQp<M> {
     /// Posts a receive request (`ibv_post_recv`). Like
     /// [`post_send_ref`](Self::post_send_ref), it allocates nothing once the queue has been
     /// as deep as it gets.
-    pub fn post_recv_ref(&mut self, mem: &M, wr: &RecvWr) -> Result<(), PostError> {
+    ///
+    /// `mem` resolves the request's keys: the engine's own memory, or any view of it that
+    /// hands out the same regions (a transport may keep the region a queue pair's
+    /// receives name, and resolve its key without a look-up in the whole table).
+    pub fn post_recv_ref<R: MemAccess<Mr = M::Mr>>(
+        &mut self,
+        mem: &R,
+        wr: &RecvWr,
+    ) -> Result<(), PostError> {
         if self.cfg.srq {
             return Err(PostError::Invalid(
                 "the queue pair takes its receives from a shared receive queue",

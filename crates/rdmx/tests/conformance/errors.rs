@@ -369,7 +369,7 @@ pub(crate) fn misaligned_atomic(p: &Provider) {
 /// responder changes), also right after the same QP used it successfully (a transport
 /// that remembers what it looked up must look again); a stale lkey in a send request →
 /// LocProtErr; a stale lkey in a receive → LocProtErr at the receiver and RemOpErr at
-/// the requester.
+/// the requester, also right after a receive into the region completed.
 pub(crate) fn deregistered_keys(p: &Provider) {
     for op in [Write, Read] {
         let pair = p.pair();
@@ -443,13 +443,27 @@ pub(crate) fn deregistered_keys(p: &Provider) {
     let what = format!("{}: receive with the lkey of a deregistered region", p.name);
     let pair = p.pair();
     let inbox = register(&pair.b.pd, 64, LOCAL);
+    let src = register(&pair.a.pd, 64, LOCAL);
+    // A receive into the region first, completed: a transport that keeps the region its
+    // receives named must look the key up again once it is deregistered.
+    pair.b
+        .qp
+        .post_recv(RecvRequest::new(6).sge(sge(&inbox, 0, 64)))
+        .unwrap();
+    pair.a
+        .qp
+        .post_send(SendRequest::send(0).sge(sge(&src, 0, 64)))
+        .unwrap();
+    let r = wait_one(&pair.b.rcq, &what);
+    check_status(&r, 6, WcStatus::Success, pair.b.qp.qp_num(), &what);
+    let c = wait_one(&pair.a.scq, &what);
+    check_status(&c, 0, WcStatus::Success, pair.a.qp.qp_num(), &what);
     let stale = sge(&inbox, 0, 64);
     inbox.deregister();
     pair.b
         .qp
         .post_recv(RecvRequest::new(7).sge(stale))
         .unwrap_or_else(|e| panic!("{what}: post_recv: {e}"));
-    let src = register(&pair.a.pd, 64, LOCAL);
     pair.a
         .qp
         .post_send(SendRequest::send(1).sge(sge(&src, 0, 64)))

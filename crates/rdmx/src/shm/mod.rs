@@ -565,6 +565,9 @@ impl Transport for Link {
     fn post_recv_with(&self, f: impl FnOnce(&mut Engine, &Keys) -> Result<()>) -> Result<()> {
         self.qp.with_quiet(|i| f(&mut i.engine, &i.keys))
     }
+    fn post_recv(&self, wr: &rdmx_core::RecvWr) -> Result<()> {
+        self.qp.with_quiet(|i| i.post_recv(wr))
+    }
     fn post_send(&self, wr: &rdmx_core::SendWr, inline: Option<&[u8]>) -> Result<()> {
         direct::post_send(&self.qp, wr, inline)
     }

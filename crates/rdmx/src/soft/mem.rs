@@ -270,6 +270,80 @@ impl<'g> MemAccess for KeyView<'g> {
     }
 }
 
+/// The key table, with one region lent past its lock ([`Lent`]) whose key resolves on the
+/// loan's copy of its entry, with no look-up and no lock on the table: for a queue pair's
+/// receives, which name the same region post after post. The regions it resolves are
+/// references, as the table's are; every other key resolves in the table.
+pub(crate) struct WithLoan<'a> {
+    keys: &'a Keys,
+    loan: Option<&'a Lent>,
+}
+
+impl<'a> WithLoan<'a> {
+    /// The table `keys`, with `loan`'s region resolved on the loan.
+    ///
+    /// # Safety
+    ///
+    /// As [`Lent::view`]: `loan`'s region stays registered while the view is used, or
+    /// at least its memory stays alive: [`Keys::still_lends`] said so, or
+    /// [`KeysRead::lend`] made the loan, under a lock that every deregistration waits for
+    /// after raising its count (and after it returns, while its caller still holds the
+    /// region), and that lock is held throughout.
+    pub(crate) unsafe fn new(keys: &'a Keys, loan: Option<&'a Lent>) -> WithLoan<'a> {
+        WithLoan { keys, loan }
+    }
+}
+
+impl MemAccess for WithLoan<'_> {
+    type Mr = MrRef;
+
+    fn resolve(
+        &self,
+        key: u32,
+        key_use: KeyUse,
+        pd: PdId,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<MrRef, KeyError> {
+        let Some(loan) = self
+            .loan
+            .filter(|l| l.lkey() == key && key_use == KeyUse::Local)
+        else {
+            return self.keys.resolve(key, key_use, pd, addr, len, need);
+        };
+        // SAFETY: `new`'s contract is `view`'s.
+        let shared: *const MrShared =
+            unsafe { loan.view() }.resolve(key, key_use, pd, addr, len, need)?;
+        // SAFETY: `shared` is the region the table held in an `Arc` when it was lent, and
+        // that allocation is alive while the lock `new`'s contract names is held (the
+        // table's reference, or after the region was removed from the table, that of
+        // the deregistration's caller, which waits for the lock): the count taken here
+        // is that allocation's, and the `Arc` made holds it.
+        let arc = unsafe {
+            Arc::increment_strong_count(shared);
+            Arc::from_raw(shared)
+        };
+        Ok(MrRef::new(arc))
+    }
+
+    fn read(&self, mr: &MrRef, addr: u64, out: &mut [u8]) {
+        engine_read(mr.shared(), addr, out);
+    }
+
+    fn write(&self, mr: &MrRef, addr: u64, data: &[u8]) {
+        engine_write(mr.shared(), addr, data);
+    }
+
+    fn compare_swap(&self, mr: &MrRef, addr: u64, compare: u64, swap: u64) -> u64 {
+        engine_compare_swap(mr.shared(), addr, compare, swap)
+    }
+
+    fn fetch_add(&self, mr: &MrRef, addr: u64, add: u64) -> u64 {
+        engine_fetch_add(mr.shared(), addr, add)
+    }
+}
+
 /// A view that lends no region (every key is unknown to it): for a request whose bytes
 /// are inline, which names no local key, so that executing it at post takes no lock on
 /// the key table (two atomic read-modify-writes of a request that costs a few dozen

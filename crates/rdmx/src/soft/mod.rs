@@ -24,7 +24,7 @@ use rdmx_mem::Access;
 
 pub(crate) use armed::Armed;
 pub(crate) use handover::Handover;
-pub(crate) use mem::{no_regions, Keys, KeysRead, Lent};
+pub(crate) use mem::{no_regions, Keys, KeysRead, Lent, WithLoan};
 pub(crate) use waiting::Waiting;
 
 use crate::endpoint::{PeerAddr, QpEndpoint};
@@ -321,6 +321,12 @@ pub(crate) trait Transport: Send + Sync + std::fmt::Debug + 'static {
     fn post_recv_with(&self, f: impl FnOnce(&mut Engine, &Keys) -> Result<()>) -> Result<()> {
         self.with(f)
     }
+    /// Posts a receive request: by default to the engine through
+    /// [`post_recv_with`](Self::post_recv_with). A transport that keeps the region its
+    /// receives name (shm) resolves the key itself.
+    fn post_recv(&self, wr: &RecvWr) -> Result<()> {
+        self.post_recv_with(|e, keys| Ok(e.post_recv_ref(keys, wr)?))
+    }
     /// Posts a send request: by default, to the engine through
     /// [`post_with`](Self::post_with). A transport that can execute some requests itself
     /// (shm between two contexts of one process) takes them here.
@@ -439,8 +445,7 @@ impl<T: Transport> provider::Qp for SoftQp<T> {
         unsafe { provider::Qp::post_send(self, &wr, inline) }
     }
     unsafe fn post_recv(&self, wr: &RecvWr) -> Result<()> {
-        self.transport
-            .post_recv_with(|e, keys| Ok(e.post_recv_ref(keys, wr)?))
+        self.transport.post_recv(wr)
     }
     fn attach_mcast(&self, gid: [u8; 16], _lid: u16) -> Result<()> {
         self.transport.multicast(gid, true)

@@ -217,6 +217,10 @@ pub(crate) struct Inner {
     /// for this lock ([`Driver::wait_for_borrowers`]), held from the check that the loan
     /// still stands to the end of the copy.
     pub(crate) lent: Option<soft::Lent>,
+    /// The local region the last receive named, lent past the key table's lock in the
+    /// same way: a receive whose first element names it again resolves that key on the
+    /// loan, while no region of the table is deregistered ([`Inner::post_recv`]).
+    recv_lent: Option<soft::Lent>,
     /// A polling round runs: the peer is woken ([`Inner::wake`]) at the round's next
     /// visit rather than at once (see [`ShmQp::poll`]).
     lazy_wake: bool,
@@ -270,6 +274,7 @@ impl ShmQp {
                 executed_at_post: 0,
                 target_word: 0,
                 lent: None,
+                recv_lent: None,
                 lazy_wake: false,
                 wake_due: false,
             }),
@@ -514,6 +519,30 @@ impl Inner {
         self.sources.clear();
         self.srq = None;
         self.engine.destroy();
+    }
+
+    /// Posts a receive request. The region of its first element is lent past the key
+    /// table's lock ([`soft::Lent`]) and kept: the next receive that names it again
+    /// resolves its key on the loan, with no look-up and no lock on the table (the two
+    /// atomic read-modify-writes of the table's read lock, of a post that takes about ten
+    /// such), as long as no region of the table was deregistered since. Each
+    /// deregistration waits, after raising the table's count, for this QP's lock
+    /// ([`Driver::wait_for_borrowers`]), which the caller holds.
+    pub(crate) fn post_recv(&mut self, wr: &rdmx_core::RecvWr) -> crate::Result<()> {
+        let lkey = wr.sges.first().map(|s| s.lkey);
+        let kept = self
+            .recv_lent
+            .filter(|l| Some(l.lkey()) == lkey && self.keys.still_lends(l));
+        let loan = match (kept, lkey) {
+            (Some(l), _) => Some(l),
+            (None, Some(k)) => self.keys.read().lend(k),
+            (None, None) => None,
+        };
+        self.recv_lent = loan;
+        // SAFETY: the loan was made, or found standing, under this QP's lock, held until
+        // the engine has taken its own reference on the region (`WithLoan::new`).
+        let mem = unsafe { soft::WithLoan::new(&self.keys, loan.as_ref()) };
+        Ok(self.engine.post_recv_ref(&mem, wr)?)
     }
 
     /// Whether packets taken from the engine wait for room in the ring.

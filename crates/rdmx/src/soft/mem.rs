@@ -327,20 +327,22 @@ impl MemAccess for WithLoan<'_> {
         Ok(MrRef::new(arc))
     }
 
+    // The regions it resolves are the table's: the table's accesses serve them.
+
     fn read(&self, mr: &MrRef, addr: u64, out: &mut [u8]) {
-        engine_read(mr.shared(), addr, out);
+        MemAccess::read(self.keys, mr, addr, out);
     }
 
     fn write(&self, mr: &MrRef, addr: u64, data: &[u8]) {
-        engine_write(mr.shared(), addr, data);
+        self.keys.write(mr, addr, data);
     }
 
     fn compare_swap(&self, mr: &MrRef, addr: u64, compare: u64, swap: u64) -> u64 {
-        engine_compare_swap(mr.shared(), addr, compare, swap)
+        self.keys.compare_swap(mr, addr, compare, swap)
     }
 
     fn fetch_add(&self, mr: &MrRef, addr: u64, add: u64) -> u64 {
-        engine_fetch_add(mr.shared(), addr, add)
+        self.keys.fetch_add(mr, addr, add)
     }
 }
 

@@ -562,9 +562,6 @@ impl Transport for Link {
     fn with<T>(&self, f: impl FnOnce(&mut Engine, &Keys) -> T) -> T {
         self.qp.with(|i| f(&mut i.engine, &i.keys))
     }
-    fn post_recv_with(&self, f: impl FnOnce(&mut Engine, &Keys) -> Result<()>) -> Result<()> {
-        self.qp.with_quiet(|i| f(&mut i.engine, &i.keys))
-    }
     fn post_recv(&self, wr: &rdmx_core::RecvWr) -> Result<()> {
         self.qp.with_quiet(|i| i.post_recv(wr))
     }

@@ -314,18 +314,13 @@ pub(crate) trait Transport: Send + Sync + std::fmt::Debug + 'static {
     fn post_with<T>(&self, f: impl FnOnce(&mut Engine, &Keys) -> T) -> T {
         self.with(f)
     }
-    /// Posts a receive request with `f`: by default through [`with`](Self::with). A
+    /// Posts a receive request: by default to the engine through [`with`](Self::with). A
     /// receive gives the engine nothing to send (a requester that met an RNR NAK sends
     /// again on its own timer), so a transport may only route completions (a QP in the
-    /// error state flushes the receive at once).
-    fn post_recv_with(&self, f: impl FnOnce(&mut Engine, &Keys) -> Result<()>) -> Result<()> {
-        self.with(f)
-    }
-    /// Posts a receive request: by default to the engine through
-    /// [`post_recv_with`](Self::post_recv_with). A transport that keeps the region its
-    /// receives name (shm) resolves the key itself.
+    /// error state flushes the receive at once); one that keeps the region its receives
+    /// name (shm) may also resolve the key itself.
     fn post_recv(&self, wr: &RecvWr) -> Result<()> {
-        self.post_recv_with(|e, keys| Ok(e.post_recv_ref(keys, wr)?))
+        self.with(|e, keys| Ok(e.post_recv_ref(keys, wr)?))
     }
     /// Posts a send request: by default, to the engine through
     /// [`post_with`](Self::post_with). A transport that can execute some requests itself
